@@ -1,0 +1,223 @@
+"""The circuit breaker: retries handle a blip, the breaker handles an outage."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
+
+from tether._classify import Verdict, classify
+from tether._errors import CircuitOpenError
+from tether._events import BreakerEvent
+from tether._telemetry_hooks import emit_breaker, safe_call
+from tether.clock import Clock, system_clock
+from tether.stores._logic import DENY, PROBE, BreakerConfig
+from tether.stores._memory import default_store
+
+if TYPE_CHECKING:
+    from tether.stores._base import Store
+
+__all__ = ["BreakerRegistry", "CircuitBreaker", "breakers"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+BreakerHook = Callable[[BreakerEvent], object]
+
+
+class CircuitBreaker:
+    """Stop calling a dependency that is down; probe it after a cooldown.
+
+    States: ``closed`` (calls go through) → ``open`` after ``failure_threshold``
+    consecutive failures, or when the failure rate over the last ``window`` calls
+    reaches ``failure_rate`` (once ``min_calls`` are in the window) → ``half_open``
+    after ``cooldown`` seconds, when ``half_open_max_calls`` probes go through → ``closed``
+    once they all succeed, or ``open`` again (cooldown restarted) when one fails.
+
+    Only retryable failures (TRANSIENT, RATE_LIMITED, timeouts) count: a 400 or a
+    business-rule rejection is the caller's fault, and proves the dependency answers.
+    While open, :class:`tether.CircuitOpenError` is raised without calling it.
+
+    State lives in ``store`` (default: this process's memory); breakers with the same
+    name and the same :class:`~tether.stores.RedisStore` are one breaker.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        failure_threshold: int = 5,
+        cooldown: float = 30.0,
+        half_open_max_calls: int = 1,
+        store: Store | None = None,
+        clock: Clock | None = None,
+        *,
+        window: int = 0,
+        min_calls: int = 10,
+        failure_rate: float = 0.5,
+        on_change: BreakerHook | None = None,
+        classifier: Callable[[BaseException], Verdict] | None = None,
+    ) -> None:
+        if not name:
+            raise ValueError("name must be a non-empty string")
+        if failure_threshold < 1:
+            raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
+        if cooldown < 0:
+            raise ValueError(f"cooldown must be >= 0, got {cooldown!r}")
+        if half_open_max_calls < 1:
+            raise ValueError(f"half_open_max_calls must be >= 1, got {half_open_max_calls!r}")
+        if window < 0:
+            raise ValueError(f"window must be >= 0, got {window!r}")
+        if window and not 1 <= min_calls <= window:
+            raise ValueError(
+                f"min_calls must be between 1 and window ({window}), got {min_calls!r}"
+            )
+        if not 0.0 < failure_rate <= 1.0:
+            raise ValueError(f"failure_rate must be in (0, 1], got {failure_rate!r}")
+        self.name = name
+        self.config = BreakerConfig(
+            failure_threshold, float(cooldown), half_open_max_calls, window, min_calls, failure_rate
+        )
+        self.store: Store = store if store is not None else default_store
+        self.clock: Clock = clock or system_clock
+        self.on_change = on_change
+        self.classifier = classifier or classify
+        self._local = threading.local()
+        self._last_retry_at = 0.0
+
+    def __repr__(self) -> str:
+        return f"CircuitBreaker({self.name!r}, state={self.state!r})"
+
+    @property
+    def failure_threshold(self) -> int:
+        return self.config.failure_threshold
+
+    @property
+    def cooldown(self) -> float:
+        return self.config.cooldown
+
+    @property
+    def state(self) -> str:
+        """``"closed"``, ``"open"`` or ``"half_open"`` (open past its cooldown reads half_open)."""
+        return self.store.breaker_state(self.name, self.clock.wall())[0]
+
+    # --- the primitives RetryPolicy uses --------------------------------------------
+
+    def _emit(self, old: str, new: str, reason: str) -> None:
+        if old == new:
+            return
+        event = BreakerEvent(self.name, old, new, self.clock.wall(), reason)
+        emit_breaker(event)
+        safe_call(self.on_change, event)
+
+    def _acquire(self) -> str:
+        """A permit (``"call"`` or ``"probe"``), or raise :class:`CircuitOpenError`."""
+        now = self.clock.wall()
+        old, new, retry_at, permit = self.store.breaker_acquire(self.name, now, self.config)
+        self._emit(old, new, "cooldown over: probing")
+        if permit == DENY:
+            self._last_retry_at = retry_at
+            raise CircuitOpenError(self.name, retry_at, now)
+        return permit
+
+    def _record(self, permit: object, verdict: Verdict | None) -> None:
+        """Record an outcome: ``verdict`` None for a success."""
+        failed = verdict is not None and verdict.retryable
+        now = self.clock.wall()
+        old, new, retry_at = self.store.breaker_record(
+            self.name, now, str(permit), failed, self.config
+        )
+        self._last_retry_at = retry_at
+        if old != new:
+            if new == "open":
+                why = "probe failed" if permit == PROBE else (verdict.reason if verdict else "")
+                self._emit(old, new, f"tripped: {why}")
+            else:
+                self._emit(old, new, "probe succeeded")
+        self._local.last_state = new
+
+    def _refusal(self) -> CircuitOpenError | None:
+        """The error to raise when the last recorded outcome left the breaker open."""
+        if getattr(self._local, "last_state", "closed") == "open":
+            return CircuitOpenError(self.name, self._last_retry_at, self.clock.wall())
+        return None
+
+    # --- public calling forms -------------------------------------------------------
+
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Call ``fn`` through the breaker (no retries: combine with a RetryPolicy)."""
+        permit = self._acquire()
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            self._record(permit, self.classifier(exc))
+            raise
+        self._record(permit, None)
+        return result
+
+    async def acall(self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        permit = self._acquire()
+        try:
+            result = await fn(*args, **kwargs)
+        except Exception as exc:
+            self._record(permit, self.classifier(exc))
+            raise
+        self._record(permit, None)
+        return result
+
+    def __enter__(self) -> CircuitBreaker:
+        stack = getattr(self._local, "permits", None)
+        if stack is None:
+            stack = self._local.permits = []
+        stack.append(self._acquire())
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        permit = self._local.permits.pop()
+        if exc is None:
+            self._record(permit, None)
+        elif isinstance(exc, Exception):
+            self._record(permit, self.classifier(exc))
+
+    def reset(self) -> None:
+        """Forget this breaker's state (closed, no failures)."""
+        self.store.reset(self.name)
+        self._local = threading.local()
+
+
+class BreakerRegistry:
+    """One breaker per dependency name: ``tether.breakers.get("stripe")``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._breakers: dict[str, CircuitBreaker] = {}
+
+    def get(self, name: str, **settings: object) -> CircuitBreaker:
+        """The breaker of ``name``, created with ``settings`` on first use."""
+        with self._lock:
+            breaker = self._breakers.get(name)
+            if breaker is None:
+                breaker = CircuitBreaker(name, **settings)  # type: ignore[arg-type]
+                self._breakers[name] = breaker
+            return breaker
+
+    __getitem__ = get
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._breakers
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(dict(self._breakers))
+
+    def clear(self) -> None:
+        with self._lock:
+            for breaker in self._breakers.values():
+                breaker.reset()
+            self._breakers.clear()
+
+
+breakers = BreakerRegistry()

@@ -1,0 +1,523 @@
+"""Failure classification: busy, or no such number?
+
+:func:`classify` turns any failure an agent meets (an exception of any SDK, or a raw
+HTTP status with headers and body) into one :class:`Verdict`. It is a pure function:
+no I/O, no sleeping.
+
+Decisions that are not obvious:
+
+* **409 Conflict is permanent.** It says the request conflicts with the current state
+  of the resource (a duplicate create, a stale version); sending the same bytes again
+  meets the same state. Servers that use 409 for a passing lock (the Anthropic and
+  OpenAI APIs, Stripe's ``lock_timeout`` and ``idempotency_key_in_use``) say so with
+  ``x-should-retry: true`` or an error code, and those win.
+* **425 Too Early is transient.** RFC 8470: the server refused a request that might be
+  replayed from TLS early data; the same request after the handshake succeeds.
+* **Unknown exceptions are permanent.** Classify first, retry second: retrying
+  everything turns a bug into an expensive loop. Teach tether a new shape with
+  :func:`register_classifier`.
+* **Cancellation is not a failure.** ``asyncio.CancelledError``, ``KeyboardInterrupt``,
+  ``SystemExit`` and ``GeneratorExit`` are never caught by tether's retry loops.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import enum
+import errno
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tether._errors import CircuitOpenError, DeadlineExceeded, LimiterTimeout
+
+__all__ = ["Kind", "Verdict", "classify", "register_classifier", "unregister_classifier"]
+
+
+class Kind(enum.Enum):
+    """What kind of failure this is, and so what to do about it."""
+
+    TRANSIENT = "transient"  # busy: retry with backoff
+    RATE_LIMITED = "rate_limited"  # busy: wait (Retry-After), then retry
+    PERMANENT = "permanent"  # no such number: retrying repeats the failure
+    QUOTA = "quota"  # a spend or credit limit: retries will not help until it resets
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The classification of one failure."""
+
+    kind: Kind
+    reason: str
+    status: int | None = None
+    code: str | None = None
+    retry_after: float | None = None
+    #: True when the failure leaves it open whether a write took effect (a timeout, a
+    #: reset after sending, a 5xx); False when it proves nothing happened (connection
+    #: refused, a 4xx or a 429 rejected the request).
+    outcome_unknown: bool = False
+    #: True when the failure was a timeout (a retry after a timeout costs more budget).
+    timeout: bool = False
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in (Kind.TRANSIENT, Kind.RATE_LIMITED)
+
+
+Classifier = Callable[[BaseException], "Verdict | None"]
+_classifiers: list[Classifier] = []
+_classifiers_lock = threading.Lock()
+
+
+def register_classifier(fn: Classifier) -> Classifier:
+    """Add a classifier, tried before the built-in rules on every exception of a chain.
+
+    ``fn(exc)`` returns a :class:`Verdict`, or ``None`` to leave ``exc`` to the next
+    classifier. Usable as a decorator; returns ``fn``.
+    """
+    with _classifiers_lock:
+        _classifiers.insert(0, fn)
+    return fn
+
+
+def unregister_classifier(fn: Classifier) -> None:
+    """Remove a classifier added with :func:`register_classifier`."""
+    with _classifiers_lock:
+        if fn in _classifiers:
+            _classifiers.remove(fn)
+
+
+# --- tables -------------------------------------------------------------------------
+
+TRANSIENT_STATUS = frozenset({408, 425, 500, 502, 503, 504, 507, 508, 520, 521, 522, 523, 524,
+                              529, 598, 599})  # fmt: skip
+PERMANENT_5XX = frozenset({501, 505, 506, 510, 511})
+TRANSIENT_ERRNOS = frozenset({
+    errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED, errno.ETIMEDOUT,
+    errno.EPIPE, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN,
+    errno.EHOSTDOWN, errno.EAGAIN,
+})  # fmt: skip
+# errnos that prove the request never left: nothing can have happened upstream
+UNSENT_ERRNOS = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
+                           errno.ENETDOWN, errno.EHOSTDOWN})  # fmt: skip
+
+QUOTA_CODES = frozenset({
+    # OpenAI
+    "insufficient_quota", "credit_balance_exhausted", "organization_spend_limit_exceeded",
+    "project_spend_limit_exceeded", "organization_usage_limit_exceeded",
+    "billing_hard_limit_reached", "billing_not_active",
+    # Anthropic (error.type, and error.details.error_code)
+    "billing_error", "enforced_spend_limit_reached", "contract_spend_limit_reached",
+    "linked_organization_spend_limit_reached",
+    # AWS, Google
+    "LimitExceededException", "ServiceQuotaExceededException", "QUOTA_EXCEEDED",
+})  # fmt: skip
+RATE_CODES = frozenset({
+    "rate_limit_exceeded", "rate_limit_error", "ramp_limit_exceeded", "ratelimited",
+    "rate_limited", "too_many_requests", "secondary_rate_limit",
+    # AWS throttling (botocore Error.Code)
+    "Throttling", "ThrottlingException", "ThrottledException", "TooManyRequestsException",
+    "RequestLimitExceeded", "ProvisionedThroughputExceededException", "SlowDown",
+    "RequestThrottled", "RequestThrottledException", "BandwidthLimitExceeded",
+    "TransactionInProgressException", "EC2ThrottledException",
+    # gRPC
+    "RESOURCE_EXHAUSTED",
+})  # fmt: skip
+TRANSIENT_CODES = frozenset({
+    "overloaded_error", "api_error", "server_error", "service_unavailable", "internal_error",
+    "fatal_error", "request_timeout", "timeout", "lock_timeout", "idempotency_key_in_use",
+    "InternalError", "InternalFailure", "ServiceUnavailable", "ServiceUnavailableException",
+    "RequestTimeout", "RequestTimeoutException", "PriorRequestNotComplete",
+    "UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED",
+})  # fmt: skip
+GRPC_PERMANENT = frozenset({
+    "INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED",
+    "FAILED_PRECONDITION", "OUT_OF_RANGE", "UNIMPLEMENTED", "UNAUTHENTICATED",
+    "DATA_LOSS", "INTERNAL", "UNKNOWN", "CANCELLED",
+})  # fmt: skip
+# Anthropic sends these as a 400 with no machine-readable code: a documented fallback.
+QUOTA_MESSAGES = re.compile(
+    r"credit balance is too low|reached your specified (?:api )?usage limits|"
+    r"exceeded your current quota|spend limit",
+    re.IGNORECASE,
+)
+# names of exception classes of httpx, requests, urllib3, aiohttp and the LLM SDKs,
+# matched on the class hierarchy so that none of them needs importing
+UNSENT_NAMES = frozenset({"ConnectError", "ConnectTimeout", "ConnectTimeoutError",
+                          "NewConnectionError", "NameResolutionError",
+                          "ClientConnectorError", "ProxyError"})  # fmt: skip
+UNKNOWN_NAMES = frozenset({
+    "ReadTimeout", "WriteTimeout", "PoolTimeout", "TimeoutException", "ReadError",
+    "WriteError", "RemoteProtocolError", "NetworkError", "TransportError",
+    "ProtocolError", "ChunkedEncodingError", "ServerDisconnectedError",
+    "ClientOSError", "ServerTimeoutError", "ClientPayloadError", "APIConnectionError",
+    "APITimeoutError", "IncompleteRead", "RemoteDisconnected",
+})  # fmt: skip
+TIMEOUT_NAMES = frozenset({"ReadTimeout", "WriteTimeout", "PoolTimeout", "TimeoutException",
+                           "ConnectTimeout", "ServerTimeoutError", "APITimeoutError"})  # fmt: skip
+CANCELLATION = ("CancelledError", "KeyboardInterrupt", "SystemExit", "GeneratorExit")
+
+# strength of a verdict: the strongest in an exception chain wins, the outermost first
+_REGISTERED, _PROTOCOL, _NETWORK, _GENERIC_NETWORK, _WEAK = 5, 4, 3, 2, 1
+
+
+# --- helpers ------------------------------------------------------------------------
+
+
+def _header(headers: Any, name: str) -> str | None:
+    if headers is None:
+        return None
+    try:
+        value = headers.get(name)
+        if value is None and isinstance(headers, Mapping):
+            lower = name.lower()
+            for k, v in headers.items():
+                if isinstance(k, str) and k.lower() == lower:
+                    value = v
+                    break
+    except Exception:
+        return None
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    return str(value).strip()
+
+
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?"
+                       r"(?:(\d+(?:\.\d+)?)ms)?$")  # fmt: skip
+
+
+def _parse_seconds(value: str) -> float | None:
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):
+        return None
+    return seconds
+
+
+def _parse_reset(value: str, now_wall: float) -> float | None:
+    """A provider reset header: seconds, an epoch, a Go duration or an RFC 3339 time."""
+    seconds = _parse_seconds(value)
+    if seconds is not None:
+        if seconds > 1_000_000_000:  # an epoch timestamp (GitHub's x-ratelimit-reset)
+            delta = seconds - now_wall
+            return delta if delta >= 0 else None
+        return seconds
+    match = _DURATION.match(value)
+    if match and any(match.groups()):
+        h, m, s, ms = (float(g) if g else 0.0 for g in match.groups())
+        return h * 3600 + m * 60 + s + ms / 1000
+    try:
+        from datetime import datetime
+
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if when.tzinfo is None:
+            return None
+        delta = when.timestamp() - now_wall
+        return delta if delta >= 0 else None
+    except ValueError:
+        return None
+
+
+RESET_HEADERS = (
+    "anthropic-ratelimit-requests-reset",
+    "anthropic-ratelimit-tokens-reset",
+    "anthropic-ratelimit-input-tokens-reset",
+    "anthropic-ratelimit-output-tokens-reset",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
+    "ratelimit-reset",
+    "x-ratelimit-reset",
+    "x-rate-limit-reset",
+)
+
+
+def retry_after_from_headers(
+    headers: Any, *, now_wall: float | None = None, include_reset: bool = True
+) -> float | None:
+    """Seconds to wait that a response's headers ask for, or None.
+
+    ``retry-after-ms`` first, then ``Retry-After`` (seconds, fractional seconds or an
+    HTTP-date), then (``include_reset``) the providers' rate-limit reset headers,
+    taking the longest of those present. Garbage and dates in the past give None.
+    """
+    if headers is None:
+        return None
+    if now_wall is None:
+        from tether.clock import system_clock
+
+        now_wall = system_clock.wall()
+    ms = _header(headers, "retry-after-ms")
+    if ms is not None:
+        value = _parse_seconds(ms)
+        if value is not None:
+            return value / 1000.0
+    ra = _header(headers, "retry-after")
+    if ra is not None:
+        value = _parse_seconds(ra)
+        if value is not None:
+            return value
+        try:
+            when = email.utils.parsedate_to_datetime(ra)
+        except (TypeError, ValueError, IndexError):
+            when = None
+        if when is not None and when.tzinfo is not None:
+            delta = when.timestamp() - now_wall
+            return delta if delta >= 0 else None
+        return None
+    if not include_reset:
+        return None
+    waits = []
+    for name in RESET_HEADERS:
+        raw = _header(headers, name)
+        if raw:
+            parsed = _parse_reset(raw, now_wall)
+            if parsed is not None:
+                waits.append(parsed)
+    return max(waits) if waits else None
+
+
+def _codes_and_message(body: Any, exc: BaseException | None) -> tuple[list[str], str]:
+    """Error codes in priority order (most specific first), and the message text."""
+    codes: list[str] = []
+    message = ""
+
+    def add(value: Any) -> None:
+        if isinstance(value, str) and value and value not in codes:
+            codes.append(value)
+
+    if isinstance(body, Mapping):
+        err = body.get("error", body)
+        if isinstance(err, Mapping):
+            details = err.get("details")
+            if isinstance(details, Mapping):
+                add(details.get("error_code"))
+            add(err.get("code"))
+            add(err.get("type"))
+            msg = err.get("message")
+            message = msg if isinstance(msg, str) else ""
+        elif isinstance(err, str):  # Slack: {"ok": false, "error": "ratelimited"}
+            add(err)
+        if isinstance(body.get("Error"), Mapping):  # botocore ClientError.response
+            add(body["Error"].get("Code"))
+            message = message or str(body["Error"].get("Message", ""))
+    if exc is not None:
+        add(getattr(exc, "error_code", None))  # anthropic: error.details.error_code
+        code = getattr(exc, "code", None)
+        if callable(code):  # gRPC: exc.code() -> StatusCode
+            try:
+                code = code()
+            except Exception:
+                code = None
+            code = getattr(code, "name", code)
+        add(code)
+        add(getattr(exc, "type", None))
+        if not message:
+            message = str(exc)
+    return codes, message
+
+
+def _verdict_from_response(
+    status: int | None,
+    headers: Any,
+    body: Any,
+    exc: BaseException | None,
+    now_wall: float | None,
+) -> Verdict | None:
+    codes, message = _codes_and_message(body, exc)
+    kind: Kind | None = None
+    reason = ""
+    code: str | None = None
+    for c in codes:
+        if c in QUOTA_CODES:
+            kind, code, reason = Kind.QUOTA, c, f"quota or spend limit ({c})"
+        elif c in RATE_CODES:
+            kind, code, reason = Kind.RATE_LIMITED, c, f"rate limited ({c})"
+        elif c in TRANSIENT_CODES:
+            kind, code, reason = Kind.TRANSIENT, c, f"transient ({c})"
+        elif c in GRPC_PERMANENT:
+            kind, code, reason = Kind.PERMANENT, c, f"permanent ({c})"
+        if kind is not None:
+            break
+    if code is None and codes:
+        code = codes[0]
+    if kind is None and status in (400, 402, 403, 429) and QUOTA_MESSAGES.search(message):
+        kind, reason = Kind.QUOTA, "quota or spend limit (from the error message)"
+    if kind is None and status is not None:
+        if status == 429:
+            kind, reason = Kind.RATE_LIMITED, "HTTP 429 Too Many Requests"
+        elif status in TRANSIENT_STATUS or (500 <= status < 600 and status not in PERMANENT_5XX):
+            kind, reason = Kind.TRANSIENT, f"HTTP {status}"
+        elif status >= 400:
+            kind, reason = Kind.PERMANENT, f"HTTP {status}"
+        else:
+            kind, reason = Kind.PERMANENT, f"HTTP {status} is not an error status"
+    if kind is None:
+        if not codes:
+            return None
+        return None if exc is not None else Verdict(Kind.PERMANENT, f"error {codes[0]}", code=code)
+    should_retry = _header(headers, "x-should-retry")
+    if should_retry == "true" and not (kind is Kind.TRANSIENT or kind is Kind.RATE_LIMITED):
+        kind, reason = Kind.TRANSIENT, f"{reason}; server sent x-should-retry: true"
+    elif should_retry == "false" and kind in (Kind.TRANSIENT, Kind.RATE_LIMITED):
+        kind, reason = Kind.PERMANENT, f"{reason}; server sent x-should-retry: false"
+    retry_after = None
+    if kind in (Kind.TRANSIENT, Kind.RATE_LIMITED):
+        retry_after = retry_after_from_headers(
+            headers, now_wall=now_wall, include_reset=kind is Kind.RATE_LIMITED
+        )
+    unknown = kind is Kind.TRANSIENT and (status is None or status >= 500 or status == 408)
+    return Verdict(
+        kind,
+        reason,
+        status=status,
+        code=code,
+        retry_after=retry_after,
+        outcome_unknown=unknown,
+        timeout=status in (408, 504) or code == "DEADLINE_EXCEEDED",
+    )
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+def _from_exception(exc: BaseException, now_wall: float | None) -> tuple[int, Verdict] | None:
+    """The verdict one exception carries by itself, with its strength; None if none."""
+    for fn in list(_classifiers):
+        verdict = fn(exc)
+        if verdict is not None:
+            return _REGISTERED, verdict
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if isinstance(exc, DeadlineExceeded):
+        return _PROTOCOL, Verdict(Kind.PERMANENT, "the call's deadline was exceeded", timeout=True)
+    if isinstance(exc, CircuitOpenError | LimiterTimeout):
+        return _PROTOCOL, Verdict(Kind.TRANSIENT, str(exc))
+    if not isinstance(exc, Exception) or names & set(CANCELLATION):
+        return _PROTOCOL, Verdict(Kind.PERMANENT, f"{type(exc).__name__}: cancellation")
+
+    # an HTTP-ish response: status on the exception or on its response
+    response = getattr(exc, "response", None)
+    status = None
+    for attr in ("status_code", "http_status", "status"):
+        status = _int(getattr(exc, attr, None))
+        if status is not None:
+            break
+    if status is None and response is not None:
+        status = _int(getattr(response, "status_code", None)) or _int(
+            getattr(response, "status", None)
+        )
+    headers = getattr(exc, "headers", None)
+    if headers is None and response is not None:
+        headers = getattr(response, "headers", None)
+    body = getattr(exc, "body", None)
+    if body is None:
+        body = getattr(exc, "json_body", None)  # stripe
+    if isinstance(response, Mapping):  # botocore ClientError.response, Slack dicts
+        body = response
+        meta = response.get("ResponseMetadata")
+        if isinstance(meta, Mapping):
+            status = status or _int(meta.get("HTTPStatusCode"))
+            headers = headers or meta.get("HTTPHeaders")
+    elif response is not None and body is None:
+        data = getattr(response, "data", None)  # slack_sdk SlackResponse
+        if isinstance(data, Mapping):
+            body = data
+    verdict = _verdict_from_response(status, headers, body, exc, now_wall)
+    if verdict is not None:
+        return _PROTOCOL, verdict
+
+    # network-layer failures
+    if names & UNSENT_NAMES or isinstance(exc, ConnectionRefusedError):
+        return _NETWORK, Verdict(
+            Kind.TRANSIENT,
+            f"{type(exc).__name__}: connection not established",
+            timeout=bool(names & TIMEOUT_NAMES),
+        )
+    if isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS:
+        return _NETWORK, Verdict(
+            Kind.TRANSIENT,
+            f"{type(exc).__name__} ({errno.errorcode.get(exc.errno, exc.errno)})",
+            outcome_unknown=exc.errno not in UNSENT_ERRNOS,
+            timeout=exc.errno == errno.ETIMEDOUT,
+        )
+    if isinstance(exc, TimeoutError) or names & TIMEOUT_NAMES:
+        return _NETWORK, Verdict(
+            Kind.TRANSIENT, f"{type(exc).__name__}: timed out", outcome_unknown=True, timeout=True
+        )
+    if isinstance(exc, ConnectionError) or names & UNKNOWN_NAMES:
+        strength = _NETWORK if isinstance(exc, ConnectionError) else _GENERIC_NETWORK
+        return strength, Verdict(
+            Kind.TRANSIENT, f"{type(exc).__name__}: connection failed", outcome_unknown=True
+        )
+    if "gaierror" in names:  # DNS failure: nothing was sent
+        return _NETWORK, Verdict(Kind.TRANSIENT, "name resolution failed")
+    return None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 32:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+
+
+def classify(
+    exc: BaseException | None = None,
+    *,
+    status: int | None = None,
+    headers: Mapping[str, str] | None = None,
+    body: Any = None,
+    now: float | None = None,
+) -> Verdict:
+    """Classify a failure: an exception of any shape, or a raw HTTP response.
+
+    The exception's ``__cause__``/``__context__`` chain is walked; the most specific
+    evidence wins (a registered classifier, then an HTTP status or provider error code,
+    then a network error), the outermost first. ``now`` is the wall time used to read
+    HTTP-date ``Retry-After`` values (default: the system clock).
+
+    >>> classify(status=429, headers={"retry-after": "2"}).retry_after
+    2.0
+    >>> classify(TimeoutError()).kind
+    <Kind.TRANSIENT: 'transient'>
+    >>> classify(ValueError("bad date")).retryable
+    False
+    """
+    if exc is None:
+        if status is None and body is None:
+            raise ValueError("classify() needs an exception, or status=/body= of a response")
+        verdict = _verdict_from_response(status, headers, body, None, now)
+        return verdict or Verdict(Kind.PERMANENT, "unrecognised response", status=status)
+    best: tuple[int, Verdict] | None = None
+    for link in _chain(exc):
+        found = _from_exception(link, now)
+        if found is not None and (best is None or found[0] > best[0]):
+            best = found
+            if found[0] >= _PROTOCOL:
+                break
+    if best is not None:
+        return best[1]
+    name = type(exc).__name__
+    if isinstance(exc, ValueError | TypeError | KeyError | LookupError | AttributeError | OSError):
+        return Verdict(Kind.PERMANENT, f"{name}: a retry would repeat it")
+    return Verdict(
+        Kind.PERMANENT,
+        f"{name}: unrecognised failure, treated as permanent "
+        "(teach tether with tether.register_classifier)",
+    )

@@ -1,0 +1,100 @@
+"""tether's own exceptions."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CircuitOpenError",
+    "DeadlineExceeded",
+    "EffectInProgress",
+    "IdempotencyConflict",
+    "LimiterTimeout",
+    "MissingExtraError",
+    "StoreUnavailable",
+    "TetherError",
+    "UnknownOutcome",
+]
+
+
+class TetherError(Exception):
+    """Base class of the errors tether raises itself."""
+
+
+class DeadlineExceeded(TetherError, TimeoutError):
+    """The whole call's deadline would pass before the next attempt could start."""
+
+
+class CircuitOpenError(TetherError):
+    """The breaker is open: the dependency was not called."""
+
+    def __init__(self, name: str, retry_at: float, now: float | None = None) -> None:
+        self.name = name
+        self.retry_at = retry_at
+        wait = "" if now is None else f"; next probe in {max(0.0, retry_at - now):.1f} s"
+        super().__init__(f"circuit {name!r} is open{wait}")
+
+
+class LimiterTimeout(TetherError):
+    """The adaptive limiter could not admit the call before the caller's deadline."""
+
+    def __init__(self, name: str, wait: float) -> None:
+        self.name = name
+        self.wait = wait
+        super().__init__(
+            f"limiter {name!r} would admit this call only in {wait:.2f} s, past the deadline"
+        )
+
+
+class UnknownOutcome(TetherError):
+    """An earlier attempt of this effect may or may not have happened.
+
+    Raised by :meth:`tether.Ledger.once` when a record is unknown (a timeout, a
+    connection reset after sending, a crashed worker) and no ``lookup`` was given, or
+    ``lookup`` could not settle it. tether never re-executes such an effect blindly:
+    check the provider's records and settle it with ``ledger.resolve(key, result)`` or
+    ``ledger.forget(key)``.
+    """
+
+    def __init__(self, key: str, detail: str = "") -> None:
+        self.key = key
+        msg = (
+            f"effect {key[:16]}… may already have happened and nothing could confirm it; "
+            "pass lookup= to read the provider's records, or settle it with "
+            "ledger.resolve(key, result) / ledger.forget(key)"
+        )
+        super().__init__(f"{msg} ({detail})" if detail else msg)
+
+
+class EffectInProgress(TetherError):
+    """Another worker holds this effect's claim and its lease has not expired."""
+
+    def __init__(self, key: str, lease_until: float) -> None:
+        self.key = key
+        self.lease_until = lease_until
+        super().__init__(f"effect {key[:16]}… is being executed by another worker")
+
+
+class IdempotencyConflict(TetherError, ValueError):
+    """The same intent key was used with different arguments."""
+
+
+class StoreUnavailable(TetherError):
+    """A shared store (Redis, PostgreSQL) could not be reached."""
+
+
+class MissingExtraError(TetherError, ImportError):
+    """An optional dependency is not installed."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(
+            f"{module} is not installed; install it with: pip install 'tether[{extra}]'"
+        )
+
+
+def require(module: str, extra: str) -> object:
+    """Import an optional dependency or say which extra brings it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(module, extra) from exc

@@ -1,0 +1,38 @@
+"""Frozen event objects handed to hooks, logs and telemetry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from tether._classify import Verdict
+
+__all__ = ["BreakerEvent", "RetryEvent", "RetryHook"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryEvent:
+    """One failed attempt that will be retried after ``delay`` seconds."""
+
+    name: str
+    attempt: int  # the attempt that failed, from 1
+    verdict: Verdict
+    delay: float
+    error: BaseException
+    elapsed: float  # seconds since the call started
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerEvent:
+    """A circuit breaker changed state."""
+
+    name: str
+    old: str
+    new: str
+    at: float
+    reason: str
+
+
+class RetryHook(Protocol):
+    def __call__(self, event: RetryEvent, /) -> None: ...

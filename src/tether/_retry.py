@@ -1,0 +1,467 @@
+"""The retry engine: one decision function, driven by a thin sync and a thin async shell.
+
+Retry at one layer only: a policy's call running inside another policy's call (same
+thread or asyncio task, tracked by a context variable) makes exactly one attempt and
+leaves every decision to the outer layer, so nested retries never multiply.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+from tether import backoff
+from tether._classify import Kind, Verdict, classify
+from tether._errors import CircuitOpenError, DeadlineExceeded, LimiterTimeout
+from tether._events import RetryEvent, RetryHook
+from tether._telemetry_hooks import emit_retry, safe_call
+from tether.clock import Clock, system_clock
+
+if TYPE_CHECKING:
+    from tether._breaker import CircuitBreaker
+    from tether._budget import RetryBudget
+    from tether._limiter import AdaptiveLimiter
+
+__all__ = ["RetryPolicy", "RetryStats", "retry"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+JITTERS = ("full", "equal", "decorrelated", "none")
+
+# True while an attempt of some policy is running in this context
+_in_attempt: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "tether_in_attempt", default=False
+)
+# (policy id, attempts, total wait, last verdict) of the last call in this context
+_last_stats: contextvars.ContextVar[tuple[int, int, float, Verdict | None] | None] = (
+    contextvars.ContextVar("tether_last_stats", default=None)
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryStats:
+    """What the last call of a policy did, in this thread or task."""
+
+    attempts: int
+    total_wait: float
+    last_verdict: Verdict | None
+
+    @property
+    def retries(self) -> int:
+        return max(0, self.attempts - 1)
+
+
+class _CallState:
+    """The mutable state of one call: attempts, tier counters, the clock readings."""
+
+    __slots__ = ("attempt", "deadline_at", "prev_delay", "rate_failures", "slow_failures",
+                 "start", "total_wait", "verdict")  # fmt: skip
+
+    def __init__(self, start: float, deadline_at: float | None, base: float) -> None:
+        self.attempt = 0
+        self.start = start
+        self.deadline_at = deadline_at
+        self.prev_delay = base
+        self.rate_failures = 0
+        self.slow_failures = 0
+        self.total_wait = 0.0
+        self.verdict: Verdict | None = None
+
+
+def _positive(name: str, value: float | None, *, allow_zero: bool = True) -> None:
+    if value is None:
+        return
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if value < 0 or (not allow_zero and value == 0) or value != value:
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+class RetryPolicy:
+    """How long to wait, how often, until when: one object, sync and async.
+
+    * ``max_attempts`` counts calls, the first included. Permanent and quota failures
+      are raised after exactly one call; exhaustion re-raises the last error itself.
+    * Waits: after the n-th failure of a tier the wait is ``backoff(n - 1)``, jittered
+      (``"full"``, ``"equal"``, ``"decorrelated"``, ``"none"``). Rate limits and the
+      rest are two tiers with their own counters and schedules: a 429 uses
+      ``rate_limit_base``/``rate_limit_cap`` (short waits), anything else ``base``/``cap``.
+      A ``Retry-After`` is a floor on the wait, capped by ``retry_after_cap``.
+    * ``deadline`` bounds the whole call in seconds: if the next wait would end past
+      it, :class:`tether.DeadlineExceeded` is raised at once, chained from the last
+      error. It also bounds the attempt in progress where that can be interrupted.
+    * ``attempt_timeout`` bounds one attempt. Async attempts are cancelled. Sync
+      attempts run in a worker thread: the caller gets a ``TimeoutError`` on time, but
+      Python cannot kill a thread, so a hung call keeps running in the background.
+    * ``budget``, ``breaker`` and ``limiter`` are the fleet guards; see their classes.
+
+    >>> from tether import VirtualClock
+    >>> policy = RetryPolicy(max_attempts=3, jitter="none", clock=VirtualClock())
+    >>> calls = []
+    >>> def flaky():
+    ...     calls.append(1)
+    ...     if len(calls) < 3:
+    ...         raise ConnectionResetError()
+    ...     return "ok"
+    >>> policy.call(flaky), policy.statistics.attempts, policy.statistics.total_wait
+    ('ok', 3, 1.5)
+    """
+
+    def __init__(
+        self,
+        max_attempts: int = 5,
+        base: float = 0.5,
+        cap: float = 30.0,
+        jitter: str = "full",
+        deadline: float | None = None,
+        attempt_timeout: float | None = None,
+        budget: RetryBudget | None = None,
+        breaker: CircuitBreaker | None = None,
+        limiter: AdaptiveLimiter | None = None,
+        clock: Clock | None = None,
+        seed: int | None = None,
+        *,
+        retry_after_cap: float = 60.0,
+        rate_limit_base: float | None = None,
+        rate_limit_cap: float | None = None,
+        on_retry: RetryHook | None = None,
+        name: str = "call",
+        classifier: Callable[[BaseException], Verdict] | None = None,
+    ) -> None:
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+            raise TypeError(f"max_attempts must be an int, got {type(max_attempts).__name__}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts!r}")
+        _positive("base", base)
+        _positive("cap", cap)
+        if cap < base:
+            raise ValueError(f"cap must be >= base ({base!r}), got {cap!r}")
+        if jitter not in JITTERS:
+            raise ValueError(f"jitter must be one of {', '.join(JITTERS)}; got {jitter!r}")
+        _positive("deadline", deadline, allow_zero=False)
+        _positive("attempt_timeout", attempt_timeout, allow_zero=False)
+        _positive("retry_after_cap", retry_after_cap)
+        _positive("rate_limit_base", rate_limit_base)
+        _positive("rate_limit_cap", rate_limit_cap)
+        rl_base = base if rate_limit_base is None else rate_limit_base
+        rl_cap = cap if rate_limit_cap is None else rate_limit_cap
+        if rl_cap < rl_base:
+            raise ValueError(
+                f"rate_limit_cap must be >= rate_limit_base ({rl_base!r}), got {rl_cap!r}"
+            )
+        self.max_attempts = max_attempts
+        self.base = float(base)
+        self.cap = float(cap)
+        self.jitter = jitter
+        self.deadline = deadline
+        self.attempt_timeout = attempt_timeout
+        self.budget = budget
+        self.breaker = breaker
+        self.limiter = limiter
+        self.clock: Clock = clock or system_clock
+        self.seed = seed
+        self.retry_after_cap = float(retry_after_cap)
+        self.rate_limit_base = float(rl_base)
+        self.rate_limit_cap = float(rl_cap)
+        self.on_retry = on_retry
+        self.name = name
+        self.classifier = classifier or classify
+        self._rng = random.Random(seed)
+
+    def replace(self, **changes: Any) -> RetryPolicy:
+        """A copy with some settings changed (validated again)."""
+        fields: dict[str, Any] = {
+            "max_attempts": self.max_attempts, "base": self.base, "cap": self.cap,
+            "jitter": self.jitter, "deadline": self.deadline,
+            "attempt_timeout": self.attempt_timeout, "budget": self.budget,
+            "breaker": self.breaker, "limiter": self.limiter, "clock": self.clock,
+            "seed": self.seed, "retry_after_cap": self.retry_after_cap,
+            "rate_limit_base": self.rate_limit_base, "rate_limit_cap": self.rate_limit_cap,
+            "on_retry": self.on_retry, "name": self.name, "classifier": self.classifier,
+        }  # fmt: skip
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise TypeError(f"unknown RetryPolicy setting(s): {', '.join(sorted(unknown))}")
+        fields.update(changes)
+        return RetryPolicy(**fields)
+
+    def __repr__(self) -> str:
+        return (
+            f"RetryPolicy(max_attempts={self.max_attempts}, base={self.base}, cap={self.cap}, "
+            f"jitter={self.jitter!r}, deadline={self.deadline})"
+        )
+
+    @property
+    def statistics(self) -> RetryStats:
+        """Attempts and total wait of this policy's last call in this thread or task."""
+        last = _last_stats.get()
+        if last is None or last[0] != id(self):
+            return RetryStats(0, 0.0, None)
+        return RetryStats(last[1], last[2], last[3])
+
+    # --- the decision function shared by both shells --------------------------------
+
+    def _delay(self, st: _CallState, verdict: Verdict) -> float:
+        if verdict.kind is Kind.RATE_LIMITED:
+            st.rate_failures += 1
+            n, base, cap = st.rate_failures - 1, self.rate_limit_base, self.rate_limit_cap
+        else:
+            st.slow_failures += 1
+            n, base, cap = st.slow_failures - 1, self.base, self.cap
+        if self.jitter == "full":
+            delay = backoff.full_jitter(n, base, cap, self._rng)
+        elif self.jitter == "equal":
+            delay = backoff.equal_jitter(n, base, cap, self._rng)
+        elif self.jitter == "decorrelated":
+            delay = backoff.decorrelated_jitter(st.prev_delay if n else base, base, cap, self._rng)
+        else:
+            delay = backoff.exponential(n, base, cap)
+        st.prev_delay = delay
+        if verdict.retry_after is not None:
+            delay = max(delay, min(verdict.retry_after, self.retry_after_cap))
+        return delay
+
+    def _after_failure(
+        self, st: _CallState, exc: Exception, permit: object
+    ) -> float | BaseException:
+        """Decide what follows a failed attempt: a wait, or the exception to raise."""
+        if isinstance(exc, CircuitOpenError | LimiterTimeout) and permit is _NO_PERMIT:
+            return exc  # our own guard refused the attempt: nothing was called
+        verdict = self.classifier(exc)
+        st.verdict = verdict
+        if self.breaker is not None and permit is not _NO_PERMIT:
+            self.breaker._record(permit, verdict)
+        if self.limiter is not None:
+            self.limiter.record(verdict)
+        if not verdict.retryable or st.attempt >= self.max_attempts:
+            return exc
+        if self.breaker is not None:
+            refusal = self.breaker._refusal()
+            if refusal is not None:
+                return refusal
+        delay = self._delay(st, verdict)
+        now = self.clock.now()
+        if st.deadline_at is not None and now + delay >= st.deadline_at:
+            return DeadlineExceeded(
+                f"{self.name}: the next attempt would start after the deadline "
+                f"({self.deadline:g} s, attempt {st.attempt} failed: {verdict.reason})"
+            )
+        if self.budget is not None and not self.budget.try_spend(timeout=verdict.timeout):
+            return exc
+        event = RetryEvent(self.name, st.attempt, verdict, delay, exc, now - st.start)
+        emit_retry(event)
+        safe_call(self.on_retry, event)
+        st.total_wait += delay
+        return delay
+
+    def _before_attempt(self, st: _CallState) -> tuple[object, float | None]:
+        """Check the guards and work out this attempt's timeout; may raise."""
+        st.attempt += 1
+        timeout = self.attempt_timeout
+        if st.deadline_at is not None:
+            left = st.deadline_at - self.clock.now()
+            if left <= 0:
+                raise DeadlineExceeded(f"{self.name}: deadline of {self.deadline:g} s exceeded")
+            timeout = left if timeout is None else min(timeout, left)
+        permit: object = _NO_PERMIT
+        if self.breaker is not None:
+            permit = self.breaker._acquire()
+        return permit, timeout
+
+    def _on_success(self, permit: object) -> None:
+        if self.breaker is not None:
+            self.breaker._record(permit, None)
+        if self.limiter is not None:
+            self.limiter.record(None)
+        if self.budget is not None:
+            self.budget.on_success()
+
+    def _finish(self, st: _CallState) -> None:
+        _last_stats.set((id(self), st.attempt, st.total_wait, st.verdict))
+
+    # --- the sync shell -------------------------------------------------------------
+
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Call ``fn(*args, **kwargs)`` under this policy."""
+        if _in_attempt.get():
+            return fn(*args, **kwargs)  # an outer layer retries
+        if (
+            self.budget is None
+            and self.breaker is None
+            and self.limiter is None
+            and self.deadline is None
+            and self.attempt_timeout is None
+        ):
+            token = _in_attempt.set(True)
+            first: Exception | None = None
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:
+                first = exc
+            finally:
+                _in_attempt.reset(token)
+            if first is None:
+                _last_stats.set((id(self), 1, 0.0, None))
+                return result
+            return self._call_loop(fn, args, kwargs, first_error=first)
+        return self._call_loop(fn, args, kwargs, first_error=None)
+
+    def _call_loop(
+        self, fn: Callable[..., T], args: Any, kwargs: Any, *, first_error: Exception | None
+    ) -> T:
+        clock = self.clock
+        start = clock.now()
+        st = _CallState(start, None if self.deadline is None else start + self.deadline, self.base)
+        pending = first_error
+        try:
+            while True:
+                if pending is None:
+                    permit: object = _NO_PERMIT
+                    try:
+                        self._limit(st)
+                        permit, timeout = self._before_attempt(st)
+                        token = _in_attempt.set(True)
+                        try:
+                            if timeout is not None and self.attempt_timeout is not None:
+                                result = clock.call_with_timeout(
+                                    timeout, functools.partial(fn, *args, **kwargs)
+                                )
+                            else:
+                                result = fn(*args, **kwargs)
+                        finally:
+                            _in_attempt.reset(token)
+                    except Exception as exc:
+                        pending = exc
+                        decision = self._after_failure(st, exc, permit)
+                    else:
+                        self._on_success(permit)
+                        return result
+                else:
+                    st.attempt += 1
+                    decision = self._after_failure(st, pending, _NO_PERMIT_FIRST)
+                if isinstance(decision, BaseException):
+                    if decision is pending:
+                        raise pending
+                    raise decision from pending
+                clock.sleep(decision)
+                pending = None
+        finally:
+            self._finish(st)
+
+    def _limit(self, st: _CallState) -> None:
+        if self.limiter is None:
+            return
+        while True:
+            wait = self.limiter.try_acquire()
+            if wait <= 0:
+                return
+            if st.deadline_at is not None and self.clock.now() + wait >= st.deadline_at:
+                raise LimiterTimeout(self.limiter.name, wait)
+            st.total_wait += wait
+            self.clock.sleep(wait)
+
+    async def _alimit(self, st: _CallState) -> None:
+        if self.limiter is None:
+            return
+        while True:
+            wait = self.limiter.try_acquire()
+            if wait <= 0:
+                return
+            if st.deadline_at is not None and self.clock.now() + wait >= st.deadline_at:
+                raise LimiterTimeout(self.limiter.name, wait)
+            st.total_wait += wait
+            await self.clock.asleep(wait)
+
+    # --- the async shell ------------------------------------------------------------
+
+    async def acall(self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Await ``fn(*args, **kwargs)`` under this policy; attempts can be cancelled."""
+        if _in_attempt.get():
+            return await fn(*args, **kwargs)
+        clock = self.clock
+        start = clock.now()
+        st = _CallState(start, None if self.deadline is None else start + self.deadline, self.base)
+        try:
+            while True:
+                permit: object = _NO_PERMIT
+                try:
+                    await self._alimit(st)
+                    permit, timeout = self._before_attempt(st)
+                    token = _in_attempt.set(True)
+                    try:
+                        if timeout is not None:
+                            result = await clock.acall_with_timeout(
+                                timeout, functools.partial(fn, *args, **kwargs)
+                            )
+                        else:
+                            result = await fn(*args, **kwargs)
+                    finally:
+                        _in_attempt.reset(token)
+                except Exception as exc:
+                    decision = self._after_failure(st, exc, permit)
+                    if isinstance(decision, BaseException):
+                        if decision is exc:
+                            raise
+                        raise decision from exc
+                else:
+                    self._on_success(permit)
+                    return result
+                await clock.asleep(decision)
+        finally:
+            self._finish(st)
+
+    # --- decorator ------------------------------------------------------------------
+
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]: ...
+    @overload
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
+    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        """Use the policy as a decorator of a sync or async function."""
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def awrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                return await self.acall(fn, *args, **kwargs)
+
+            awrapper.retry_policy = self  # type: ignore[attr-defined]
+            return awrapper
+
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+            return self.call(fn, *args, **kwargs)
+
+        wrapper.retry_policy = self  # type: ignore[attr-defined]
+        return wrapper
+
+
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_NO_PERMIT = _Marker("NO_PERMIT")  # no breaker, or the breaker refused before calling
+_NO_PERMIT_FIRST = _Marker("NO_PERMIT_FIRST")  # the fast path's first attempt, no breaker
+
+
+def retry(fn: Callable[..., Any] | None = None, /, **settings: Any) -> Any:
+    """Decorate a sync or async function with a :class:`RetryPolicy`.
+
+    ``@tether.retry`` uses the defaults; ``@tether.retry(max_attempts=3)`` takes any
+    ``RetryPolicy`` setting. The policy is available as ``fn.retry_policy``.
+    """
+    policy = RetryPolicy(**settings)
+    if fn is not None:
+        return policy(fn)
+    return policy

@@ -1,0 +1,77 @@
+"""The default store: this process's memory, thread-safe and asyncio-safe."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from tether.stores import _logic
+from tether.stores._logic import BreakerConfig, LimiterConfig
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """Guard state in a dict, every operation under one lock (none of them awaits)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[str, dict[str, Any]] = {}
+
+    def _fields(self, kind: str, name: str) -> dict[str, Any]:
+        return self._data.setdefault(f"{kind}:{name}", {})
+
+    def breaker_acquire(
+        self, name: str, now: float, cfg: BreakerConfig
+    ) -> tuple[str, str, float, str]:
+        with self._lock:
+            return _logic.breaker_acquire(self._fields("breaker", name), now, cfg)
+
+    def breaker_record(
+        self, name: str, now: float, permit: str, failed: bool, cfg: BreakerConfig
+    ) -> tuple[str, str, float]:
+        with self._lock:
+            return _logic.breaker_record(self._fields("breaker", name), now, permit, failed, cfg)
+
+    def breaker_state(self, name: str, now: float) -> tuple[str, float]:
+        with self._lock:
+            f = self._fields("breaker", name)
+            state, retry_at = f.get("state", "closed"), f.get("retry_at", 0.0)
+        if state == "open" and now >= retry_at:
+            return "half_open", retry_at
+        return state, retry_at
+
+    def budget_spend(self, name: str, capacity: float, cost: float) -> tuple[bool, float]:
+        with self._lock:
+            return _logic.budget_spend(self._fields("budget", name), capacity, cost)
+
+    def budget_refund(self, name: str, capacity: float, amount: float) -> float:
+        with self._lock:
+            return _logic.budget_refund(self._fields("budget", name), capacity, amount)
+
+    def budget_tokens(self, name: str, capacity: float) -> float:
+        with self._lock:
+            return float(self._fields("budget", name).get("tokens", capacity))
+
+    def limiter_acquire(self, name: str, now: float, cfg: LimiterConfig) -> float:
+        with self._lock:
+            return _logic.limiter_acquire(self._fields("limiter", name), now, cfg)
+
+    def limiter_feedback(self, name: str, now: float, ok: bool, cfg: LimiterConfig) -> float:
+        with self._lock:
+            return _logic.limiter_feedback(self._fields("limiter", name), now, ok, cfg)
+
+    def reset(self, name: str | None = None) -> None:
+        """Forget the state of one name (every kind), or of everything."""
+        with self._lock:
+            if name is None:
+                self._data.clear()
+            else:
+                for kind in ("breaker", "budget", "limiter"):
+                    self._data.pop(f"{kind}:{name}", None)
+
+    def __repr__(self) -> str:
+        return "MemoryStore()"
+
+
+default_store = MemoryStore()

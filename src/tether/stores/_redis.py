@@ -1,0 +1,429 @@
+"""Guard state shared by a fleet through Redis.
+
+Every transition runs as one Lua script on the server (atomic, one round trip). The
+scripts are translations of :mod:`tether.stores._logic`; the same behavioural tests
+run against both.
+
+Round trips on the success path of a breaker-guarded call: the state is read from a
+local cache refreshed at most every ``cache_ttl`` seconds (default 1 s) and by every
+failure this process records, and a success is written only when it changes
+something (a failure count to reset, a half-open probe, a failure-rate window). In
+a steady healthy state that is no round trip per call and one per ``cache_ttl``. The
+cost: after another process opens the breaker this one may keep calling for up to
+``cache_ttl`` seconds (its first failure then refreshes the cache at once). Set
+``cache_ttl=0`` for an exact view at one round trip per call.
+
+When Redis cannot be reached the store falls back to this process's memory, logs
+one warning, tries Redis again every ``reconnect_interval`` seconds and goes back to
+it (with another log line) once it answers: an outage of Redis never takes the
+agent down, it only makes the guards local for a while.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tether._errors import require
+from tether.clock import system_clock
+from tether.stores._logic import CALL, BreakerConfig, LimiterConfig
+from tether.stores._memory import MemoryStore
+
+__all__ = ["RedisStore"]
+
+_log = logging.getLogger("tether")
+
+_FMT = """
+local function fmt(x) return string.format('%.6f', x) end
+"""
+
+BREAKER_ACQUIRE = (
+    _FMT
+    + """
+local k = KEYS[1]
+local now, cooldown, half_max, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local v = redis.call('HMGET', k, 'state', 'retry_at', 'inflight', 'probe_ok', 'probe_deadline', 'failures')
+local state = v[1] or 'closed'
+local retry_at = tonumber(v[2]) or 0
+local inflight = tonumber(v[3]) or 0
+local probe_ok = tonumber(v[4]) or 0
+local probe_deadline = tonumber(v[5]) or 0
+local failures = tonumber(v[6]) or 0
+local old = state
+if state == 'open' then
+  if now < retry_at then return {old, 'open', fmt(retry_at), 'deny', failures} end
+  state = 'half_open'; inflight = 0; probe_ok = 0
+end
+if state == 'half_open' then
+  if inflight > 0 and now >= probe_deadline then inflight = 0 end
+  if inflight + probe_ok < half_max then
+    inflight = inflight + 1
+    probe_deadline = now + cooldown
+    redis.call('HSET', k, 'state', state, 'inflight', inflight, 'probe_ok', probe_ok,
+               'probe_deadline', fmt(probe_deadline))
+    redis.call('PEXPIRE', k, ttl)
+    return {old, 'half_open', '0', 'probe', failures}
+  end
+  redis.call('HSET', k, 'state', state, 'inflight', inflight, 'probe_ok', probe_ok)
+  redis.call('PEXPIRE', k, ttl)
+  return {old, 'half_open', fmt(probe_deadline), 'deny', failures}
+end
+return {old, 'closed', '0', 'call', failures}
+"""
+)
+
+BREAKER_RECORD = (
+    _FMT
+    + """
+local k = KEYS[1]
+local now, permit, failed = tonumber(ARGV[1]), ARGV[2], ARGV[3] == '1'
+local threshold, cooldown, half_max = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local window, min_calls, rate, ttl = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local v = redis.call('HMGET', k, 'state', 'retry_at', 'inflight', 'probe_ok', 'failures', 'window')
+local state = v[1] or 'closed'
+local retry_at = tonumber(v[2]) or 0
+local inflight = tonumber(v[3]) or 0
+local probe_ok = tonumber(v[4]) or 0
+local failures = tonumber(v[5]) or 0
+local w = v[6] or ''
+local old = state
+local function trip()
+  state = 'open'; retry_at = now + cooldown
+  failures = 0; w = ''; inflight = 0; probe_ok = 0
+end
+if permit == 'probe' and state == 'half_open' then
+  inflight = math.max(0, inflight - 1)
+  if failed then trip() else
+    probe_ok = probe_ok + 1
+    if probe_ok >= half_max then
+      state = 'closed'; failures = 0; w = ''; inflight = 0; probe_ok = 0
+    end
+  end
+elseif state == 'closed' then
+  if failed then failures = failures + 1 else failures = 0 end
+  local tripped = failures >= threshold
+  if window > 0 then
+    if failed then w = w .. '1' else w = w .. '0' end
+    if #w > window then w = string.sub(w, -window) end
+    local _, ones = string.gsub(w, '1', '')
+    if #w >= min_calls and ones >= rate * #w then tripped = true end
+  end
+  if tripped then trip() end
+else
+  return {old, state, fmt(retry_at), failures}
+end
+redis.call('HSET', k, 'state', state, 'retry_at', fmt(retry_at), 'inflight', inflight,
+           'probe_ok', probe_ok, 'failures', failures, 'window', w)
+redis.call('PEXPIRE', k, ttl)
+return {old, state, fmt(retry_at), failures}
+"""
+)
+
+BUDGET_SPEND = (
+    _FMT
+    + """
+local k = KEYS[1]
+local cap, cost, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local t = tonumber(redis.call('HGET', k, 'tokens')) or cap
+if t >= cost then
+  t = t - cost
+  redis.call('HSET', k, 'tokens', fmt(t))
+  redis.call('PEXPIRE', k, ttl)
+  return {1, fmt(t)}
+end
+return {0, fmt(t)}
+"""
+)
+
+BUDGET_REFUND = (
+    _FMT
+    + """
+local k = KEYS[1]
+local cap, amount, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local t = tonumber(redis.call('HGET', k, 'tokens')) or cap
+t = math.min(cap, t + amount)
+redis.call('HSET', k, 'tokens', fmt(t))
+redis.call('PEXPIRE', k, ttl)
+return fmt(t)
+"""
+)
+
+_LIMITER_LOAD = """
+local k = KEYS[1]
+local now = tonumber(ARGV[1])
+local initial, min_rate, max_rate, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local beta, increase, interval, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local v = redis.call('HMGET', k, 'rate', 'ssthresh', 'tokens', 'last', 'last_decrease', 'ok_since_decrease')
+local rate, ssthresh, tokens, last, last_decrease, oks
+if v[1] then
+  rate, ssthresh, tokens, last = tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
+  last_decrease, oks = tonumber(v[5]), tonumber(v[6])
+else
+  rate, ssthresh, tokens, last = initial, max_rate, math.min(burst, 1.0), now
+  last_decrease, oks = -1e18, 0
+end
+local function save()
+  redis.call('HSET', k, 'rate', fmt(rate), 'ssthresh', fmt(ssthresh), 'tokens', fmt(tokens),
+             'last', fmt(last), 'last_decrease', fmt(last_decrease), 'ok_since_decrease', oks)
+  redis.call('PEXPIRE', k, ttl)
+end
+"""
+
+LIMITER_ACQUIRE = (
+    _FMT
+    + _LIMITER_LOAD
+    + """
+local elapsed = math.max(0, now - last)
+tokens = math.min(burst, tokens + elapsed * rate)
+last = math.max(last, now)
+if tokens >= 1.0 then
+  tokens = tokens - 1.0
+  save()
+  return '0'
+end
+save()
+return fmt((1.0 - tokens) / rate)
+"""
+)
+
+LIMITER_FEEDBACK = (
+    _FMT
+    + _LIMITER_LOAD
+    + """
+local ok = ARGV[10] == '1'
+if ok then
+  oks = oks + 1
+  if rate < ssthresh then rate = rate + 1.0
+  else rate = rate + math.max(1.0, increase * rate) / rate end
+  rate = math.min(max_rate, rate)
+elseif now - last_decrease >= interval then
+  if oks > 0 then ssthresh = math.max(min_rate, rate * beta) end
+  rate = math.max(min_rate, rate * beta)
+  tokens = math.min(tokens, 1.0)
+  last_decrease = now
+  oks = 0
+end
+save()
+return fmt(rate)
+"""
+)
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisStore:
+    """Breaker, budget and limiter state in Redis, shared by every process using it.
+
+    >>> store = RedisStore("redis://127.0.0.1:6379/0")  # doctest: +SKIP
+    >>> breaker = tether.CircuitBreaker("payments", store=store)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "tether",
+        key_ttl: float = 86_400.0,
+        cache_ttl: float = 1.0,
+        reconnect_interval: float = 1.0,
+        socket_timeout: float = 0.5,
+        client: Any = None,
+    ) -> None:
+        if cache_ttl < 0:
+            raise ValueError(f"cache_ttl must be >= 0, got {cache_ttl!r}")
+        if key_ttl <= 0:
+            raise ValueError(f"key_ttl must be > 0, got {key_ttl!r}")
+        redis = require("redis", "redis")
+        self.url = url
+        self.prefix = prefix
+        self.cache_ttl = float(cache_ttl)
+        self.reconnect_interval = float(reconnect_interval)
+        self._ttl_ms = int(key_ttl * 1000)
+        self._errors: tuple[type[BaseException], ...] = (
+            redis.ConnectionError,  # type: ignore[attr-defined]
+            redis.TimeoutError,  # type: ignore[attr-defined]
+            OSError,
+        )
+        self.client = client or redis.Redis.from_url(  # type: ignore[attr-defined]
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            health_check_interval=0,
+        )
+        self._scripts = {
+            name: self.client.register_script(src)
+            for name, src in (
+                ("breaker_acquire", BREAKER_ACQUIRE),
+                ("breaker_record", BREAKER_RECORD),
+                ("budget_spend", BUDGET_SPEND),
+                ("budget_refund", BUDGET_REFUND),
+                ("limiter_acquire", LIMITER_ACQUIRE),
+                ("limiter_feedback", LIMITER_FEEDBACK),
+            )
+        }
+        self.fallback = MemoryStore()
+        self._down_until: float | None = None
+        # name -> (state, retry_at, failures, fetched at); see the module docstring
+        self._breaker_cache: dict[str, tuple[str, float, int, float]] = {}
+        self._budget_full: dict[str, float] = {}
+        self.round_trips = 0
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.url!r})"
+
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self.prefix}:{kind}:{name}"
+
+    def _run(self, script: str, key: str, args: list[Any]) -> Any:
+        """Run a script; None when Redis is unreachable (the caller falls back)."""
+        mono = system_clock.now()
+        if self._down_until is not None and mono < self._down_until:
+            return None
+        try:
+            self.round_trips += 1
+            result = self._scripts[script](keys=[key], args=args)
+        except self._errors as exc:
+            if self._down_until is None:
+                _log.warning(
+                    "tether: Redis at %s is unreachable (%s); breakers, budgets and limiters "
+                    "fall back to this process's memory until it answers again",
+                    self.url,
+                    exc,
+                )
+            self._down_until = mono + self.reconnect_interval
+            return None
+        if self._down_until is not None:
+            _log.warning("tether: Redis at %s answers again; shared state restored", self.url)
+            self._down_until = None
+        return result
+
+    @property
+    def degraded(self) -> bool:
+        """True while Redis is unreachable and the local fallback is in use."""
+        return self._down_until is not None
+
+    # --- breaker --------------------------------------------------------------------
+
+    def breaker_acquire(
+        self, name: str, now: float, cfg: BreakerConfig
+    ) -> tuple[str, str, float, str]:
+        cached = self._breaker_cache.get(name)
+        if (
+            cached is not None
+            and self.cache_ttl > 0
+            and system_clock.now() - cached[3] < self.cache_ttl
+        ):
+            state, retry_at = cached[0], cached[1]
+            if state == "closed":
+                return "closed", "closed", 0.0, CALL
+            if state == "open" and now < retry_at:
+                return "open", "open", retry_at, "deny"
+        r = self._run("breaker_acquire", self._key("breaker", name),
+                      [now, cfg.cooldown, cfg.half_open_max_calls, self._ttl_ms])  # fmt: skip
+        if r is None:
+            return self.fallback.breaker_acquire(name, now, cfg)
+        old, new, retry_at, permit = _s(r[0]), _s(r[1]), float(_s(r[2])), _s(r[3])
+        self._breaker_cache[name] = (new, retry_at, int(r[4]), system_clock.now())
+        return old, new, retry_at, permit
+
+    def breaker_record(
+        self, name: str, now: float, permit: str, failed: bool, cfg: BreakerConfig
+    ) -> tuple[str, str, float]:
+        if not failed and permit == CALL and cfg.window == 0:
+            cached = self._breaker_cache.get(name)
+            if (
+                cached is not None
+                and cached[0] == "closed"
+                and cached[2] == 0
+                and system_clock.now() - cached[3] < self.cache_ttl
+            ):
+                return "closed", "closed", 0.0  # nothing to reset
+        args = [now, permit, "1" if failed else "0", cfg.failure_threshold, cfg.cooldown,
+                cfg.half_open_max_calls, cfg.window, cfg.min_calls, cfg.failure_rate,
+                self._ttl_ms]  # fmt: skip
+        r = self._run("breaker_record", self._key("breaker", name), args)
+        if r is None:
+            return self.fallback.breaker_record(name, now, permit, failed, cfg)
+        old, new, retry_at = _s(r[0]), _s(r[1]), float(_s(r[2]))
+        self._breaker_cache[name] = (new, retry_at, int(r[3]), system_clock.now())
+        return old, new, retry_at
+
+    def breaker_state(self, name: str, now: float) -> tuple[str, float]:
+        mono = system_clock.now()
+        if self._down_until is not None and mono < self._down_until:
+            return self.fallback.breaker_state(name, now)
+        try:
+            self.round_trips += 1
+            state, retry_at = self.client.hmget(self._key("breaker", name), "state", "retry_at")
+        except self._errors:
+            return self.fallback.breaker_state(name, now)
+        st = _s(state) if state else "closed"
+        at = float(_s(retry_at)) if retry_at else 0.0
+        if st == "open" and now >= at:
+            return "half_open", at
+        return st, at
+
+    # --- budget ---------------------------------------------------------------------
+
+    def budget_spend(self, name: str, capacity: float, cost: float) -> tuple[bool, float]:
+        self._budget_full.pop(name, None)
+        r = self._run("budget_spend", self._key("budget", name), [capacity, cost, self._ttl_ms])
+        if r is None:
+            return self.fallback.budget_spend(name, capacity, cost)
+        return bool(int(r[0])), float(_s(r[1]))
+
+    def budget_refund(self, name: str, capacity: float, amount: float) -> float:
+        full_at = self._budget_full.get(name)
+        if full_at is not None and system_clock.now() - full_at < max(self.cache_ttl, 0.0):
+            return float(capacity)
+        r = self._run("budget_refund", self._key("budget", name), [capacity, amount, self._ttl_ms])
+        if r is None:
+            return self.fallback.budget_refund(name, capacity, amount)
+        tokens = float(_s(r))
+        if tokens >= capacity:
+            self._budget_full[name] = system_clock.now()
+        return tokens
+
+    def budget_tokens(self, name: str, capacity: float) -> float:
+        try:
+            self.round_trips += 1
+            raw = self.client.hget(self._key("budget", name), "tokens")
+        except self._errors:
+            return self.fallback.budget_tokens(name, capacity)
+        return float(_s(raw)) if raw is not None else float(capacity)
+
+    # --- limiter --------------------------------------------------------------------
+
+    def _limiter_args(self, now: float, cfg: LimiterConfig) -> list[Any]:
+        return [now, cfg.initial_rate, cfg.min_rate, cfg.max_rate, cfg.burst, cfg.beta,
+                cfg.increase, cfg.decrease_interval, self._ttl_ms]  # fmt: skip
+
+    def limiter_acquire(self, name: str, now: float, cfg: LimiterConfig) -> float:
+        r = self._run("limiter_acquire", self._key("limiter", name), self._limiter_args(now, cfg))
+        if r is None:
+            return self.fallback.limiter_acquire(name, now, cfg)
+        return float(_s(r))
+
+    def limiter_feedback(self, name: str, now: float, ok: bool, cfg: LimiterConfig) -> float:
+        args = [*self._limiter_args(now, cfg), "1" if ok else "0"]
+        r = self._run("limiter_feedback", self._key("limiter", name), args)
+        if r is None:
+            return self.fallback.limiter_feedback(name, now, ok, cfg)
+        return float(_s(r))
+
+    def reset(self, name: str | None = None) -> None:
+        """Delete the shared state of one name, or every key under this prefix."""
+        self._breaker_cache.clear()
+        self._budget_full.clear()
+        self.fallback.reset(name)
+        try:
+            if name is None:
+                keys = list(self.client.scan_iter(match=f"{self.prefix}:*", count=500))
+            else:
+                keys = [self._key(k, name) for k in ("breaker", "budget", "limiter")]
+            if keys:
+                self.client.delete(*keys)
+        except self._errors:
+            pass

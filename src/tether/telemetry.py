@@ -1,0 +1,186 @@
+"""OpenTelemetry instrumentation on ``opentelemetry-api`` alone (the ``otel`` extra).
+
+Spans and events appear through OpenTelemetry's global tracer and meter providers
+whenever ``opentelemetry-api`` is installed: there is nothing to switch on. Without
+it every function here is a no-op that costs one attribute read. A failure inside
+telemetry is logged and swallowed: it never breaks the agent.
+
+Spans: ``tether.run``, ``tether.step``, ``tether.tool_call``, ``tether.attempt``.
+Events: ``tether.retry``, ``tether.breaker``, ``tether.budget_exhausted``,
+``tether.loop_detected``, ``tether.stop``.
+Metrics: ``tether.attempts``, ``tether.retries``, ``tether.stops``,
+``tether.breaker.transitions`` (counters) and ``tether.retry.delay`` (histogram, s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tether._events import BreakerEvent, RetryEvent
+
+__all__ = [
+    "add_event",
+    "record_attempt",
+    "record_breaker",
+    "record_retry",
+    "record_stop",
+    "span",
+]
+
+_log = logging.getLogger("tether")
+_NAME = "tether"
+_state: dict[str, Any] = {}
+
+
+def _api() -> Any:
+    """The ``opentelemetry.trace`` module, or None when the API is not installed."""
+    if "trace" not in _state:
+        try:
+            from opentelemetry import metrics, trace
+        except ImportError:
+            _state["trace"] = None
+            _state["metrics"] = None
+        else:
+            _state["trace"] = trace
+            _state["metrics"] = metrics
+    return _state["trace"]
+
+
+def _instrument(kind: str, name: str, **kw: Any) -> Any:
+    key = f"{kind}:{name}"
+    inst = _state.get(key)
+    if inst is None:
+        meter = _state["metrics"].get_meter(_NAME)
+        inst = getattr(meter, kind)(name, **kw)
+        _state[key] = inst
+    return inst
+
+
+def reset() -> None:
+    """Forget cached tracers and instruments (tests swap providers)."""
+    _state.clear()
+
+
+def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in attrs.items():
+        if v is None:
+            continue
+        if isinstance(v, bool | int | float | str):
+            out[k] = v
+        elif isinstance(v, list | tuple):
+            out[k] = [str(x) for x in v]
+        else:
+            out[k] = str(getattr(v, "value", v))
+    return out
+
+
+@contextlib.contextmanager
+def span(name: str, **attributes: Any) -> Iterator[Any]:
+    """A span under the current one; yields None when OpenTelemetry is absent."""
+    trace = _api()
+    if trace is None:
+        yield None
+        return
+    try:
+        tracer = trace.get_tracer(_NAME)
+        cm = tracer.start_as_current_span(name, attributes=_clean(attributes))
+        current = cm.__enter__()
+    except Exception:
+        _log.debug("telemetry: could not start span %s", name, exc_info=True)
+        yield None
+        return
+    try:
+        yield current
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            current.record_exception(exc)
+            current.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+        with contextlib.suppress(Exception):
+            cm.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    else:
+        with contextlib.suppress(Exception):
+            cm.__exit__(None, None, None)
+
+
+def set_attributes(target: Any, **attributes: Any) -> None:
+    """Set attributes on a span yielded by :func:`span` (None is fine)."""
+    if target is None:
+        return
+    try:
+        target.set_attributes(_clean(attributes))
+    except Exception:
+        _log.debug("telemetry: set_attributes failed", exc_info=True)
+
+
+def add_event(name: str, **attributes: Any) -> None:
+    """An event on the current span."""
+    trace = _api()
+    if trace is None:
+        return
+    try:
+        trace.get_current_span().add_event(name, _clean(attributes))
+    except Exception:
+        _log.debug("telemetry: add_event %s failed", name, exc_info=True)
+
+
+def _count(name: str, value: float = 1, **attributes: Any) -> None:
+    if _api() is None:
+        return
+    try:
+        _instrument("create_counter", name).add(value, _clean(attributes))
+    except Exception:
+        _log.debug("telemetry: counter %s failed", name, exc_info=True)
+
+
+def record_attempt(name: str, attempt: int) -> None:
+    _count("tether.attempts", 1, **{"tether.name": name})
+
+
+def record_retry(event: RetryEvent) -> None:
+    if _api() is None:
+        return
+    v = event.verdict
+    attrs = {
+        "tether.name": event.name,
+        "tether.attempt": event.attempt,
+        "tether.verdict": v.kind.value,
+        "http.response.status_code": v.status,
+        "tether.error.code": v.code,
+        "tether.delay_s": event.delay,
+        "tether.retry_after_s": v.retry_after,
+        "error.type": type(event.error).__name__,
+    }
+    add_event("tether.retry", **attrs)
+    _count("tether.retries", 1, **{"tether.name": event.name, "tether.verdict": v.kind.value})
+    try:
+        _instrument("create_histogram", "tether.retry.delay", unit="s").record(
+            event.delay, _clean({"tether.name": event.name})
+        )
+    except Exception:
+        _log.debug("telemetry: histogram failed", exc_info=True)
+
+
+def record_breaker(event: BreakerEvent) -> None:
+    if _api() is None:
+        return
+    add_event(
+        "tether.breaker",
+        **{"tether.breaker": event.name, "tether.breaker.from": event.old,
+           "tether.breaker.to": event.new, "tether.reason": event.reason},
+    )  # fmt: skip
+    _count("tether.breaker.transitions", 1, **{"tether.breaker": event.name, "to": event.new})
+
+
+def record_stop(reason: str, status: str, **attributes: Any) -> None:
+    if _api() is None:
+        return
+    add_event(
+        "tether.stop", **{"tether.stop_reason": reason, "tether.status": status}, **attributes
+    )
+    _count("tether.stops", 1, **{"tether.stop_reason": reason, "tether.status": status})

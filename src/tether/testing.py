@@ -1,0 +1,40 @@
+"""Helpers for testing code that uses tether: virtual time and captured events."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+from tether._breaker import breakers
+from tether.clock import VirtualClock
+from tether.stores._memory import default_store
+
+__all__ = ["VirtualClock", "capture_logs", "reset"]
+
+
+def reset() -> None:
+    """Forget all process-wide state: the default store and the breaker registry."""
+    breakers.clear()
+    default_store.reset()
+
+
+@contextlib.contextmanager
+def capture_logs(level: int = logging.DEBUG) -> Iterator[list[logging.LogRecord]]:
+    """Collect the records of the ``tether`` logger inside the block."""
+    records: list[logging.LogRecord] = []
+
+    class _Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("tether")
+    handler = _Handler(level)
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)

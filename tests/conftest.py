@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+import tether.testing
+from scripted_server import ScriptedServer
+
+REDIS_URL = os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
+PG_DSN = os.environ.get("TETHER_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(autouse=True)
+def _reset_tether() -> Iterator[None]:
+    tether.testing.reset()
+    yield
+    tether.testing.reset()
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The real Redis server; fails (never skips) when it cannot be reached."""
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except Exception as exc:
+        pytest.fail(
+            f"Redis is unreachable at TETHER_REDIS_URL={REDIS_URL!r} ({exc}); start Redis "
+            "or point TETHER_REDIS_URL at one",
+            pytrace=False,
+        )
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    """The real PostgreSQL server; fails (never skips) when it cannot be reached."""
+    import psycopg
+
+    try:
+        psycopg.connect(PG_DSN, connect_timeout=3).close()
+    except Exception as exc:
+        pytest.fail(
+            f"PostgreSQL is unreachable at TETHER_PG_DSN={PG_DSN!r} ({exc}); start it "
+            "or point TETHER_PG_DSN at one",
+            pytrace=False,
+        )
+    return PG_DSN
