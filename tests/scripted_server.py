@@ -55,7 +55,9 @@ class ScriptedServer:
                     body = json.loads(raw) if raw else None
                 except ValueError:
                     body = raw.decode("utf-8", "replace")
-                seen = Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                seen = Seen(
+                    self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body
+                )
                 with server._lock:
                     server.requests.append(seen)
                     if server.handler is not None:

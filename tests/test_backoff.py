@@ -43,8 +43,15 @@ def test_decorrelated_jitter_bounds(prev: float, base: float, more: float, seed:
 
 def test_exponential_schedule() -> None:
     """Plain exponential doubles from base and stops at cap."""
-    assert [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0] == [
-        backoff.exponential(n, 0.5, 30.0) for n in range(8)
+    assert [backoff.exponential(n, 0.5, 30.0) for n in range(8)] == [
+        0.5,
+        1.0,
+        2.0,
+        4.0,
+        8.0,
+        16.0,
+        30.0,
+        30.0,
     ]
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
+from datetime import UTC, datetime
 from email.utils import format_datetime
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anthropic
@@ -57,12 +57,12 @@ def test_status_table(status: int, kind: Kind) -> None:
 
 def test_409_with_should_retry_is_transient() -> None:
     """A 409 that the server marks retryable (a passing lock) is transient."""
-    assert T == classify(status=409, headers={"x-should-retry": "true"}).kind
+    assert classify(status=409, headers={"x-should-retry": "true"}).kind == T
 
 
 def test_should_retry_false_wins() -> None:
     """x-should-retry: false makes even a 503 permanent."""
-    assert P == classify(status=503, headers={"x-should-retry": "false"}).kind
+    assert classify(status=503, headers={"x-should-retry": "false"}).kind == P
 
 
 # --- built-ins ---------------------------------------------------------------------
@@ -72,7 +72,7 @@ def test_should_retry_false_wins() -> None:
     ("exc", "kind"),
     [
         (TimeoutError(), T),
-        (asyncio.TimeoutError(), T),
+        (TimeoutError(), T),
         (ConnectionResetError(), T),
         (ConnectionRefusedError(), T),
         (BrokenPipeError(), T),
@@ -105,7 +105,7 @@ def test_refused_proves_nothing_was_sent() -> None:
 def test_unknown_exception_is_permanent_and_says_how_to_teach() -> None:
     """Classify first, retry second: an unknown failure is never retried by default."""
     verdict = classify(RuntimeError("boom"))
-    assert P == verdict.kind
+    assert verdict.kind == P
     assert "register_classifier" in verdict.reason
 
 
@@ -121,7 +121,7 @@ def test_chain_is_walked() -> None:
         except TimeoutError as inner:
             raise ToolError("search failed") from inner
     except ToolError as exc:
-        assert T == classify(exc).kind
+        assert classify(exc).kind == T
 
 
 def test_context_chain_is_walked() -> None:
@@ -136,14 +136,14 @@ def test_context_chain_is_walked() -> None:
         except ConnectionResetError:
             raise Wrapped("x")  # noqa: B904
     except Wrapped as exc:
-        assert T == classify(exc).kind
+        assert classify(exc).kind == T
 
 
 def test_cyclic_chain_terminates() -> None:
     """A cause cycle does not loop forever."""
     a, b = RuntimeError("a"), RuntimeError("b")
     a.__cause__, b.__cause__ = b, a
-    assert P == classify(a).kind
+    assert classify(a).kind == P
 
 
 @pytest.mark.parametrize(
@@ -285,7 +285,10 @@ def test_retry_after(headers: dict[str, str], expected: float | None) -> None:
 
 def test_reset_headers_only_for_rate_limits() -> None:
     """A provider reset header is not a reason to wait after a 500."""
-    assert classify(status=500, headers={"x-ratelimit-reset-requests": "5s"}, now=NOW).retry_after is None
+    assert (
+        classify(status=500, headers={"x-ratelimit-reset-requests": "5s"}, now=NOW).retry_after
+        is None
+    )
 
 
 def test_classify_needs_something() -> None:
@@ -310,11 +313,11 @@ def test_register_classifier_is_tried_first() -> None:
 
     tether.register_classifier(mine)
     try:
-        assert R == classify(Busy()).kind
-        assert 2.0 == classify(Busy()).retry_after
+        assert classify(Busy()).kind == R
+        assert classify(Busy()).retry_after == 2.0
     finally:
         tether.unregister_classifier(mine)
-    assert P == classify(Busy()).kind
+    assert classify(Busy()).kind == P
 
 
 # --- the real SDKs over loopback -----------------------------------------------------
@@ -369,7 +372,9 @@ def _anthropic_body(type_: str, message: str = "x", error_code: str | None = Non
         (Reply(503, _anthropic_body("api_error"), {"x-should-retry": "false"}), P, None),
     ],
 )  # fmt: skip
-def test_real_anthropic_errors(server: ScriptedServer, reply: Reply, kind: Kind, retry_after: float | None) -> None:
+def test_real_anthropic_errors(
+    server: ScriptedServer, reply: Reply, kind: Kind, retry_after: float | None
+) -> None:
     """Exceptions raised by the real anthropic SDK talking to a scripted server."""
     verdict = classify(_anthropic_error(server, reply))
     assert (kind, reply.status, retry_after) == (verdict.kind, verdict.status, verdict.retry_after)
@@ -401,22 +406,24 @@ def _closed_port() -> int:
 
 def test_real_sdk_connection_refused() -> None:
     """A refused connection through the SDK: transient, and nothing was sent."""
-    client = anthropic.Anthropic(api_key="k", base_url=f"http://127.0.0.1:{_closed_port()}", max_retries=0)
+    client = anthropic.Anthropic(
+        api_key="k", base_url=f"http://127.0.0.1:{_closed_port()}", max_retries=0
+    )
     with pytest.raises(anthropic.APIConnectionError) as info:
         client.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "x"}])
     verdict = classify(info.value)
-    assert (T, False) == (verdict.kind, verdict.outcome_unknown)
+    assert (verdict.kind, verdict.outcome_unknown) == (T, False)
 
 
 def test_real_sdk_timeout(server: ScriptedServer) -> None:
     """A read timeout through the SDK: transient, a timeout, outcome unknown."""
     exc = _openai_error(server, Reply(200, {}, delay=1.0), timeout=0.2)
     verdict = classify(exc)
-    assert (T, True, True) == (verdict.kind, verdict.timeout, verdict.outcome_unknown)
+    assert (verdict.kind, verdict.timeout, verdict.outcome_unknown) == (T, True, True)
 
 
 def test_real_sdk_dropped_connection(server: ScriptedServer) -> None:
     """A connection dropped by the server mid-request: transient, outcome unknown."""
     exc = _anthropic_error(server, Reply(drop=True))
     verdict = classify(exc)
-    assert (T, True) == (verdict.kind, verdict.outcome_unknown)
+    assert (verdict.kind, verdict.outcome_unknown) == (T, True)

@@ -51,9 +51,13 @@ def waits_of(policy_kwargs: dict[str, Any], errors: list[BaseException]) -> list
 def test_no_jitter_schedule() -> None:
     """jitter="none" waits base, 2*base, 4*base ... capped at cap."""
     errors = [ConnectionResetError() for _ in range(6)]
-    assert [1.0, 2.0, 4.0, 5.0, 5.0] == waits_of(
-        {"max_attempts": 6, "base": 1.0, "cap": 5.0, "jitter": "none"}, errors
-    )
+    assert waits_of({"max_attempts": 6, "base": 1.0, "cap": 5.0, "jitter": "none"}, errors) == [
+        1.0,
+        2.0,
+        4.0,
+        5.0,
+        5.0,
+    ]
 
 
 def test_no_sleep_after_last_attempt() -> None:
@@ -62,7 +66,7 @@ def test_no_sleep_after_last_attempt() -> None:
     fn = Flaky(*[ConnectionResetError() for _ in range(3)])
     with pytest.raises(ConnectionResetError):
         RetryPolicy(max_attempts=3, jitter="none", base=1.0, clock=clock).call(fn)
-    assert (3, 2, 3.0) == (fn.calls, clock.sleeps, clock.now())
+    assert (fn.calls, clock.sleeps, clock.now()) == (3, 2, 3.0)
 
 
 def test_exhaustion_reraises_the_last_error_itself() -> None:
@@ -85,7 +89,7 @@ def test_permanent_is_raised_after_one_call(error: BaseException) -> None:
     fn = Flaky(error, error, error)
     with pytest.raises(type(error)):
         RetryPolicy(clock=clock).call(fn)
-    assert (1, 0.0) == (fn.calls, clock.now())
+    assert (fn.calls, clock.now()) == (1, 0.0)
 
 
 def test_quota_is_raised_after_one_call() -> None:
@@ -98,31 +102,31 @@ def test_quota_is_raised_after_one_call() -> None:
     fn = Flaky(QuotaError(), QuotaError())
     with pytest.raises(QuotaError):
         RetryPolicy(clock=VirtualClock()).call(fn)
-    assert 1 == fn.calls
+    assert fn.calls == 1
 
 
 def test_success_after_failures_and_statistics() -> None:
     """Statistics of the last call: attempts, total wait, last verdict."""
     clock = VirtualClock()
     policy = RetryPolicy(jitter="none", base=0.5, clock=clock)
-    assert "ok" == policy.call(Flaky(TimeoutError(), TimeoutError()))
+    assert policy.call(Flaky(TimeoutError(), TimeoutError())) == "ok"
     stats = policy.statistics
-    assert (3, 1.5, 2) == (stats.attempts, stats.total_wait, stats.retries)
+    assert (stats.attempts, stats.total_wait, stats.retries) == (3, 1.5, 2)
     assert stats.last_verdict is not None and stats.last_verdict.kind is Kind.TRANSIENT
 
 
 def test_retry_after_is_a_floor_capped_by_retry_after_cap() -> None:
     """A Retry-After longer than the backoff is waited; a huge one is capped."""
-    assert [7.0] == waits_of(
+    assert waits_of(
         {"max_attempts": 2, "jitter": "none"}, [HTTPError(429, {"retry-after": "7"})]
-    )
-    assert [60.0] == waits_of(
+    ) == [7.0]
+    assert waits_of(
         {"max_attempts": 2, "jitter": "none"}, [HTTPError(503, {"retry-after": "3600"})]
-    )
-    assert [10.0] == waits_of(
+    ) == [60.0]
+    assert waits_of(
         {"max_attempts": 2, "jitter": "none", "retry_after_cap": 10.0},
         [HTTPError(429, {"retry-after": "3600"})],
-    )
+    ) == [10.0]
 
 
 def test_two_tier_schedule() -> None:
@@ -133,7 +137,7 @@ def test_two_tier_schedule() -> None:
          "rate_limit_base": 1.0, "rate_limit_cap": 4.0},
         errors,
     )  # fmt: skip
-    assert [10.0, 20.0, 1.0, 20.0] == waits
+    assert waits == [10.0, 20.0, 1.0, 20.0]
 
 
 def test_deadline_is_never_overslept() -> None:
@@ -146,7 +150,7 @@ def test_deadline_is_never_overslept() -> None:
     assert isinstance(info.value, TimeoutError)
     assert isinstance(info.value.__cause__, ConnectionResetError)
     # waits 1 + 2 = 3; the next (4) would end at 7 > 5: stop at t=3 without sleeping
-    assert (3, 3.0) == (fn.calls, clock.now())
+    assert (fn.calls, clock.now()) == (3, 3.0)
 
 
 def test_deadline_bounds_the_attempt_in_progress_async() -> None:
@@ -165,7 +169,7 @@ def test_deadline_bounds_the_attempt_in_progress_async() -> None:
     with pytest.raises(DeadlineExceeded):
         asyncio.run(policy.acall(slow))
     # attempt 1 times out at 4, wait 1, attempt 2 times out at 9, wait 2 would cross 10
-    assert (2, 9.0) == (calls, clock.now())
+    assert (calls, clock.now()) == (2, 9.0)
 
 
 def test_async_attempt_timeout_on_real_time() -> None:
@@ -181,7 +185,7 @@ def test_async_attempt_timeout_on_real_time() -> None:
 
     started = time.monotonic()
     policy = RetryPolicy(max_attempts=2, attempt_timeout=0.05, base=0.0, cap=0.0)
-    assert "ok" == asyncio.run(policy.acall(hang))
+    assert asyncio.run(policy.acall(hang)) == "ok"
     assert time.monotonic() - started < 2.0
 
 
@@ -199,7 +203,7 @@ def test_sync_attempt_timeout_on_real_time() -> None:
 
     policy = RetryPolicy(max_attempts=2, attempt_timeout=0.05, base=0.0, cap=0.0)
     started = time.monotonic()
-    assert "ok" == policy.call(hang)
+    assert policy.call(hang) == "ok"
     assert time.monotonic() - started < 2.0
     assert tether.clock.hung_threads() >= 1
     release.set()
@@ -218,8 +222,8 @@ def test_virtual_attempt_timeout_sync() -> None:
         return "ok"
 
     policy = RetryPolicy(max_attempts=2, attempt_timeout=15.0, jitter="none", base=1.0, clock=clock)
-    assert "ok" == policy.call(slow)
-    assert 16.0 == clock.now()
+    assert policy.call(slow) == "ok"
+    assert clock.now() == 16.0
 
 
 def test_retry_at_one_layer_only() -> None:
@@ -230,7 +234,7 @@ def test_retry_at_one_layer_only() -> None:
     outer = RetryPolicy(max_attempts=3, clock=clock)
     with pytest.raises(HTTPError):
         outer.call(lambda: inner.call(fn))
-    assert 3 == fn.calls
+    assert fn.calls == 3
 
 
 def test_retry_at_one_layer_only_async() -> None:
@@ -248,7 +252,7 @@ def test_retry_at_one_layer_only_async() -> None:
 
     with pytest.raises(HTTPError):
         asyncio.run(outer.acall(inner_call))
-    assert 4 == fn.calls
+    assert fn.calls == 4
 
 
 def test_separate_threads_do_not_share_the_layer() -> None:
@@ -265,7 +269,7 @@ def test_separate_threads_do_not_share_the_layer() -> None:
         t.start()
     for t in threads:
         t.join()
-    assert ["ok"] * 4 == results
+    assert results == ["ok"] * 4
 
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(1)])
@@ -274,7 +278,7 @@ def test_cancellation_propagates_at_once(error: BaseException) -> None:
     fn = Flaky(error)
     with pytest.raises(type(error)):
         RetryPolicy(clock=VirtualClock()).call(fn)
-    assert 1 == fn.calls
+    assert fn.calls == 1
 
 
 def test_async_cancellation_propagates() -> None:
@@ -291,7 +295,7 @@ def test_async_cancellation_propagates() -> None:
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(main())
-    assert 1 == calls
+    assert calls == 1
 
 
 def test_on_retry_hook_gets_a_frozen_event() -> None:
@@ -301,7 +305,12 @@ def test_on_retry_hook_gets_a_frozen_event() -> None:
         Flaky(TimeoutError())
     )
     (event,) = events
-    assert ("search", 1, 0.5, Kind.TRANSIENT) == (event.name, event.attempt, event.delay, event.verdict.kind)
+    assert (event.name, event.attempt, event.delay, event.verdict.kind) == (
+        "search",
+        1,
+        0.5,
+        Kind.TRANSIENT,
+    )
     with pytest.raises(AttributeError):
         event.delay = 3.0  # type: ignore[misc]
 
@@ -312,7 +321,7 @@ def test_a_failing_hook_never_breaks_the_call() -> None:
     def bad(event: RetryEvent) -> None:
         raise RuntimeError("hook bug")
 
-    assert "ok" == RetryPolicy(clock=VirtualClock(), on_retry=bad).call(Flaky(TimeoutError()))
+    assert RetryPolicy(clock=VirtualClock(), on_retry=bad).call(Flaky(TimeoutError())) == "ok"
 
 
 def test_logging_one_info_line_per_retry_and_silence_on_success() -> None:
@@ -320,11 +329,11 @@ def test_logging_one_info_line_per_retry_and_silence_on_success() -> None:
     with capture_logs() as records:
         RetryPolicy(jitter="none", clock=VirtualClock()).call(Flaky(TimeoutError(), TimeoutError()))
     retries = [r for r in records if r.levelno == logging.INFO]
-    assert 2 == len(retries)
+    assert len(retries) == 2
     assert "attempt 1" in retries[0].getMessage() and "transient" in retries[0].getMessage()
     with capture_logs() as records:
         RetryPolicy(clock=VirtualClock()).call(Flaky())
-    assert [] == records
+    assert records == []
 
 
 def test_decorators() -> None:
@@ -346,7 +355,7 @@ def test_decorators() -> None:
     async def async_call() -> str:
         return afn()
 
-    assert ("ok", "plain", "ok") == (sync_call(), plain(), asyncio.run(async_call()))
+    assert (sync_call(), plain(), asyncio.run(async_call())) == ("ok", "plain", "ok")
     assert isinstance(sync_call.retry_policy, RetryPolicy)  # type: ignore[attr-defined]
 
 
@@ -363,7 +372,7 @@ def test_jitters_stay_within_cap(jitter: str) -> None:
     """Every jitter's waits stay within [0, cap]."""
     waits = waits_of({"max_attempts": 12, "jitter": jitter, "seed": 1, "cap": 3.0},
                      [TimeoutError() for _ in range(12)])  # fmt: skip
-    assert 11 == len(waits) and all(0 <= w <= 3.0 for w in waits)
+    assert len(waits) == 11 and all(0 <= w <= 3.0 for w in waits)
 
 
 @pytest.mark.parametrize(
@@ -376,7 +385,10 @@ def test_jitters_stay_within_cap(jitter: str) -> None:
         ({"deadline": 0}, "deadline must be > 0"),
         ({"attempt_timeout": -1}, "attempt_timeout must be > 0"),
         ({"retry_after_cap": -1}, "retry_after_cap must be >= 0"),
-        ({"rate_limit_base": 5.0, "rate_limit_cap": 1.0}, "rate_limit_cap must be >= rate_limit_base"),
+        (
+            {"rate_limit_base": 5.0, "rate_limit_cap": 1.0},
+            "rate_limit_cap must be >= rate_limit_base",
+        ),
     ],
 )
 def test_invalid_configuration_names_the_field(kwargs: dict[str, Any], message: str) -> None:
@@ -394,7 +406,7 @@ def test_max_attempts_must_be_an_int() -> None:
 def test_replace() -> None:
     """replace() copies with changes, validated again."""
     policy = RetryPolicy(max_attempts=3).replace(deadline=10.0)
-    assert (3, 10.0) == (policy.max_attempts, policy.deadline)
+    assert (policy.max_attempts, policy.deadline) == (3, 10.0)
     with pytest.raises(TypeError, match="unknown RetryPolicy setting"):
         RetryPolicy().replace(attempts=3)
 
@@ -403,4 +415,4 @@ def test_custom_classifier() -> None:
     """A policy-level classifier replaces the global one."""
     fn = Flaky(ValueError("treat as transient"))
     policy = RetryPolicy(clock=VirtualClock(), classifier=lambda e: Verdict(Kind.TRANSIENT, "mine"))
-    assert "ok" == policy.call(fn)
+    assert policy.call(fn) == "ok"

@@ -129,7 +129,11 @@ class CircuitBreaker:
         self._last_retry_at = retry_at
         if old != new:
             if new == "open":
-                why = "probe failed" if permit == PROBE else (verdict.reason if verdict else "")
+                why = (
+                    "probe failed"
+                    if permit == PROBE
+                    else (verdict.reason if verdict else "failure rate over the window")
+                )
                 self._emit(old, new, f"tripped: {why}")
             else:
                 self._emit(old, new, "probe succeeded")

@@ -146,8 +146,8 @@ def limiter_acquire(f: Fields, now: float, cfg: LimiterConfig) -> float:
     elapsed = max(0.0, now - f["last"])
     f["tokens"] = min(cfg.burst, f["tokens"] + elapsed * f["rate"])
     f["last"] = max(f["last"], now)
-    if f["tokens"] >= 1.0:
-        f["tokens"] -= 1.0
+    if f["tokens"] >= 1.0 - 1e-9:
+        f["tokens"] = max(0.0, f["tokens"] - 1.0)
         return 0.0
     return float((1.0 - f["tokens"]) / f["rate"])
 

@@ -34,7 +34,7 @@ __all__ = ["RedisStore"]
 _log = logging.getLogger("tether")
 
 _FMT = """
-local function fmt(x) return string.format('%.6f', x) end
+local function fmt(x) return string.format('%.17g', x) end
 """
 
 BREAKER_ACQUIRE = (
@@ -176,8 +176,8 @@ LIMITER_ACQUIRE = (
 local elapsed = math.max(0, now - last)
 tokens = math.min(burst, tokens + elapsed * rate)
 last = math.max(last, now)
-if tokens >= 1.0 then
-  tokens = tokens - 1.0
+if tokens >= 1.0 - 1e-9 then
+  tokens = math.max(0, tokens - 1.0)
   save()
   return '0'
 end
@@ -412,6 +412,19 @@ class RedisStore:
         if r is None:
             return self.fallback.limiter_feedback(name, now, ok, cfg)
         return float(_s(r))
+
+    def close(self) -> None:
+        """Close the connections to Redis."""
+        try:
+            self.client.close()
+        except self._errors:
+            pass
+
+    def __enter__(self) -> RedisStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def reset(self, name: str | None = None) -> None:
         """Delete the shared state of one name, or every key under this prefix."""
