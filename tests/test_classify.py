@@ -72,7 +72,6 @@ def test_should_retry_false_wins() -> None:
     ("exc", "kind"),
     [
         (TimeoutError(), T),
-        (TimeoutError(), T),
         (ConnectionResetError(), T),
         (ConnectionRefusedError(), T),
         (BrokenPipeError(), T),
