@@ -1,0 +1,131 @@
+"""The ledger in a SQLite file: WAL mode, ``BEGIN IMMEDIATE`` around every claim.
+
+Safe for threads and for several processes on one machine (SQLite's file locks);
+not for a network file system. For a fleet on several machines use Redis or
+PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from dataclasses import replace
+from typing import Any
+
+from tether._effects import Record, State, decide_claim
+
+__all__ = ["SqliteLedgerBackend"]
+
+COLUMNS = ("key", "state", "payload_hash", "owner", "lease_until", "expires_at", "created_at",
+           "result", "error", "detail", "attempts")  # fmt: skip
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tether_ledger (
+    key TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    payload_hash TEXT,
+    owner TEXT NOT NULL,
+    lease_until REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    created_at REAL NOT NULL,
+    result TEXT,
+    error TEXT,
+    detail TEXT NOT NULL DEFAULT '',
+    attempts INTEGER NOT NULL DEFAULT 1
+)
+"""
+
+
+class SqliteLedgerBackend:
+    def __init__(self, path: str, *, timeout: float = 30.0) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(
+                path, timeout=timeout, isolation_level=None, check_same_thread=False
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise sqlite3.DatabaseError(
+                f"cannot open the tether ledger at {path!r}: {exc}; check that the path is "
+                "writable and the file is a SQLite database"
+            ) from exc
+
+    def _row(self, row: Any) -> Record | None:
+        return None if row is None else Record.from_row(dict(zip(COLUMNS, row, strict=True)))
+
+    def _select(self, key: str) -> Record | None:
+        cur = self._db.execute(
+            f"SELECT {', '.join(COLUMNS)} FROM tether_ledger WHERE key = ?", (key,)
+        )
+        return self._row(cur.fetchone())
+
+    def claim(self, record: Record, now: float) -> tuple[bool, Record | None]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                existing = self._select(record.key)
+                claimed, previous = decide_claim(existing, record, now)
+                if claimed:
+                    row = replace(
+                        record, attempts=previous.attempts + 1 if previous else 1
+                    ).to_row()
+                    self._db.execute(
+                        f"INSERT OR REPLACE INTO tether_ledger ({', '.join(COLUMNS)}) "
+                        f"VALUES ({', '.join('?' for _ in COLUMNS)})",
+                        [row[c] for c in COLUMNS],
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            return claimed, previous if claimed else existing
+
+    def get(self, key: str) -> Record | None:
+        with self._lock:
+            return self._select(key)
+
+    def complete(self, key: str, owner: str, state: State, result: str | None,
+                 error: str | None, now: float) -> None:  # fmt: skip
+        with self._lock:
+            self._db.execute(
+                "UPDATE tether_ledger SET state = ?, result = ?, error = ? "
+                "WHERE key = ? AND state IN ('pending', 'unknown')",
+                (state.value, result, error, key),
+            )
+
+    def mark_unknown(self, key: str, owner: str, detail: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE tether_ledger SET state = 'unknown', detail = ? "
+                "WHERE key = ? AND state = 'pending' AND owner = ?",
+                (detail, key, owner),
+            )
+
+    def release(self, key: str, owner: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "DELETE FROM tether_ledger WHERE key = ? AND state = 'pending' AND owner = ?",
+                (key, owner),
+            )
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM tether_ledger WHERE key = ?", (key,))
+
+    def records(self, state: State | None = None, limit: int = 100) -> list[Record]:
+        sql = f"SELECT {', '.join(COLUMNS)} FROM tether_ledger"
+        params: list[Any] = []
+        if state is not None:
+            sql += " WHERE state = ?"
+            params.append(state.value)
+        sql += " ORDER BY created_at LIMIT ?"
+        params.append(limit)
+        with self._lock:
+            rows = self._db.execute(sql, params).fetchall()
+        return [r for r in (self._row(row) for row in rows) if r is not None]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,378 @@
+"""The ledger: at most once, in memory, SQLite, real Redis and real PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tether
+from tether import EffectInProgress, IdempotencyConflict, Ledger, UnknownOutcome, VirtualClock
+from tether._effects import State
+
+BACKENDS = ["memory", "sqlite", "redis", "postgres"]
+
+
+def make_ledger(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, **settings: Any
+) -> Ledger:
+    if kind == "memory":
+        return Ledger.memory(**settings)
+    if kind == "sqlite":
+        return Ledger.sqlite(str(tmp_path / "ledger.db"), **settings)
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        return Ledger.redis(url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}", **settings)
+    dsn = request.getfixturevalue("pg_dsn")
+    return Ledger.postgres(dsn, table=f"tether_ledger_{uuid.uuid4().hex[:8]}", **settings)
+
+
+def drop(ledger: Ledger) -> None:
+    backend: Any = ledger.backend
+    if hasattr(backend, "table"):
+        backend._exec(lambda c: c.execute(f"DROP TABLE IF EXISTS {backend.table}"))
+    if hasattr(backend, "prefix"):
+        for k in backend.client.scan_iter(match=f"{backend.prefix}:*"):
+            backend.client.delete(k)
+    ledger.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
+    led = make_ledger(request.param, request, tmp_path, clock=VirtualClock())
+    yield led
+    drop(led)
+
+
+class Payments:
+    """A payment provider's own records: it counts what was really paid."""
+
+    def __init__(self) -> None:
+        self.paid: list[str] = []
+        self.keys: list[str | None] = []
+
+    def refund(self, order: str, amount: int) -> dict[str, Any]:
+        self.keys.append(tether.current_idempotency_key())
+        self.paid.append(order)
+        return {"id": f"re_{len(self.paid)}", "order": order, "amount": amount}
+
+
+def key_for(order: str = "A-1", amount: int = 10) -> str:
+    return tether.intent_key("refund", {"order": order, "amount": amount})
+
+
+def test_once_runs_once_and_replays(ledger: Ledger) -> None:
+    """A second call with the same key returns the recorded result without calling fn."""
+    pay = Payments()
+    first = ledger.once(key_for(), pay.refund, "A-1", 10)
+    second = ledger.once(key_for(), pay.refund, "A-1", 10)
+    assert first == second == {"id": "re_1", "order": "A-1", "amount": 10}
+    assert pay.paid == ["A-1"]
+    assert pay.keys == [key_for()]
+    record = ledger.get(key_for())
+    assert record is not None
+    assert record.state is State.DONE
+
+
+def test_permanent_failure_is_recorded_and_replayed(ledger: Ledger) -> None:
+    """A business-rule rejection is recorded and replayed as the same error."""
+    calls = 0
+
+    def reject() -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError("refund exceeds the original charge")
+
+    for _ in range(2):
+        with pytest.raises(ValueError, match="exceeds the original charge"):
+            ledger.once("k-perm", reject)
+    assert calls == 1
+
+
+def test_failure_that_proves_nothing_happened_releases(ledger: Ledger) -> None:
+    """Connection refused: nothing was sent, so the next call runs the effect."""
+    calls = 0
+
+    def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionRefusedError()
+        return "paid"
+
+    with pytest.raises(ConnectionRefusedError):
+        ledger.once("k-refused", flaky)
+    assert ledger.once("k-refused", flaky) == "paid"
+    assert calls == 2
+
+
+def test_unknown_outcome_without_lookup_is_never_repeated(ledger: Ledger) -> None:
+    """A timeout leaves the outcome unknown; with no lookup, tether refuses to guess."""
+    calls = 0
+
+    def slow() -> str:
+        nonlocal calls
+        calls += 1
+        raise TimeoutError("read timed out")
+
+    with pytest.raises(TimeoutError):
+        ledger.once("k-unknown", slow)
+    with pytest.raises(UnknownOutcome, match="lookup"):
+        ledger.once("k-unknown", slow)
+    assert calls == 1
+
+
+def test_lookup_settles_an_unknown_outcome(ledger: Ledger) -> None:
+    """The payment committed, the response was lost: lookup finds it, nothing is paid twice."""
+    pay = Payments()
+
+    def commit_then_lose(order: str, amount: int) -> dict[str, Any]:
+        pay.refund(order, amount)
+        raise TimeoutError("response lost")
+
+    def lookup(key: str) -> dict[str, Any] | None:
+        return {"id": "re_1", "order": "A-1", "amount": 10} if pay.paid else None
+
+    with pytest.raises(TimeoutError):
+        ledger.once(key_for(), commit_then_lose, "A-1", 10, lookup=lookup)
+    result = ledger.once(key_for(), pay.refund, "A-1", 10, lookup=lookup)
+    assert result == {"id": "re_1", "order": "A-1", "amount": 10}
+    assert pay.paid == ["A-1"]
+    assert ledger.once(key_for(), pay.refund, "A-1", 10) == result  # now recorded
+
+
+def test_lookup_saying_not_done_runs_the_effect(ledger: Ledger) -> None:
+    """lookup returns None: the effect did not happen, so it runs now."""
+    pay = Payments()
+    with pytest.raises(TimeoutError):
+        ledger.once("k-nd", lambda: (_ for _ in ()).throw(TimeoutError()))
+    assert ledger.once("k-nd", pay.refund, "A-2", 5, lookup=lambda k: None)["order"] == "A-2"
+    assert pay.paid == ["A-2"]
+
+
+def test_lookup_that_fails_keeps_it_unknown(ledger: Ledger) -> None:
+    """A lookup that raises leaves the record unknown, and says so."""
+    with pytest.raises(TimeoutError):
+        ledger.once("k-lf", lambda: (_ for _ in ()).throw(TimeoutError()))
+
+    def broken(key: str) -> None:
+        raise ConnectionError("records unavailable")
+
+    with pytest.raises(UnknownOutcome, match="lookup failed"):
+        ledger.once("k-lf", lambda: "x", lookup=broken)
+    record = ledger.get("k-lf")
+    assert record is not None
+    assert record.state is State.UNKNOWN
+
+
+def test_pending_within_lease_is_in_progress(ledger: Ledger) -> None:
+    """Another worker's live claim: EffectInProgress, the effect does not run."""
+    ran = []
+
+    def inner() -> str:
+        with pytest.raises(EffectInProgress):
+            ledger.once("k-busy", lambda: ran.append("second"))
+        return "first"
+
+    assert ledger.once("k-busy", inner) == "first"
+    assert ran == []
+
+
+def test_expired_lease_is_reconciled(ledger: Ledger) -> None:
+    """A claim whose lease ran out (a crashed worker) is treated as unknown."""
+    clock = ledger.clock
+    assert isinstance(clock, VirtualClock)
+    pay = Payments()
+
+    def crash_mid_effect() -> str:
+        pay.refund("A-1", 10)
+        clock.advance(120.0)  # the worker stalls past its lease
+        with pytest.raises(UnknownOutcome):
+            ledger.once(key_for(), pay.refund, "A-1", 10)  # no lookup: refuse to guess
+        return "late"
+
+    ledger.once(key_for(), crash_mid_effect, lease=60.0)
+    assert pay.paid == ["A-1"]
+
+
+def test_same_key_different_arguments_is_a_conflict(ledger: Ledger) -> None:
+    """Reusing a key for other arguments is an error, as Stripe and the IETF draft have it."""
+    ledger.once("k-order-7", lambda order, amount: "ok", "A-7", 10)
+    with pytest.raises(IdempotencyConflict, match="different arguments"):
+        ledger.once("k-order-7", lambda order, amount: "ok", "A-7", 99)
+
+
+def test_records_expire_after_ttl(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """After ttl the key is free again."""
+    clock = VirtualClock()
+    led = make_ledger("sqlite", request, tmp_path, clock=clock, ttl=10.0)
+    calls = []
+    led.once("k-ttl", lambda: calls.append(1))
+    clock.advance(11.0)
+    led.once("k-ttl", lambda: calls.append(1))
+    assert len(calls) == 2
+    led.close()
+
+
+def test_resolve_and_forget(ledger: Ledger) -> None:
+    """A person settles an unknown effect by hand."""
+    with pytest.raises(TimeoutError):
+        ledger.once("k-hand", lambda: (_ for _ in ()).throw(TimeoutError()))
+    ledger.resolve("k-hand", {"id": "re_9"})
+    assert ledger.once("k-hand", lambda: "again") == {"id": "re_9"}
+    ledger.forget("k-hand")
+    assert ledger.once("k-hand", lambda: "again") == "again"
+
+
+def test_unencodable_result_is_kept_as_repr(ledger: Ledger) -> None:
+    """A result JSON cannot hold is recorded as its repr, never lost."""
+
+    class Receipt:
+        def __repr__(self) -> str:
+            return "<Receipt re_1>"
+
+    first = ledger.once("k-repr", Receipt)
+    assert isinstance(first, Receipt)
+    assert ledger.once("k-repr", Receipt) == {"$repr": "<Receipt re_1>"}
+
+
+def test_ledger_settings_are_validated() -> None:
+    """Bad ledger settings fail at construction."""
+    with pytest.raises(ValueError, match="ttl must be > 0"):
+        Ledger.memory(ttl=0)
+    with pytest.raises(ValueError, match="lease must be > 0"):
+        Ledger.memory().once("k", lambda: 1, lease=0)
+
+
+def test_sqlite_bad_file_is_a_clear_error(tmp_path: Path) -> None:
+    """A file that is not a SQLite database says so."""
+    bad = tmp_path / "not-a-db"
+    bad.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(Exception, match="tether ledger"):
+        Ledger.sqlite(str(bad))
+
+
+# --- real processes ------------------------------------------------------------------
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    import tether
+    kind, target, key, log = sys.argv[1:5]
+    mode = sys.argv[5] if len(sys.argv) > 5 else "race"
+    if kind == "sqlite":
+        ledger = tether.Ledger.sqlite(target, wait=30.0)
+    elif kind == "redis":
+        url, prefix = target.split("|")
+        ledger = tether.Ledger.redis(url, prefix=prefix, wait=30.0)
+    else:
+        dsn, table = target.split("|")
+        ledger = tether.Ledger.postgres(dsn, table=table, wait=30.0)
+
+    def pay():
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.write(fd, f"{os.getpid()}\\n".encode())
+        os.close(fd)
+        if mode == "hang":
+            print("paid", flush=True)
+            time.sleep(600)
+        time.sleep(0.2)
+        return {"paid_by": os.getpid()}
+
+    def lookup(k):
+        with open(log) as f:
+            lines = f.read().split()
+        return {"paid_by": int(lines[0])} if lines else None
+
+    lease = 1.0 if mode == "hang" else 60.0
+    print(ledger.once(key, pay, lookup=lookup, lease=lease)["paid_by"], flush=True)
+    """
+)
+
+
+def _target(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Any]:
+    if kind == "sqlite":
+        return str(tmp_path / "shared.db"), None
+    if kind == "redis":
+        prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+        return f"{request.getfixturevalue('redis_url')}|{prefix}", prefix
+    table = f"tether_ledger_{uuid.uuid4().hex[:8]}"
+    return f"{request.getfixturevalue('pg_dsn')}|{table}", table
+
+
+def _cleanup(kind: str, request: pytest.FixtureRequest, extra: Any) -> None:
+    if kind == "redis":
+        import redis
+
+        client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+        for k in client.scan_iter(match=f"{extra}:*"):
+            client.delete(k)
+        client.close()
+    elif kind == "postgres":
+        import psycopg
+
+        with psycopg.connect(request.getfixturevalue("pg_dsn"), autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {extra}")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis", "postgres"])
+def test_eight_processes_race_one_key(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """8 OS processes racing one key: exactly one execution, all see its result."""
+    target, extra = _target(kind, request, tmp_path)
+    log = tmp_path / "paid.log"
+    if kind != "sqlite":  # create the table/keys once, before the race
+        make = {
+            "redis": lambda: Ledger.redis(target.split("|")[0], prefix=extra),
+            "postgres": lambda: Ledger.postgres(target.split("|")[0], table=extra),
+        }[kind]
+        make().close()
+    else:
+        Ledger.sqlite(target).close()
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, kind, target, "race-key", str(log)],
+                              stdout=subprocess.PIPE, text=True) for _ in range(8)]  # fmt: skip
+    outputs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    try:
+        assert [p.returncode for p in procs] == [0] * 8
+        assert len(log.read_text().split()) == 1
+        assert len(set(outputs)) == 1
+    finally:
+        _cleanup(kind, request, extra)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis", "postgres"])
+def test_worker_killed_between_claim_and_record(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """kill -9 after the payment, before the record: the next worker reconciles, no double pay."""
+    target, extra = _target(kind, request, tmp_path)
+    log = tmp_path / "paid.log"
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, kind, target, "kill-key", str(log), "hang"],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "paid"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        time.sleep(1.2)  # the dead worker's 1 s lease runs out
+        second = subprocess.run([sys.executable, "-c", CHILD, kind, target, "kill-key", str(log)],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert second.returncode == 0, second.stderr
+        assert len(log.read_text().split()) == 1
+        assert int(second.stdout.strip()) == proc.pid
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if proc.stdout:
+            proc.stdout.close()
+        _cleanup(kind, request, extra)
