@@ -18,39 +18,66 @@ from tether._errors import (
     UnknownOutcome,
 )
 from tether._events import BreakerEvent, RetryEvent
+from tether._handoff import CustomerMessages, Escalation, HandoffRecord, webhook
 from tether._limiter import AdaptiveLimiter
+from tether._loops import LoopPolicy
+from tether._outcome import Outcome, Stopped, StopReason, ToolError, Usage
+from tether._persist import CheckpointError, Checkpoints, DeadLetter, DeadLetters, Handoffs, redact
+from tether._pricing import PRICES, Price, PriceTable, UnknownModelError
 from tether._retry import RetryPolicy, RetryStats, retry
+from tether._run import Budget, Guard, Run
 from tether._version import __version__
 from tether._wrap import CONNECTORS, CallMeta, Connector, wrap
 from tether._wrap import last_call as wrap_last_call
 from tether.clock import SystemClock, VirtualClock
 
 __all__ = [
-    "CONNECTORS",
-    "VOLATILE_FIELDS",
     "AdaptiveLimiter",
     "BreakerEvent",
     "BreakerRegistry",
-    "CircuitBreaker",
+    "Budget",
+    "CONNECTORS",
     "CallMeta",
+    "CheckpointError",
+    "Checkpoints",
+    "CircuitBreaker",
     "CircuitOpenError",
     "Connector",
+    "CustomerMessages",
+    "DeadLetter",
+    "DeadLetters",
     "DeadlineExceeded",
     "EffectFailed",
     "EffectInProgress",
+    "Escalation",
+    "Guard",
+    "HandoffRecord",
+    "Handoffs",
     "IdempotencyConflict",
     "Kind",
     "Ledger",
     "LimiterTimeout",
+    "LoopPolicy",
     "MissingExtraError",
+    "Outcome",
+    "PRICES",
+    "Price",
+    "PriceTable",
     "RetryBudget",
     "RetryEvent",
     "RetryPolicy",
     "RetryStats",
+    "Run",
+    "StopReason",
+    "Stopped",
     "StoreUnavailable",
     "SystemClock",
     "TetherError",
+    "ToolError",
+    "UnknownModelError",
     "UnknownOutcome",
+    "Usage",
+    "VOLATILE_FIELDS",
     "Verdict",
     "VirtualClock",
     "__version__",
@@ -61,11 +88,13 @@ __all__ = [
     "clock",
     "current_idempotency_key",
     "intent_key",
+    "redact",
     "register_classifier",
     "retry",
     "stores",
     "telemetry",
     "unregister_classifier",
+    "webhook",
     "wrap",
     "wrap_last_call",
 ]

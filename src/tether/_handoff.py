@@ -1,0 +1,128 @@
+"""Human handoff: when to escalate, the record a person receives, what the customer reads."""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether._outcome import StopReason
+
+__all__ = ["CustomerMessages", "Escalation", "HandoffRecord", "webhook"]
+
+_log = logging.getLogger("tether")
+
+DEFAULT_TRIGGERS = frozenset(
+    {StopReason.CIRCUIT_OPEN, StopReason.IDENTICAL_FAILURES, StopReason.UNKNOWN_OUTCOME,
+     StopReason.HUNG_TOOLS, StopReason.PERMANENT_ERROR}
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffRecord:
+    """What a person gets when a run is handed over: the case, its history, the facts."""
+
+    id: str
+    run_id: str
+    task: str
+    reason: StopReason
+    detail: str
+    history: tuple[dict[str, Any], ...]
+    facts: tuple[str, ...]  # read from the ledger, never from the model's text
+    open_issues: tuple[str, ...]
+    customer_message: str
+    at: float
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"id": self.id, "run_id": self.run_id, "task": self.task, "reason": self.reason.value,
+                "detail": self.detail, "history": list(self.history), "facts": list(self.facts),
+                "open_issues": list(self.open_issues), "customer_message": self.customer_message,
+                "at": self.at}  # fmt: skip
+
+
+Sink = Callable[[HandoffRecord], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Escalation:
+    """When a run goes to a person, and where the handoff record is delivered.
+
+    A run escalates when it stops for one of ``on`` (default: circuit open, identical
+    failures, an unknown outcome of an effect, hung tools, a permanent error), when its
+    retries pass ``max_retries`` or its steps pass ``max_steps`` (seed 002 used 5 and 8),
+    or when the code calls ``run.escalate()``. ``sink`` receives the
+    :class:`HandoffRecord`: a callable, ``tether.Handoffs.sqlite(path)``, or
+    ``tether.webhook(url)``.
+    """
+
+    on: frozenset[StopReason] = DEFAULT_TRIGGERS
+    max_retries: int | None = None
+    max_steps: int | None = None
+    sink: Sink | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "on", frozenset(self.on))
+        for name in ("max_retries", "max_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0 or None, got {value!r}")
+
+
+def webhook(url: str, *, timeout: float = 10.0, headers: dict[str, str] | None = None) -> Sink:
+    """A sink that POSTs the handoff record as JSON to ``url``."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"url must be http:// or https://, got {url!r}")
+
+    def send(record: HandoffRecord) -> None:
+        body = json.dumps(record.to_doc(), default=str).encode()
+        req = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"content-type": "application/json", **(headers or {})})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            resp.read()
+
+    return send
+
+
+@dataclass(frozen=True, slots=True)
+class CustomerMessages:
+    """Short, honest texts for the customer: no stack trace, no internals, no hostnames.
+
+    ``{done}`` is filled with facts read from the ledger ("Already done: ..."), so an
+    effect is stated as done only when the records say so.
+    """
+
+    escalated: str = (
+        "We could not finish this for you automatically. A member of our team now has your "
+        "case, with everything so far, and will get back to you here.{done}"
+    )
+    partial: str = (
+        "We could only finish part of this automatically.{done} A member of our team can "
+        "pick up the rest if you reply here."
+    )
+    failed: str = "We could not complete this request right now. Please try again later, or reply here for help."
+    success: str = "Done.{done}"
+    done_prefix: str = " Already done: "
+
+    def render(self, status: str, facts: Iterable[str]) -> str:
+        facts = [f for f in facts if f]
+        done = f"{self.done_prefix}{'; '.join(facts)}." if facts else ""
+        template = getattr(self, status, self.failed)
+        return str(template).format(done=done)
+
+
+@dataclass
+class _Delivery:
+    sink: Sink | None
+    errors: list[str] = field(default_factory=list)
+
+    def deliver(self, record: HandoffRecord) -> None:
+        if self.sink is None:
+            return
+        try:
+            self.sink(record)
+        except Exception as exc:  # a broken sink never loses the run's outcome
+            _log.error("tether: handoff %s could not be delivered: %s", record.id, exc)
+            self.errors.append(f"handoff delivery failed: {type(exc).__name__}")

@@ -1,0 +1,107 @@
+"""How a run ends: the stop reason, the outcome, and the exceptions that carry them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether._errors import TetherError
+
+__all__ = ["Outcome", "StopReason", "Stopped", "ToolError", "Usage"]
+
+
+class StopReason(enum.Enum):
+    """Why a run stopped."""
+
+    GOAL_REACHED = "goal_reached"
+    REPEATED_ACTION = "repeated_action"
+    REPEATED_SEQUENCE = "repeated_sequence"
+    STATE_CYCLE = "state_cycle"
+    NO_PROGRESS = "no_progress"
+    MAX_STEPS = "max_steps"
+    MAX_MODEL_CALLS = "max_model_calls"
+    MAX_TOOL_CALLS = "max_tool_calls"
+    MAX_TOKENS = "max_tokens"
+    MAX_COST = "max_cost"
+    TIMEOUT = "timeout"
+    IDENTICAL_FAILURES = "identical_failures"
+    PERMANENT_ERROR = "permanent_error"
+    CIRCUIT_OPEN = "circuit_open"
+    UNKNOWN_OUTCOME = "unknown_outcome"
+    HUNG_TOOLS = "hung_tools"
+    TRUNCATED = "truncated"
+    REFUSED = "refused"
+    ESCALATED = "escalated"
+    NO_RESULT = "no_result"
+    ERROR = "error"
+
+
+class Stopped(TetherError):
+    """A guard stopped the run; the with-block of ``guard.start()`` swallows it."""
+
+    def __init__(self, reason: StopReason, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason.value}: {detail}" if detail else reason.value)
+
+
+class ToolError(TetherError):
+    """A tool call failed in a way the model should hear about, in a short safe text."""
+
+    def __init__(self, tool: str, model_message: str, *, cause_kind: str = "") -> None:
+        self.tool = tool
+        self.model_message = model_message
+        self.cause_kind = cause_kind
+        super().__init__(f"{tool}: {model_message}")
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a run spent."""
+
+    steps: int = 0
+    model_calls: int = 0
+    tool_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_read_tokens: int = 0
+    cost_usd: float = 0.0
+    retries: int = 0
+    seconds: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_write_tokens
+            + self.cache_read_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The end of a run: a result, or a partial result and a reason.
+
+    ``status``: ``"success"`` (goal reached), ``"escalated"`` (a handoff was made),
+    ``"partial"`` (a guard stopped the run after at least one successful tool call),
+    ``"failed"`` (stopped with nothing done, or on a permanent error).
+    """
+
+    status: str
+    stopped_because: StopReason
+    result: Any = None
+    partial: tuple[dict[str, Any], ...] = ()
+    detail: str = ""
+    open_issues: tuple[str, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    checkpoint_id: str | None = None
+    customer_message: str = ""
+    run_id: str = ""
+    handoff: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "success"

@@ -1,0 +1,321 @@
+"""Durable records of runs: checkpoints, dead letters and handoffs.
+
+Each is a small document store (JSON by id) in memory, in SQLite (the embedded
+default) or in PostgreSQL (for a fleet). Documents carry a format tag; reading a
+corrupt or foreign document is a :class:`CheckpointError` that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tether._errors import StoreUnavailable, TetherError, require
+
+__all__ = [
+    "CheckpointError",
+    "Checkpoints",
+    "DeadLetter",
+    "DeadLetters",
+    "DocumentStore",
+    "Handoffs",
+    "redact",
+]
+
+CHECKPOINT_FORMAT = "tether.checkpoint/1"
+
+
+class CheckpointError(TetherError, ValueError):
+    """A checkpoint that cannot be used: missing, corrupt, or not tether's."""
+
+
+class DocumentStore(Protocol):
+    def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None: ...
+    def get(self, kind: str, doc_id: str) -> str | None: ...
+    def list(self, kind: str, limit: int) -> list[tuple[str, str]]: ...
+    def delete(self, kind: str, doc_id: str) -> None: ...
+
+
+class MemoryDocuments:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._docs: dict[tuple[str, str], tuple[float, str]] = {}
+
+    def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
+        with self._lock:
+            self._docs[(kind, doc_id)] = (created_at, json.dumps(doc, default=str))
+
+    def get(self, kind: str, doc_id: str) -> str | None:
+        with self._lock:
+            found = self._docs.get((kind, doc_id))
+        return found[1] if found else None
+
+    def list(self, kind: str, limit: int) -> list[tuple[str, str]]:
+        with self._lock:
+            rows = sorted((v[0], k[1], v[1]) for k, v in self._docs.items() if k[0] == kind)
+        return [(doc_id, text) for _, doc_id, text in rows[-limit:]]
+
+    def delete(self, kind: str, doc_id: str) -> None:
+        with self._lock:
+            self._docs.pop((kind, doc_id), None)
+
+
+class SqliteDocuments:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(
+                path, timeout=30.0, isolation_level=None, check_same_thread=False
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS tether_documents (kind TEXT NOT NULL, id TEXT NOT NULL, "
+                "created_at REAL NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, id))"
+            )
+        except sqlite3.DatabaseError as exc:
+            raise CheckpointError(f"cannot open the tether database at {path!r}: {exc}") from exc
+
+    def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO tether_documents VALUES (?, ?, ?, ?)",
+                (kind, doc_id, created_at, json.dumps(doc, default=str)),
+            )
+
+    def get(self, kind: str, doc_id: str) -> str | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT body FROM tether_documents WHERE kind = ? AND id = ?", (kind, doc_id)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def list(self, kind: str, limit: int) -> list[tuple[str, str]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, body FROM tether_documents WHERE kind = ? ORDER BY created_at DESC LIMIT ?",
+                (kind, limit),
+            ).fetchall()
+        return [(str(r[0]), str(r[1])) for r in reversed(rows)]
+
+    def delete(self, kind: str, doc_id: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "DELETE FROM tether_documents WHERE kind = ? AND id = ?", (kind, doc_id)
+            )
+
+
+class PostgresDocuments:
+    def __init__(self, dsn: str, table: str = "tether_documents") -> None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", table):
+            raise ValueError(f"table must be a plain SQL identifier, got {table!r}")
+        psycopg: Any = require("psycopg", "postgres")
+        self.table = table
+        self._lock = threading.Lock()
+        try:
+            self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(
+                f"cannot connect to PostgreSQL for tether documents: {exc}"
+            ) from exc
+        self._conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {table} (kind TEXT NOT NULL, id TEXT NOT NULL, "
+            "created_at DOUBLE PRECISION NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, id))"
+        )
+
+    def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
+        with self._lock:
+            self._conn.execute(
+                f"INSERT INTO {self.table} VALUES (%s, %s, %s, %s) ON CONFLICT (kind, id) "
+                "DO UPDATE SET body = EXCLUDED.body",
+                (kind, doc_id, created_at, json.dumps(doc, default=str)),
+            )
+
+    def get(self, kind: str, doc_id: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute(
+                f"SELECT body FROM {self.table} WHERE kind = %s AND id = %s", (kind, doc_id)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def list(self, kind: str, limit: int) -> list[tuple[str, str]]:
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT id, body FROM {self.table} WHERE kind = %s ORDER BY created_at DESC LIMIT %s",
+                (kind, limit),
+            ).fetchall()
+        return [(str(r[0]), str(r[1])) for r in reversed(rows)]
+
+    def delete(self, kind: str, doc_id: str) -> None:
+        with self._lock:
+            self._conn.execute(
+                f"DELETE FROM {self.table} WHERE kind = %s AND id = %s", (kind, doc_id)
+            )
+
+
+class _Collection:
+    kind = ""
+
+    def __init__(self, store: DocumentStore) -> None:
+        self.store = store
+
+    @classmethod
+    def memory(cls) -> Any:
+        return cls(MemoryDocuments())
+
+    @classmethod
+    def sqlite(cls, path: str) -> Any:
+        return cls(SqliteDocuments(path))
+
+    @classmethod
+    def postgres(cls, dsn: str, table: str = "tether_documents") -> Any:
+        return cls(PostgresDocuments(dsn, table))
+
+
+class Checkpoints(_Collection):
+    """Where a run's state is saved on every stop, to resume it later."""
+
+    kind = "checkpoint"
+
+    def save(self, doc: dict[str, Any], created_at: float) -> str:
+        checkpoint_id = f"ckpt_{uuid.uuid4().hex[:20]}"
+        self.store.put(self.kind, checkpoint_id, {"format": CHECKPOINT_FORMAT, "id": checkpoint_id, **doc},
+                       created_at)  # fmt: skip
+        return checkpoint_id
+
+    def load(self, checkpoint_id: str) -> dict[str, Any]:
+        text = self.store.get(self.kind, checkpoint_id)
+        if text is None:
+            raise CheckpointError(f"no checkpoint {checkpoint_id!r} in this store")
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id!r} is corrupt (not JSON: {exc})"
+            ) from exc
+        if not isinstance(doc, dict) or doc.get("format") != CHECKPOINT_FORMAT:
+            found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id!r} is not a tether checkpoint (format {found!r}, "
+                f"expected {CHECKPOINT_FORMAT!r})"
+            )
+        for field in ("task", "usage", "partial", "transcript"):
+            if field not in doc:
+                raise CheckpointError(
+                    f"checkpoint {checkpoint_id!r} is corrupt: it has no {field!r}"
+                )
+        return doc
+
+    def list(self, limit: int = 50) -> list[dict[str, Any]]:
+        return [json.loads(text) for _, text in self.store.list(self.kind, limit)]
+
+
+# --- redaction ------------------------------------------------------------------------
+
+SECRET_KEYS = re.compile(
+    r"(api[_-]?key|authorization|password|passwd|secret|token|cookie|credential|private[_-]?key)",
+    re.IGNORECASE,
+)
+SECRET_VALUES = re.compile(
+    r"(sk-[A-Za-z0-9_\-]{8,}|sk_(live|test)_[A-Za-z0-9]{8,}|rk_(live|test)_[A-Za-z0-9]{8,}|"
+    r"Bearer\s+[A-Za-z0-9._\-]+|xox[abpr]-[A-Za-z0-9\-]+|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16})"
+)
+REDACTED = "[redacted]"
+
+
+def redact(value: Any, *, extra: re.Pattern[str] | None = None) -> Any:
+    """A copy of ``value`` with secrets replaced: keys that name secrets, values that look like keys."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            name = str(k)
+            if SECRET_KEYS.search(name) or (extra is not None and extra.search(name)):
+                out[k] = REDACTED
+            else:
+                out[k] = redact(v, extra=extra)
+        return out
+    if isinstance(value, list | tuple):
+        return [redact(v, extra=extra) for v in value]
+    if isinstance(value, str):
+        text = SECRET_VALUES.sub(REDACTED, value)
+        return extra.sub(REDACTED, text) if extra is not None else text
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return redact(repr(value), extra=extra)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A permanent failure parked for a person to fix and replay."""
+
+    id: str
+    tool: str
+    args: Any
+    error_type: str
+    error: str
+    run_id: str
+    task: str
+    at: float
+    replayed: bool = False
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"id": self.id, "tool": self.tool, "args": self.args, "error_type": self.error_type,
+                "error": self.error, "run_id": self.run_id, "task": self.task, "at": self.at,
+                "replayed": self.replayed}  # fmt: skip
+
+
+class DeadLetters(_Collection):
+    """Permanent failures, with their (redacted) inputs, for a person to fix and replay."""
+
+    kind = "dead_letter"
+
+    def __init__(self, store: DocumentStore, *, redact_pattern: str | None = None) -> None:
+        super().__init__(store)
+        self.extra = re.compile(redact_pattern) if redact_pattern else None
+
+    def park(
+        self, *, tool: str, args: Any, error: BaseException, run_id: str, task: str, at: float
+    ) -> DeadLetter:
+        letter = DeadLetter(
+            id=f"dl_{uuid.uuid4().hex[:20]}", tool=tool, args=redact(args, extra=self.extra),
+            error_type=type(error).__name__, error=redact(str(error), extra=self.extra),
+            run_id=run_id, task=redact(task, extra=self.extra), at=at,
+        )  # fmt: skip
+        self.store.put(self.kind, letter.id, letter.to_doc(), at)
+        return letter
+
+    def get(self, letter_id: str) -> DeadLetter:
+        text = self.store.get(self.kind, letter_id)
+        if text is None:
+            raise KeyError(f"no dead letter {letter_id!r}")
+        return DeadLetter(**json.loads(text))
+
+    def list(self, limit: int = 50) -> list[DeadLetter]:
+        return [DeadLetter(**json.loads(text)) for _, text in self.store.list(self.kind, limit)]
+
+    def replay(self, letter_id: str, handler: Callable[..., Any]) -> Any:
+        """Call ``handler(**args)`` (or ``handler(args)``) and mark the letter replayed."""
+        letter = self.get(letter_id)
+        result = handler(**letter.args) if isinstance(letter.args, dict) else handler(letter.args)
+        done = DeadLetter(**{**letter.to_doc(), "replayed": True})
+        self.store.put(self.kind, letter.id, done.to_doc(), letter.at)
+        return result
+
+
+class Handoffs(_Collection):
+    """A table of handoff records (a sink for :class:`tether.Escalation`)."""
+
+    kind = "handoff"
+
+    def __call__(self, record: Any) -> None:
+        doc = record.to_doc()
+        self.store.put(self.kind, doc["id"], doc, doc["at"])
+
+    def list(self, limit: int = 50) -> list[dict[str, Any]]:
+        return [json.loads(text) for _, text in self.store.list(self.kind, limit)]
