@@ -15,6 +15,7 @@ from tether._errors import (
     MissingExtraError,
     StoreUnavailable,
     TetherError,
+    TransientError,
     UnknownOutcome,
 )
 from tether._events import BreakerEvent, RetryEvent
@@ -73,6 +74,7 @@ __all__ = [
     "StoreUnavailable",
     "SystemClock",
     "TetherError",
+    "TransientError",
     "ToolError",
     "UnknownModelError",
     "UnknownOutcome",

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tether._errors import CircuitOpenError, DeadlineExceeded, LimiterTimeout
+from tether._errors import CircuitOpenError, DeadlineExceeded, LimiterTimeout, TransientError
 
 __all__ = ["Kind", "Verdict", "classify", "register_classifier", "unregister_classifier"]
 
@@ -402,6 +402,10 @@ def _from_exception(exc: BaseException, now_wall: float | None) -> tuple[int, Ve
     names = {cls.__name__ for cls in type(exc).__mro__}
     if isinstance(exc, DeadlineExceeded):
         return _PROTOCOL, Verdict(Kind.PERMANENT, "the call's deadline was exceeded", timeout=True)
+    if isinstance(exc, TransientError):
+        return _PROTOCOL, Verdict(
+            Kind.TRANSIENT, f"{type(exc).__name__}: marked transient by the caller"
+        )
     if isinstance(exc, CircuitOpenError | LimiterTimeout):
         return _PROTOCOL, Verdict(Kind.TRANSIENT, str(exc))
     if not isinstance(exc, Exception) or names & set(CANCELLATION):

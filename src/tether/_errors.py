@@ -11,12 +11,20 @@ __all__ = [
     "MissingExtraError",
     "StoreUnavailable",
     "TetherError",
+    "TransientError",
     "UnknownOutcome",
 ]
 
 
 class TetherError(Exception):
     """Base class of the errors tether raises itself."""
+
+
+class TransientError(Exception):
+    """Raise it (or a subclass) from your own code to say: this failure may clear, retry it.
+
+    For example a tool whose output failed validation in a way a second call may not.
+    """
 
 
 class DeadlineExceeded(TetherError, TimeoutError):

@@ -36,6 +36,7 @@ __all__ = ["Budget", "Guard", "Run"]
 
 _log = logging.getLogger("tether")
 UNAVAILABLE = "temporarily unavailable; try again later or continue without it"
+_RECOVERY_WAITS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +126,8 @@ class Guard:
         prices: PriceTable | None = None,
         messages: CustomerMessages | None = None,
         store: Store | None = None,
-        breaker_threshold: int = 5,
+        breaker_threshold: int | None = None,
+        wait_for_recovery: bool = True,
         breaker_cooldown: float = 30.0,
         describe_effect: Callable[[str, Any, Any], str | None] | None = None,
         on_stop: Callable[[Outcome], object] | None = None,
@@ -142,7 +144,9 @@ class Guard:
         self.prices = prices or PriceTable()
         self.messages = messages or CustomerMessages()
         self.store = store
-        self.breaker_threshold = breaker_threshold
+        # one unlucky call's retries alone never trip a tool's breaker
+        self.breaker_threshold = breaker_threshold or max(5, 2 * self.retry.max_attempts)
+        self.wait_for_recovery = wait_for_recovery
         self.breaker_cooldown = breaker_cooldown
         self.describe_effect = describe_effect or _describe
         self.on_stop = on_stop
@@ -448,6 +452,10 @@ class Run:
             self._stop = None
             self._halt(StopReason.GOAL_REACHED)
 
+    def stop(self, reason: StopReason, detail: str = "") -> None:
+        """End the run now for ``reason``; raises Stopped (swallowed by the with-block)."""
+        raise self._halt(reason, detail)
+
     def escalate(self, detail: str = "") -> None:
         """Hand the run to a person now; raises Stopped (swallowed by the with-block)."""
         self._escalate = True
@@ -480,7 +488,6 @@ class Run:
         loop = self._loops.check_action(name, action, self.steps)
         if loop is not None:
             raise self._halt(loop[0], f"{loop[1]} (step {self.steps})")
-        self._loops.record_action(name, action)
         self.tool_calls += 1
         if name not in self.guard.loops.allow_repeat:
             self._step_counted = True
@@ -496,6 +503,9 @@ class Run:
         return lambda: ledger.once(key, attempt, lookup=lookup)
 
     def _after_success(self, call: _Call, result: Any) -> Any:
+        # only completed calls count as repeats: a call that failed is the business of
+        # max_identical_failures, so a model retrying a dead dependency is not a "loop"
+        self._loops.record_action(call.name, call.action)
         self.retries += call.policy.statistics.retries
         entry = {"step": call.step, "tool": call.name, "args": call.args, "result": result}
         self.partial.append(entry)
@@ -589,11 +599,30 @@ class Run:
         with telemetry.span(
             "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
         ):
-            try:
-                result = call.policy.call(run)
-            except Exception as exc:
-                raise self._after_failure(call, exc) from exc
+            for _ in range(_RECOVERY_WAITS + 1):
+                try:
+                    result = call.policy.call(run)
+                    break
+                except CircuitOpenError as exc:
+                    wait = self._recovery_wait(exc, timeout)
+                    if wait is None:
+                        raise self._after_failure(call, exc) from exc
+                    self.clock.sleep(wait)
+                except Exception as exc:
+                    raise self._after_failure(call, exc) from exc
+            else:  # pragma: no cover - the loop always breaks or raises
+                raise self._halt(StopReason.CIRCUIT_OPEN, f"{name}: still down")
         return self._after_success(call, result)
+
+    def _recovery_wait(self, exc: CircuitOpenError, timeout: float | None) -> float | None:
+        """How long to wait for an open breaker's next probe, if the time budget allows it."""
+        left = None if self.budget.max_seconds is None else self.budget.max_seconds - self.elapsed
+        if not self.guard.wait_for_recovery or left is None:
+            return None
+        wait = max(0.0, exc.retry_at - self.clock.wall()) + 0.05
+        if wait + (timeout or 0.0) >= left:
+            return None
+        return wait
 
     async def acall_tool(
         self,

@@ -77,7 +77,8 @@ def breaker_acquire(f: Fields, now: float, cfg: BreakerConfig) -> tuple[str, str
             f["inflight"] += 1
             f["probe_deadline"] = now + cfg.cooldown
             return old, "half_open", 0.0, PROBE
-        return old, "half_open", f["probe_deadline"], DENY
+        # the probes answer within a call's latency: ask again soon, not after a cooldown
+        return old, "half_open", min(f["probe_deadline"], now + min(1.0, cfg.cooldown)), DENY
     return old, "closed", 0.0, CALL
 
 

@@ -66,7 +66,7 @@ if state == 'half_open' then
   end
   redis.call('HSET', k, 'state', state, 'inflight', inflight, 'probe_ok', probe_ok)
   redis.call('PEXPIRE', k, ttl)
-  return {old, 'half_open', fmt(probe_deadline), 'deny', failures}
+  return {old, 'half_open', fmt(math.min(probe_deadline, now + math.min(1.0, cooldown))), 'deny', failures}
 end
 return {old, 'closed', '0', 'call', failures}
 """
