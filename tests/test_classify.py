@@ -332,8 +332,8 @@ def _openai(server: ScriptedServer, **kw: Any) -> openai.OpenAI:
 
 def _anthropic_error(server: ScriptedServer, reply: Reply, **kw: Any) -> BaseException:
     server.script = [reply]
-    with pytest.raises(anthropic.APIError) as info:
-        _anthropic(server, **kw).messages.create(
+    with _anthropic(server, **kw) as client, pytest.raises(anthropic.APIError) as info:
+        client.messages.create(
             model="claude-test", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
         )
     return info.value
@@ -341,8 +341,8 @@ def _anthropic_error(server: ScriptedServer, reply: Reply, **kw: Any) -> BaseExc
 
 def _openai_error(server: ScriptedServer, reply: Reply, **kw: Any) -> BaseException:
     server.script = [reply]
-    with pytest.raises(openai.APIError) as info:
-        _openai(server, **kw).chat.completions.create(
+    with _openai(server, **kw) as client, pytest.raises(openai.APIError) as info:
+        client.chat.completions.create(
             model="gpt-test", messages=[{"role": "user", "content": "hi"}]
         )
     return info.value

@@ -326,36 +326,60 @@ def test_fifty_threads_one_redis_budget_no_lost_update(redis_url: str) -> None:
 
 
 def test_limiter_admits_at_its_rate(store: Any) -> None:
-    """A fresh limiter admits about initial_rate calls per second."""
+    """A fresh limiter hands out about initial_rate slots per second."""
     clock = VirtualClock()
     limiter = AdaptiveLimiter("dep", store=store, clock=clock, initial_rate=10.0)
-    admitted = 0
-    while clock.now() < 1.0:
-        wait = limiter.try_acquire()
-        if wait > 0:
+    starts = []
+    while True:
+        wait, admitted = limiter.try_acquire()
+        if not admitted:
             clock.advance(wait)
-        else:
-            admitted += 1
-    assert 9 <= admitted <= 11
+            continue
+        if clock.now() + wait >= 1.0:
+            break
+        starts.append(clock.now() + wait)
+    assert 9 <= len(starts) <= 11
+    assert starts == sorted(starts)
+
+
+def test_limiter_horizon_bounds_reservations(store: Any) -> None:
+    """Slots are reserved at most `horizon` seconds ahead; later callers are told to come back."""
+    clock = VirtualClock()
+    limiter = AdaptiveLimiter("dep", store=store, clock=clock, initial_rate=4.0, horizon=0.5)
+    answers = [limiter.try_acquire() for _ in range(5)]
+    assert [ok for _, ok in answers] == [True, True, True, False, False]
+    assert answers[3][0] == pytest.approx(0.25)
 
 
 def test_limiter_aimd_and_floor(store: Any) -> None:
-    """Failures cut the rate down to the floor; successes ramp it back up fast."""
+    """An outage cuts the rate to the floor; successes ramp it back up fast; throttles cut it."""
     clock = VirtualClock()
     limiter = AdaptiveLimiter("dep", store=store, clock=clock, initial_rate=50.0, min_rate=1.0)
     down = tether.classify(status=503)
-    for _ in range(30):
+    for _ in range(200):
         limiter.record(down)
-        clock.advance(1.0)
+        clock.advance(0.25)
     assert limiter.rate == 1.0
     for _ in range(100):
         limiter.record(None)
     assert limiter.rate > 50.0  # slow start: an outage does not lower the threshold
+    clock.advance(1.0)  # at most one cut per decrease_interval
     limiter.record(tether.classify(status=429))
     throttled = limiter.rate
     assert throttled < 101 * 0.71
     limiter.record(None)
     assert limiter.rate < throttled + 1.0  # congestion avoidance now: additive growth
+
+
+def test_limiter_does_not_starve_a_brownout(store: Any) -> None:
+    """Half the calls failing at random is not an outage: the rate is not cut."""
+    clock = VirtualClock()
+    limiter = AdaptiveLimiter("dep", store=store, clock=clock, initial_rate=50.0)
+    down = tether.classify(status=503)
+    for i in range(200):
+        limiter.record(down if i % 2 else None)
+        clock.advance(0.1)
+    assert limiter.rate >= 50.0
 
 
 def test_limiter_waits_within_deadline_or_raises() -> None:
@@ -366,8 +390,10 @@ def test_limiter_waits_within_deadline_or_raises() -> None:
     assert policy.call(lambda: "ok") == "ok"
     with pytest.raises(tether.LimiterTimeout):
         policy.call(lambda: "ok")
-    # one success took the rate to 2/s: the next token comes 0.5 s after the first
-    assert RetryPolicy(limiter=limiter, clock=clock).call(lambda: clock.now()) == 0.5
+    # the first call reserved the slot at 0, so the next one starts at 1.0 s
+    assert RetryPolicy(limiter=limiter, clock=clock).call(lambda: clock.now()) == pytest.approx(
+        1.0, abs=1e-3
+    )
 
 
 @pytest.mark.parametrize(

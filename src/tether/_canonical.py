@@ -66,10 +66,20 @@ def _tag(obj: Any) -> Any:
     raise TypeError(f"cannot encode a {type(obj).__name__}")
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), allow_nan=False, default=_tag, ensure_ascii=True
-    )
+_ENCODER = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), allow_nan=False, default=_tag, ensure_ascii=True
+)
+_dumps = _ENCODER.encode  # one encoder, built once: the C encoder does the work
+_NEEDLES: dict[frozenset[str], tuple[str, ...]] = {}
+
+
+def _needles(drop: frozenset[str]) -> tuple[str, ...]:
+    found = _NEEDLES.get(drop)
+    if found is None:
+        found = tuple(f'"{name}":' for name in drop)
+        if len(_NEEDLES) < 64:
+            _NEEDLES[drop] = found
+    return found
 
 
 def _strip(obj: Any, drop: frozenset[str], path: str, seen: set[int]) -> Any:
@@ -124,7 +134,7 @@ def canonical_json(args: Any, *, ignore: Iterable[str] | None = None, path: str 
         text = _dumps(args)
     except (TypeError, ValueError, RecursionError):
         return _dumps(_strip(args, drop, path, set()))
-    if drop and any(f'"{name}":' in text for name in drop):
+    if drop and any(needle in text for needle in _needles(drop)):
         return _dumps(_strip(args, drop, path, set()))
     return text
 

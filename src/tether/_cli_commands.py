@@ -1,8 +1,12 @@
-"""Subcommands of the ``tether`` command line; each adds itself here."""
+"""Subcommands of the ``tether`` command line."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
+import sys
+import time
 from typing import Any
 
 __all__ = ["register"]
@@ -10,4 +14,107 @@ __all__ = ["register"]
 
 def register(sub: Any) -> None:
     """Add every subcommand to the parser's subparsers."""
-    _ = argparse  # subcommands arrive with their features
+    bench = sub.add_parser("bench", help="run the fault-injection benchmark",
+                           description="Run tether's benchmark: agents, fleet and overhead suites.")  # fmt: skip
+    bench.add_argument("--suite", action="append", choices=["agents", "fleet", "overhead", "all"],
+                       help="a suite to run (repeatable; default: all)")  # fmt: skip
+    bench.add_argument(
+        "--tasks", type=int, default=1000, help="tasks per agent cell (default 1000)"
+    )
+    bench.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    bench.add_argument("--scenario", action="append", help="only these scenarios (repeatable)")
+    bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    bench.add_argument("--report", metavar="DIR", help="write a Markdown report with PNG plots")
+    bench.add_argument("--quick", action="store_true", help="a shorter overhead suite")
+    bench.set_defaults(handler=_bench)
+
+    dlq = sub.add_parser("dlq", help="dead letters: list, show, replay")
+    dlq.add_argument("--db", required=True, help="the SQLite file of the dead letters")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    dlq_sub.add_parser("list", help="list dead letters")
+    show = dlq_sub.add_parser("show", help="show one dead letter")
+    show.add_argument("id")
+    replay = dlq_sub.add_parser("replay", help="call a handler with a dead letter's arguments")
+    replay.add_argument("id")
+    replay.add_argument(
+        "--handler", required=True, help="module:function to call with the arguments"
+    )
+    dlq.set_defaults(handler=_dlq)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from tether import bench
+    from tether.bench._report import print_tables, strip_series, write_report
+
+    suites = args.suite or ["all"]
+    if "all" in suites:
+        suites = list(bench.SUITES)
+    started = time.perf_counter()
+    progress = _progress_printer()
+    try:
+        results = bench.run(suites, tasks=args.tasks, seed=args.seed, scenarios=args.scenario,
+                            quick_overhead=args.quick, progress=progress)  # fmt: skip
+    except ValueError as exc:
+        print(f"tether bench: {exc}", file=sys.stderr)
+        return 2
+    elapsed = time.perf_counter() - started
+    print_tables(results)
+    print(f"\ntether bench: {elapsed:.1f} s (seed {args.seed}, {args.tasks} tasks per agent cell)")
+    command = (
+        "tether " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if len(sys.argv) > 1
+        else "tether bench"
+    )
+    command = (
+        "tether bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["bench"]
+        else command
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(strip_series(results), f, indent=2)
+        print(f"results written to {args.json}")
+    if args.report:
+        path = write_report(results, args.report, command.strip())
+        print(f"report written to {path}")
+    return 0
+
+
+def _progress_printer() -> Any:
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    console = Console(stderr=True)
+    return lambda message: console.log(f"done: {message}")
+
+
+def _dlq(args: argparse.Namespace) -> int:
+    from tether._persist import DeadLetters
+
+    letters = DeadLetters.sqlite(args.db)
+    if args.dlq_command == "list":
+        for letter in letters.list(limit=1000):
+            mark = " (replayed)" if letter.replayed else ""
+            print(f"{letter.id}  {letter.tool}  {letter.error_type}: {letter.error[:60]}{mark}")
+        return 0
+    try:
+        letter = letters.get(args.id)
+    except KeyError as exc:
+        print(f"tether dlq: {exc.args[0]}", file=sys.stderr)
+        return 1
+    if args.dlq_command == "show":
+        print(json.dumps(letter.to_doc(), indent=2, default=str))
+        return 0
+    module, _, name = args.handler.partition(":")
+    if not module or not name:
+        print("tether dlq: --handler must be module:function", file=sys.stderr)
+        return 2
+    import importlib
+
+    handler = getattr(importlib.import_module(module), name)
+    result = letters.replay(letter.id, handler)
+    print(f"replayed {letter.id}: {result!r}")
+    return 0

@@ -26,9 +26,10 @@ class AdaptiveLimiter:
     * Success: in slow start the rate grows by one per success (doubling about every
       0.7 s of full admission) up to the slow-start threshold, then by
       ``increase`` times the rate per second.
-    * Overload (any retryable failure: 429, 5xx, timeouts): the rate is multiplied by
-      ``beta``, at most once per ``decrease_interval``, down to ``min_rate``: during an
-      outage the fleet sends ``min_rate`` probes per second, no more.
+    * Throttling (429, 529) multiplies the rate by ``beta``, at most once per
+      ``decrease_interval``; so does an outage (nine failures in ten or worse), down to
+      ``min_rate``: during an outage the fleet sends ``min_rate`` probes per second.
+      Scattered failures (a brownout) do not starve the dependency of calls.
     * An outage (failures with no success since the last decrease) does not lower the
       slow-start threshold, so recovery ramps up exponentially.
 
@@ -46,6 +47,7 @@ class AdaptiveLimiter:
         min_rate: float = 1.0,
         max_rate: float = 10_000.0,
         burst: float | None = None,
+        horizon: float = 0.5,
         beta: float = 0.7,
         increase: float = 0.1,
         decrease_interval: float = 1.0,
@@ -66,6 +68,8 @@ class AdaptiveLimiter:
             raise ValueError(f"increase must be > 0, got {increase!r}")
         if decrease_interval < 0:
             raise ValueError(f"decrease_interval must be >= 0, got {decrease_interval!r}")
+        if horizon <= 0:
+            raise ValueError(f"horizon must be > 0, got {horizon!r}")
         if burst is not None and burst < 1:
             raise ValueError(f"burst must be >= 1, got {burst!r}")
         self.name = name
@@ -76,6 +80,7 @@ class AdaptiveLimiter:
             min_rate=float(min_rate),
             max_rate=float(max_rate),
             burst=float(burst) if burst is not None else 1.0,
+            horizon=float(horizon),
             beta=float(beta),
             increase=float(increase),
             decrease_interval=float(decrease_interval),
@@ -85,8 +90,9 @@ class AdaptiveLimiter:
     def __repr__(self) -> str:
         return f"AdaptiveLimiter({self.name!r}, rate={self.rate:.2f}/s)"
 
-    def try_acquire(self) -> float:
-        """Take a token: 0.0 when the call may go now, else the seconds to wait first."""
+    def try_acquire(self) -> tuple[float, bool]:
+        """Reserve a slot: ``(wait, True)`` to go after ``wait`` seconds, or
+        ``(wait, False)`` to ask again after ``wait`` seconds (the queue is full)."""
         return self.store.limiter_acquire(self.name, self.clock.wall(), self.config)
 
     def acquire(self, max_wait: float | None = None) -> float:
@@ -98,23 +104,25 @@ class AdaptiveLimiter:
         from tether._errors import LimiterTimeout
 
         waited = 0.0
-        while (wait := self.try_acquire()) > 0:
+        while True:
+            wait, admitted = self.try_acquire()
             if max_wait is not None and waited + wait > max_wait:
                 raise LimiterTimeout(self.name, waited + wait)
-            self.clock.sleep(wait)
-            waited += wait
-        return waited
+            if wait > 0:
+                self.clock.sleep(wait)
+                waited += wait
+            if admitted:
+                return waited
 
     def record(self, verdict: Verdict | None) -> None:
         """Feed back an outcome: None for a success."""
-        if verdict is not None and not verdict.retryable:
-            if verdict.kind is Kind.PERMANENT:
-                ok = True  # the dependency answered: the request was at fault
-            else:
-                return
+        if verdict is None or verdict.kind in (Kind.PERMANENT, Kind.QUOTA):
+            outcome = "ok"  # the dependency answered; the request or the account was at fault
+        elif verdict.kind is Kind.RATE_LIMITED or verdict.status in (429, 529):
+            outcome = "throttled"
         else:
-            ok = verdict is None
-        self.rate = self.store.limiter_feedback(self.name, self.clock.wall(), ok, self.config)
+            outcome = "failed"
+        self.rate = self.store.limiter_feedback(self.name, self.clock.wall(), outcome, self.config)
 
     def reset(self) -> None:
         self.store.reset(self.name)

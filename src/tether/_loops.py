@@ -94,7 +94,7 @@ class LoopState:
                 StopReason.REPEATED_ACTION,
                 f"{tool} would run a {_nth(n)} time with identical arguments",
             )
-        period = self._period(action)
+        period = self._period(action) if n > 1 else 0  # a new action completes no cycle
         if period:
             why = f"the last {period} actions would repeat {self.policy.max_repeats} times in a row"
             return StopReason.REPEATED_SEQUENCE, why

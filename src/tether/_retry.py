@@ -354,29 +354,32 @@ class RetryPolicy:
         finally:
             self._finish(st)
 
+    def _admission(self, st: _CallState) -> tuple[float, bool]:
+        """The limiter's answer, with jitter on a refusal; raises past the deadline."""
+        assert self.limiter is not None
+        wait, admitted = self.limiter.try_acquire()
+        if not admitted:  # spread the callers that were turned away
+            wait += self._rng.uniform(0.0, min(wait, 1.0) + 0.05)
+        if st.deadline_at is not None and self.clock.now() + wait >= st.deadline_at:
+            raise LimiterTimeout(self.limiter.name, wait)
+        st.total_wait += wait
+        return wait, admitted
+
     def _limit(self, st: _CallState) -> None:
-        if self.limiter is None:
-            return
-        while True:
-            wait = self.limiter.try_acquire()
-            if wait <= 0:
+        while self.limiter is not None:
+            wait, admitted = self._admission(st)
+            if wait > 0:
+                self.clock.sleep(wait)
+            if admitted:
                 return
-            if st.deadline_at is not None and self.clock.now() + wait >= st.deadline_at:
-                raise LimiterTimeout(self.limiter.name, wait)
-            st.total_wait += wait
-            self.clock.sleep(wait)
 
     async def _alimit(self, st: _CallState) -> None:
-        if self.limiter is None:
-            return
-        while True:
-            wait = self.limiter.try_acquire()
-            if wait <= 0:
+        while self.limiter is not None:
+            wait, admitted = self._admission(st)
+            if wait > 0:
+                await self.clock.asleep(wait)
+            if admitted:
                 return
-            if st.deadline_at is not None and self.clock.now() + wait >= st.deadline_at:
-                raise LimiterTimeout(self.limiter.name, wait)
-            st.total_wait += wait
-            await self.clock.asleep(wait)
 
     # --- the async shell ------------------------------------------------------------
 

@@ -79,13 +79,29 @@ def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@contextlib.contextmanager
-def span(name: str, **attributes: Any) -> Iterator[Any]:
-    """A span under the current one; yields None when OpenTelemetry is absent."""
+_NULL = contextlib.nullcontext()
+
+
+def enabled() -> bool:
+    """True when OpenTelemetry is installed and a tracer provider has been set."""
     trace = _api()
     if trace is None:
-        yield None
-        return
+        return False
+    # a proxy provider means nobody configured OpenTelemetry: every span would be dropped
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
+    """A span under the current one; a no-op (yielding None) when OpenTelemetry is
+    absent or not configured."""
+    if not enabled():
+        return _NULL
+    return _span(name, attributes)
+
+
+@contextlib.contextmanager
+def _span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
+    trace = _api()
     try:
         tracer = trace.get_tracer(_NAME)
         cm = tracer.start_as_current_span(name, attributes=_clean(attributes))

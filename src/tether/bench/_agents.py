@@ -106,7 +106,7 @@ def run_tenacity(scenario: Scenario, rng: random.Random) -> TaskResult:
     last: Any = None
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(5),
-        wait=tenacity.wait_exponential_jitter(initial=0.5, max=30),
+        wait=tenacity.wait_exponential_jitter(multiplier=0.5, max=30),
         sleep=clock.sleep,
         reraise=True,
     )

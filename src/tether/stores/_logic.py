@@ -47,6 +47,7 @@ class LimiterConfig:
     min_rate: float
     max_rate: float
     burst: float
+    horizon: float  # how far ahead slots are reserved, in seconds
     beta: float  # multiplicative decrease
     increase: float  # additive increase, as a fraction of the rate per second
     decrease_interval: float
@@ -135,45 +136,59 @@ def _limiter_defaults(f: Fields, now: float, cfg: LimiterConfig) -> None:
     if "rate" not in f:
         f["rate"] = cfg.initial_rate
         f["ssthresh"] = cfg.max_rate
-        f["tokens"] = min(cfg.burst, 1.0)
-        f["last"] = now
+        f["tat"] = now
         f["last_decrease"] = -1e18
         f["ok_since_decrease"] = 0
 
 
-def limiter_acquire(f: Fields, now: float, cfg: LimiterConfig) -> float:
-    """Take a token: 0.0 when admitted, else the seconds until one is expected."""
+def limiter_acquire(f: Fields, now: float, cfg: LimiterConfig) -> tuple[float, bool]:
+    """Reserve a send slot (GCRA), at most ``cfg.horizon`` seconds ahead.
+
+    Returns (wait, admitted): admitted with the wait until the reserved slot, or not
+    admitted with the seconds after which asking again may succeed (the backlog past
+    the horizon). Bounding the horizon keeps a slow rate (an outage's floor) from
+    handing out slots minutes ahead that a recovered dependency would not need.
+    """
     _limiter_defaults(f, now, cfg)
-    elapsed = max(0.0, now - f["last"])
-    f["tokens"] = min(cfg.burst, f["tokens"] + elapsed * f["rate"])
-    f["last"] = max(f["last"], now)
-    if f["tokens"] >= 1.0 - 1e-9:
-        f["tokens"] = max(0.0, f["tokens"] - 1.0)
-        return 0.0
-    return float((1.0 - f["tokens"]) / f["rate"])
+    interval = 1.0 / f["rate"]
+    tat = max(f["tat"], now - (cfg.burst - 1.0) * interval)
+    wait = max(0.0, tat - now)
+    if wait > cfg.horizon:
+        return wait - cfg.horizon, False
+    f["tat"] = tat + interval
+    return wait, True
 
 
-def limiter_feedback(f: Fields, now: float, ok: bool, cfg: LimiterConfig) -> float:
+def limiter_feedback(f: Fields, now: float, outcome: str, cfg: LimiterConfig) -> float:
     """Slow start, then additive increase on success; multiplicative decrease on overload.
 
-    A decrease that follows no success at all (a dependency that is simply down) does
-    not lower the slow-start threshold: an outage says nothing about capacity, so
-    the recovery ramps up exponentially again. Returns the new rate.
+    ``outcome`` is ``"ok"``, ``"throttled"`` (429, 529: the dependency asks for less) or
+    ``"failed"`` (any other retryable failure). A throttle cuts the rate at once; plain
+    failures cut it only when nearly every call fails (an outage: the rate falls to the
+    floor of probes), so a dependency that drops some calls at random is not starved.
+    A cut that follows no success at all does not lower the slow-start threshold: an
+    outage says nothing about capacity, so the recovery ramps up exponentially.
+    At most one cut per ``decrease_interval``. Returns the new rate.
     """
     _limiter_defaults(f, now, cfg)
     rate = f["rate"]
-    if ok:
+    if outcome == "ok":
         f["ok_since_decrease"] += 1
         if rate < f["ssthresh"]:
             rate += 1.0  # one more per success: doubles every 1/ln2 s of full admission
         else:
             rate += max(1.0, cfg.increase * rate) / rate
         f["rate"] = min(cfg.max_rate, rate)
-    elif now - f["last_decrease"] >= cfg.decrease_interval:
+        return float(f["rate"])
+    f["failed_since_decrease"] = f.get("failed_since_decrease", 0) + 1
+    outage = (
+        f["failed_since_decrease"] >= 5 and f["failed_since_decrease"] >= 9 * f["ok_since_decrease"]
+    )
+    if (outcome == "throttled" or outage) and now - f["last_decrease"] >= cfg.decrease_interval:
         if f["ok_since_decrease"] > 0:
             f["ssthresh"] = max(cfg.min_rate, rate * cfg.beta)
         f["rate"] = max(cfg.min_rate, rate * cfg.beta)
-        f["tokens"] = min(f["tokens"], 1.0)
         f["last_decrease"] = now
         f["ok_since_decrease"] = 0
+        f["failed_since_decrease"] = 0
     return float(f["rate"])

@@ -53,13 +53,13 @@ class MemoryStore:
         with self._lock:
             return float(self._fields("budget", name).get("tokens", capacity))
 
-    def limiter_acquire(self, name: str, now: float, cfg: LimiterConfig) -> float:
+    def limiter_acquire(self, name: str, now: float, cfg: LimiterConfig) -> tuple[float, bool]:
         with self._lock:
             return _logic.limiter_acquire(self._fields("limiter", name), now, cfg)
 
-    def limiter_feedback(self, name: str, now: float, ok: bool, cfg: LimiterConfig) -> float:
+    def limiter_feedback(self, name: str, now: float, outcome: str, cfg: LimiterConfig) -> float:
         with self._lock:
-            return _logic.limiter_feedback(self._fields("limiter", name), now, ok, cfg)
+            return _logic.limiter_feedback(self._fields("limiter", name), now, outcome, cfg)
 
     def reset(self, name: str | None = None) -> None:
         """Forget the state of one name (every kind), or of everything."""

@@ -152,19 +152,19 @@ _LIMITER_LOAD = """
 local k = KEYS[1]
 local now = tonumber(ARGV[1])
 local initial, min_rate, max_rate, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local beta, increase, interval, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local v = redis.call('HMGET', k, 'rate', 'ssthresh', 'tokens', 'last', 'last_decrease', 'ok_since_decrease')
-local rate, ssthresh, tokens, last, last_decrease, oks
+local beta, increase, interval_s, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local horizon = tonumber(ARGV[10])
+local v = redis.call('HMGET', k, 'rate', 'ssthresh', 'tat', 'last_decrease', 'ok_since_decrease', 'failed_since_decrease')
+local rate, ssthresh, tat, last_decrease, oks, fails
 if v[1] then
-  rate, ssthresh, tokens, last = tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
-  last_decrease, oks = tonumber(v[5]), tonumber(v[6])
+  rate, ssthresh, tat = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+  last_decrease, oks, fails = tonumber(v[4]), tonumber(v[5]), tonumber(v[6]) or 0
 else
-  rate, ssthresh, tokens, last = initial, max_rate, math.min(burst, 1.0), now
-  last_decrease, oks = -1e18, 0
+  rate, ssthresh, tat, last_decrease, oks, fails = initial, max_rate, now, -1e18, 0, 0
 end
 local function save()
-  redis.call('HSET', k, 'rate', fmt(rate), 'ssthresh', fmt(ssthresh), 'tokens', fmt(tokens),
-             'last', fmt(last), 'last_decrease', fmt(last_decrease), 'ok_since_decrease', oks)
+  redis.call('HSET', k, 'rate', fmt(rate), 'ssthresh', fmt(ssthresh), 'tat', fmt(tat),
+             'last_decrease', fmt(last_decrease), 'ok_since_decrease', oks, 'failed_since_decrease', fails)
   redis.call('PEXPIRE', k, ttl)
 end
 """
@@ -173,16 +173,13 @@ LIMITER_ACQUIRE = (
     _FMT
     + _LIMITER_LOAD
     + """
-local elapsed = math.max(0, now - last)
-tokens = math.min(burst, tokens + elapsed * rate)
-last = math.max(last, now)
-if tokens >= 1.0 - 1e-9 then
-  tokens = math.max(0, tokens - 1.0)
-  save()
-  return '0'
-end
+local interval = 1.0 / rate
+local t = math.max(tat, now - (burst - 1.0) * interval)
+local wait = math.max(0, t - now)
+if wait > horizon then return {fmt(wait - horizon), 0} end
+tat = t + interval
 save()
-return fmt((1.0 - tokens) / rate)
+return {fmt(wait), 1}
 """
 )
 
@@ -190,18 +187,22 @@ LIMITER_FEEDBACK = (
     _FMT
     + _LIMITER_LOAD
     + """
-local ok = ARGV[10] == '1'
-if ok then
+local outcome = ARGV[11]
+if outcome == 'ok' then
   oks = oks + 1
   if rate < ssthresh then rate = rate + 1.0
   else rate = rate + math.max(1.0, increase * rate) / rate end
   rate = math.min(max_rate, rate)
-elseif now - last_decrease >= interval then
-  if oks > 0 then ssthresh = math.max(min_rate, rate * beta) end
-  rate = math.max(min_rate, rate * beta)
-  tokens = math.min(tokens, 1.0)
-  last_decrease = now
-  oks = 0
+else
+  fails = fails + 1
+  local outage = fails >= 5 and fails >= 9 * oks
+  if (outcome == 'throttled' or outage) and now - last_decrease >= interval_s then
+    if oks > 0 then ssthresh = math.max(min_rate, rate * beta) end
+    rate = math.max(min_rate, rate * beta)
+    last_decrease = now
+    oks = 0
+    fails = 0
+  end
 end
 save()
 return fmt(rate)
@@ -398,19 +399,19 @@ class RedisStore:
 
     def _limiter_args(self, now: float, cfg: LimiterConfig) -> list[Any]:
         return [now, cfg.initial_rate, cfg.min_rate, cfg.max_rate, cfg.burst, cfg.beta,
-                cfg.increase, cfg.decrease_interval, self._ttl_ms]  # fmt: skip
+                cfg.increase, cfg.decrease_interval, self._ttl_ms, cfg.horizon]  # fmt: skip
 
-    def limiter_acquire(self, name: str, now: float, cfg: LimiterConfig) -> float:
+    def limiter_acquire(self, name: str, now: float, cfg: LimiterConfig) -> tuple[float, bool]:
         r = self._run("limiter_acquire", self._key("limiter", name), self._limiter_args(now, cfg))
         if r is None:
             return self.fallback.limiter_acquire(name, now, cfg)
-        return float(_s(r))
+        return float(_s(r[0])), bool(int(r[1]))
 
-    def limiter_feedback(self, name: str, now: float, ok: bool, cfg: LimiterConfig) -> float:
-        args = [*self._limiter_args(now, cfg), "1" if ok else "0"]
+    def limiter_feedback(self, name: str, now: float, outcome: str, cfg: LimiterConfig) -> float:
+        args = [*self._limiter_args(now, cfg), outcome]
         r = self._run("limiter_feedback", self._key("limiter", name), args)
         if r is None:
-            return self.fallback.limiter_feedback(name, now, ok, cfg)
+            return self.fallback.limiter_feedback(name, now, outcome, cfg)
         return float(_s(r))
 
     def close(self) -> None:

@@ -1,0 +1,149 @@
+"""The overhead suite: real time, the success path, side by side in one process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import tether
+from tether._loops import LoopPolicy, LoopState
+
+__all__ = ["run_overhead"]
+
+
+def _ns_per_call(fn: Callable[[], Any], *, number: int, repeat: int = 5) -> float:
+    """The best of ``repeat`` timings of ``number`` calls, in ns per call."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter_ns()
+        for _ in range(number):
+            fn()
+        best = min(best, (time.perf_counter_ns() - start) / number)
+    return best
+
+
+def _args_of_size(size: int) -> dict[str, Any]:
+    """Tool arguments of about ``size`` bytes of JSON: an order with its line items."""
+    row = {"id": 0, "sku": "SKU-00000", "qty": 0, "note": "refund line item"}
+    count = max(1, (size - 60) // (len(json.dumps(row)) + 2))
+    rows = [
+        {"id": n, "sku": f"SKU-{n:05d}", "qty": n % 7, "note": "refund line item"}
+        for n in range(count)
+    ]
+    return {"customer": "C-1042", "reason": "damaged in transit", "items": rows}
+
+
+def _deep_size(obj: Any, seen: set[int] | None = None) -> int:
+    """Bytes held by ``obj`` and everything it contains (slots, dicts, containers)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        size += sum(_deep_size(k, seen) + _deep_size(v, seen) for k, v in obj.items())
+    elif isinstance(obj, list | tuple | set | frozenset | deque):
+        size += sum(_deep_size(v, seen) for v in obj)
+    elif hasattr(obj, "__slots__") and not isinstance(obj, str | bytes | int | float):
+        size += sum(
+            _deep_size(getattr(obj, n), seen)
+            for n in obj.__slots__
+            if hasattr(obj, n) and n != "policy"
+        )
+    return size
+
+
+def _paired(
+    floor: Callable[[], Any], impl: Callable[[], Any], *, number: int, repeat: int = 7
+) -> dict[str, Any]:
+    """Floor and implementation timed in alternation (best of each), and their ratio."""
+    f = min(_ns_per_call(floor, number=number, repeat=1) for _ in range(repeat))
+    i = min(_ns_per_call(impl, number=number, repeat=1) for _ in range(repeat))
+    return {
+        "floor": {"ns_per_call": round(f, 1)},
+        "tether": {"ns_per_call": round(i, 1), "ratio": round(i / f, 2)},
+    }
+
+
+def _hash_floor(args: Any) -> Callable[[], str]:
+    """json.dumps(sort_keys=True) + SHA-256 of the same arguments: the floor."""
+    return lambda: hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()
+
+
+def run_overhead(quick: bool = False) -> dict[str, dict[str, dict[str, float]]]:
+    """ns per call of each case; ratios against the floor of each case."""
+    number = 5_000 if quick else 20_000
+    logging.getLogger("tether").setLevel(logging.ERROR)
+
+    def target() -> int:
+        return 1
+
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    bare = _ns_per_call(target, number=number)
+    policy = tether.RetryPolicy()
+    impls: dict[str, float] = {
+        "bare": bare,
+        "tether": _ns_per_call(lambda: policy.call(target), number=number),
+    }
+    try:
+        import tenacity
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_exponential_jitter()
+        )
+        impls["tenacity"] = _ns_per_call(lambda: retrying(target), number=number // 5)
+    except ImportError:  # pragma: no cover - the bench extra brings it
+        pass
+    try:
+        import stamina
+
+        wrapped = stamina.retry(on=Exception, attempts=3)(target)
+        impls["stamina"] = _ns_per_call(wrapped, number=number // 5)
+    except ImportError:  # pragma: no cover
+        pass
+    out["retry_success_path"] = {k: {"ns_per_call": round(v, 1)} for k, v in impls.items()}
+    for k, v in impls.items():
+        if k != "bare":
+            out["retry_success_path"][k]["overhead_ns"] = round(v - bare, 1)
+
+    # one guarded step: proceed + call_tool with 1 KB of arguments
+    args_1k = _args_of_size(1024)
+    loops = LoopPolicy(max_no_progress=None, max_repeats=2**30, window=2**30)
+    guard = tether.Guard(budget=tether.Budget(), loops=loops)
+    runs = [guard.start()]
+    counter = [0]
+
+    def step() -> None:
+        counter[0] += 1
+        if counter[0] % 50 == 0:  # runs are short: a fresh one every 50 steps
+            runs[0] = guard.start()
+        run = runs[0]
+        run.proceed()
+        run.call_tool("lookup", lambda **kw: counter[0], {**args_1k, "n": counter[0]})
+
+    out["guarded_step_1kb"] = _paired(_hash_floor(args_1k), step, number=max(500, number // 40))
+    out["intent_key_1kb"] = _paired(_hash_floor(args_1k), lambda: tether.intent_key("refund", args_1k),
+                                    number=max(500, number // 40))  # fmt: skip
+    args_1m = _args_of_size(1024 * 1024)
+    out["intent_key_1mb"] = _paired(_hash_floor(args_1m), lambda: tether.intent_key("refund", args_1m),
+                                    number=2, repeat=3)  # fmt: skip
+
+    # the detectors' memory after a long run (their containers, measured deeply)
+    steps = 100_000 if quick else 1_000_000
+    state = LoopState(LoopPolicy())
+    at_10k = 0
+    for i in range(steps):
+        digest = f"{i:064x}"
+        state.record_action("search", digest)
+        state.observe_state(digest, i)
+        if i + 1 == 10_000:
+            at_10k = _deep_size(state)
+    out["detector_memory"] = {"tether": {"steps": steps, "bytes_after_10k_steps": at_10k,
+                                         "bytes_after_all_steps": _deep_size(state)}}  # fmt: skip
+    return out

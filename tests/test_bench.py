@@ -1,0 +1,156 @@
+"""tether bench: deterministic, through the real library, and the goals hold."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tether import bench
+from tether.bench._agents import run_cell
+from tether.bench._fleet import contention, run_fleet
+from tether.cli import main
+
+
+def test_agent_cells_are_deterministic_for_a_seed() -> None:
+    """The same seed gives the same figures."""
+    assert run_cell("seed-profile", "tether", 40, 3) == run_cell("seed-profile", "tether", 40, 3)
+
+
+@pytest.mark.parametrize("scenario", list(bench.SCENARIOS))
+def test_tether_never_runs_away_or_pays_twice(scenario: str) -> None:
+    """Every scenario: tether has no runaway and no duplicate effect."""
+    cell = run_cell(scenario, "tether", 60, 11)
+    assert cell["runaway"] == 0
+    assert cell["duplicate_effects"] == 0
+
+
+def test_stuck_search_stops_after_two_executions() -> None:
+    """The third identical search is never executed."""
+    cell = run_cell("stuck-search", "tether", 50, 5)
+    assert cell["stopped"] == {"REPEATED_ACTION": 50}
+    assert cell["dependency_calls"] == 100
+
+
+def test_polling_is_never_stopped() -> None:
+    """Legitimate polling: zero false stops for tether, some for the seed harness."""
+    assert run_cell("polling", "tether", 100, 5)["false_stops"] == 0
+    assert run_cell("polling", "seed-harness", 100, 5)["false_stops"] > 0
+
+
+def test_the_naive_loop_pays_twice() -> None:
+    """The duplicate-payment scenario is strong enough to catch the naive loop."""
+    assert run_cell("duplicate-payment", "naive", 50, 5)["duplicate_effects"] > 0
+
+
+def test_seed_profile_beats_the_seed_harness() -> None:
+    """Seed 002's fault profile: tether at least 99% and above the harness, same budgets."""
+    tether_cell = run_cell("seed-profile", "tether", 1000, 7)
+    harness = run_cell("seed-profile", "seed-harness", 1000, 7)
+    assert tether_cell["success"] >= 0.99
+    assert tether_cell["success"] > harness["success"]
+
+
+def test_fleet_outage_goals() -> None:
+    """1,000 clients, 100 rps, 30 s down: tether within 1.5x the calls and 1.25x the time."""
+    cell = run_fleet("outage", "tether")
+    assert cell["success"] == 1.0
+    assert cell["total_calls"] <= 1.5 * 1000
+    assert cell["completion_s"] <= 1.25 * 40.0
+
+
+def test_contention_ordering_matches_the_article() -> None:
+    """No jitter is by far the worst; every jittered schedule does a fraction of its work."""
+    results = {j: contention(j) for j in ("none", "full", "equal", "decorrelated")}
+    assert all(
+        results["none"]["calls"] > 3 * results[j]["calls"]
+        for j in ("full", "equal", "decorrelated")
+    )
+    assert all(
+        results["none"]["completion_s"] > 3 * results[j]["completion_s"]
+        for j in ("full", "equal", "decorrelated")
+    )
+
+
+def test_cli_bench_json_layout(tmp_path: Path) -> None:
+    """tether bench --json writes the DESIGN.md layout."""
+    path = tmp_path / "out.json"
+    assert (
+        main(
+            [
+                "bench",
+                "--suite",
+                "agents",
+                "--tasks",
+                "5",
+                "--scenario",
+                "polling",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
+    data = json.loads(path.read_text())
+    cell = data["suites"]["agents"]["scenarios"]["polling"]["policies"]["tether"]
+    assert data["seed"] == 7
+    assert set(cell) >= {"tasks", "success", "escalated", "stopped", "false_stops", "runaway", "duplicate_effects",
+                         "avg_steps", "avg_attempts", "p50_latency_s", "p95_latency_s", "tokens", "cost_usd",
+                         "dependency_calls"}  # fmt: skip
+    assert set(data["suites"]["agents"]["scenarios"]["polling"]["policies"]) == {
+        "naive",
+        "tenacity",
+        "seed-harness",
+        "tether",
+    }
+
+
+def test_cli_bench_report(tmp_path: Path) -> None:
+    """--report writes a Markdown report with plots."""
+    assert (
+        main(
+            [
+                "bench",
+                "--suite",
+                "agents",
+                "--tasks",
+                "3",
+                "--scenario",
+                "truncated",
+                "--report",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    assert "tether bench report" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "agents.png").stat().st_size > 1000
+
+
+def test_cli_rejects_unknown_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad scenario is a clear error listing the valid ones."""
+    assert main(["bench", "--scenario", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown scenario(s) nope" in err
+    assert "stuck-search" in err
+
+
+def test_cli_rejects_bad_flags() -> None:
+    """A bad flag exits with argparse's usage error."""
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--suite", "everything"])
+    assert info.value.code == 2
+
+
+def test_version_command() -> None:
+    """tether --version works from the console script."""
+    out = subprocess.run(
+        [sys.executable, "-m", "tether.cli", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.startswith("tether ")
