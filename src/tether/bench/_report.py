@@ -156,7 +156,9 @@ def _plots(results: dict[str, Any], out: Path) -> list[tuple[str, str]]:
                     range(len(series)), [v / entry["capacity_rps"] for v in series], label=policy
                 )
             ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-            ax.set_yscale("symlog")
+            ax.set_yscale("symlog", linthresh=1.0)
+            ax.set_ylim(bottom=0)
+            ax.set_xlim(0, 130)
             ax.set_xlabel("seconds")
             ax.set_ylabel("offered load / capacity")
             ax.set_title(f"fleet: {scenario}")
