@@ -31,6 +31,7 @@ from tether._version import __version__
 from tether._wrap import CONNECTORS, CallMeta, Connector, wrap
 from tether._wrap import last_call as wrap_last_call
 from tether.clock import SystemClock, VirtualClock
+from tether.integrations._common import Tool
 
 __all__ = [
     "AdaptiveLimiter",
@@ -74,6 +75,7 @@ __all__ = [
     "StoreUnavailable",
     "SystemClock",
     "TetherError",
+    "Tool",
     "TransientError",
     "ToolError",
     "UnknownModelError",

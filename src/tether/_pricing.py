@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 __all__ = ["PRICES", "PRICES_READ_ON", "Price", "PriceTable", "UnknownModelError"]
 
-#: When the shipped prices were read from the providers' public price pages.
-PRICES_READ_ON = "2026-11-01"
+#: When the shipped prices were read: the providers' published list prices of 2025 for
+#: the models below. Newer models are deliberately absent (they raise, or count as zero
+#: if you choose so): check your provider's price page and pass your own table.
+PRICES_READ_ON = "2025-11"
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,16 +32,21 @@ class Price:
         ) / 1_000_000
 
 
-# Prefix-matched against the model name (the longest prefix wins).
+# Matched as a prefix of the model name (the longest prefix wins), so dated snapshots
+# ("claude-sonnet-4-5-20250929") take their family's price.
 PRICES: dict[str, Price] = {
-    "claude-opus-4": Price(15.0, 75.0, 18.75, 1.50),
-    "claude-sonnet-4": Price(3.0, 15.0, 3.75, 0.30),
+    "claude-opus-4-5": Price(5.0, 25.0, 6.25, 0.50),
+    "claude-opus-4-1": Price(15.0, 75.0, 18.75, 1.50),
+    "claude-opus-4-2025": Price(15.0, 75.0, 18.75, 1.50),
+    "claude-sonnet-4-5": Price(3.0, 15.0, 3.75, 0.30),
+    "claude-sonnet-4-2025": Price(3.0, 15.0, 3.75, 0.30),
     "claude-3-7-sonnet": Price(3.0, 15.0, 3.75, 0.30),
+    "claude-haiku-4-5": Price(1.0, 5.0, 1.25, 0.10),
     "claude-3-5-haiku": Price(0.80, 4.0, 1.0, 0.08),
-    "claude-haiku-4": Price(1.0, 5.0, 1.25, 0.10),
     "gpt-4o-mini": Price(0.15, 0.60, 0.0, 0.075),
     "gpt-4o": Price(2.50, 10.0, 0.0, 1.25),
     "gpt-4.1-mini": Price(0.40, 1.60, 0.0, 0.10),
+    "gpt-4.1-nano": Price(0.10, 0.40, 0.0, 0.025),
     "gpt-4.1": Price(2.0, 8.0, 0.0, 0.50),
     "o3": Price(2.0, 8.0, 0.0, 0.50),
     "o4-mini": Price(1.10, 4.40, 0.0, 0.275),

@@ -1,0 +1,1 @@
+"""tether around the official LLM SDKs: ``tether.integrations.anthropic`` and ``.openai``."""

@@ -1,0 +1,194 @@
+"""What the SDK integrations share: the guarded client proxy, tools and their schemas."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import typing
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tether._breaker import breakers
+from tether._retry import RetryPolicy
+from tether._run import Run
+
+__all__ = ["Guarded", "Tool", "schema_from_hints"]
+
+_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
+                               list: "array", dict: "object"}  # fmt: skip
+
+
+def _json_type(hint: Any) -> dict[str, Any]:
+    origin = typing.get_origin(hint)
+    if origin in (list, tuple, set, frozenset):
+        args = typing.get_args(hint)
+        schema: dict[str, Any] = {"type": "array"}
+        if args and args[0] is not Ellipsis:
+            schema["items"] = _json_type(args[0])
+        return schema
+    if origin is dict:
+        return {"type": "object"}
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _json_type(options[0]) if len(options) == 1 else {}
+    if origin is typing.Literal:
+        return {"enum": list(typing.get_args(hint))}
+    if hint in _JSON_TYPES:
+        return {"type": _JSON_TYPES[hint]}
+    return {}
+
+
+def schema_from_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """A JSON schema of ``fn``'s keyword arguments, from its type hints."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        hints = {}
+    props: dict[str, Any] = {}
+    required = []
+    for name, param in inspect.signature(fn).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        props[name] = _json_type(hints.get(name, Any))
+        if param.default is param.empty:
+            required.append(name)
+    return {"type": "object", "properties": props, "required": required}
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the model may call, run through ``run.call_tool``.
+
+    ``idempotent=False`` runs it at most once through the guard's ledger (``lookup``
+    reads the provider's records when an earlier attempt's outcome is unknown).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    input_schema: dict[str, Any] | None = None
+    description: str = ""
+    idempotent: bool = True
+    timeout: float | None = None
+    lookup: Callable[[str], Any] | None = None
+    schema: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("Tool name must be a non-empty string")
+        if not callable(self.fn):
+            raise TypeError(f"Tool {self.name!r}: fn must be callable")
+        schema = self.input_schema if self.input_schema is not None else schema_from_hints(self.fn)
+        object.__setattr__(self, "schema", schema)
+        if not self.description:
+            object.__setattr__(
+                self, "description", (inspect.getdoc(self.fn) or self.name).split("\n")[0]
+            )
+
+
+def result_text(value: Any) -> str:
+    """A tool result as the text the model reads."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+class _Endpoint:
+    """One SDK method (``messages.create``...), called through the policy and counted."""
+
+    def __init__(self, owner: Guarded, target: Any, count: Callable[[Run, Any], None]) -> None:
+        self._owner = owner
+        self._target = target
+        self._count = count
+
+    def __call__(self, **kwargs: Any) -> Any:
+        owner = self._owner
+        run = owner.run
+        if run is not None and run.stopped is not None:
+            run.stop(run.stopped, "the run has stopped: no more model calls")
+        headers = dict(kwargs.pop("extra_headers", None) or {})
+        headers.setdefault(
+            "Idempotency-Key", f"tether-{uuid.uuid4().hex}"
+        )  # one key, every attempt
+        kwargs["extra_headers"] = headers
+        if owner.is_async:
+            return self._acall(kwargs)
+        response = owner.policy.call(self._target, **kwargs)
+        if run is not None and not kwargs.get("stream"):
+            self._count(run, response)
+        return response
+
+    async def _acall(self, kwargs: dict[str, Any]) -> Any:
+        owner = self._owner
+        response = await owner.policy.acall(self._target, **kwargs)
+        if owner.run is not None and not kwargs.get("stream"):
+            self._count(owner.run, response)
+        return response
+
+
+class _Node:
+    """A level of the client (``client.chat``, ``client.chat.completions``) on the way to an endpoint."""
+
+    def __init__(self, owner: Guarded, target: Any, path: str) -> None:
+        self._owner = owner
+        self._target = target
+        self._path = path
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        endpoints = self._owner.namespaces.get(self._path, {})
+        if name in endpoints:
+            return _Endpoint(self._owner, value, endpoints[name])
+        return self._owner._wrap(value, f"{self._path}.{name}")
+
+
+class Guarded:
+    """An SDK client with its own retries off; tether's policy is the only retry layer."""
+
+    provider = ""
+    namespaces: ClassVar[dict[str, dict[str, Callable[[Run, Any], None]]]] = {}
+
+    def __init__(
+        self, client: Any, policy: RetryPolicy | None = None, run: Run | None = None
+    ) -> None:
+        if isinstance(client, Guarded):
+            client = client.raw
+        self.raw: Any = client.with_options(max_retries=0)
+        create = getattr(self._first_endpoint(), "create", None)
+        self.is_async = inspect.iscoroutinefunction(inspect.unwrap(create)) if create else False
+        self.is_async = self.is_async or any(
+            c.__name__.startswith("Async") for c in type(client).__mro__
+        )
+        self.policy = policy or RetryPolicy(breaker=breakers.get(self.provider), name=self.provider)
+        if run is not None and policy is None:
+            self.policy = self.policy.replace(clock=run.clock)
+        self.run = run
+
+    def _first_endpoint(self) -> Any:
+        target: Any = self.raw
+        for part in next(iter(self.namespaces)).split("."):
+            target = getattr(target, part)
+        return target
+
+    def bind(self, run: Run | None) -> Guarded:
+        """The same client counting usage into ``run``."""
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.run = run
+        if run is not None:
+            clone.policy = self.policy.replace(clock=run.clock)
+        return clone
+
+    def _wrap(self, value: Any, path: str) -> Any:
+        if any(known == path or known.startswith(path + ".") for known in self.namespaces):
+            return _Node(self, value, path)
+        return value
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "raw":  # not set yet: construction failed half-way
+            raise AttributeError(name)
+        return self._wrap(getattr(self.raw, name), name)
