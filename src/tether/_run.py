@@ -235,6 +235,7 @@ class Run:
         self._outcome: Outcome | None = None
         self._issues: list[str] = []
         self._span_cm: Any = None
+        self._step_span: telemetry.StepSpan | None = None
 
     def __repr__(self) -> str:
         return (
@@ -317,6 +318,10 @@ class Run:
         self.steps += 1
         self._step_progress = False
         self._step_counted = False
+        telemetry.end_step(self._step_span)
+        self._step_span = telemetry.start_step(
+            **{"tether.run_id": self.run_id, "tether.step": self.steps}
+        )
         return True
 
     def _end_step(self) -> bool:
@@ -424,6 +429,9 @@ class Run:
         self.cost_usd += cost_usd
         self._last_costs = [*self._last_costs[-1:], cost_usd]
         self._last_tokens = input_tokens + output_tokens + cache_write_tokens + cache_read_tokens
+        telemetry.add_event("gen_ai.client.inference", **{"gen_ai.request.model": model or None,
+                            "gen_ai.usage.input_tokens": input_tokens, "gen_ai.usage.output_tokens": output_tokens,
+                            "tether.cost_usd": cost_usd})  # fmt: skip
         self.transcript.append({"step": self.steps, "model": model, "input_tokens": input_tokens,
                                 "output_tokens": output_tokens, "cost_usd": cost_usd})  # fmt: skip
         return cost_usd
@@ -595,7 +603,7 @@ class Run:
         """
         args = dict(args or {})
         call = self._before_tool(name, args, timeout)
-        run = self._effect(call, lambda: fn(**args), idempotent, lookup)
+        run = self._effect(call, _attempt_span(name, lambda: fn(**args)), idempotent, lookup)
         with telemetry.span(
             "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
         ):
@@ -767,13 +775,35 @@ class Run:
             issues.extend(delivery.errors)
         self._outcome = Outcome(status, reason, self._result, tuple(self.partial), detail, tuple(issues),
                                 usage, checkpoint_id, message, self.run_id, handoff)  # fmt: skip
-        telemetry.record_stop(reason.value, status)
+        telemetry.end_step(self._step_span)
+        self._step_span = None
+        telemetry.record_stop(
+            reason.value, status, **{"tether.run_id": self.run_id, "tether.steps": usage.steps}
+        )
+        telemetry.notify("stop", self._outcome)
         if self.guard.on_stop is not None:
             try:
                 self.guard.on_stop(self._outcome)
             except Exception:
                 _log.exception("tether: on_stop hook raised; ignored")
         return self._outcome
+
+
+def _attempt_span(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Each attempt of a tool call as a ``tether.attempt`` span (only when telemetry is on)."""
+    if not telemetry.enabled():
+        return fn
+    attempts = [0]
+
+    def attempt() -> Any:
+        attempts[0] += 1
+        telemetry.record_attempt(name, attempts[0])
+        with telemetry.span(
+            "tether.attempt", **{"gen_ai.tool.name": name, "tether.attempt": attempts[0]}
+        ):
+            return fn()
+
+    return attempt
 
 
 async def _aonce(ledger: Ledger, key: str, fn: Callable[[], Coroutine[Any, Any, Any]],

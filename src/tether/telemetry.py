@@ -16,14 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tether._events import BreakerEvent, RetryEvent
 
 __all__ = [
+    "StepSpan",
     "add_event",
+    "enabled",
+    "end_step",
+    "on_breaker_change",
+    "on_retry",
+    "on_stop",
+    "start_step",
+    "subscribe",
     "record_attempt",
     "record_breaker",
     "record_retry",
@@ -34,6 +42,45 @@ __all__ = [
 _log = logging.getLogger("tether")
 _NAME = "tether"
 _state: dict[str, Any] = {}
+_hooks: dict[str, list[Callable[[Any], object]]] = {"retry": [], "stop": [], "breaker_change": []}
+
+
+def subscribe(event: str, fn: Callable[[Any], object]) -> Callable[[Any], object]:
+    """Call ``fn`` with the frozen event of every ``"retry"`` (:class:`tether.RetryEvent`),
+    ``"stop"`` (:class:`tether.Outcome`) or ``"breaker_change"`` (:class:`tether.BreakerEvent`)
+    in this process. Returns ``fn``; a hook that raises is logged and ignored."""
+    if event not in _hooks:
+        raise ValueError(f"event must be one of {', '.join(_hooks)}, got {event!r}")
+    _hooks[event].append(fn)
+    return fn
+
+
+def unsubscribe(event: str, fn: Callable[[Any], object]) -> None:
+    if fn in _hooks.get(event, []):
+        _hooks[event].remove(fn)
+
+
+def on_retry(fn: Callable[[Any], object]) -> Callable[[Any], object]:
+    """Decorator: ``fn(RetryEvent)`` after every failed attempt that will be retried."""
+    return subscribe("retry", fn)
+
+
+def on_stop(fn: Callable[[Any], object]) -> Callable[[Any], object]:
+    """Decorator: ``fn(Outcome)`` when any guarded run ends."""
+    return subscribe("stop", fn)
+
+
+def on_breaker_change(fn: Callable[[Any], object]) -> Callable[[Any], object]:
+    """Decorator: ``fn(BreakerEvent)`` on every circuit breaker transition."""
+    return subscribe("breaker_change", fn)
+
+
+def notify(event: str, payload: Any) -> None:
+    for fn in list(_hooks[event]):
+        try:
+            fn(payload)
+        except Exception:
+            _log.exception("tether %s hook %r raised; ignored", event, fn)
 
 
 def _api() -> Any:
@@ -155,10 +202,49 @@ def _count(name: str, value: float = 1, **attributes: Any) -> None:
 
 
 def record_attempt(name: str, attempt: int) -> None:
-    _count("tether.attempts", 1, **{"tether.name": name})
+    _count("tether.attempts", 1, **{"tether.name": name, "tether.attempt": attempt})
+
+
+class StepSpan:
+    """A ``tether.step`` span made current between two ``run.proceed()`` calls."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: Any, token: Any) -> None:
+        self.span = span
+        self.token = token
+
+
+def start_step(**attributes: Any) -> StepSpan | None:
+    """Start a ``tether.step`` span and make it current; None when telemetry is off."""
+    if not enabled():
+        return None
+    try:
+        from opentelemetry import context as otel_context
+
+        trace = _api()
+        step = trace.get_tracer(_NAME).start_span("tether.step", attributes=_clean(attributes))
+        token = otel_context.attach(trace.set_span_in_context(step))
+        return StepSpan(step, token)
+    except Exception:
+        _log.debug("telemetry: could not start a step span", exc_info=True)
+        return None
+
+
+def end_step(step: StepSpan | None) -> None:
+    if step is None:
+        return
+    try:
+        from opentelemetry import context as otel_context
+
+        otel_context.detach(step.token)
+        step.span.end()
+    except Exception:
+        _log.debug("telemetry: could not end a step span", exc_info=True)
 
 
 def record_retry(event: RetryEvent) -> None:
+    notify("retry", event)
     if _api() is None:
         return
     v = event.verdict
@@ -183,6 +269,7 @@ def record_retry(event: RetryEvent) -> None:
 
 
 def record_breaker(event: BreakerEvent) -> None:
+    notify("breaker_change", event)
     if _api() is None:
         return
     add_event(

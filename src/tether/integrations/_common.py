@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from tether import telemetry
 from tether._breaker import breakers
 from tether._retry import RetryPolicy
 from tether._run import Run
@@ -117,17 +118,55 @@ class _Endpoint:
         kwargs["extra_headers"] = headers
         if owner.is_async:
             return self._acall(kwargs)
-        response = owner.policy.call(self._target, **kwargs)
+        with telemetry.span(
+            f"chat {kwargs.get('model', '')}", **_request_attributes(owner, kwargs)
+        ) as span:
+            response = owner.policy.call(self._target, **kwargs)
+            _response_attributes(span, response)
         if run is not None and not kwargs.get("stream"):
             self._count(run, response)
         return response
 
     async def _acall(self, kwargs: dict[str, Any]) -> Any:
         owner = self._owner
-        response = await owner.policy.acall(self._target, **kwargs)
+        with telemetry.span(
+            f"chat {kwargs.get('model', '')}", **_request_attributes(owner, kwargs)
+        ) as span:
+            response = await owner.policy.acall(self._target, **kwargs)
+            _response_attributes(span, response)
         if owner.run is not None and not kwargs.get("stream"):
             self._count(owner.run, response)
         return response
+
+
+def _request_attributes(owner: Guarded, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """OpenTelemetry GenAI semantic-convention attributes of a request."""
+    return {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": owner.provider,
+        "gen_ai.request.model": kwargs.get("model"),
+        "gen_ai.request.max_tokens": kwargs.get("max_tokens"),
+    }
+
+
+def _response_attributes(span: Any, response: Any) -> None:
+    if span is None:
+        return
+    usage = getattr(response, "usage", None)
+    reasons = (
+        [getattr(response, "stop_reason", None)]
+        if hasattr(response, "stop_reason")
+        else [getattr(c, "finish_reason", None) for c in getattr(response, "choices", None) or []]
+    )
+    telemetry.set_attributes(
+        span,
+        **{"gen_ai.response.id": getattr(response, "id", None),
+           "gen_ai.response.model": getattr(response, "model", None),
+           "gen_ai.response.finish_reasons": [r for r in reasons if r],
+           "gen_ai.usage.input_tokens": getattr(usage, "input_tokens", None) or getattr(usage, "prompt_tokens", None),
+           "gen_ai.usage.output_tokens": getattr(usage, "output_tokens", None)
+           or getattr(usage, "completion_tokens", None)},
+    )  # fmt: skip
 
 
 class _Node:
