@@ -28,6 +28,11 @@ def register(sub: Any) -> None:
     bench.add_argument("--quick", action="store_true", help="a shorter overhead suite")
     bench.set_defaults(handler=_bench)
 
+    demo = sub.add_parser(
+        "demo", help="the Northwind refund story, against a local payment service"
+    )
+    demo.set_defaults(handler=lambda args: __import__("tether._demo", fromlist=["main"]).main())
+
     dlq = sub.add_parser("dlq", help="dead letters: list, show, replay")
     dlq.add_argument("--db", required=True, help="the SQLite file of the dead letters")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")

@@ -194,7 +194,7 @@ def _payload_hash(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     if not args and not kwargs:
         return None
     try:
-        text = canonical_json([list(args), kwargs], ignore=())
+        text = canonical_json([list(args), kwargs])  # the volatile fields are not the intent
     except (TypeError, ValueError):
         return None  # arguments that are objects (clients, sessions): no payload check
     return hashlib.sha256(text.encode("ascii")).hexdigest()

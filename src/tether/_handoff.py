@@ -90,7 +90,7 @@ def webhook(url: str, *, timeout: float = 10.0, headers: dict[str, str] | None =
 class CustomerMessages:
     """Short, honest texts for the customer: no stack trace, no internals, no hostnames.
 
-    ``{done}`` is filled with facts read from the ledger ("Already done: ..."), so an
+    ``{done}`` is filled with facts read from the ledger ("Done: ..."), so an
     effect is stated as done only when the records say so.
     """
 
@@ -103,8 +103,8 @@ class CustomerMessages:
         "pick up the rest if you reply here."
     )
     failed: str = "We could not complete this request right now. Please try again later, or reply here for help."
-    success: str = "Done.{done}"
-    done_prefix: str = " Already done: "
+    success: str = "Your request is complete.{done}"
+    done_prefix: str = " Done: "
 
     def render(self, status: str, facts: Iterable[str]) -> str:
         facts = [f for f in facts if f]

@@ -1,0 +1,25 @@
+"""tether demo tells both acts of the Northwind story and exits 0."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_demo_tells_both_acts() -> None:
+    """The story runs against a real loopback service, with no API key, in seconds."""
+    out = subprocess.run([sys.executable, "-m", "tether.cli", "demo"], capture_output=True, text=True, timeout=60,
+                         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "Act 1" in text
+    assert "Act 2" in text
+    assert "closed → open" in text
+    assert "run escalated: CIRCUIT_OPEN" in text
+    assert "A member of our team now has your case" in text
+    assert "found re_0001: not paying again" in text
+    assert "refunds issued for NW-1042: 1 in its records (re_0001)" in text
+    assert "your refund of $49.99 was issued (reference re_0001)" in text
+    assert "HTTP 503" in text  # the retries are shown to the reader ...
+    customer = text.split("customer sees")[1].split("handoff")[0]
+    assert "503" not in customer  # ... never to the customer

@@ -1,0 +1,37 @@
+"""The examples in the README and in docs/ run: each file's python blocks, in order."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_examples_run(path: Path) -> None:
+    """Every ```python block of the file runs, sharing one namespace, top to bottom."""
+    blocks = BLOCK.findall(path.read_text())
+    namespace: dict[str, object] = {"__name__": f"docs_{path.stem}"}
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"{path.name}[block {i}]", "exec"), namespace)
+
+
+def test_every_guard_has_a_page() -> None:
+    """One page per guard."""
+    names = {p.stem for p in (ROOT / "docs").glob("*.md")}
+    assert {
+        "classify",
+        "retry",
+        "fleet",
+        "effects",
+        "run",
+        "integrations",
+        "bench",
+        "telemetry",
+        "thresholds",
+    } <= names
