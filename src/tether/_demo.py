@@ -164,7 +164,7 @@ def _find_refund(service: PaymentService):  # type: ignore[no-untyped-def]
 
 
 def _model_turn(story: Story, step: int) -> dict[str, Any]:
-    args = {"order": "NW-1042", "amount": 4999, "uuid": str(uuid.uuid4())}
+    args: dict[str, Any] = {"order": "NW-1042", "amount": 4999, "uuid": str(uuid.uuid4())}
     story.say(
         "model",
         f"step {step}: issue_refund(order=NW-1042, amount=49.99, uuid={args['uuid'][:8]}…)",
@@ -210,8 +210,9 @@ def _act_one(story: Story, service: PaymentService) -> None:
     story.box("customer sees", out.customer_message)
     if handoffs:
         h = handoffs[0]
-        history = "\n".join(f"  step {e['step']}: {e['tool']} {'ok' if e.get('ok') else 'failed: ' + e.get('error', '')}"
-                            for e in h.history if "tool" in e)  # fmt: skip
+        lines = [f"  step {e['step']}: {e['tool']} " + ("ok" if e.get("ok") else f"failed: {e.get('error', '')}")
+                 for e in h.history if "tool" in e]  # fmt: skip
+        history = "\n".join(lines)
         story.box("handoff to a person", f"case {h.id} · reason {h.reason.value}\n{h.task}\nhistory:\n{history}\n"
                   f"open issues: {'; '.join(h.open_issues)}")  # fmt: skip
 
