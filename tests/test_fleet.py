@@ -391,9 +391,8 @@ def test_limiter_waits_within_deadline_or_raises() -> None:
     with pytest.raises(tether.LimiterTimeout):
         policy.call(lambda: "ok")
     # the first call reserved the slot at 0, so the next one starts at 1.0 s
-    assert RetryPolicy(limiter=limiter, clock=clock).call(lambda: clock.now()) == pytest.approx(
-        1.0, abs=1e-3
-    )
+    started = RetryPolicy(limiter=limiter, clock=clock).call(lambda: clock.now())
+    assert 1.0 - 1e-6 <= started <= 1.06  # a turned-away caller comes back after a jittered wait
 
 
 @pytest.mark.parametrize(
