@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -57,6 +58,90 @@ def _deep_size(obj: Any, seen: set[int] | None = None) -> int:
             if hasattr(obj, n) and n != "policy"
         )
     return size
+
+
+def _breakers(number: int) -> dict[str, dict[str, Any]]:
+    """One breaker-guarded call on the success path, per store: time and round trips."""
+    import os
+
+    from tether.stores import MemoryStore
+    from tether.stores._redis import RedisStore
+
+    def target() -> int:
+        return 1
+
+    out: dict[str, dict[str, Any]] = {}
+    breaker = tether.CircuitBreaker("bench", store=MemoryStore())
+    out["memory"] = {"ns_per_call": round(_ns_per_call(lambda: breaker.call(target), number=number), 1),
+                     "round_trips_per_call": 0}  # fmt: skip
+    url = os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
+    for label, ttl in (("redis", 1.0), ("redis_exact", 0.0)):
+        try:
+            with RedisStore(url, prefix="tether-bench", cache_ttl=ttl) as store:
+                shared = tether.CircuitBreaker("bench", store=store)
+                shared.call(target)
+                before = store.round_trips
+                calls = 2000
+                ns = _ns_per_call(functools.partial(shared.call, target), number=calls // 5)
+                trips = (store.round_trips - before) / calls
+                store.reset()
+        except Exception as exc:  # Redis unreachable: say so, do not fail the bench
+            out[label] = {"note": f"skipped: {type(exc).__name__} (set TETHER_REDIS_URL)"}
+            continue
+        out[label] = {
+            "ns_per_call": round(ns, 1),
+            "round_trips_per_call": round(trips, 3),
+            "cache_ttl_s": ttl,
+        }
+    return out
+
+
+def _ledgers() -> dict[str, dict[str, Any]]:
+    """Ledger.once on the success path (a new key each call), per backend."""
+    import os
+    import tempfile
+    import uuid
+
+    out: dict[str, dict[str, Any]] = {}
+    tmp = tempfile.mkdtemp(prefix="tether-bench-")
+    makers: dict[str, Callable[[], tether.Ledger]] = {
+        "memory": lambda: tether.Ledger.memory(),
+        "sqlite": lambda: tether.Ledger.sqlite(os.path.join(tmp, "ledger.db")),
+        "redis": lambda: tether.Ledger.redis(os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                                             prefix=f"tether-bench-{uuid.uuid4().hex[:6]}"),
+        "postgres": lambda: tether.Ledger.postgres(
+            os.environ.get("TETHER_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test"),
+            table=f"tether_bench_{uuid.uuid4().hex[:6]}"),
+    }  # fmt: skip
+    for name, make in makers.items():
+        try:
+            ledger = make()
+        except Exception as exc:
+            out[name] = {
+                "note": f"skipped: {type(exc).__name__} (set TETHER_REDIS_URL / TETHER_PG_DSN)"
+            }
+            continue
+        counter = [0]
+
+        def once(ledger: tether.Ledger = ledger, counter: list[int] = counter) -> None:
+            counter[0] += 1
+            ledger.once(f"bench-{counter[0]}", lambda: {"ok": True})
+
+        backend: Any = ledger.backend
+        once()
+        before = getattr(backend, "round_trips", 0)
+        calls = 300
+        ns = _ns_per_call(once, number=calls // 3, repeat=3)
+        trips = (getattr(backend, "round_trips", 0) - before) / calls
+        out[name] = {"ns_per_call": round(ns, 1), "round_trips_per_call": round(trips, 2)}
+        if hasattr(backend, "table"):
+            table = backend.table
+            backend._exec(lambda c, table=table: c.execute(f"DROP TABLE IF EXISTS {table}"))
+        if hasattr(backend, "prefix"):
+            for k in backend.client.scan_iter(match=f"{backend.prefix}:*"):
+                backend.client.delete(k)
+        ledger.close()
+    return out
 
 
 def _paired(
@@ -133,6 +218,9 @@ def run_overhead(quick: bool = False) -> dict[str, dict[str, dict[str, float]]]:
     args_1m = _args_of_size(1024 * 1024)
     out["intent_key_1mb"] = _paired(_hash_floor(args_1m), lambda: tether.intent_key("refund", args_1m),
                                     number=2, repeat=3)  # fmt: skip
+
+    out["breaker_success_path"] = _breakers(number)
+    out["ledger_once_success_path"] = _ledgers()
 
     # the detectors' memory after a long run (their containers, measured deeply)
     steps = 100_000 if quick else 1_000_000

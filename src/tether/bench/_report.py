@@ -57,7 +57,9 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
         rows = []
         for case, impls in suites["overhead"].items():
             for impl, m in impls.items():
-                if "ns_per_call" in m:
+                if "note" in m:
+                    rows.append([case, impl, "", m["note"]])
+                elif "ns_per_call" in m:
                     extra = (
                         f"{m['ratio']:.2f}x"
                         if "ratio" in m

@@ -16,6 +16,22 @@ COLUMNS = ("key", "state", "payload_hash", "owner", "lease_until", "expires_at",
            "result", "error", "detail", "attempts")  # fmt: skip
 
 
+class _Counting:
+    """A connection that counts the statements it sends (``round_trips``)."""
+
+    def __init__(self, conn: Any, owner: Any) -> None:
+        self._conn = conn
+        self._owner = owner
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        self._owner.round_trips += 1
+        return self._conn.execute(*args, **kwargs)
+
+    def transaction(self) -> Any:
+        self._owner.round_trips += 2  # BEGIN and COMMIT
+        return self._conn.transaction()
+
+
 class PostgresLedgerBackend:
     def __init__(self, dsn: str, *, table: str = "tether_ledger") -> None:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", table):
@@ -25,6 +41,7 @@ class PostgresLedgerBackend:
         self.table = table
         self._lock = threading.Lock()
         self._conn = self._connect()
+        self.round_trips = 0  # statements sent to the server
         with self._lock, self._conn.transaction():
             self._conn.execute(
                 f"""CREATE TABLE IF NOT EXISTS {table} (
@@ -49,7 +66,7 @@ class PostgresLedgerBackend:
             if self._conn.closed:
                 self._conn = self._connect()
             try:
-                return fn(self._conn)
+                return fn(_Counting(self._conn, self))
             except self._psycopg.OperationalError as exc:
                 self._conn.close()
                 raise StoreUnavailable(
@@ -64,28 +81,32 @@ class PostgresLedgerBackend:
         marks = ", ".join(f"%({c})s" for c in COLUMNS)
 
         def run(conn: Any) -> tuple[bool, Record | None]:
-            with conn.transaction():
-                row = record.to_row()
+            while True:
+                # a fresh key: one atomic statement, one round trip (autocommit)
                 inserted = conn.execute(
-                    f"INSERT INTO {self.table} ({cols}) VALUES ({marks}) "
-                    "ON CONFLICT (key) DO NOTHING RETURNING key",
-                    row,
+                    f"INSERT INTO {self.table} ({cols}) VALUES ({marks}) ON CONFLICT (key) DO NOTHING RETURNING key",
+                    record.to_row(),
                 ).fetchone()
                 if inserted:
                     return True, None
-                existing = self._row(
-                    conn.execute(
-                        f"SELECT {cols} FROM {self.table} WHERE key = %s FOR UPDATE", (record.key,)
-                    ).fetchone()
-                )
-                claimed, previous = decide_claim(existing, record, now)
-                if claimed:
-                    row = replace(
-                        record, attempts=previous.attempts + 1 if previous else 1
-                    ).to_row()
-                    sets = ", ".join(f"{c} = %({c})s" for c in COLUMNS if c != "key")
-                    conn.execute(f"UPDATE {self.table} SET {sets} WHERE key = %(key)s", row)
-                return claimed, previous if claimed else existing
+                with conn.transaction():  # the key exists: decide under a row lock
+                    existing = self._row(
+                        conn.execute(
+                            f"SELECT {cols} FROM {self.table} WHERE key = %s FOR UPDATE",
+                            (record.key,),
+                        ).fetchone()
+                    )
+                    if existing is None:
+                        continue  # released in between: try the insert again
+                    return _decide(conn, existing)
+
+        def _decide(conn: Any, existing: Record) -> tuple[bool, Record | None]:
+            claimed, previous = decide_claim(existing, record, now)
+            if claimed:
+                row = replace(record, attempts=previous.attempts + 1 if previous else 1).to_row()
+                sets = ", ".join(f"{c} = %({c})s" for c in COLUMNS if c != "key")
+                conn.execute(f"UPDATE {self.table} SET {sets} WHERE key = %(key)s", row)
+            return claimed, previous
 
         result: tuple[bool, Record | None] = self._exec(run)
         return result

@@ -70,6 +70,7 @@ class RedisLedgerBackend:
         self._ttl_ms = int(key_ttl * 1000)
         self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)  # type: ignore[attr-defined]
         self._errors = (redis.ConnectionError, redis.TimeoutError)  # type: ignore[attr-defined]
+        self.round_trips = 0
         self._claim = self.client.register_script(CLAIM)
         self._update = self.client.register_script(UPDATE)
 
@@ -77,6 +78,7 @@ class RedisLedgerBackend:
         return f"{self.prefix}:ledger:{key}"
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        self.round_trips += 1
         try:
             return fn(*args, **kwargs)
         except self._errors as exc:

@@ -80,7 +80,7 @@ class SqliteLedgerBackend:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            return claimed, previous if claimed else existing
+            return claimed, previous
 
     def get(self, key: str) -> Record | None:
         with self._lock:

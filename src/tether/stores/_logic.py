@@ -54,6 +54,8 @@ class LimiterConfig:
 
 
 def _breaker_defaults(f: Fields) -> None:
+    if "state" in f:
+        return
     f.setdefault("state", "closed")
     f.setdefault("failures", 0)
     f.setdefault("retry_at", 0.0)
@@ -94,6 +96,8 @@ def breaker_record(
     """Record a call's outcome. Returns (old state, new state, retry_at)."""
     _breaker_defaults(f)
     old = f["state"]
+    if not failed and old == "closed" and not f["failures"] and not cfg.window:
+        return old, old, f["retry_at"]  # a success with nothing to reset: the common case
     if permit == PROBE and f["state"] == "half_open":
         f["inflight"] = max(0, f["inflight"] - 1)
         if failed:

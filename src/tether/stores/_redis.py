@@ -334,12 +334,11 @@ class RedisStore:
     ) -> tuple[str, str, float]:
         if not failed and permit == CALL and cfg.window == 0:
             cached = self._breaker_cache.get(name)
-            if (
-                cached is not None
-                and cached[0] == "closed"
-                and cached[2] == 0
-                and system_clock.now() - cached[3] < self.cache_ttl
-            ):
+            # with cache_ttl=0 the cache was refreshed by this very call's acquire
+            fresh = self.cache_ttl == 0 or (
+                cached is not None and system_clock.now() - cached[3] < self.cache_ttl
+            )
+            if cached is not None and cached[0] == "closed" and cached[2] == 0 and fresh:
                 return "closed", "closed", 0.0  # nothing to reset
         args = [now, permit, "1" if failed else "0", cfg.failure_threshold, cfg.cooldown,
                 cfg.half_open_max_calls, cfg.window, cfg.min_calls, cfg.failure_rate,
