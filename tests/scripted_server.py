@@ -21,6 +21,7 @@ class Reply:
     delay: float = 0.0  # seconds before answering
     raw: bytes | None = None  # a raw body (e.g. a server-sent event stream)
     content_type: str = "application/json"
+    cut_after: int | None = None  # send this many bytes of the body, then drop the connection
 
 
 @dataclass
@@ -80,6 +81,15 @@ class ScriptedServer:
                 for k, v in reply.headers.items():
                     self.send_header(k, v)
                 self.end_headers()
+                if reply.cut_after is not None:
+                    self.wfile.write(payload[: reply.cut_after])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    try:
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    return
                 self.wfile.write(payload)
 
             do_GET = do_POST = do_DELETE = do_PUT = _serve

@@ -340,3 +340,54 @@ def test_other_attributes_pass_through(server: ScriptedServer) -> None:
 
 
 _ = (Seen, tether)
+
+
+def _sse(events: list[dict[str, Any]]) -> bytes:
+    return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
+
+
+STREAM = [
+    {"type": "message_start", "message": {"id": "msg_s", "type": "message", "role": "assistant",
+     "model": "claude-haiku-4-5", "content": [], "stop_reason": None, "stop_sequence": None,
+     "usage": {"input_tokens": 10, "output_tokens": 1}}},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hello"}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " there"}},
+    {"type": "content_block_stop", "index": 0},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 5}},
+    {"type": "message_stop"},
+]  # fmt: skip
+
+
+def test_stream_broken_before_the_first_event_is_retried(server: ScriptedServer) -> None:
+    """A 529 before any event: retried; the stream then arrives whole and its usage is counted."""
+    server.script = [Reply(529, {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+                     Reply(200, raw=_sse(STREAM), content_type="text/event-stream")]  # fmt: skip
+    guard = fast_guard()
+    with claude(server) as raw, guard.start() as run:
+        client = t_anthropic.guarded(raw, run=run)
+        run.proceed()
+        stream = client.messages.create(model="claude-haiku-4-5", max_tokens=10, stream=True,
+                                        messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+        types = [event.type for event in stream]
+        run.succeed()
+    assert types == [e["type"] for e in STREAM]
+    assert not stream.truncated
+    assert len(server.requests) == 2
+    assert (run.outcome.usage.input_tokens, run.outcome.usage.output_tokens) == (10, 5)
+
+
+def test_stream_broken_after_content_is_truncated_not_replayed(server: ScriptedServer) -> None:
+    """The connection drops mid-stream: the reply is marked truncated, no second request."""
+    body = _sse(STREAM)
+    cut = body.index(b"event: content_block_stop")
+    server.script = [Reply(200, raw=body, content_type="text/event-stream", cut_after=cut)]
+    with claude(server) as raw:
+        client = t_anthropic.guarded(raw, policy=RetryPolicy(clock=VirtualClock()))
+        stream = client.messages.create(model="claude-haiku-4-5", max_tokens=10, stream=True,
+                                        messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+        texts = [e.delta.text for e in stream if e.type == "content_block_delta"]
+    assert texts == ["Hello", " there"]
+    assert stream.truncated
+    assert stream.error is not None
+    assert len(server.requests) == 1

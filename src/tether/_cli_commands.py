@@ -26,12 +26,12 @@ def register(sub: Any) -> None:
     bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
     bench.add_argument("--report", metavar="DIR", help="write a Markdown report with PNG plots")
     bench.add_argument("--quick", action="store_true", help="a shorter overhead suite")
-    bench.set_defaults(handler=_bench)
+    bench.set_defaults(run_command=_bench)
 
     demo = sub.add_parser(
         "demo", help="the Northwind refund story, against a local payment service"
     )
-    demo.set_defaults(handler=lambda args: __import__("tether._demo", fromlist=["main"]).main())
+    demo.set_defaults(run_command=lambda args: __import__("tether._demo", fromlist=["main"]).main())
 
     dlq = sub.add_parser("dlq", help="dead letters: list, show, replay")
     dlq.add_argument("--db", required=True, help="the SQLite file of the dead letters")
@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
     replay.add_argument(
         "--handler", required=True, help="module:function to call with the arguments"
     )
-    dlq.set_defaults(handler=_dlq)
+    dlq.set_defaults(run_command=_dlq)
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -110,6 +110,10 @@ class SqliteDocuments:
                 "DELETE FROM tether_documents WHERE kind = ? AND id = ?", (kind, doc_id)
             )
 
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
 
 class PostgresDocuments:
     def __init__(self, dsn: str, table: str = "tether_documents") -> None:
@@ -158,12 +162,28 @@ class PostgresDocuments:
                 f"DELETE FROM {self.table} WHERE kind = %s AND id = %s", (kind, doc_id)
             )
 
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
 
 class _Collection:
     kind = ""
 
     def __init__(self, store: DocumentStore) -> None:
         self.store = store
+
+    def close(self) -> None:
+        """Close the store's connection (SQLite, PostgreSQL)."""
+        close = getattr(self.store, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @classmethod
     def memory(cls) -> Any:

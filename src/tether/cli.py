@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    code: int = args.handler(args)
+    code: int = args.run_command(args)
     return code
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import typing
 import uuid
 from collections.abc import Callable
@@ -15,7 +16,9 @@ from tether._breaker import breakers
 from tether._retry import RetryPolicy
 from tether._run import Run
 
-__all__ = ["Guarded", "Tool", "schema_from_hints"]
+__all__ = ["AsyncGuardedStream", "Guarded", "GuardedStream", "Tool", "schema_from_hints"]
+
+_log = logging.getLogger("tether")
 
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
                                list: "array", dict: "object"}  # fmt: skip
@@ -118,6 +121,8 @@ class _Endpoint:
         kwargs["extra_headers"] = headers
         if owner.is_async:
             return self._acall(kwargs)
+        if kwargs.get("stream"):
+            return self._stream(kwargs)
         with telemetry.span(
             f"chat {kwargs.get('model', '')}", **_request_attributes(owner, kwargs)
         ) as span:
@@ -127,8 +132,31 @@ class _Endpoint:
             self._count(run, response)
         return response
 
+    def _stream(self, kwargs: dict[str, Any]) -> GuardedStream:
+        """Open the stream and read its first event inside the retry policy: a stream that
+        breaks before its first event is retried; after that, nothing is replayed."""
+
+        def open_first() -> tuple[Any, Any, Any]:
+            stream = self._target(**kwargs)
+            events = iter(stream)
+            return stream, events, next(events)
+
+        stream, events, first = self._owner.policy.call(open_first)
+        return GuardedStream(stream, events, first, self._owner.run)
+
+    async def _astream(self, kwargs: dict[str, Any]) -> AsyncGuardedStream:
+        async def open_first() -> tuple[Any, Any, Any]:
+            stream = await self._target(**kwargs)
+            events = stream.__aiter__()
+            return stream, events, await events.__anext__()
+
+        stream, events, first = await self._owner.policy.acall(open_first)
+        return AsyncGuardedStream(stream, events, first, self._owner.run)
+
     async def _acall(self, kwargs: dict[str, Any]) -> Any:
         owner = self._owner
+        if kwargs.get("stream"):
+            return await self._astream(kwargs)
         with telemetry.span(
             f"chat {kwargs.get('model', '')}", **_request_attributes(owner, kwargs)
         ) as span:
@@ -137,6 +165,118 @@ class _Endpoint:
         if owner.run is not None and not kwargs.get("stream"):
             self._count(owner.run, response)
         return response
+
+
+class _StreamUsage:
+    """Token counts gathered from stream events (Anthropic message_start/message_delta,
+    OpenAI chunks with usage)."""
+
+    def __init__(self) -> None:
+        self.input = self.output = self.cache_write = self.cache_read = 0
+        self.model = ""
+
+    def see(self, event: Any) -> None:
+        message = getattr(event, "message", None)
+        usage = getattr(message, "usage", None) or getattr(event, "usage", None)
+        if message is not None and getattr(message, "model", None):
+            self.model = message.model
+        elif getattr(event, "model", None) and isinstance(event.model, str):
+            self.model = event.model
+        if usage is None:
+            return
+        self.input = max(
+            self.input, getattr(usage, "input_tokens", 0) or getattr(usage, "prompt_tokens", 0) or 0
+        )
+        self.output = max(
+            self.output,
+            getattr(usage, "output_tokens", 0) or getattr(usage, "completion_tokens", 0) or 0,
+        )
+        self.cache_write = max(
+            self.cache_write, getattr(usage, "cache_creation_input_tokens", 0) or 0
+        )
+        self.cache_read = max(self.cache_read, getattr(usage, "cache_read_input_tokens", 0) or 0)
+
+    def record(self, run: Run | None) -> None:
+        if run is not None and (self.input or self.output):
+            run.record_model_call(input_tokens=self.input, output_tokens=self.output, model=self.model,
+                                  cache_write_tokens=self.cache_write, cache_read_tokens=self.cache_read)  # fmt: skip
+
+
+class GuardedStream:
+    """A stream whose first event arrived; a break after that ends it as ``truncated``.
+
+    Iterate it as the SDK's stream. If the connection breaks mid-way the iteration ends,
+    ``truncated`` is True and ``error`` holds the cause: a reply that was cut is never
+    silently replayed and never mistaken for a whole one.
+    """
+
+    def __init__(self, stream: Any, events: Any, first: Any, run: Run | None) -> None:
+        self.stream = stream
+        self._events = events
+        self._first = first
+        self._run = run
+        self.truncated = False
+        self.error: BaseException | None = None
+        self._usage = _StreamUsage()
+
+    def __iter__(self) -> Any:
+        self._usage.see(self._first)
+        yield self._first
+        try:
+            for event in self._events:
+                self._usage.see(event)
+                yield event
+        except Exception as exc:
+            self.truncated, self.error = True, exc
+            _log.warning(
+                "tether: stream broke after content arrived (%s); reply marked truncated", exc
+            )
+        finally:
+            self._usage.record(self._run)
+
+    def close(self) -> None:
+        close = getattr(self.stream, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> GuardedStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncGuardedStream:
+    """The async form of :class:`GuardedStream`."""
+
+    def __init__(self, stream: Any, events: Any, first: Any, run: Run | None) -> None:
+        self.stream = stream
+        self._events = events
+        self._first = first
+        self._run = run
+        self.truncated = False
+        self.error: BaseException | None = None
+        self._usage = _StreamUsage()
+
+    async def __aiter__(self) -> Any:
+        self._usage.see(self._first)
+        yield self._first
+        try:
+            async for event in self._events:
+                self._usage.see(event)
+                yield event
+        except Exception as exc:
+            self.truncated, self.error = True, exc
+            _log.warning(
+                "tether: stream broke after content arrived (%s); reply marked truncated", exc
+            )
+        finally:
+            self._usage.record(self._run)
+
+    async def close(self) -> None:
+        close = getattr(self.stream, "close", None)
+        if callable(close):
+            await close()
 
 
 def _request_attributes(owner: Guarded, kwargs: dict[str, Any]) -> dict[str, Any]:
