@@ -12,9 +12,11 @@ __all__ = ["markdown_tables", "print_tables", "strip_series", "write_report"]
 def strip_series(results: dict[str, Any]) -> dict[str, Any]:
     """The results without the per-second series (kept for plots, not for --json)."""
     clean: dict[str, Any] = json.loads(json.dumps(results))
-    for scenario in clean.get("suites", {}).get("fleet", {}).get("scenarios", {}).values():
-        for cell in scenario["policies"].values():
-            cell.pop("load_per_second", None)
+    for suite in ("fleet", "agents"):
+        for scenario in clean.get("suites", {}).get(suite, {}).get("scenarios", {}).values():
+            for cell in scenario["policies"].values():
+                cell.pop("load_per_second", None)
+                cell.pop("latency_samples", None)
     return clean
 
 
@@ -149,6 +151,34 @@ def _plots(results: dict[str, Any], out: Path) -> list[tuple[str, str]]:
         fig.savefig(out / "agents.png", dpi=110)
         plt.close(fig)
         images.append(("Success and escalation per scenario and policy", "agents.png"))
+        cols = 4
+        rows = (len(scenarios) + cols - 1) // cols
+        fig, grid = plt.subplots(rows, cols, figsize=(16, 3.2 * rows), squeeze=False)
+        for k, scenario in enumerate(scenarios):
+            ax = grid[k // cols][k % cols]
+            for policy in policies:
+                samples = (
+                    suites["agents"]["scenarios"][scenario]["policies"][policy].get(
+                        "latency_samples"
+                    )
+                    or []
+                )
+                if samples:
+                    ax.plot(
+                        samples, [(i + 1) / len(samples) for i in range(len(samples))], label=policy
+                    )
+            ax.set_xscale("symlog", linthresh=10.0)
+            ax.set_title(scenario, fontsize=10)
+            ax.set_ylim(0, 1.02)
+        for k in range(len(scenarios), rows * cols):
+            grid[k // cols][k % cols].axis("off")
+        grid[0][0].legend(fontsize=8)
+        fig.supxlabel("simulated latency per task (s)")
+        fig.supylabel("fraction of tasks")
+        fig.tight_layout()
+        fig.savefig(out / "latency.png", dpi=100)
+        plt.close(fig)
+        images.append(("Latency CDF per scenario and policy", "latency.png"))
     if "fleet" in suites:
         for scenario, entry in suites["fleet"]["scenarios"].items():
             fig, ax = plt.subplots(figsize=(10, 5))
