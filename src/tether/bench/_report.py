@@ -62,11 +62,13 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
                 if "note" in m:
                     rows.append([case, impl, "", m["note"]])
                 elif "ns_per_call" in m:
-                    extra = (
-                        f"{m['ratio']:.2f}x"
-                        if "ratio" in m
-                        else (f"+{m['overhead_ns']:.0f} ns" if "overhead_ns" in m else "")
-                    )
+                    extra = ""
+                    if "ratio" in m:
+                        extra = f"{m['ratio']:.2f}x the floor"
+                    elif "overhead_ns" in m:
+                        extra = f"+{m['overhead_ns']:.0f} ns over a bare call"
+                    elif "round_trips_per_call" in m:
+                        extra = f"{m['round_trips_per_call']:g} round trips per call"
                     rows.append([case, impl, f"{m['ns_per_call']:.0f}", extra])
                 else:
                     rows.append([case, impl, "", f"{m['bytes_after_all_steps']} B after {m['steps']} steps "

@@ -24,12 +24,24 @@ class MemoryStore:
     def breaker_acquire(
         self, name: str, now: float, cfg: BreakerConfig
     ) -> tuple[str, str, float, str]:
+        f = self._data.get(f"breaker:{name}")
+        if f is not None and f.get("state") == "closed":  # a read needs no lock (the GIL)
+            return "closed", "closed", 0.0, _logic.CALL
         with self._lock:
             return _logic.breaker_acquire(self._fields("breaker", name), now, cfg)
 
     def breaker_record(
         self, name: str, now: float, permit: str, failed: bool, cfg: BreakerConfig
     ) -> tuple[str, str, float]:
+        f = self._data.get(f"breaker:{name}")
+        if (
+            not failed
+            and f is not None
+            and f.get("state") == "closed"
+            and not f.get("failures")
+            and not cfg.window
+        ):
+            return "closed", "closed", 0.0  # a success with nothing to reset
         with self._lock:
             return _logic.breaker_record(self._fields("breaker", name), now, permit, failed, cfg)
 
