@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -130,12 +131,23 @@ _NULL = contextlib.nullcontext()
 
 
 def enabled() -> bool:
-    """True when OpenTelemetry is installed and a tracer provider has been set."""
+    """True when OpenTelemetry is installed and a tracer provider has been set.
+
+    Called on every guarded step, so it avoids the public lookup (which reads the
+    environment each time) when the API exposes its global directly.
+    """
     trace = _api()
     if trace is None:
         return False
-    # a proxy provider means nobody configured OpenTelemetry: every span would be dropped
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is _UNKNOWN or (provider is None and _ENV_PROVIDER):
+        # a proxy provider means nobody configured OpenTelemetry: every span would be dropped
+        return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    return provider is not None
+
+
+_UNKNOWN = object()
+_ENV_PROVIDER = bool(os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"))
 
 
 def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:

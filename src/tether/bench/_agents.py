@@ -104,6 +104,7 @@ def run_tenacity(scenario: Scenario, rng: random.Random) -> TaskResult:
     world = World(scenario, rng, clock)
     tally = _Tally()
     last: Any = None
+    random.seed(rng.getrandbits(64))  # tenacity draws its jitter from the global random module
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(5),
         wait=tenacity.wait_exponential_jitter(multiplier=0.5, max=30),
