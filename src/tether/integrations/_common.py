@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 
 from tether import telemetry
 from tether._breaker import breakers
+from tether._classify import classify
+from tether._outcome import StopReason
 from tether._retry import RetryPolicy
 from tether._run import Run
 
@@ -89,6 +91,28 @@ class Tool:
             object.__setattr__(
                 self, "description", (inspect.getdoc(self.fn) or self.name).split("\n")[0]
             )
+
+
+def call_model(run: Run, create: Callable[..., Any], **kwargs: Any) -> Any:
+    """One model call of an agent loop; a failure after the retries ends the run with its reason."""
+    try:
+        return create(**kwargs)
+    except Exception as exc:
+        verdict = classify(exc)
+        reason = StopReason.ERROR if verdict.retryable else StopReason.PERMANENT_ERROR
+        run.stop(reason, f"model call failed: {verdict.reason}")
+
+
+def unknown_tool(name: str) -> None:
+    """Stands in for a tool the model named but that does not exist."""
+    raise LookupError(f"there is no tool named {name!r}")
+
+
+def malformed_arguments(raw: str) -> None:
+    """Stands in for a call whose arguments were not a JSON object."""
+    raise ValueError(
+        "the tool arguments were not a JSON object; send an object matching the schema"
+    )
 
 
 def result_text(value: Any) -> str:
@@ -202,14 +226,7 @@ class _StreamUsage:
                                   cache_write_tokens=self.cache_write, cache_read_tokens=self.cache_read)  # fmt: skip
 
 
-class GuardedStream:
-    """A stream whose first event arrived; a break after that ends it as ``truncated``.
-
-    Iterate it as the SDK's stream. If the connection breaks mid-way the iteration ends,
-    ``truncated`` is True and ``error`` holds the cause: a reply that was cut is never
-    silently replayed and never mistaken for a whole one.
-    """
-
+class _StreamBase:
     def __init__(self, stream: Any, events: Any, first: Any, run: Run | None) -> None:
         self.stream = stream
         self._events = events
@@ -218,6 +235,19 @@ class GuardedStream:
         self.truncated = False
         self.error: BaseException | None = None
         self._usage = _StreamUsage()
+
+    def _broke(self, exc: BaseException) -> None:
+        self.truncated, self.error = True, exc
+        _log.warning("tether: stream broke after content arrived (%s); reply marked truncated", exc)
+
+
+class GuardedStream(_StreamBase):
+    """A stream whose first event arrived; a break after that ends it as ``truncated``.
+
+    Iterate it as the SDK's stream. If the connection breaks mid-way the iteration ends,
+    ``truncated`` is True and ``error`` holds the cause: a reply that was cut is never
+    silently replayed and never mistaken for a whole one.
+    """
 
     def __iter__(self) -> Any:
         self._usage.see(self._first)
@@ -246,17 +276,8 @@ class GuardedStream:
         self.close()
 
 
-class AsyncGuardedStream:
+class AsyncGuardedStream(_StreamBase):
     """The async form of :class:`GuardedStream`."""
-
-    def __init__(self, stream: Any, events: Any, first: Any, run: Run | None) -> None:
-        self.stream = stream
-        self._events = events
-        self._first = first
-        self._run = run
-        self.truncated = False
-        self.error: BaseException | None = None
-        self._usage = _StreamUsage()
 
     async def __aiter__(self) -> Any:
         self._usage.see(self._first)

@@ -12,11 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from tether._classify import classify
 from tether._outcome import Outcome, StopReason, ToolError
 from tether._retry import RetryPolicy
 from tether._run import Guard, Run
-from tether.integrations._common import Guarded, Tool, result_text
+from tether.integrations._common import (
+    Guarded,
+    Tool,
+    call_model,
+    malformed_arguments,
+    result_text,
+    unknown_tool,
+)
 
 __all__ = ["GuardedAnthropic", "Tool", "guarded", "run_agent"]
 
@@ -96,14 +102,9 @@ def run_agent(
         limit = max_tokens
         extended = False
         while run.proceed():
-            try:
-                reply = gc.messages.create(messages=history, max_tokens=limit, **params)
-            except ToolError:
-                raise
-            except Exception as exc:
-                verdict = classify(exc)
-                reason = StopReason.PERMANENT_ERROR if not verdict.retryable else StopReason.ERROR
-                run.stop(reason, f"model call failed: {verdict.reason}")
+            reply = call_model(
+                run, gc.messages.create, messages=history, max_tokens=limit, **params
+            )
             stop = getattr(reply, "stop_reason", None)
             if stop == "max_tokens":
                 if continue_on_max_tokens and not extended:
@@ -131,26 +132,16 @@ def _run_tool(run: Run, tools: dict[str, Tool], use: dict[str, Any]) -> dict[str
     base = {"type": "tool_result", "tool_use_id": use.get("id")}
     try:
         if tool is None:
-            run.call_tool(str(use.get("name")), _unknown_tool, {"name": str(use.get("name"))})
+            run.call_tool(str(use.get("name")), unknown_tool, {"name": str(use.get("name"))})
             raise AssertionError("unreachable")  # pragma: no cover
         if not isinstance(args, dict):
-            run.call_tool(tool.name, _malformed, {"raw": str(args)[:500]})
+            run.call_tool(tool.name, malformed_arguments, {"raw": str(args)[:500]})
             raise AssertionError("unreachable")  # pragma: no cover
         out = run.call_tool(tool.name, tool.fn, args, timeout=tool.timeout, idempotent=tool.idempotent,
                             lookup=tool.lookup)  # fmt: skip
         return {**base, "content": result_text(out)}
     except ToolError as exc:
         return {**base, "content": exc.model_message, "is_error": True}
-
-
-def _unknown_tool(name: str) -> None:
-    raise LookupError(f"there is no tool named {name!r}")
-
-
-def _malformed(raw: str) -> None:
-    raise ValueError(
-        "the tool arguments were not a JSON object; send an object matching the schema"
-    )
 
 
 def _task_of(history: list[dict[str, Any]]) -> str:

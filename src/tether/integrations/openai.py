@@ -11,11 +11,17 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from tether._classify import classify
 from tether._outcome import Outcome, StopReason, ToolError
 from tether._retry import RetryPolicy
 from tether._run import Guard, Run
-from tether.integrations._common import Guarded, Tool, result_text
+from tether.integrations._common import (
+    Guarded,
+    Tool,
+    call_model,
+    malformed_arguments,
+    result_text,
+    unknown_tool,
+)
 
 __all__ = ["GuardedOpenAI", "Tool", "guarded", "run_agent"]
 
@@ -103,14 +109,9 @@ def run_agent(
         limit = max_tokens
         extended = False
         while run.proceed():
-            try:
-                completion = gc.chat.completions.create(
-                    messages=history, max_tokens=limit, **params
-                )
-            except Exception as exc:
-                verdict = classify(exc)
-                reason = StopReason.PERMANENT_ERROR if not verdict.retryable else StopReason.ERROR
-                run.stop(reason, f"model call failed: {verdict.reason}")
+            completion = call_model(
+                run, gc.chat.completions.create, messages=history, max_tokens=limit, **params
+            )
             choice = completion.choices[0]
             finish = choice.finish_reason
             if finish == "length":
@@ -145,13 +146,13 @@ def _run_tool(run: Run, tools: dict[str, Tool], call: Any) -> str:
     tool = tools.get(name)
     try:
         if tool is None:
-            run.call_tool(name, _unknown_tool, {"name": name})
+            run.call_tool(name, unknown_tool, {"name": name})
         try:
             args = json.loads(call.function.arguments or "{}")
         except ValueError:
             args = None
         if not isinstance(args, dict):
-            run.call_tool(name, _malformed, {"raw": str(call.function.arguments)[:500]})
+            run.call_tool(name, malformed_arguments, {"raw": str(call.function.arguments)[:500]})
         assert tool is not None
         assert isinstance(args, dict)
         out = run.call_tool(name, tool.fn, args, timeout=tool.timeout, idempotent=tool.idempotent,
@@ -159,13 +160,3 @@ def _run_tool(run: Run, tools: dict[str, Tool], call: Any) -> str:
         return result_text(out)
     except ToolError as exc:
         return f"error: {exc.model_message}"
-
-
-def _unknown_tool(name: str) -> None:
-    raise LookupError(f"there is no tool named {name!r}")
-
-
-def _malformed(raw: str) -> None:
-    raise ValueError(
-        "the tool arguments were not a JSON object; send an object matching the schema"
-    )
