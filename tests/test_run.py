@@ -640,3 +640,27 @@ def test_unserialisable_arguments_name_the_path() -> None:
         with pytest.raises(TypeError, match=r"args.when.obj"):
             run.call_tool("t", lambda when: None, {"when": {"obj": object()}})
         run.succeed()
+
+
+def test_hung_threads_piling_up_stop_the_run() -> None:
+    """A sync tool that hangs past its timeout leaves a thread behind; too many stop the run."""
+    import threading
+
+    release = threading.Event()
+    guard = Guard(budget=Budget(max_hung_threads=2, max_identical_failures=None),
+                  retry=RetryPolicy(max_attempts=1), breaker_threshold=100)  # fmt: skip
+
+    def hang(n: int) -> None:
+        release.wait(10)
+
+    try:
+        with guard.start() as run:
+            while run.proceed():
+                try:
+                    run.call_tool("hang", hang, {"n": run.steps}, timeout=0.05)
+                except ToolError:
+                    pass
+        assert run.outcome.stopped_because is StopReason.HUNG_TOOLS
+        assert run.outcome.usage.tool_calls == 2
+    finally:
+        release.set()

@@ -86,14 +86,28 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _progress_printer() -> Any:
+    """A rich progress bar on a terminal; nothing elsewhere."""
     if not sys.stderr.isatty():
         return None
     try:
-        from rich.console import Console
+        from rich.progress import Progress
     except ImportError:
         return None
-    console = Console(stderr=True)
-    return lambda message: console.log(f"done: {message}")
+    bar = Progress(transient=True)
+    state: dict[str, Any] = {}
+
+    def advance(message: str, total: int) -> None:
+        if "task" not in state:
+            bar.start()
+            state["task"] = bar.add_task("tether bench", total=total or None)
+        if total:
+            bar.update(state["task"], total=total, advance=1, description=message)
+            if bar.tasks[0].completed >= total:
+                bar.stop()
+        else:
+            bar.update(state["task"], description=message)
+
+    return advance
 
 
 def _dlq(args: argparse.Namespace) -> int:

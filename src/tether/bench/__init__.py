@@ -48,7 +48,7 @@ def run(
     scenarios: Sequence[str] | None = None,
     workers: int | None = None,
     quick_overhead: bool = False,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the chosen suites; returns the DESIGN.md JSON layout (plus series for plots)."""
     suites = list(suites)
@@ -62,13 +62,13 @@ def run(
     if bad:
         raise ValueError(f"unknown scenario(s) {', '.join(bad)}; valid: {', '.join(valid)}")
     workers = workers or min(2, os.cpu_count() or 1)
-    note = progress or (lambda message: None)
+    note = progress or (lambda message, total: None)
     out: dict[str, Any] = {"seed": seed, "suites": {}}
     if "overhead" in suites:  # first, on a quiet machine: it measures real time
         from tether.bench._overhead import run_overhead
 
         out["suites"]["overhead"] = run_overhead(quick=quick_overhead)
-        note("overhead")
+        note("overhead", 0)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         agent_jobs = []
         if "agents" in suites:
@@ -79,6 +79,7 @@ def run(
             names = [s for s in FLEET_SCENARIOS if not scenarios or s in scenarios]
             fleet_jobs = [(s, p, seed) for s in names for p in FLEET_POLICIES]
         # the slowest cells first, so that both workers finish together
+        total = len(agent_jobs) + len(fleet_jobs)
         fleet_futures = [pool.submit(_fleet_job, j) for j in fleet_jobs]
         agent_futures = [pool.submit(_agents_job, j) for j in agent_jobs]
         if agent_jobs:
@@ -86,7 +87,7 @@ def run(
             for fut in agent_futures:
                 scenario, policy, cell = fut.result()
                 cells.setdefault(scenario, {"policies": {}})["policies"][policy] = cell
-                note(f"agents {scenario} / {policy}")
+                note(f"agents {scenario} / {policy}", total)
             out["suites"]["agents"] = {"scenarios": cells}
         if fleet_jobs:
             fleet: dict[str, Any] = {}
@@ -99,7 +100,7 @@ def run(
                     "lower_bound_s": shape["outage_s"] + CLIENTS / CAPACITY, "policies": {},
                 })  # fmt: skip
                 entry["policies"][policy] = cell
-                note(f"fleet {scenario} / {policy}")
+                note(f"fleet {scenario} / {policy}", total)
             out["suites"]["fleet"] = {
                 "scenarios": fleet,
                 "contention": {
