@@ -154,3 +154,18 @@ def test_version_command() -> None:
         check=True,
     )
     assert out.stdout.startswith("tether ")
+
+
+def test_overhead_suite_reports_every_case() -> None:
+    """The overhead suite measures every case through the real objects (figures vary; the shape does not)."""
+    from tether.bench._overhead import run_overhead
+
+    out = run_overhead(quick=True)
+    assert set(out) == {"retry_success_path", "guarded_step_1kb", "intent_key_1kb", "intent_key_1mb",
+                        "breaker_success_path", "ledger_once_success_path", "detector_memory"}  # fmt: skip
+    assert {"bare", "tether", "tenacity", "stamina"} <= set(out["retry_success_path"])
+    assert out["breaker_success_path"]["redis"]["round_trips_per_call"] == 0
+    assert out["breaker_success_path"]["redis_exact"]["round_trips_per_call"] == 1
+    assert out["ledger_once_success_path"]["postgres"]["round_trips_per_call"] == 2
+    memory = out["detector_memory"]["tether"]
+    assert memory["bytes_after_all_steps"] <= 1.1 * memory["bytes_after_10k_steps"]
