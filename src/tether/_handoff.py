@@ -53,7 +53,8 @@ class Escalation:
     A run escalates when it stops for one of ``on`` (default: circuit open, identical
     failures, an unknown outcome of an effect, hung tools, a permanent error), when its
     retries pass ``max_retries`` or its steps pass ``max_steps`` (seed 002 used 5 and 8),
-    or when the code calls ``run.escalate()``. ``sink`` receives the
+    or when the code calls ``run.escalate()``; and when a ``sink`` is configured, every
+    run that stops short of its goal is handed over. ``sink`` receives the
     :class:`HandoffRecord`: a callable, ``tether.Handoffs.sqlite(path)``, or
     ``tether.webhook(url)``.
     """

@@ -52,11 +52,11 @@ class Budget:
     max_model_calls: int | None = None
     max_tool_calls: int | None = None
     max_tokens: int | None = None
-    max_input_tokens: int | None = None
-    max_output_tokens: int | None = None
     max_cost_usd: float | None = None
     max_seconds: float | None = None
     max_identical_failures: int | None = 3
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
     progress_extension: int = 0
     max_steps_ceiling: int | None = None
     max_hung_threads: int = 3
@@ -740,7 +740,13 @@ class Run:
         assert self._stop is not None
         reason, detail = self._stop
         esc = self.guard.escalation
-        escalate = self._escalate or (esc is not None and reason in esc.on)
+        # a handoff is made when the code asks for one, when a trigger fires, or, for any
+        # run that did not reach its goal, when a sink is configured to receive it
+        escalate = self._escalate or (
+            esc is not None
+            and reason is not StopReason.GOAL_REACHED
+            and (reason in esc.on or esc.sink is not None)
+        )
         if reason is StopReason.GOAL_REACHED:
             status = "success"
         elif escalate:

@@ -184,7 +184,7 @@ def _attach(result: Any, meta: CallMeta | None) -> None:
 
 def wrap(
     client: Any,
-    connector: str = "http",
+    connector: str = "stripe",
     retryable: Iterable[str] = (),
     policy: RetryPolicy | None = None,
     ledger: Ledger | None = None,
