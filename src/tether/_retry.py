@@ -250,7 +250,7 @@ class RetryPolicy:
         if st.deadline_at is not None and now + delay >= st.deadline_at:
             return DeadlineExceeded(
                 f"{self.name}: the next attempt would start after the deadline "
-                f"({self.deadline:g} s, attempt {st.attempt} failed: {verdict.reason})"
+                f"(attempt {st.attempt} failed: {verdict.reason})"
             )
         if self.budget is not None and not self.budget.try_spend(timeout=verdict.timeout):
             return exc
@@ -267,7 +267,7 @@ class RetryPolicy:
         if st.deadline_at is not None:
             left = st.deadline_at - self.clock.now()
             if left <= 0:
-                raise DeadlineExceeded(f"{self.name}: deadline of {self.deadline:g} s exceeded")
+                raise DeadlineExceeded(f"{self.name}: the call's deadline has passed")
             timeout = left if timeout is None else min(timeout, left)
         permit: object = _NO_PERMIT
         if self.breaker is not None:
@@ -309,15 +309,42 @@ class RetryPolicy:
             if first is None:
                 _last_stats.set((id(self), 1, 0.0, None))
                 return result
-            return self._call_loop(fn, args, kwargs, first_error=first)
-        return self._call_loop(fn, args, kwargs, first_error=None)
+            return self._call_loop(fn, args, kwargs, first_error=first, deadline=self.deadline)
+        return self._call_loop(fn, args, kwargs, first_error=None, deadline=self.deadline)
+
+    def call_within(self, seconds: float | None, fn: Callable[[], T]) -> T:
+        """``call(fn)`` with the deadline tightened to ``seconds`` for this call only.
+
+        What a guarded run uses to give each tool call the time the run has left,
+        without building a new policy per call.
+        """
+        if _in_attempt.get():
+            return fn()
+        return self._call_loop(fn, (), {}, first_error=None, deadline=self._tighter(seconds))
+
+    async def acall_within(self, seconds: float | None, fn: Callable[[], Awaitable[T]]) -> T:
+        """The async form of :meth:`call_within`."""
+        if _in_attempt.get():
+            return await fn()
+        return await self._aloop(fn, (), {}, self._tighter(seconds))
+
+    def _tighter(self, seconds: float | None) -> float | None:
+        if seconds is None:
+            return self.deadline
+        return seconds if self.deadline is None else min(seconds, self.deadline)
 
     def _call_loop(
-        self, fn: Callable[..., T], args: Any, kwargs: Any, *, first_error: Exception | None
+        self,
+        fn: Callable[..., T],
+        args: Any,
+        kwargs: Any,
+        *,
+        first_error: Exception | None,
+        deadline: float | None,
     ) -> T:
         clock = self.clock
         start = clock.now()
-        st = _CallState(start, None if self.deadline is None else start + self.deadline, self.base)
+        st = _CallState(start, None if deadline is None else start + deadline, self.base)
         pending = first_error
         try:
             while True:
@@ -387,9 +414,14 @@ class RetryPolicy:
         """Await ``fn(*args, **kwargs)`` under this policy; attempts can be cancelled."""
         if _in_attempt.get():
             return await fn(*args, **kwargs)
+        return await self._aloop(fn, args, kwargs, self.deadline)
+
+    async def _aloop(
+        self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any, deadline: float | None
+    ) -> T:
         clock = self.clock
         start = clock.now()
-        st = _CallState(start, None if self.deadline is None else start + self.deadline, self.base)
+        st = _CallState(start, None if deadline is None else start + deadline, self.base)
         try:
             while True:
                 permit: object = _NO_PERMIT

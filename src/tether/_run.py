@@ -99,6 +99,7 @@ class _Call:
     action: str
     step: int
     policy: RetryPolicy
+    time_left: float | None  # the run's time budget left: the call's deadline
 
 
 class Guard:
@@ -480,13 +481,11 @@ class Run:
                 StopReason.MAX_TOOL_CALLS, f"max tool calls ({b.max_tool_calls}) reached"
             )
         policy = self.guard._policy(name, timeout)
+        left = None
         if b.max_seconds is not None:
             left = b.max_seconds - self.elapsed
             if left <= 0:
                 raise self._halt(StopReason.TIMEOUT, f"time budget ({b.max_seconds:g} s) exceeded")
-            policy = policy.replace(
-                deadline=left if policy.deadline is None else min(policy.deadline, left)
-            )
         hung = hung_threads() - self._hung_base
         if hung >= b.max_hung_threads:
             raise self._halt(
@@ -499,14 +498,18 @@ class Run:
         self.tool_calls += 1
         if name not in self.guard.loops.allow_repeat:
             self._step_counted = True
-        return _Call(name, args, action, self.steps, policy)
+        return _Call(name, args, action, self.steps, policy, left)
 
     def _effect(self, call: _Call, attempt: Callable[[], Any], idempotent: bool,
                 lookup: Callable[[str], Any] | None) -> Callable[[], Any]:  # fmt: skip
         ledger = self.guard.ledger
         if idempotent or ledger is None:
             return attempt
-        key = intent_key(call.name, call.args, scope=self.guard.scope)
+        key = (
+            call.action
+            if not self.guard.scope
+            else intent_key(call.name, call.args, scope=self.guard.scope)
+        )
         self._effects.append((call.name, call.args, key))
         return lambda: ledger.once(key, attempt, lookup=lookup)
 
@@ -609,7 +612,7 @@ class Run:
         ):
             for _ in range(_RECOVERY_WAITS + 1):
                 try:
-                    result = call.policy.call(run)
+                    result = call.policy.call_within(call.time_left, run)
                     break
                 except CircuitOpenError as exc:
                     wait = self._recovery_wait(exc, timeout)
@@ -645,10 +648,14 @@ class Run:
         """The async form of :meth:`call_tool`; a hanging attempt is cancelled."""
         args = dict(args or {})
         call = self._before_tool(name, args, timeout)
-        policy = call.policy if timeout is None else call.policy.replace(attempt_timeout=timeout)
+        policy = call.policy
         ledger = self.guard.ledger
         if not idempotent and ledger is not None:
-            key = intent_key(call.name, args, scope=self.guard.scope)
+            key = (
+                call.action
+                if not self.guard.scope
+                else intent_key(call.name, args, scope=self.guard.scope)
+            )
             self._effects.append((call.name, args, key))
 
             async def attempt() -> Any:
@@ -666,7 +673,7 @@ class Run:
             "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
         ):
             try:
-                result = await policy.acall(attempt)
+                result = await policy.acall_within(call.time_left, attempt)
             except Exception as exc:
                 raise self._after_failure(call, exc) from exc
         return self._after_success(call, result)
