@@ -230,6 +230,7 @@ class Run:
         self._no_progress = 0
         self._step_progress = False
         self._step_counted = False
+        self._step_calls = 0
         self._stop: tuple[StopReason, str] | None = None
         self._escalate = False
         self._result: Any = None
@@ -319,6 +320,7 @@ class Run:
         self.steps += 1
         self._step_progress = False
         self._step_counted = False
+        self._step_calls = 0
         telemetry.end_step(self._step_span)
         self._step_span = telemetry.start_step(
             **{"tether.run_id": self.run_id, "tether.step": self.steps}
@@ -349,8 +351,7 @@ class Run:
 
     def _step_exempt(self) -> bool:
         """A step whose only tool calls were allowed repeats (polling) is not judged."""
-        calls = [e for e in self.transcript if e.get("step") == self.steps and "tool" in e]
-        return bool(calls) and all(e["tool"] in self.guard.loops.allow_repeat for e in calls)
+        return self._step_calls > 0 and not self._step_counted
 
     def _budget_stop(self) -> tuple[StopReason, str] | None:
         b = self.budget
@@ -496,6 +497,7 @@ class Run:
         if loop is not None:
             raise self._halt(loop[0], f"{loop[1]} (step {self.steps})")
         self.tool_calls += 1
+        self._step_calls += 1
         if name not in self.guard.loops.allow_repeat:
             self._step_counted = True
         return _Call(name, args, action, self.steps, policy, left)
