@@ -99,7 +99,6 @@ class _Call:
     action: str
     step: int
     policy: RetryPolicy
-    time_left: float | None  # the run's time budget left: the call's deadline
 
 
 class Guard:
@@ -482,11 +481,8 @@ class Run:
                 StopReason.MAX_TOOL_CALLS, f"max tool calls ({b.max_tool_calls}) reached"
             )
         policy = self.guard._policy(name, timeout)
-        left = None
-        if b.max_seconds is not None:
-            left = b.max_seconds - self.elapsed
-            if left <= 0:
-                raise self._halt(StopReason.TIMEOUT, f"time budget ({b.max_seconds:g} s) exceeded")
+        if b.max_seconds is not None and b.max_seconds - self.elapsed <= 0:
+            raise self._halt(StopReason.TIMEOUT, f"time budget ({b.max_seconds:g} s) exceeded")
         hung = hung_threads() - self._hung_base
         if hung >= b.max_hung_threads:
             raise self._halt(
@@ -500,7 +496,7 @@ class Run:
         self._step_calls += 1
         if name not in self.guard.loops.allow_repeat:
             self._step_counted = True
-        return _Call(name, args, action, self.steps, policy, left)
+        return _Call(name, args, action, self.steps, policy)
 
     def _effect(self, call: _Call, attempt: Callable[[], Any], idempotent: bool,
                 lookup: Callable[[str], Any] | None) -> Callable[[], Any]:  # fmt: skip
@@ -614,7 +610,7 @@ class Run:
         ):
             for _ in range(_RECOVERY_WAITS + 1):
                 try:
-                    result = call.policy.call_within(call.time_left, run)
+                    result = call.policy.call_within(self._time_left(), run)
                     break
                 except CircuitOpenError as exc:
                     wait = self._recovery_wait(exc, timeout)
@@ -626,6 +622,11 @@ class Run:
             else:  # pragma: no cover - the loop always breaks or raises
                 raise self._halt(StopReason.CIRCUIT_OPEN, f"{name}: still down")
         return self._after_success(call, result)
+
+    def _time_left(self) -> float | None:
+        """The run's time budget left (the deadline of the next tool call), or None."""
+        b = self.budget.max_seconds
+        return None if b is None else max(1e-9, b - self.elapsed)
 
     def _recovery_wait(self, exc: CircuitOpenError, timeout: float | None) -> float | None:
         """How long to wait for an open breaker's next probe, if the time budget allows it."""
@@ -675,7 +676,7 @@ class Run:
             "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
         ):
             try:
-                result = await policy.acall_within(call.time_left, attempt)
+                result = await policy.acall_within(self._time_left(), attempt)
             except Exception as exc:
                 raise self._after_failure(call, exc) from exc
         return self._after_success(call, result)
