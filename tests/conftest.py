@@ -8,6 +8,8 @@ import pytest
 import tether.testing
 from scripted_server import ScriptedServer
 
+pytest_plugins = ["tether.testing"]  # the tether_reset fixture users get
+
 REDIS_URL = os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
 PG_DSN = os.environ.get("TETHER_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 

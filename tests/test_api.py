@@ -86,3 +86,29 @@ def test_binding_signatures() -> None:
     ]
     guard = inspect.signature(tether.Guard).parameters
     assert list(guard)[:6] == ["budget", "loops", "clock", "ledger", "checkpoints", "dead_letters"]
+
+
+def test_capture_events() -> None:
+    """tether.testing.capture_events collects the frozen events of a block."""
+    from tether.testing import capture_events
+
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionResetError()
+        return "ok"
+
+    with capture_events() as events:
+        tether.RetryPolicy(clock=tether.VirtualClock()).call(flaky)
+        with tether.Guard(clock=tether.VirtualClock()).start() as run:
+            run.proceed()
+            run.succeed("done")
+    assert [type(e).__name__ for e in events] == ["RetryEvent", "Outcome"]
+
+
+def test_the_reset_fixture(tether_reset: None) -> None:
+    """pytest_plugins = ["tether.testing"] gives a fixture that resets process-wide state."""
+    tether.breakers.get("x", failure_threshold=1)
+    assert "x" in tether.breakers

@@ -10,13 +10,28 @@ from tether._breaker import breakers
 from tether.clock import VirtualClock
 from tether.stores._memory import default_store
 
-__all__ = ["VirtualClock", "capture_logs", "reset"]
+__all__ = ["VirtualClock", "capture_events", "capture_logs", "reset", "tether_reset"]
 
 
 def reset() -> None:
     """Forget all process-wide state: the default store and the breaker registry."""
     breakers.clear()
     default_store.reset()
+
+
+@contextlib.contextmanager
+def capture_events() -> Iterator[list[object]]:
+    """Collect the frozen events of the block: RetryEvent, BreakerEvent and Outcome."""
+    from tether import telemetry
+
+    events: list[object] = []
+    for name in ("retry", "breaker_change", "stop"):
+        telemetry.subscribe(name, events.append)
+    try:
+        yield events
+    finally:
+        for name in ("retry", "breaker_change", "stop"):
+            telemetry.unsubscribe(name, events.append)
 
 
 @contextlib.contextmanager
@@ -38,3 +53,25 @@ def capture_logs(level: int = logging.DEBUG) -> Iterator[list[logging.LogRecord]
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
+
+
+def _fixture() -> object:
+    try:
+        import pytest
+    except ImportError:  # pragma: no cover - only for test suites
+        return None
+
+    @pytest.fixture
+    def tether_reset() -> Iterator[None]:
+        """A pytest fixture: tether's process-wide state reset before and after the test.
+
+        Enable it with ``pytest_plugins = ["tether.testing"]`` in your ``conftest.py``.
+        """
+        reset()
+        yield
+        reset()
+
+    return tether_reset
+
+
+tether_reset = _fixture()
