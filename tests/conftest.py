@@ -5,7 +5,6 @@ from collections.abc import Iterator
 
 import pytest
 
-import tether.testing
 from scripted_server import ScriptedServer
 
 pytest_plugins = ["tether.testing"]  # the tether_reset fixture users get
@@ -16,9 +15,11 @@ PG_DSN = os.environ.get("TETHER_PG_DSN", "postgresql://postgres@127.0.0.1:5432/t
 
 @pytest.fixture(autouse=True)
 def _reset_tether() -> Iterator[None]:
-    tether.testing.reset()
+    from tether.testing import reset  # imported here: the plugin line above imports it first
+
+    reset()
     yield
-    tether.testing.reset()
+    reset()
 
 
 @pytest.fixture
