@@ -9,7 +9,9 @@ The policies are the loops people run today and tether:
 * ``seed-harness``: seed 002's harness with its thresholds (10 steps, 5 retries,
   120 s, 15 s tool timeout, escalate above 5 retries or 8 steps, a repetition detector
   over identical calls after 5 steps).
-* ``tether``: a :class:`tether.Guard` with its defaults and the scenario's budget.
+* ``tether``: a :class:`tether.Guard` with its defaults, the scenario's budget and retry
+  count (5 retries, as in seed 002), a memory ledger for the non-idempotent tool, and
+  ``Escalation()`` with its default triggers; tool calls get a 15 s timeout.
 """
 
 from __future__ import annotations
