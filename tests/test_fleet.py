@@ -521,3 +521,19 @@ def test_redis_outage_falls_back_to_local_state_and_recovers(tmp_path: Any) -> N
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_redis_limiter_success_path_is_one_round_trip(redis_url: str) -> None:
+    """A limiter-gated success costs its admission only: the success rides the next one."""
+    store = RedisStore(redis_url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}")
+    clock = VirtualClock()
+    limiter = AdaptiveLimiter("dep", store=store, clock=clock, initial_rate=1000.0)
+    policy = RetryPolicy(limiter=limiter, clock=clock)
+    policy.call(lambda: None)
+    before = store.round_trips
+    for _ in range(50):
+        policy.call(lambda: None)
+    assert store.round_trips - before <= 50
+    assert limiter.rate == 1050.0  # every success counted: 50 arrived with later admissions
+    store.reset()
+    store.close()

@@ -4,6 +4,10 @@ Every transition runs as one Lua script on the server (atomic, one round trip). 
 scripts are translations of :mod:`tether.stores._logic`; the same behavioural tests
 run against both.
 
+A limiter's success is sent with the process's next admission request (or with every
+16th success when no admission request comes), so a limiter-gated call costs one round
+trip, its admission, on the success path.
+
 Round trips on the success path of a breaker-guarded call: the state is read from a
 local cache refreshed at most every ``cache_ttl`` seconds (default 1 s) and by every
 failure this process records, and a success is written only when it changes
@@ -167,6 +171,16 @@ local function save()
              'last_decrease', fmt(last_decrease), 'ok_since_decrease', oks, 'failed_since_decrease', fails)
   redis.call('PEXPIRE', k, ttl)
 end
+-- successes a process saw since its last script: applied here, so a success costs no round trip
+local function apply_oks(n)
+  for _ = 1, n do
+    oks = oks + 1
+    if rate < ssthresh then rate = rate + 1.0
+    else rate = rate + math.max(1.0, increase * rate) / rate end
+    rate = math.min(max_rate, rate)
+  end
+end
+apply_oks(tonumber(ARGV[11]) or 0)
 """
 
 LIMITER_ACQUIRE = (
@@ -176,10 +190,13 @@ LIMITER_ACQUIRE = (
 local interval = 1.0 / rate
 local t = math.max(tat, now - (burst - 1.0) * interval)
 local wait = math.max(0, t - now)
-if wait > horizon then return {fmt(wait - horizon), 0} end
+if wait > horizon then
+  save()
+  return {fmt(wait - horizon), 0, fmt(rate)}
+end
 tat = t + interval
 save()
-return {fmt(wait), 1}
+return {fmt(wait), 1, fmt(rate)}
 """
 )
 
@@ -187,13 +204,10 @@ LIMITER_FEEDBACK = (
     _FMT
     + _LIMITER_LOAD
     + """
-local outcome = ARGV[11]
+local outcome = ARGV[12]
 if outcome == 'ok' then
-  oks = oks + 1
-  if rate < ssthresh then rate = rate + 1.0
-  else rate = rate + math.max(1.0, increase * rate) / rate end
-  rate = math.min(max_rate, rate)
-else
+  apply_oks(1)
+elseif outcome ~= 'none' then
   fails = fails + 1
   local outage = fails >= 5 and fails >= 9 * oks
   if (outcome == 'throttled' or outage) and now - last_decrease >= interval_s then
@@ -208,6 +222,9 @@ save()
 return fmt(rate)
 """
 )
+
+
+_OK_BATCH = 16  # successes recorded without an acquire are sent at least this often
 
 
 def _s(value: Any) -> str:
@@ -269,6 +286,8 @@ class RedisStore:
         # name -> (state, retry_at, failures, fetched at); see the module docstring
         self._breaker_cache: dict[str, tuple[str, float, int, float]] = {}
         self._budget_full: dict[str, float] = {}
+        self._pending_ok: dict[str, int] = {}  # limiter successes not yet sent
+        self._limiter_rate: dict[str, float] = {}
         self.round_trips = 0
 
     def __repr__(self) -> str:
@@ -401,17 +420,28 @@ class RedisStore:
                 cfg.increase, cfg.decrease_interval, self._ttl_ms, cfg.horizon]  # fmt: skip
 
     def limiter_acquire(self, name: str, now: float, cfg: LimiterConfig) -> tuple[float, bool]:
-        r = self._run("limiter_acquire", self._key("limiter", name), self._limiter_args(now, cfg))
+        pending = self._pending_ok.pop(name, 0)
+        args = [*self._limiter_args(now, cfg), pending]
+        r = self._run("limiter_acquire", self._key("limiter", name), args)
         if r is None:
             return self.fallback.limiter_acquire(name, now, cfg)
+        self._limiter_rate[name] = float(_s(r[2]))
         return float(_s(r[0])), bool(int(r[1]))
 
     def limiter_feedback(self, name: str, now: float, outcome: str, cfg: LimiterConfig) -> float:
-        args = [*self._limiter_args(now, cfg), outcome]
+        if outcome == "ok" and not self.degraded and self._pending_ok.get(name, 0) < _OK_BATCH - 1:
+            # a success travels with this process's next acquire: no round trip of its own
+            self._pending_ok[name] = self._pending_ok.get(name, 0) + 1
+            return self._limiter_rate.get(name, cfg.initial_rate)
+        pending = self._pending_ok.pop(name, 0)
+        if outcome == "ok":  # the batch is full: send it, this success with it
+            pending, outcome = pending + 1, "none"
+        args = [*self._limiter_args(now, cfg), pending, outcome]
         r = self._run("limiter_feedback", self._key("limiter", name), args)
         if r is None:
             return self.fallback.limiter_feedback(name, now, outcome, cfg)
-        return float(_s(r))
+        self._limiter_rate[name] = float(_s(r))
+        return self._limiter_rate[name]
 
     def close(self) -> None:
         """Close the connections to Redis."""
@@ -430,6 +460,8 @@ class RedisStore:
         """Delete the shared state of one name, or every key under this prefix."""
         self._breaker_cache.clear()
         self._budget_full.clear()
+        self._pending_ok.clear()
+        self._limiter_rate.clear()
         self.fallback.reset(name)
         try:
             if name is None:
