@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tether import (
-    Budget,
     Escalation,
     Guard,
     Ledger,
@@ -31,7 +30,7 @@ from tether import (
     ToolError,
     VirtualClock,
 )
-from tether.bench._worlds import HANG, MODEL, SCENARIOS, Final, Scenario, World
+from tether.bench._worlds import HANG, MODEL, SCENARIOS, Action, Final, Scenario, World
 from tether.stores import MemoryStore
 
 __all__ = ["POLICIES", "TaskResult", "run_cell"]
@@ -64,10 +63,10 @@ class _Tally:
         self.cost += input_tokens * PRICE_IN + output_tokens * PRICE_OUT
 
 
-def _result(world: World, tally: _Tally, status: str, reason: str, attempts: int) -> TaskResult:
+def _result(world: World, tally: _Tally, status: str, reason: str) -> TaskResult:
     duplicates = sum(n - 1 for n in world.paid.values() if n > 1)
-    return TaskResult(status, reason, tally.steps, attempts, world.clock.now(), tally.tokens, tally.cost,
-                      world.dependency_calls, duplicates)  # fmt: skip
+    return TaskResult(status, reason, tally.steps, world.dependency_calls, world.clock.now(), tally.tokens,
+                      tally.cost, world.dependency_calls, duplicates)  # fmt: skip
 
 
 def _accept(final: Final) -> tuple[str, str]:
@@ -75,57 +74,59 @@ def _accept(final: Final) -> tuple[str, str]:
     return ("stopped", "ACCEPTED_TRUNCATED") if final.truncated else ("success", "GOAL_REACHED")
 
 
-# --- naive ----------------------------------------------------------------------------
+# --- naive and tenacity: the loops people run today ---------------------------------
 
 
-def run_naive(scenario: Scenario, rng: random.Random) -> TaskResult:
-    clock = VirtualClock()
-    world = World(scenario, rng, clock)
+def _unguarded(
+    scenario: Scenario, rng: random.Random, cap: int, call: Any, prepare: Any = None
+) -> TaskResult:
+    """A loop with a step cap and nothing else; ``call(world, move)`` runs one tool call.
+
+    An error goes back to the model as raw text and the model tries again. ``prepare()``
+    runs once the world is built.
+    """
+    world = World(scenario, rng, VirtualClock())
+    if prepare is not None:
+        prepare()
     tally = _Tally()
     last: Any = None
-    while tally.steps < SAFETY_CAP and clock.now() < HANG:
+    while tally.steps < cap and world.clock.now() < HANG:
         tally.steps += 1
         move, i, o = world.model_call(tally.steps, last)
         tally.model(i, o)
         if isinstance(move, Final):
-            return _result(world, tally, *_accept(move), world.dependency_calls)
+            return _result(world, tally, *_accept(move))
         try:
-            last = world.tool(move.tool)(**move.args)
+            last = call(world, move)
         except Exception as exc:
-            last = f"Error: {exc}"  # the raw error goes back to the model, which tries again
-    return _result(world, tally, "runaway", "SAFETY_CAP", world.dependency_calls)
+            last = f"Error: {exc}"
+    if cap == SAFETY_CAP or world.clock.now() >= HANG:
+        return _result(world, tally, "runaway", "SAFETY_CAP" if cap == SAFETY_CAP else "HUNG")
+    return _result(world, tally, "stopped", "MAX_STEPS")
 
 
-# --- tenacity -------------------------------------------------------------------------
+def run_naive(scenario: Scenario, rng: random.Random) -> TaskResult:
+    return _unguarded(
+        scenario, rng, SAFETY_CAP, lambda world, move: world.tool(move.tool)(**move.args)
+    )
 
 
 def run_tenacity(scenario: Scenario, rng: random.Random) -> TaskResult:
     import tenacity
 
-    clock = VirtualClock()
-    world = World(scenario, rng, clock)
-    tally = _Tally()
-    last: Any = None
-    random.seed(rng.getrandbits(64))  # tenacity draws its jitter from the global random module
-    retrying = tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(5),
-        wait=tenacity.wait_exponential_jitter(multiplier=0.5, max=30),
-        sleep=clock.sleep,
-        reraise=True,
-    )
-    while tally.steps < 25 and clock.now() < HANG:
-        tally.steps += 1
-        move, i, o = world.model_call(tally.steps, last)
-        tally.model(i, o)
-        if isinstance(move, Final):
-            return _result(world, tally, *_accept(move), world.dependency_calls)
-        try:
-            last = retrying(world.tool(move.tool), **move.args)
-        except Exception as exc:
-            last = f"Error: {exc}"
-    if clock.now() >= HANG:
-        return _result(world, tally, "runaway", "HUNG", world.dependency_calls)
-    return _result(world, tally, "stopped", "MAX_STEPS", world.dependency_calls)
+    def seed() -> None:  # tenacity draws its jitter from the global random module
+        random.seed(rng.getrandbits(64))
+
+    def call(world: World, move: Action) -> Any:
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(5),
+            wait=tenacity.wait_exponential_jitter(multiplier=0.5, max=30),
+            sleep=world.clock.sleep,
+            reraise=True,
+        )
+        return retrying(world.tool(move.tool), **move.args)
+
+    return _unguarded(scenario, rng, 25, call, prepare=seed)
 
 
 # --- seed 002's harness ---------------------------------------------------------------
@@ -140,18 +141,18 @@ def run_seed_harness(scenario: Scenario, rng: random.Random) -> TaskResult:
     last: Any = None
     while tally.steps < 10:
         if clock.now() > 120.0:
-            return _result(world, tally, "stopped", "TIMEOUT", world.dependency_calls)
+            return _result(world, tally, "stopped", "TIMEOUT")
         tally.steps += 1
         if tally.steps > 8:
-            return _result(world, tally, "escalated", "ESCALATED", world.dependency_calls)
+            return _result(world, tally, "escalated", "ESCALATED")
         move, i, o = world.model_call(tally.steps, last)
         tally.model(i, o)
         if isinstance(move, Final):
-            return _result(world, tally, *_accept(move), world.dependency_calls)
+            return _result(world, tally, *_accept(move))
         history.append(f"{move.tool}:{sorted(move.args.items())}")
         # the fixed detector: identical calls (arguments included), after 5 steps
         if tally.steps >= 5 and len(history) >= 6 and history[-3:] == history[-6:-3]:
-            return _result(world, tally, "escalated", "LOOP_DETECTED", world.dependency_calls)
+            return _result(world, tally, "escalated", "LOOP_DETECTED")
         try:
             last = world.tool(move.tool)(**move.args)
             if last is None or not isinstance(last, dict):
@@ -159,13 +160,13 @@ def run_seed_harness(scenario: Scenario, rng: random.Random) -> TaskResult:
         except Exception as exc:
             retries += 1
             if retries > 5:
-                return _result(world, tally, "escalated", "ESCALATED", world.dependency_calls)
+                return _result(world, tally, "escalated", "ESCALATED")
             delay = min(1.0 * 2**retries, 30.0)
             clock.sleep(delay + rng.uniform(0, 0.1 * delay))
             last = f"Error: {exc}"
         if clock.now() >= HANG:
-            return _result(world, tally, "runaway", "HUNG", world.dependency_calls)
-    return _result(world, tally, "stopped", "MAX_STEPS", world.dependency_calls)
+            return _result(world, tally, "runaway", "HUNG")
+    return _result(world, tally, "stopped", "MAX_STEPS")
 
 
 # --- tether ---------------------------------------------------------------------------
@@ -215,8 +216,7 @@ def run_tether(scenario: Scenario, rng: random.Random) -> TaskResult:
     status = {"success": "success", "escalated": "escalated"}.get(out.status, "stopped")
     if tally.steps >= SAFETY_CAP:
         status = "runaway"
-    attempts = world.dependency_calls
-    return _result(world, tally, status, out.stopped_because.name, attempts)
+    return _result(world, tally, status, out.stopped_because.name)
 
 
 POLICIES = {
@@ -235,11 +235,6 @@ def _percentile(values: list[float], q: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
-@dataclass
-class Cell:
-    results: list[TaskResult] = field(default_factory=list)
 
 
 def run_cell(scenario_name: str, policy: str, tasks: int, seed: int) -> dict[str, Any]:
@@ -275,6 +270,3 @@ def run_cell(scenario_name: str, policy: str, tasks: int, seed: int) -> dict[str
             round(v, 3) for v in latencies
         ),  # for the report's CDFs, not the JSON
     }
-
-
-_ = Budget  # re-exported for scenario authors

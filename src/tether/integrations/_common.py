@@ -257,10 +257,7 @@ class GuardedStream(_StreamBase):
                 self._usage.see(event)
                 yield event
         except Exception as exc:
-            self.truncated, self.error = True, exc
-            _log.warning(
-                "tether: stream broke after content arrived (%s); reply marked truncated", exc
-            )
+            self._broke(exc)
         finally:
             self._usage.record(self._run)
 
@@ -287,10 +284,7 @@ class AsyncGuardedStream(_StreamBase):
                 self._usage.see(event)
                 yield event
         except Exception as exc:
-            self.truncated, self.error = True, exc
-            _log.warning(
-                "tether: stream broke after content arrived (%s); reply marked truncated", exc
-            )
+            self._broke(exc)
         finally:
             self._usage.record(self._run)
 
