@@ -503,13 +503,16 @@ class Run:
         ledger = self.guard.ledger
         if idempotent or ledger is None:
             return attempt
-        key = (
-            call.action
-            if not self.guard.scope
-            else intent_key(call.name, call.args, scope=self.guard.scope)
-        )
-        self._effects.append((call.name, call.args, key))
+        key = self._effect_key(call)
         return lambda: ledger.once(key, attempt, lookup=lookup)
+
+    def _effect_key(self, call: _Call) -> str:
+        """The ledger key of a non-idempotent call (its action hash, scoped if asked), noted
+        so that the outcome can state what the ledger says was done."""
+        scope = self.guard.scope
+        key = intent_key(call.name, call.args, scope=scope) if scope else call.action
+        self._effects.append((call.name, call.args, key))
+        return key
 
     def _after_success(self, call: _Call, result: Any) -> Any:
         # only completed calls count as repeats: a call that failed is the business of
@@ -608,19 +611,16 @@ class Run:
         with telemetry.span(
             "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
         ):
-            for _ in range(_RECOVERY_WAITS + 1):
+            waited = 0
+            while True:
                 try:
                     result = call.policy.call_within(self._time_left(), run)
                     break
                 except CircuitOpenError as exc:
-                    wait = self._recovery_wait(exc, timeout)
-                    if wait is None:
-                        raise self._after_failure(call, exc) from exc
-                    self.clock.sleep(wait)
+                    self.clock.sleep(self._circuit_wait(call, exc, timeout, waited))
+                    waited += 1
                 except Exception as exc:
                     raise self._after_failure(call, exc) from exc
-            else:  # pragma: no cover - the loop always breaks or raises
-                raise self._halt(StopReason.CIRCUIT_OPEN, f"{name}: still down")
         return self._after_success(call, result)
 
     def _time_left(self) -> float | None:
@@ -628,14 +628,20 @@ class Run:
         b = self.budget.max_seconds
         return None if b is None else max(1e-9, b - self.elapsed)
 
-    def _recovery_wait(self, exc: CircuitOpenError, timeout: float | None) -> float | None:
-        """How long to wait for an open breaker's next probe, if the time budget allows it."""
-        left = None if self.budget.max_seconds is None else self.budget.max_seconds - self.elapsed
-        if not self.guard.wait_for_recovery or left is None:
-            return None
+    def _circuit_wait(
+        self, call: _Call, exc: CircuitOpenError, timeout: float | None, waited: int
+    ) -> float:
+        """How long to wait for an open breaker's next probe; raises the stop when the run
+        may not wait (no time budget, not enough of it left, or waited often enough)."""
+        left = self._time_left()
         wait = max(0.0, exc.retry_at - self.clock.wall()) + 0.05
-        if wait + (timeout or 0.0) >= left:
-            return None
+        if (
+            not self.guard.wait_for_recovery
+            or left is None
+            or waited >= _RECOVERY_WAITS
+            or wait + (timeout or 0.0) >= left
+        ):
+            raise self._after_failure(call, exc) from exc
         return wait
 
     async def acall_tool(
@@ -651,15 +657,9 @@ class Run:
         """The async form of :meth:`call_tool`; a hanging attempt is cancelled."""
         args = dict(args or {})
         call = self._before_tool(name, args, timeout)
-        policy = call.policy
         ledger = self.guard.ledger
         if not idempotent and ledger is not None:
-            key = (
-                call.action
-                if not self.guard.scope
-                else intent_key(call.name, args, scope=self.guard.scope)
-            )
-            self._effects.append((call.name, args, key))
+            key = self._effect_key(call)
 
             async def attempt() -> Any:
                 # the ledger is sync: it claims in a thread, the coroutine runs on this loop
@@ -675,10 +675,16 @@ class Run:
         with telemetry.span(
             "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
         ):
-            try:
-                result = await policy.acall_within(self._time_left(), attempt)
-            except Exception as exc:
-                raise self._after_failure(call, exc) from exc
+            waited = 0
+            while True:
+                try:
+                    result = await call.policy.acall_within(self._time_left(), attempt)
+                    break
+                except CircuitOpenError as exc:
+                    await self.clock.asleep(self._circuit_wait(call, exc, timeout, waited))
+                    waited += 1
+                except Exception as exc:
+                    raise self._after_failure(call, exc) from exc
         return self._after_success(call, result)
 
     # --- the end ----------------------------------------------------------------------
