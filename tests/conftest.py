@@ -34,13 +34,18 @@ def redis_url() -> str:
     import redis
 
     try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+        client.ping()
     except Exception as exc:
         pytest.fail(
             f"Redis is unreachable at TETHER_REDIS_URL={REDIS_URL!r} ({exc}); start Redis "
             "or point TETHER_REDIS_URL at one",
             pytrace=False,
         )
+    # the Redis ledger refuses a server that does not persist its writes
+    if client.config_get("appendonly").get("appendonly") != "yes":
+        client.config_set("appendonly", "yes")
+    client.close()
     return REDIS_URL
 
 

@@ -16,8 +16,15 @@ from typing import Any
 import pytest
 
 import tether
-from tether import EffectInProgress, IdempotencyConflict, Ledger, UnknownOutcome, VirtualClock
-from tether._effects import State
+from tether import (
+    EffectInProgress,
+    EffectNotRecorded,
+    IdempotencyConflict,
+    Ledger,
+    UnknownOutcome,
+    VirtualClock,
+)
+from tether.stores._ledger_logic import State
 
 BACKENDS = ["memory", "sqlite", "redis", "postgres"]
 
@@ -200,8 +207,11 @@ def test_expired_lease_is_reconciled(ledger: Ledger) -> None:
             ledger.once(key_for(), pay.refund, "A-1", 10)  # no lookup: refuse to guess
         return "late"
 
-    ledger.once(key_for(), crash_mid_effect, lease=60.0)
+    with pytest.raises(EffectNotRecorded, match="another worker took its claim over"):
+        ledger.once(key_for(), crash_mid_effect, lease=60.0)  # its late result is fenced off
     assert pay.paid == ["A-1"]
+    record = ledger.get(key_for())
+    assert record is not None and record.state is State.UNKNOWN
 
 
 def test_same_key_different_arguments_is_a_conflict(ledger: Ledger) -> None:
@@ -214,11 +224,11 @@ def test_same_key_different_arguments_is_a_conflict(ledger: Ledger) -> None:
 def test_records_expire_after_ttl(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """After ttl the key is free again."""
     clock = VirtualClock()
-    led = make_ledger("sqlite", request, tmp_path, clock=clock, ttl=10.0)
+    led = make_ledger("sqlite", request, tmp_path, clock=clock, ttl=10.0, lease=5.0)
     calls = []
-    led.once("k-ttl", lambda: calls.append(1))
+    led.once("k-ttl", lambda: calls.append(1), lease=5.0)
     clock.advance(11.0)
-    led.once("k-ttl", lambda: calls.append(1))
+    led.once("k-ttl", lambda: calls.append(1), lease=5.0)
     assert len(calls) == 2
     led.close()
 
@@ -247,7 +257,7 @@ def test_unencodable_result_is_kept_as_repr(ledger: Ledger) -> None:
 
 def test_ledger_settings_are_validated() -> None:
     """Bad ledger settings fail at construction."""
-    with pytest.raises(ValueError, match="ttl must be > 0"):
+    with pytest.raises(ValueError, match="ttl must be a number > 0"):
         Ledger.memory(ttl=0)
     with pytest.raises(ValueError, match="lease must be > 0"):
         Ledger.memory().once("k", lambda: 1, lease=0)

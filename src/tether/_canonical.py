@@ -1,11 +1,21 @@
 """Canonical encoding of tool arguments, and the intent key built on it.
 
-The encoding is JSON with sorted keys, no whitespace and ASCII only, produced by the
-standard library's C encoder; types JSON lacks are tagged (``{"$dt": ...}``,
-``{"$set": [...]}``...). Volatile fields that a model invents on every call are left
-out at any depth. Inputs without volatile fields take a single C-speed pass; the rare
-input that has one, or that fails to encode, goes through a Python walk that strips
-the fields and names the exact path of anything it cannot encode.
+One encoding, collision-free by construction: JSON with sorted keys, no whitespace and
+ASCII only, produced by the standard library's C encoder, where
+
+* types JSON lacks are tagged: ``{"$dt": ...}``, ``{"$bytes": ...}``, ``{"$set": [...]}``;
+* a user's own key that starts with ``$`` gets one more ``$`` (``"$bytes"`` is written
+  ``"$$bytes"``), so no user value can look like a tag;
+* a mapping with any key that is not a string is written as ``{"$map": [[k, v], ...]}``
+  sorted by the encoded pair, so ``{1: "a"}`` and ``{"1": "a"}`` differ and int keys
+  sort the same way whatever else the mapping holds;
+* volatile fields that a model invents on every call are left out at any depth.
+
+Plain inputs (JSON types, string keys, no volatile or ``$`` keys) are checked by a
+quick walk and then encoded in one C-speed pass; anything else goes through a walk
+that applies the rules above and names the exact path of anything it cannot encode
+(unknown types, NaN, nesting deeper than :data:`MAX_DEPTH`, integers too long to
+print, lone surrogates). Both paths give the same text for the same input.
 """
 
 from __future__ import annotations
@@ -18,109 +28,165 @@ import enum
 import hashlib
 import json
 import math
+import re
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["VOLATILE_FIELDS", "canonical_json", "intent_key"]
+__all__ = ["MAX_DEPTH", "VOLATILE_FIELDS", "canonical_json", "intent_key"]
 
 #: Fields a model (or an SDK) invents anew on every call: never part of an intent.
 VOLATILE_FIELDS: frozenset[str] = frozenset(
     {"idempotency_key", "request_id", "client_request_id", "nonce", "uuid", "trace_id"}
 )
-_PREFIX = b"tether-intent-v1\x00"
+#: How deeply arguments may nest.
+MAX_DEPTH = 64
+_PREFIX = b"tether-intent-v2\x00"
 _CHUNK = 1 << 16
-
-
-def _tag(obj: Any) -> Any:
-    """A JSON-able stand-in for a value of a type JSON lacks; TypeError if unknown."""
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, _dt.datetime):
-        if obj.tzinfo is not None:
-            obj = obj.astimezone(_dt.UTC)
-        return {"$dt": obj.isoformat()}
-    if isinstance(obj, _dt.date):
-        return {"$date": obj.isoformat()}
-    if isinstance(obj, _dt.time):
-        return {"$time": obj.isoformat()}
-    if isinstance(obj, decimal.Decimal):
-        if not obj.is_finite():
-            raise ValueError("NaN and infinite Decimals are not allowed")
-        return {"$dec": str(obj.normalize())}
-    if isinstance(obj, uuid.UUID):
-        return {"$uuid": str(obj)}
-    if isinstance(obj, bytes | bytearray | memoryview):
-        return {"$bytes": base64.b64encode(bytes(obj)).decode("ascii")}
-    if isinstance(obj, set | frozenset):
-        return {"$set": sorted(obj, key=_dumps)}
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-        return {"$type": type(obj).__qualname__, **fields}
-    dump = getattr(obj, "model_dump", None)  # pydantic v2
-    if callable(dump) and not isinstance(obj, type):
-        return {"$type": type(obj).__qualname__, **dump(mode="python")}
-    to_dict = getattr(obj, "to_dict", None)  # stripe objects and the like
-    if callable(to_dict) and not isinstance(obj, type):
-        return {"$type": type(obj).__qualname__, **to_dict()}
-    raise TypeError(f"cannot encode a {type(obj).__name__}")
-
-
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_LONE_SURROGATE = re.compile(
+    r"\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f][0-9a-f]{2})|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}"
+)
 _ENCODER = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), allow_nan=False, default=_tag, ensure_ascii=True
+    sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True
 )
 _dumps = _ENCODER.encode  # one encoder, built once: the C encoder does the work
-_NEEDLES: dict[frozenset[str], tuple[str, ...]] = {}
+_TYPES_HINT = (
+    "tool arguments must be JSON types, bytes, datetime, date, time, Decimal, UUID, Enum, "
+    "set, tuple, dataclasses or pydantic models"
+)
 
 
-def _needles(drop: frozenset[str]) -> tuple[str, ...]:
-    found = _NEEDLES.get(drop)
-    if found is None:
-        found = tuple(f'"{name}":' for name in drop)
-        if len(_NEEDLES) < 64:
-            _NEEDLES[drop] = found
-    return found
+def _plain(obj: Any, drop: frozenset[str], depth: int) -> bool:
+    """True when the C encoder's text of ``obj`` is already canonical."""
+    if depth > MAX_DEPTH:
+        return False
+    kind = type(obj)
+    if kind is dict:
+        for k, v in obj.items():
+            if type(k) is not str or k in drop or k[:1] == "$":
+                return False
+            if type(v) not in _SCALARS and not _plain(v, drop, depth + 1):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        for v in obj:  # noqa: SIM110 - a plain loop is faster than all() on a generator
+            if type(v) not in _SCALARS and not _plain(v, drop, depth + 1):
+                return False
+        return True
+    return kind in _SCALARS
 
 
-def _strip(obj: Any, drop: frozenset[str], path: str, seen: set[int]) -> Any:
-    """A copy of ``obj`` without ``drop`` keys, in JSON types and tags; errors name the path."""
-    if obj is None or isinstance(obj, bool | int | str):
-        return obj
-    if isinstance(obj, float):
-        if not math.isfinite(obj):
-            raise ValueError(f"{path}: {obj!r} is not allowed in tool arguments (NaN or infinity)")
-        return obj
-    if isinstance(obj, Mapping | list | tuple):
-        if id(obj) in seen:
-            raise ValueError(f"{path}: circular reference in tool arguments")
-        seen.add(id(obj))
+def _text(value: str, path: str) -> str:
+    if not value.isascii():
         try:
-            if isinstance(obj, Mapping):
-                out = {}
-                for k, v in obj.items():
-                    if not isinstance(k, str | int | float | bool) and k is not None:
-                        raise TypeError(
-                            f"{path}: dict key {k!r} is a {type(k).__name__}; use str keys"
-                        )
-                    if k in drop:
-                        continue
-                    key = k if isinstance(k, str) else json.dumps(k)  # as json.dumps does
-                    out[key] = _strip(v, drop, f"{path}.{k}", seen)
-                return out
-            return [_strip(v, drop, f"{path}[{i}]", seen) for i, v in enumerate(obj)]
-        finally:
-            seen.discard(id(obj))
-    try:
-        tagged = _tag(obj)
-    except (TypeError, ValueError) as exc:
-        kind = type(exc)
-        raise kind(
-            f"{path}: {exc}; tool arguments must be JSON types, bytes, datetime, date, Decimal, "
-            "UUID, Enum, set, tuple, dataclasses or pydantic models"
-        ) from None
-    if isinstance(tagged, dict) and "$set" in tagged:
-        return {"$set": [_strip(v, drop, f"{path}{{}}", seen) for v in tagged["$set"]]}
-    return _strip(tagged, drop, path, seen)
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"{path}: the text holds a lone surrogate ({value!r}); send valid Unicode"
+            ) from None
+    return value
+
+
+def _key(k: str, path: str) -> str:
+    return "$" + k if k[:1] == "$" else _text(k, path)
+
+
+class _Walk:
+    """The canonical form of a value, in JSON types; errors name the path."""
+
+    def __init__(self, drop: frozenset[str]) -> None:
+        self.drop = drop
+        self.seen: set[int] = set()
+
+    def __call__(self, obj: Any, path: str, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:
+            raise ValueError(f"{path}: nested deeper than {MAX_DEPTH} levels")
+        if obj is None or isinstance(obj, bool):
+            return obj
+        if isinstance(obj, int):
+            try:
+                str(obj)
+            except ValueError:
+                raise ValueError(
+                    f"{path}: an integer too long to print ({obj.bit_length()} bits); pass it as a string"
+                ) from None
+            return int(obj)
+        if isinstance(obj, str):
+            return _text(str(obj), path)
+        if isinstance(obj, float):
+            if not math.isfinite(obj):
+                raise ValueError(
+                    f"{path}: {obj!r} is not allowed in tool arguments (NaN or infinity)"
+                )
+            return float(obj)
+        if isinstance(obj, Mapping | list | tuple):
+            if id(obj) in self.seen:
+                raise ValueError(f"{path}: circular reference in tool arguments")
+            self.seen.add(id(obj))
+            try:
+                if isinstance(obj, Mapping):
+                    return self._mapping(obj, path, depth)
+                return [self(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(obj)]
+            finally:
+                self.seen.discard(id(obj))
+        return self._tagged(obj, path, depth)
+
+    def _mapping(self, obj: Mapping[Any, Any], path: str, depth: int) -> Any:
+        if all(isinstance(k, str) for k in obj):
+            return {_key(k, f"{path}.{k}"): self(v, f"{path}.{k}", depth + 1)
+                    for k, v in obj.items() if k not in self.drop}  # fmt: skip
+        pairs = []
+        for k, v in obj.items():
+            if isinstance(k, str) and k in self.drop:
+                continue
+            if k is not None and not isinstance(k, str | int | float | bool):
+                raise TypeError(f"{path}: dict key {k!r} is a {type(k).__name__}; use str keys")
+            sub = f"{path}[{k!r}]"
+            pairs.append([self(k, sub, depth + 1), self(v, sub, depth + 1)])
+        pairs.sort(key=_dumps)
+        return {"$map": pairs}
+
+    def _tagged(self, obj: Any, path: str, depth: int) -> Any:
+        if isinstance(obj, enum.Enum):
+            return self(obj.value, path, depth)
+        if isinstance(obj, _dt.datetime):
+            if obj.tzinfo is not None:
+                obj = obj.astimezone(_dt.UTC)
+            return {"$dt": obj.isoformat()}
+        if isinstance(obj, _dt.date):
+            return {"$date": obj.isoformat()}
+        if isinstance(obj, _dt.time):
+            return {"$time": obj.isoformat()}
+        if isinstance(obj, decimal.Decimal):
+            if not obj.is_finite():
+                raise ValueError(f"{path}: NaN and infinite Decimals are not allowed")
+            return {"$dec": str(obj.normalize())}
+        if isinstance(obj, uuid.UUID):
+            return {"$uuid": str(obj)}
+        if isinstance(obj, bytes | bytearray | memoryview):
+            return {"$bytes": base64.b64encode(bytes(obj)).decode("ascii")}
+        if isinstance(obj, set | frozenset):
+            items = [self(v, f"{path}{{}}", depth + 1) for v in obj]
+            return {"$set": sorted(items, key=_dumps)}
+        if not isinstance(obj, type):
+            fields = _fields(obj)
+            if fields is not None:
+                return {"$obj": [type(obj).__qualname__, self(fields, path, depth + 1)]}
+        raise TypeError(f"{path}: cannot encode a {type(obj).__name__}; {_TYPES_HINT}")
+
+
+def _fields(obj: Any) -> Mapping[str, Any] | None:
+    """The fields of a dataclass, a pydantic model or an object with ``to_dict``."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    for method, kwargs in (("model_dump", {"mode": "python"}), ("to_dict", {})):
+        fn = getattr(obj, method, None)
+        if callable(fn):
+            found = fn(**kwargs)
+            if isinstance(found, Mapping):
+                return found
+    return None
 
 
 def canonical_json(args: Any, *, ignore: Iterable[str] | None = None, path: str = "args") -> str:
@@ -130,13 +196,15 @@ def canonical_json(args: Any, *, ignore: Iterable[str] | None = None, path: str 
     '{"a":[1,2],"b":1}'
     """
     drop = VOLATILE_FIELDS if ignore is None else frozenset(ignore)
-    try:
-        text = _dumps(args)
-    except (TypeError, ValueError, RecursionError):
-        return _dumps(_strip(args, drop, path, set()))
-    if drop and any(needle in text for needle in _needles(drop)):
-        return _dumps(_strip(args, drop, path, set()))
-    return text
+    if _plain(args, drop, 0):
+        try:
+            text = _dumps(args)
+        except (ValueError, RecursionError):
+            pass  # NaN, an integer too long to print: the walk names the path
+        else:
+            if "\\ud" not in text or not _LONE_SURROGATE.search(text):
+                return text
+    return _dumps(_Walk(drop)(args, path))
 
 
 def intent_key(tool: str, args: Any, scope: str = "", ignore: Iterable[str] | None = None) -> str:
@@ -155,6 +223,8 @@ def intent_key(tool: str, args: Any, scope: str = "", ignore: Iterable[str] | No
     """
     if not isinstance(tool, str) or not tool:
         raise ValueError(f"tool must be a non-empty string, got {tool!r}")
+    if not isinstance(scope, str):
+        raise TypeError(f'scope must be a str (use "" for none), got {scope!r}')
     text = canonical_json(args, ignore=ignore)
     h = hashlib.sha256(_PREFIX)
     h.update(tool.encode("utf-8"))

@@ -7,9 +7,18 @@ A record goes through these states (the race diagrams are below)::
                            |----nothing happened (refused)-> (absent)
                            |----outcome unknown (timeout)--> UNKNOWN
                            '----lease expires (crash)------> treated as UNKNOWN
-    UNKNOWN --claim (takeover)--> PENDING --lookup(key) says done----> DONE
+    UNKNOWN --claim (takeover, once no lease is live)--> PENDING
+                                          --lookup(key) says done----> DONE
                                           --lookup says not done----> fn runs
                                           --no lookup / cannot tell-> UNKNOWN, raise
+
+The worker that holds a claim renews its lease while the effect runs (a heartbeat
+thread, every third of the lease), so an effect longer than its lease keeps its claim;
+a takeover happens only once the owner stopped renewing (it crashed). An attempt
+abandoned after ``timeout`` keeps renewing until it really ends, and records what it
+did; until then its record is UNKNOWN and nobody can take it over. The owner token is
+also a fence: a worker that lost its claim cannot record anything over the new owner's
+record (:class:`tether.EffectNotRecorded` tells it so).
 
 Two workers racing one key: both ``claim``; the backend lets exactly one insert (a
 primary key, ``SET NX`` semantics inside a Lua script, ``INSERT ... ON CONFLICT``); the
@@ -26,22 +35,31 @@ decision above lives in :class:`Ledger`.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextvars
-import enum
 import hashlib
 import json
 import logging
+import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-from tether._canonical import _tag, canonical_json
+from tether._canonical import canonical_json
 from tether._classify import Kind, classify
-from tether._errors import EffectInProgress, IdempotencyConflict, TetherError, UnknownOutcome
-from tether.clock import Clock, system_clock
+from tether._codec import Codec, JsonCodec
+from tether._errors import (
+    EffectInProgress,
+    EffectNotRecorded,
+    IdempotencyConflict,
+    StoreUnavailable,
+    TetherError,
+    UnknownOutcome,
+)
+from tether.clock import Clock, VirtualClock, system_clock
+from tether.stores._ledger_logic import Completion, LedgerBackend, Record, State
 
 __all__ = [
     "EffectFailed",
@@ -63,117 +81,6 @@ _current_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 def current_idempotency_key() -> str | None:
     """The intent key of the effect running now, to send upstream as its idempotency key."""
     return _current_key.get()
-
-
-class State(enum.Enum):
-    PENDING = "pending"
-    DONE = "done"
-    FAILED = "failed"
-    UNKNOWN = "unknown"
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One effect's entry in the ledger."""
-
-    key: str
-    state: State
-    payload_hash: str | None
-    owner: str
-    lease_until: float
-    expires_at: float
-    created_at: float
-    result: str | None = None  # the codec's text
-    error: str | None = None  # JSON: {"type", "module", "message"}
-    detail: str = ""
-    attempts: int = 1
-
-    def to_row(self) -> dict[str, Any]:
-        return {
-            "key": self.key, "state": self.state.value, "payload_hash": self.payload_hash,
-            "owner": self.owner, "lease_until": self.lease_until, "expires_at": self.expires_at,
-            "created_at": self.created_at, "result": self.result, "error": self.error,
-            "detail": self.detail, "attempts": self.attempts,
-        }  # fmt: skip
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Record:
-        return cls(
-            key=str(row["key"]),
-            state=State(row["state"]),
-            payload_hash=row.get("payload_hash") or None,
-            owner=str(row.get("owner") or ""),
-            lease_until=float(row.get("lease_until") or 0.0),
-            expires_at=float(row.get("expires_at") or 0.0),
-            created_at=float(row.get("created_at") or 0.0),
-            result=row.get("result"),
-            error=row.get("error"),
-            detail=str(row.get("detail") or ""),
-            attempts=int(row.get("attempts") or 1),
-        )
-
-
-def decide_claim(existing: Record | None, new: Record, now: float) -> tuple[bool, Record | None]:
-    """The claim rule every backend applies atomically.
-
-    Returns (claimed, record): claimed with ``None`` for a fresh effect, claimed with
-    the previous record for a takeover (UNKNOWN, or PENDING past its lease: reconcile
-    first), or not claimed with the current record.
-    """
-    if existing is None or existing.expires_at <= now:
-        return True, None
-    reclaimable = existing.state is State.UNKNOWN or (
-        existing.state is State.PENDING and existing.lease_until <= now
-    )
-    if reclaimable and (existing.payload_hash in (None, new.payload_hash) or not new.payload_hash):
-        return True, existing
-    return False, existing
-
-
-class LedgerBackend(Protocol):
-    """The atomic primitives a ledger store provides."""
-
-    def claim(self, record: Record, now: float) -> tuple[bool, Record | None]:
-        """Insert ``record`` (PENDING) or take over a reclaimable one, per :func:`decide_claim`."""
-        ...
-
-    def get(self, key: str) -> Record | None: ...
-
-    def complete(self, key: str, owner: str, state: State, result: str | None,
-                 error: str | None, now: float) -> None:  # fmt: skip
-        """Set DONE or FAILED unless the record is already DONE or FAILED."""
-        ...
-
-    def mark_unknown(self, key: str, owner: str, detail: str) -> None:
-        """PENDING -> UNKNOWN, if ``owner`` still holds the claim."""
-        ...
-
-    def release(self, key: str, owner: str) -> None:
-        """Delete a PENDING record held by ``owner`` (nothing happened)."""
-        ...
-
-    def forget(self, key: str) -> None:
-        """Delete a record whatever its state."""
-        ...
-
-    def records(self, state: State | None = None, limit: int = 100) -> list[Record]: ...
-
-    def close(self) -> None: ...
-
-
-class JsonCodec:
-    """Results stored as JSON; types JSON lacks are tagged as in intent keys."""
-
-    def encode(self, value: Any) -> str:
-        return json.dumps(value, default=_tag, sort_keys=True, allow_nan=False)
-
-    def decode(self, text: str) -> Any:
-        return json.loads(text)
-
-
-class Codec(Protocol):
-    def encode(self, value: Any) -> str: ...
-    def decode(self, text: str) -> Any: ...
 
 
 class EffectFailed(TetherError):
@@ -220,30 +127,43 @@ class Ledger:
         backend: LedgerBackend,
         *,
         ttl: float = 86_400.0,
+        lease: float = 60.0,
         wait: float = 0.0,
         poll_interval: float = 0.05,
         codec: Codec | None = None,
         clock: Clock | None = None,
     ) -> None:
-        if ttl <= 0:
-            raise ValueError(f"ttl must be > 0, got {ttl!r}")
-        if wait < 0:
-            raise ValueError(f"wait must be >= 0, got {wait!r}")
-        if poll_interval <= 0:
-            raise ValueError(f"poll_interval must be > 0, got {poll_interval!r}")
+        for name, value in (("ttl", ttl), ("lease", lease), ("poll_interval", poll_interval)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
+            raise ValueError(f"wait must be a number >= 0, got {wait!r}")
+        if ttl < lease:
+            raise ValueError(
+                f"ttl ({ttl:g} s) must be >= lease ({lease:g} s): a record must outlive its claim"
+            )
         self.backend = backend
         self.ttl = float(ttl)
+        self.lease = float(lease)
         self.wait = float(wait)
         self.poll_interval = float(poll_interval)
         self.codec: Codec = codec or JsonCodec()
         self.clock: Clock = clock or system_clock
+        # a virtual clock drives leases itself (tests, the bench); any real clock defers to
+        # the store's own clock, so that one fleet measures leases on one clock
+        self._virtual = isinstance(self.clock, VirtualClock)
+        self._heartbeat = None if self._virtual else _Heartbeat(backend)
         self._errors: OrderedDict[str, BaseException] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return f"Ledger({self.backend!r})"
 
     # --- constructors ---------------------------------------------------------------
 
     @classmethod
     def memory(cls, **settings: Any) -> Ledger:
-        """A ledger in this process's memory (tests, single-process agents)."""
+        """A ledger in this process's memory: it does not survive a restart (use
+        :meth:`sqlite`, :meth:`redis` or :meth:`postgres` for that)."""
         from tether.stores._ledger_memory import MemoryLedgerBackend
 
         return cls(MemoryLedgerBackend(), **settings)
@@ -256,12 +176,29 @@ class Ledger:
         return cls(SqliteLedgerBackend(path), **settings)
 
     @classmethod
-    def redis(cls, url: str = "redis://127.0.0.1:6379/0", **settings: Any) -> Ledger:
-        """A ledger in Redis, shared by a fleet (``pip install 'tether[redis]'``)."""
+    def redis(
+        cls,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        client: Any = None,
+        prefix: str = "tether",
+        assume_durable: bool = False,
+        allow_lost_records: bool = False,
+        **settings: Any,
+    ) -> Ledger:
+        """A ledger in Redis, shared by a fleet (``pip install 'tether[redis]'``).
+
+        The server must persist its writes (``appendonly yes``): it is checked here.
+        Where ``CONFIG`` is not allowed, ``assume_durable=True`` says you know it does;
+        ``allow_lost_records=True`` accepts a server that does not, and with it the risk
+        that a restart forgets a claim and an effect runs twice. ``client`` takes a
+        ready ``redis.Redis`` (or cluster) client instead of ``url``.
+        """
         from tether.stores._ledger_redis import RedisLedgerBackend
 
-        prefix = settings.pop("prefix", "tether")
-        return cls(RedisLedgerBackend(url, prefix=prefix), **settings)
+        backend = RedisLedgerBackend(url, client=client, prefix=prefix, assume_durable=assume_durable,
+                                     allow_lost_records=allow_lost_records)  # fmt: skip
+        return cls(backend, **settings)
 
     @classmethod
     def postgres(cls, dsn: str, **settings: Any) -> Ledger:
@@ -282,34 +219,24 @@ class Ledger:
 
     # --- the one entry point --------------------------------------------------------
 
-    def once(
-        self,
-        key: str,
-        fn: Callable[..., T],
-        *args: Any,
-        lookup: Callable[[str], Any] | None = None,
-        lease: float = 60.0,
-        **kwargs: Any,
-    ) -> T:
-        """Run ``fn(*args, **kwargs)`` at most once for ``key``; replay its outcome after.
+    def _now(self) -> float | None:
+        return self.clock.wall() if self._virtual else None
 
-        ``lookup(key)`` is asked only when an earlier attempt's outcome is unknown: it
-        returns the effect's result if it did happen (recorded and returned), or None
-        if it did not (then ``fn`` runs).
-        """
-        if not key:
-            raise ValueError("key must be a non-empty string")
-        if lease <= 0:
-            raise ValueError(f"lease must be > 0, got {lease!r}")
-        payload = _payload_hash(args, kwargs)
+    def _claim(self, key: str, payload: str | None, lease: float) -> tuple[str, Record | None, Any]:
+        """Claim ``key``: (owner, previous record of a takeover, a replay or _NOT_FOUND)."""
         deadline = self.clock.now() + self.wait
         while True:
-            now = self.clock.wall()
             owner = uuid.uuid4().hex
-            new = Record(key, State.PENDING, payload, owner, now + lease, now + self.ttl, now)
-            claimed, record = self.backend.claim(new, now)
+            try:
+                claimed, record = self.backend.claim(
+                    Record.claim_of(key, payload, owner, lease, self.ttl), self._now()
+                )
+            except StoreUnavailable as exc:
+                raise StoreUnavailable(
+                    f"{exc}; nothing was executed: retry when the ledger's store answers"
+                ) from exc
             if claimed:
-                break
+                return owner, record, _NOT_FOUND
             assert record is not None
             if payload and record.payload_hash and record.payload_hash != payload:
                 raise IdempotencyConflict(
@@ -317,19 +244,106 @@ class Ledger:
                     "an idempotency key names one request: derive it with tether.intent_key"
                 )
             if record.state is State.DONE:
-                return self._replay(record)  # type: ignore[no-any-return]
+                return owner, None, self._replay(record)
             if record.state is State.FAILED:
                 raise self._replay_error(record)
-            if record.state is State.UNKNOWN:  # a payload mismatch kept it from us
-                raise UnknownOutcome(key, record.detail)
             if self.clock.now() >= deadline:
+                if record.state is State.UNKNOWN:
+                    raise UnknownOutcome(key, record.detail or "an attempt may still be running")
                 raise EffectInProgress(key, record.lease_until)
             self.clock.sleep(min(self.poll_interval, max(0.0, deadline - self.clock.now())))
-        if record is not None:  # a takeover: the earlier attempt may have happened
-            found = self._reconcile(key, owner, record, lookup)
+
+    def _check_lease(self, lease: float) -> float:
+        if isinstance(lease, bool) or not isinstance(lease, int | float) or not lease > 0:
+            raise ValueError(f"lease must be > 0, got {lease!r}")
+        if lease > self.ttl:
+            raise ValueError(f"lease ({lease:g} s) must be <= the ledger's ttl ({self.ttl:g} s)")
+        return float(lease)
+
+    def once(
+        self,
+        key: str,
+        fn: Callable[..., T],
+        *args: Any,
+        lookup: Callable[[str], Any] | None = None,
+        lease: float = 60.0,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """Run ``fn(*args, **kwargs)`` at most once for ``key``; replay its outcome after.
+
+        ``lookup(key)`` is asked only when an earlier attempt's outcome is unknown: it
+        returns the effect's result if it did happen (recorded and returned), or None
+        if it did not (then ``fn`` runs). ``lease`` is how long
+        the claim lives without renewal; it is renewed while ``fn`` runs. ``timeout``
+        bounds the call: past it the call is abandoned (it keeps its claim until it
+        really ends) and :class:`tether.UnknownOutcome` is raised.
+        """
+        if not key or not isinstance(key, str):
+            raise ValueError("key must be a non-empty string")
+        lease = self._check_lease(lease)
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 or None, got {timeout!r}")
+        payload = _payload_hash(args, kwargs)
+        owner, previous, replay = self._claim(key, payload, lease)
+        if replay is not _NOT_FOUND:
+            return replay  # type: ignore[no-any-return]
+        if previous is not None:  # a takeover: the earlier attempt may have happened
+            found = self._reconcile(key, owner, previous, lookup)
             if found is not _NOT_FOUND:
                 return found  # type: ignore[no-any-return]
-        return self._execute(key, owner, fn, args, kwargs)
+        return self._execute(key, owner, lease, timeout, lambda: fn(*args, **kwargs))
+
+    async def aonce(
+        self,
+        key: str,
+        fn: Callable[..., Awaitable[T]],
+        *args: Any,
+        lookup: Callable[[str], Any] | None = None,
+        lease: float = 60.0,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """The async form of :meth:`once`: ``fn`` is a coroutine function, awaited here.
+
+        A timed-out or cancelled attempt is cancelled and its record becomes unknown
+        (the effect may have been sent), never failed.
+        """
+        if not key or not isinstance(key, str):
+            raise ValueError("key must be a non-empty string")
+        lease = self._check_lease(lease)
+        payload = _payload_hash(args, kwargs)
+        owner, previous, replay = await asyncio.to_thread(self._claim, key, payload, lease)
+        if replay is not _NOT_FOUND:
+            return replay  # type: ignore[no-any-return]
+        if previous is not None:
+            found = await asyncio.to_thread(self._reconcile, key, owner, previous, lookup)
+            if found is not _NOT_FOUND:
+                return found  # type: ignore[no-any-return]
+        if self._heartbeat is not None:
+            self._heartbeat.add(key, owner, lease)
+        token = _current_key.set(key)
+        try:
+            if timeout is None:
+                result = await fn(*args, **kwargs)
+            else:
+                result = await self.clock.acall_with_timeout(timeout, lambda: fn(*args, **kwargs))
+        except BaseException as exc:
+            if isinstance(exc, TimeoutError) and timeout is not None:
+                detail = f"cancelled after {timeout:g} s; it may have happened"
+                await asyncio.to_thread(self._mark_unknown, key, owner, detail)
+                raise UnknownOutcome(key, detail) from exc
+            if isinstance(exc, Exception):
+                await asyncio.to_thread(self._record_failure, key, owner, exc)
+            else:  # cancelled (also at loop shutdown): record it unknown before leaving
+                self._record_failure(key, owner, exc)
+            raise
+        finally:
+            _current_key.reset(token)
+            if self._heartbeat is not None:
+                self._heartbeat.remove(key, owner)
+        await asyncio.to_thread(self._record_done, key, owner, result)
+        return result
 
     def _reconcile(
         self, key: str, owner: str, previous: Record, lookup: Callable[[str], Any] | None
@@ -340,60 +354,124 @@ class Ledger:
             else "an earlier attempt's outcome is unknown"
         )
         if lookup is None:
-            self.backend.mark_unknown(key, owner, why)
+            self._mark_unknown(key, owner, why)
             raise UnknownOutcome(key, why)
         try:
             found = lookup(key)
         except Exception as exc:
-            self.backend.mark_unknown(key, owner, f"{why}; lookup failed: {exc}")
+            self._mark_unknown(key, owner, f"{why}; lookup failed: {exc}")
             raise UnknownOutcome(key, f"lookup failed: {type(exc).__name__}: {exc}") from exc
         if found is None:
             _log.info("effect %s…: lookup says it did not happen; running it", key[:16])
             return _NOT_FOUND
         _log.info("effect %s…: lookup found it done; recording, not repeating", key[:16])
-        self.backend.complete(key, owner, State.DONE, self._encode(found), None, self.clock.wall())
+        self._record_done(key, owner, found)
         return found
 
-    def _execute(self, key: str, owner: str, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
-        token = _current_key.set(key)
+    def _execute(
+        self, key: str, owner: str, lease: float, timeout: float | None, fn: Callable[[], T]
+    ) -> T:
+        ended = threading.Event()
+        if self._heartbeat is not None:
+            self._heartbeat.add(key, owner, lease)
+
+        def body() -> T:
+            token = _current_key.set(key)
+            try:
+                try:
+                    result = fn()
+                except BaseException as exc:
+                    self._record_failure(key, owner, exc)
+                    raise
+                finally:
+                    _current_key.reset(token)
+                self._record_done(key, owner, result)
+                return result
+            finally:
+                ended.set()
+                if self._heartbeat is not None:
+                    self._heartbeat.remove(key, owner)
+
+        if timeout is None:
+            return body()
         try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:
-            self._record_failure(key, owner, exc)
-            raise
-        finally:
-            _current_key.reset(token)
-        self.backend.complete(key, owner, State.DONE, self._encode(result), None, self.clock.wall())
-        return result
+            return self.clock.call_with_timeout(timeout, body)
+        except TimeoutError as exc:
+            if ended.is_set():
+                raise  # the effect's own timeout, already recorded
+            # abandoned: it keeps its claim (the heartbeat renews it) until it really ends
+            detail = f"did not return within {timeout:g} s and may still be running"
+            self._mark_unknown(key, owner, detail, keep_lease=True)
+            record = self.backend.get(key)
+            if record is not None and record.state is State.DONE:
+                return self._replay(record)  # type: ignore[no-any-return]
+            raise UnknownOutcome(key, detail) from exc
+
+    def _mark_unknown(self, key: str, owner: str, detail: str, *, keep_lease: bool = False) -> None:
+        try:
+            self.backend.mark_unknown(key, owner, detail, self._now(), keep_lease)
+        except Exception as exc:  # the record stays PENDING: its lease runs out, then unknown
+            _log.error("tether: effect %s…: could not mark it unknown: %s", key[:16], exc)
+
+    def _record_done(self, key: str, owner: str, result: Any) -> None:
+        try:
+            verdict = self.backend.complete(key, owner, State.DONE, self._encode(result), None)
+        except Exception as exc:
+            raise self._not_recorded(key, result, f"the ledger's store failed ({exc})") from exc
+        if verdict is Completion.MISSING:
+            raise self._not_recorded(
+                key, result, "the ledger no longer has its record (a store that lost data, "
+                "for example a Redis restarted without persistence)",
+            )  # fmt: skip
+        if verdict is Completion.LOST:
+            raise self._not_recorded(
+                key, result, "another worker took its claim over after the lease ran out "
+                "without renewal; the other worker's record stands",
+            )  # fmt: skip
+        if verdict is Completion.FINAL:
+            _log.warning("tether: effect %s… was settled by someone else while it ran", key[:16])
+
+    def _not_recorded(self, key: str, result: Any, why: str) -> EffectNotRecorded:
+        error = EffectNotRecorded(key, result, why)
+        _log.error("tether: %s", error)
+        return error
 
     def _record_failure(self, key: str, owner: str, exc: BaseException) -> None:
-        if not isinstance(exc, Exception):  # cancelled mid-effect: nobody knows
-            self.backend.mark_unknown(key, owner, f"interrupted by {type(exc).__name__}")
-            return
-        verdict = classify(exc)
-        if verdict.kind is Kind.PERMANENT and not verdict.outcome_unknown:
-            self._remember_error(key, exc)
-            self.backend.complete(key, owner, State.FAILED, None, _encode_error(exc),
-                                  self.clock.wall())  # fmt: skip
-        elif verdict.outcome_unknown:
-            self.backend.mark_unknown(key, owner, f"{type(exc).__name__}: {verdict.reason}")
-        else:  # refused before sending, rate limited, quota: nothing happened
-            self.backend.release(key, owner)
+        try:
+            if not isinstance(exc, Exception):  # cancelled mid-effect: nobody knows
+                self._mark_unknown(key, owner, f"interrupted by {type(exc).__name__}")
+                return
+            verdict = classify(exc)
+            if verdict.kind is Kind.PERMANENT and not verdict.outcome_unknown:
+                self._remember_error(key, exc)
+                self.backend.complete(key, owner, State.FAILED, None, _encode_error(exc))
+            elif verdict.outcome_unknown:
+                self._mark_unknown(key, owner, f"{type(exc).__name__}: {verdict.reason}")
+            else:  # refused before sending, rate limited, quota: nothing happened
+                self.backend.release(key, owner)
+        except Exception as store_error:  # the effect's own error is what the caller gets
+            _log.error("tether: effect %s…: its failure could not be recorded (%s); the "
+                       "record stays pending until its lease runs out", key[:16], store_error)  # fmt: skip
 
     def _encode(self, value: Any) -> str:
         try:
             return self.codec.encode(value)
-        except (TypeError, ValueError) as exc:
+        except Exception as exc:
             _log.warning(
                 "effect result of type %s cannot be encoded (%s); its repr is recorded. "
                 "Return JSON-able results or pass codec= to the Ledger",
                 type(value).__name__,
                 exc,
             )
-            return self.codec.encode({"$repr": repr(value)[:2000]})
+            return JsonCodec().encode({"$repr": repr(value)[:2000]})
 
     def _replay(self, record: Record) -> Any:
-        return None if record.result is None else self.codec.decode(record.result)
+        if record.result is None:
+            return None
+        try:
+            return self.codec.decode(record.result)
+        except Exception:
+            return JsonCodec().decode(record.result)
 
     def _remember_error(self, key: str, exc: BaseException) -> None:
         self._errors[key] = exc
@@ -428,15 +506,10 @@ class Ledger:
 
     def resolve(self, key: str, result: Any) -> None:
         """Settle an effect by hand: it happened, with ``result``."""
-        now = self.clock.wall()
         owner = uuid.uuid4().hex
-        record = self.backend.get(key)
-        base = record or Record(key, State.PENDING, None, owner, now, now + self.ttl, now)
         self.backend.forget(key)
-        self.backend.claim(
-            replace(base, state=State.PENDING, owner=owner, lease_until=now + 60), now
-        )
-        self.backend.complete(key, owner, State.DONE, self._encode(result), None, now)
+        self.backend.claim(Record.claim_of(key, None, owner, 60.0, self.ttl), self._now())
+        self._record_done(key, owner, result)
 
     def forget(self, key: str) -> None:
         """Delete a record: the effect did not happen and may run again."""
@@ -444,6 +517,66 @@ class Ledger:
 
     def records(self, state: State | None = None, limit: int = 100) -> list[Record]:
         return self.backend.records(state, limit)
+
+
+class _Heartbeat:
+    """Renews the leases of the effects a ledger is running, from one daemon thread.
+
+    Each lease is renewed every third of its length while its effect runs; an effect
+    shorter than that costs one dict insert and one removal. A renewal the store
+    refuses means another worker took the claim over: it is logged, and the effect's
+    result will be refused when it tries to record it.
+    """
+
+    def __init__(self, backend: LedgerBackend) -> None:
+        self._backend = backend
+        self._active: dict[tuple[str, str], tuple[float, float]] = {}  # -> (lease, next due)
+        self._cond = threading.Condition()
+        self._running = False
+
+    def add(self, key: str, owner: str, lease: float) -> None:
+        with self._cond:
+            self._active[(key, owner)] = (lease, system_clock.now() + lease / 3)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._loop, name="tether-lease-heartbeat",
+                                 daemon=True).start()  # fmt: skip
+            self._cond.notify()
+
+    def remove(self, key: str, owner: str) -> None:
+        with self._cond:
+            self._active.pop((key, owner), None)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if not self._active:
+                    self._cond.wait(5.0)
+                    if not self._active:
+                        self._running = False
+                        return
+                    continue
+                now = system_clock.now()
+                wait = min(due for _, due in self._active.values()) - now
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                due = [(k, lease) for k, (lease, at) in self._active.items() if at <= now]
+                for k, lease in due:
+                    self._active[k] = (lease, now + lease / 3)
+            for (key, owner), lease in due:
+                self._renew(key, owner, lease)
+
+    def _renew(self, key: str, owner: str, lease: float) -> None:
+        try:
+            kept = self._backend.renew(key, owner, lease, None)
+        except Exception as exc:  # try again at the next beat
+            _log.warning("tether: effect %s…: lease renewal failed: %s", key[:16], exc)
+            return
+        if not kept:
+            _log.error("tether: effect %s…: lost its claim while running (another worker "
+                       "took it over, or the store forgot it)", key[:16])  # fmt: skip
+            self.remove(key, owner)
 
 
 class _Missing:

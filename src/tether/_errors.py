@@ -6,6 +6,7 @@ __all__ = [
     "CircuitOpenError",
     "DeadlineExceeded",
     "EffectInProgress",
+    "EffectNotRecorded",
     "IdempotencyConflict",
     "LimiterTimeout",
     "MissingExtraError",
@@ -70,6 +71,27 @@ class UnknownOutcome(TetherError):
             "ledger.resolve(key, result) / ledger.forget(key)"
         )
         super().__init__(f"{msg} ({detail})" if detail else msg)
+
+
+class EffectNotRecorded(UnknownOutcome):
+    """The effect ran, but the ledger could not record its result.
+
+    The store failed, forgot the record (a Redis restarted without persistence), or
+    another worker took the claim over. ``result`` holds what the effect returned; the
+    ledger's record stays unknown, so no later attempt runs the effect again without
+    asking ``lookup`` first.
+    """
+
+    def __init__(self, key: str, result: object, why: str) -> None:
+        self.key = key
+        self.result = result
+        self.why = why
+        TetherError.__init__(
+            self,
+            f"effect {key[:16]}… ran, but its result could not be recorded: {why}. The outcome "
+            "is unknown to the ledger: check the provider's records, then settle it with "
+            "ledger.resolve(key, result) or ledger.forget(key)",
+        )
 
 
 class EffectInProgress(TetherError):

@@ -5,11 +5,19 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from tether._effects import Record, State, decide_claim
+from tether.clock import system_clock
+from tether.stores._ledger_logic import (
+    Completion,
+    Record,
+    State,
+    claimed_record,
+    decide_claim,
+    decide_complete,
+    may_release,
+    may_renew,
+)
 
 __all__ = ["MemoryLedgerBackend"]
-
-_FINAL = (State.DONE, State.FAILED)
 
 
 class MemoryLedgerBackend:
@@ -17,36 +25,53 @@ class MemoryLedgerBackend:
         self._lock = threading.Lock()
         self._records: dict[str, Record] = {}
 
-    def claim(self, record: Record, now: float) -> tuple[bool, Record | None]:
+    def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
+        now = system_clock.wall() if now is None else now
+        new = record.at(now)
         with self._lock:
-            existing = self._records.get(record.key)
-            claimed, previous = decide_claim(existing, record, now)
+            claimed, previous = decide_claim(self._records.get(new.key), new, now)
             if claimed:
-                attempts = previous.attempts + 1 if previous else 1
-                self._records[record.key] = replace(record, attempts=attempts)
+                self._records[new.key] = claimed_record(new, previous)
             return claimed, previous
 
     def get(self, key: str) -> Record | None:
         with self._lock:
             return self._records.get(key)
 
-    def complete(self, key: str, owner: str, state: State, result: str | None,
-                 error: str | None, now: float) -> None:  # fmt: skip
+    def renew(self, key: str, owner: str, lease: float, now: float | None) -> bool:
+        now = system_clock.wall() if now is None else now
         with self._lock:
             rec = self._records.get(key)
-            if rec is not None and rec.state not in _FINAL:
-                self._records[key] = replace(rec, state=state, result=result, error=error)
+            if not may_renew(rec, owner):
+                return False
+            assert rec is not None
+            self._records[key] = replace(rec, lease_until=max(rec.lease_until, now + lease))
+            return True
 
-    def mark_unknown(self, key: str, owner: str, detail: str) -> None:
+    def complete(self, key: str, owner: str, state: State, result: str | None,
+                 error: str | None) -> Completion:  # fmt: skip
+        with self._lock:
+            rec = self._records.get(key)
+            verdict = decide_complete(rec, owner)
+            if verdict is Completion.RECORDED:
+                assert rec is not None
+                self._records[key] = replace(rec, state=state, result=result, error=error)
+            return verdict
+
+    def mark_unknown(
+        self, key: str, owner: str, detail: str, now: float | None, keep_lease: bool = False
+    ) -> None:
+        now = system_clock.wall() if now is None else now
         with self._lock:
             rec = self._records.get(key)
             if rec is not None and rec.state is State.PENDING and rec.owner == owner:
-                self._records[key] = replace(rec, state=State.UNKNOWN, detail=detail)
+                until = rec.lease_until if keep_lease else min(rec.lease_until, now)
+                self._records[key] = replace(rec, state=State.UNKNOWN, detail=detail,
+                                             lease_until=until)  # fmt: skip
 
     def release(self, key: str, owner: str) -> None:
         with self._lock:
-            rec = self._records.get(key)
-            if rec is not None and rec.state is State.PENDING and rec.owner == owner:
+            if may_release(self._records.get(key), owner):
                 del self._records[key]
 
     def forget(self, key: str) -> None:

@@ -1,19 +1,31 @@
-"""The ledger in PostgreSQL: ``INSERT ... ON CONFLICT DO NOTHING`` and row locks."""
+"""The ledger in PostgreSQL: ``INSERT ... ON CONFLICT DO NOTHING`` and row locks.
+
+Connections come from a pool (``psycopg_pool``) that checks each one before handing
+it out, so a server restart costs the calls in flight at that moment, not every call
+after it. Leases are measured on the server's clock (``clock_timestamp()``).
+"""
 
 from __future__ import annotations
 
 import re
 import threading
-from dataclasses import replace
 from typing import Any
 
-from tether._effects import Record, State, decide_claim
 from tether._errors import StoreUnavailable, require
+from tether.stores._ledger_logic import (
+    COLUMNS,
+    Completion,
+    Record,
+    State,
+    claimed_record,
+    decide_claim,
+    decide_complete,
+)
+from tether.stores._ledger_redis import safe_url
 
 __all__ = ["PostgresLedgerBackend"]
 
-COLUMNS = ("key", "state", "payload_hash", "owner", "lease_until", "expires_at", "created_at",
-           "result", "error", "detail", "attempts")  # fmt: skip
+_EPOCH = "extract(epoch from clock_timestamp())::float8"
 
 
 class _Counting:
@@ -24,26 +36,42 @@ class _Counting:
         self._owner = owner
 
     def execute(self, *args: Any, **kwargs: Any) -> Any:
-        self._owner.round_trips += 1
+        with self._owner._count_lock:
+            self._owner.round_trips += 1
         return self._conn.execute(*args, **kwargs)
 
     def transaction(self) -> Any:
-        self._owner.round_trips += 2  # BEGIN and COMMIT
+        with self._owner._count_lock:
+            self._owner.round_trips += 2  # BEGIN and COMMIT
         return self._conn.transaction()
 
 
 class PostgresLedgerBackend:
-    def __init__(self, dsn: str, *, table: str = "tether_ledger") -> None:
+    def __init__(self, dsn: str, *, table: str = "tether_ledger", pool_size: int = 4) -> None:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", table):
             raise ValueError(f"table must be a plain SQL identifier, got {table!r}")
         self._psycopg: Any = require("psycopg", "postgres")
-        self.dsn = dsn
+        pool_mod: Any = require("psycopg_pool", "postgres")
+        self.dsn = safe_url(dsn)
         self.table = table
-        self._lock = threading.Lock()
-        self._conn = self._connect()
         self.round_trips = 0  # statements sent to the server
-        with self._lock, self._conn.transaction():
-            self._conn.execute(
+        self._count_lock = threading.Lock()
+        self._pool = pool_mod.ConnectionPool(
+            dsn, min_size=1, max_size=pool_size, open=False, name=f"tether-ledger-{table}",
+            kwargs={"autocommit": True, "connect_timeout": 10},
+            check=pool_mod.ConnectionPool.check_connection,
+        )  # fmt: skip
+        self._pool_errors = (pool_mod.PoolTimeout, pool_mod.PoolClosed)
+        try:
+            self._pool.open(wait=True, timeout=10.0)
+        except self._pool_errors as exc:
+            self._pool.close()
+            raise StoreUnavailable(
+                f"cannot connect to the ledger's PostgreSQL at {self.dsn} ({exc}); check the "
+                "DSN and that the server is up"
+            ) from exc
+        self._exec(
+            lambda c: c.execute(
                 f"""CREATE TABLE IF NOT EXISTS {table} (
                     key TEXT PRIMARY KEY, state TEXT NOT NULL, payload_hash TEXT,
                     owner TEXT NOT NULL, lease_until DOUBLE PRECISION NOT NULL,
@@ -51,62 +79,59 @@ class PostgresLedgerBackend:
                     result TEXT, error TEXT, detail TEXT NOT NULL DEFAULT '',
                     attempts INTEGER NOT NULL DEFAULT 1)"""
             )
+        )
 
-    def _connect(self) -> Any:
-        try:
-            return self._psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
-        except self._psycopg.OperationalError as exc:
-            raise StoreUnavailable(
-                f"cannot connect to the ledger's PostgreSQL ({exc}); nothing was executed. "
-                "Check the DSN and that the server is up"
-            ) from exc
+    def __repr__(self) -> str:
+        return f"PostgresLedgerBackend({self.dsn!r}, table={self.table!r})"
 
     def _exec(self, fn: Any) -> Any:
-        with self._lock:
-            if self._conn.closed:
-                self._conn = self._connect()
-            try:
-                return fn(_Counting(self._conn, self))
-            except self._psycopg.OperationalError as exc:
-                self._conn.close()
-                raise StoreUnavailable(
-                    f"the ledger's PostgreSQL connection failed ({exc}); retry when it is back"
-                ) from exc
+        try:
+            with self._pool.connection(timeout=10.0) as conn:
+                return fn(_Counting(conn, self))
+        except (self._psycopg.OperationalError, self._psycopg.InterfaceError,
+                *self._pool_errors) as exc:  # fmt: skip
+            raise StoreUnavailable(
+                f"the ledger's PostgreSQL at {self.dsn} did not answer ({type(exc).__name__}: "
+                f"{safe_url(str(exc))})"
+            ) from exc
 
     def _row(self, row: Any) -> Record | None:
         return None if row is None else Record.from_row(dict(zip(COLUMNS, row, strict=True)))
 
-    def claim(self, record: Record, now: float) -> tuple[bool, Record | None]:
+    def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
         cols = ", ".join(COLUMNS)
-        marks = ", ".join(f"%({c})s" for c in COLUMNS)
+        params = {"key": record.key, "payload_hash": record.payload_hash, "owner": record.owner,
+                  "lease": record.lease_until, "ttl": record.expires_at, "now": now}  # fmt: skip
 
         def run(conn: Any) -> tuple[bool, Record | None]:
             while True:
                 # a fresh key: one atomic statement, one round trip (autocommit)
                 inserted = conn.execute(
-                    f"INSERT INTO {self.table} ({cols}) VALUES ({marks}) ON CONFLICT (key) DO NOTHING RETURNING key",
-                    record.to_row(),
+                    f"INSERT INTO {self.table} ({cols}) SELECT %(key)s, 'pending', "
+                    "%(payload_hash)s, %(owner)s, n + %(lease)s, n + %(ttl)s, n, NULL, NULL, '', 1 "
+                    f"FROM (SELECT COALESCE(%(now)s::float8, {_EPOCH}) AS n) AS t "
+                    "ON CONFLICT (key) DO NOTHING RETURNING key",
+                    params,
                 ).fetchone()
                 if inserted:
                     return True, None
                 with conn.transaction():  # the key exists: decide under a row lock
-                    existing = self._row(
-                        conn.execute(
-                            f"SELECT {cols} FROM {self.table} WHERE key = %s FOR UPDATE",
-                            (record.key,),
-                        ).fetchone()
-                    )
-                    if existing is None:
+                    row = conn.execute(
+                        f"SELECT {cols}, COALESCE(%s::float8, {_EPOCH}) FROM {self.table} "
+                        "WHERE key = %s FOR UPDATE",
+                        (now, record.key),
+                    ).fetchone()
+                    if row is None:
                         continue  # released in between: try the insert again
-                    return _decide(conn, existing)
-
-        def _decide(conn: Any, existing: Record) -> tuple[bool, Record | None]:
-            claimed, previous = decide_claim(existing, record, now)
-            if claimed:
-                row = replace(record, attempts=previous.attempts + 1 if previous else 1).to_row()
-                sets = ", ".join(f"{c} = %({c})s" for c in COLUMNS if c != "key")
-                conn.execute(f"UPDATE {self.table} SET {sets} WHERE key = %(key)s", row)
-            return claimed, previous
+                    existing, at = self._row(row[:-1]), float(row[-1])
+                    new = record.at(at)
+                    claimed, previous = decide_claim(existing, new, at)
+                    if claimed and (previous is not None or existing is None
+                                    or existing.owner != new.owner):  # fmt: skip
+                        put = claimed_record(new, previous).to_row()
+                        sets = ", ".join(f"{c} = %({c})s" for c in COLUMNS if c != "key")
+                        conn.execute(f"UPDATE {self.table} SET {sets} WHERE key = %(key)s", put)
+                    return claimed, previous
 
         result: tuple[bool, Record | None] = self._exec(run)
         return result
@@ -119,22 +144,43 @@ class PostgresLedgerBackend:
             )
         )
 
-    def complete(self, key: str, owner: str, state: State, result: str | None,
-                 error: str | None, now: float) -> None:  # fmt: skip
-        self._exec(
+    def renew(self, key: str, owner: str, lease: float, now: float | None) -> bool:
+        cur = self._exec(
             lambda c: c.execute(
-                f"UPDATE {self.table} SET state = %s, result = %s, error = %s "
-                "WHERE key = %s AND state IN ('pending', 'unknown')",
-                (state.value, result, error, key),
+                f"UPDATE {self.table} SET lease_until = GREATEST(lease_until, "
+                f"COALESCE(%s::float8, {_EPOCH}) + %s) "
+                "WHERE key = %s AND owner = %s AND state IN ('pending', 'unknown')",
+                (now, lease, key, owner),
             )
         )
+        return bool(cur.rowcount == 1)
 
-    def mark_unknown(self, key: str, owner: str, detail: str) -> None:
+    def complete(self, key: str, owner: str, state: State, result: str | None,
+                 error: str | None) -> Completion:  # fmt: skip
+        def run(conn: Any) -> Completion:
+            done = conn.execute(
+                f"UPDATE {self.table} SET state = %s, result = %s, error = %s "
+                "WHERE key = %s AND owner = %s AND state IN ('pending', 'unknown') RETURNING key",
+                (state.value, result, error, key, owner),
+            ).fetchone()
+            if done:
+                return Completion.RECORDED
+            cols = ", ".join(COLUMNS)
+            row = conn.execute(f"SELECT {cols} FROM {self.table} WHERE key = %s", (key,))
+            return decide_complete(self._row(row.fetchone()), owner)
+
+        verdict: Completion = self._exec(run)
+        return verdict
+
+    def mark_unknown(
+        self, key: str, owner: str, detail: str, now: float | None, keep_lease: bool = False
+    ) -> None:
         self._exec(
             lambda c: c.execute(
-                f"UPDATE {self.table} SET state = 'unknown', detail = %s "
+                f"UPDATE {self.table} SET state = 'unknown', detail = %s, lease_until = CASE "
+                f"WHEN %s THEN lease_until ELSE LEAST(lease_until, COALESCE(%s::float8, {_EPOCH})) END "
                 "WHERE key = %s AND state = 'pending' AND owner = %s",
-                (detail, key, owner),
+                (detail, keep_lease, now, key, owner),
             )
         )
 
@@ -160,5 +206,4 @@ class PostgresLedgerBackend:
         return [r for r in (self._row(row) for row in rows) if r is not None]
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        self._pool.close()

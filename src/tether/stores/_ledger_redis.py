@@ -1,81 +1,168 @@
-"""The ledger in Redis: one hash per key, every transition one Lua script."""
+"""The ledger in Redis: one key per effect, every transition one Lua script.
+
+Leases are measured on the server's clock (``TIME``), so a worker whose own clock is
+ahead cannot take a claim over early. Redis keeps the ledger only as long as it
+persists its writes: a server without ``appendonly yes`` forgets claims and finished
+effects when it restarts, and an effect could then run twice. The backend checks the
+server's persistence when it is built and refuses one that does not persist, unless
+told otherwise (see :meth:`tether.Ledger.redis`).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from tether._effects import Record, State
 from tether._errors import StoreUnavailable, require
+from tether.stores._ledger_logic import Completion, Record, State
 
-__all__ = ["RedisLedgerBackend"]
+__all__ = ["LedgerNotDurable", "RedisLedgerBackend", "safe_url"]
 
-# ARGV: record as JSON, now, key ttl in ms. Returns {claimed, previous-or-current JSON or ''}
-CLAIM = """
+_NOW = """
+local now = tonumber(ARGV[2])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+"""
+
+# KEYS: the record. ARGV: claim JSON (relative times), now or '', key ttl in ms.
+# Returns {claimed, previous-or-current JSON or ''}. Twin of decide_claim.
+CLAIM = (
+    """
 local k = KEYS[1]
 local new = cjson.decode(ARGV[1])
-local now = tonumber(ARGV[2])
-local ttl = tonumber(ARGV[3])
-local raw = redis.call('GET', k)
+"""
+    + _NOW
+    + """
+new.lease_until = now + tonumber(new.lease_until)
+new.expires_at = now + tonumber(new.expires_at)
+new.created_at = now
 local function put(rec)
-  redis.call('SET', k, cjson.encode(rec), 'PX', ttl)
+  redis.call('SET', k, cjson.encode(rec), 'PX', tonumber(ARGV[3]))
 end
+local raw = redis.call('GET', k)
 if not raw then put(new); return {1, ''} end
 local cur = cjson.decode(raw)
 if tonumber(cur.expires_at) <= now then put(new); return {1, ''} end
-local reclaimable = cur.state == 'unknown' or (cur.state == 'pending' and tonumber(cur.lease_until) <= now)
+if cur.owner == new.owner and cur.state == 'pending' then return {1, ''} end
+local live = cur.state == 'pending' or cur.state == 'unknown'
 local same = cur.payload_hash == cjson.null or cur.payload_hash == nil or new.payload_hash == cjson.null
              or new.payload_hash == nil or cur.payload_hash == new.payload_hash
-if reclaimable and same then
+if live and tonumber(cur.lease_until) <= now and same then
   new.attempts = (tonumber(cur.attempts) or 1) + 1
   put(new)
   return {1, raw}
 end
 return {0, raw}
 """
+)
 
-# ARGV: owner, new state, field JSON, condition ('final' | 'owner_pending'), mode
-UPDATE = """
+# KEYS: the record. ARGV: mode, now or '', owner, then per mode. Twins of decide_complete,
+# may_renew, may_release and the mark_unknown rule.
+UPDATE = (
+    """
 local k = KEYS[1]
-local raw = redis.call('GET', k)
-if not raw then return 0 end
-local cur = cjson.decode(raw)
 local mode = ARGV[1]
-local owner = ARGV[2]
+"""
+    + _NOW
+    + """
+local owner = ARGV[3]
+local raw = redis.call('GET', k)
+if not raw then return 'missing' end
+local cur = cjson.decode(raw)
+local live = cur.state == 'pending' or cur.state == 'unknown'
 if mode == 'complete' then
-  if cur.state ~= 'pending' and cur.state ~= 'unknown' then return 0 end
-  cur.state = ARGV[3]
-  local extra = cjson.decode(ARGV[4])
+  if not live then return 'final' end
+  if cur.owner ~= owner then return 'lost' end
+  local extra = cjson.decode(ARGV[5])
+  cur.state = ARGV[4]
   cur.result = extra.result
   cur.error = extra.error
+elseif mode == 'renew' then
+  if not live or cur.owner ~= owner then return 'lost' end
+  cur.lease_until = math.max(tonumber(cur.lease_until), now + tonumber(ARGV[4]))
 elseif mode == 'unknown' then
-  if cur.state ~= 'pending' or cur.owner ~= owner then return 0 end
+  if cur.state ~= 'pending' or cur.owner ~= owner then return 'lost' end
   cur.state = 'unknown'
-  cur.detail = ARGV[3]
+  cur.detail = ARGV[4]
+  if ARGV[5] ~= '1' then cur.lease_until = math.min(tonumber(cur.lease_until), now) end
 elseif mode == 'release' then
-  if cur.state ~= 'pending' or cur.owner ~= owner then return 0 end
+  if cur.state ~= 'pending' or cur.owner ~= owner then return 'lost' end
   redis.call('DEL', k)
-  return 1
+  return 'recorded'
 end
 redis.call('SET', k, cjson.encode(cur), 'KEEPTTL')
-return 1
+return 'recorded'
 """
+)
+
+_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]*@")
+
+
+def safe_url(url: str) -> str:
+    """A URL without its user and password, for logs, errors and reprs."""
+    return _CREDENTIALS.sub("***@", url)
+
+
+class LedgerNotDurable(StoreUnavailable):
+    """The ledger's server does not persist its writes (or cannot say whether it does)."""
 
 
 class RedisLedgerBackend:
-    def __init__(self, url: str, *, prefix: str = "tether", key_ttl: float = 7 * 86_400.0) -> None:
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        client: Any = None,
+        prefix: str = "tether",
+        key_ttl: float = 7 * 86_400.0,
+        assume_durable: bool = False,
+        allow_lost_records: bool = False,
+    ) -> None:
         redis = require("redis", "redis")
-        self.url = url
+        self.url = safe_url(url) if client is None else repr(client)
         self.prefix = prefix
         self._ttl_ms = int(key_ttl * 1000)
-        self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)  # type: ignore[attr-defined]
-        self._errors = (redis.ConnectionError, redis.TimeoutError)  # type: ignore[attr-defined]
+        self.client = client or redis.Redis.from_url(  # type: ignore[attr-defined]
+            url, socket_timeout=5, socket_connect_timeout=5
+        )
+        self._errors = (redis.RedisError,)  # type: ignore[attr-defined]
         self.round_trips = 0
         self._claim = self.client.register_script(CLAIM)
         self._update = self.client.register_script(UPDATE)
+        if not (assume_durable or allow_lost_records):
+            self._check_durable()
+
+    def __repr__(self) -> str:
+        return f"RedisLedgerBackend({self.url!r}, prefix={self.prefix!r})"
+
+    def _check_durable(self) -> None:
+        try:
+            settings = self._call(self.client.config_get, "appendonly")
+        except StoreUnavailable as exc:
+            if (
+                isinstance(exc.__cause__, self._errors[0])
+                and "CONFIG" in str(exc.__cause__).upper()
+            ):
+                raise LedgerNotDurable(
+                    f"cannot read the persistence settings of the ledger's Redis at {self.url} "
+                    f"({exc.__cause__}). If it persists every write (appendonly yes, or a managed "
+                    "Redis with durable storage), pass assume_durable=True"
+                ) from exc
+            raise
+        values = settings.values() if isinstance(settings, dict) else []
+        if not any(str(v.decode() if isinstance(v, bytes) else v) == "yes" for v in values):
+            raise LedgerNotDurable(
+                f"the ledger's Redis at {self.url} does not persist its writes (appendonly is "
+                "off): a restart would forget claims and finished effects, and an effect could "
+                "run twice. Turn it on (CONFIG SET appendonly yes, and in redis.conf), or pass "
+                "allow_lost_records=True to accept that risk"
+            )
 
     def _key(self, key: str) -> str:
-        return f"{self.prefix}:ledger:{key}"
+        return f"{self.prefix}:ledger:{{{key}}}"
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self.round_trips += 1
@@ -83,8 +170,8 @@ class RedisLedgerBackend:
             return fn(*args, **kwargs)
         except self._errors as exc:
             raise StoreUnavailable(
-                f"the ledger's Redis at {self.url} is unreachable ({exc}); nothing was executed. "
-                "Retry when Redis answers (the effect has not run)"
+                f"the ledger's Redis at {self.url} did not answer ({type(exc).__name__}: "
+                f"{safe_url(str(exc))})"
             ) from exc
 
     @staticmethod
@@ -97,35 +184,47 @@ class RedisLedgerBackend:
                 data[field] = None
         return Record.from_row(data)
 
-    def claim(self, record: Record, now: float) -> tuple[bool, Record | None]:
-        row = record.to_row()
-        row["state"] = record.state.value
+    @staticmethod
+    def _now(now: float | None) -> str:
+        return "" if now is None else repr(now)
+
+    def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
         claimed, raw = self._call(self._claim, keys=[self._key(record.key)],
-                                  args=[json.dumps(row), repr(now), self._ttl_ms])  # fmt: skip
+                                  args=[json.dumps(record.to_row()), self._now(now), self._ttl_ms])  # fmt: skip
         return bool(int(claimed)), self._decode(raw)
 
     def get(self, key: str) -> Record | None:
         return self._decode(self._call(self.client.get, self._key(key)))
 
-    def complete(self, key: str, owner: str, state: State, result: str | None,
-                 error: str | None, now: float) -> None:  # fmt: skip
-        extra = json.dumps({"result": result, "error": error})
-        self._call(
-            self._update, keys=[self._key(key)], args=["complete", owner, state.value, extra]
+    def _run(self, key: str, mode: str, now: float | None, owner: str, *rest: Any) -> str:
+        answer = self._call(
+            self._update, keys=[self._key(key)], args=[mode, self._now(now), owner, *rest]
         )
+        return answer.decode() if isinstance(answer, bytes) else str(answer)
 
-    def mark_unknown(self, key: str, owner: str, detail: str) -> None:
-        self._call(self._update, keys=[self._key(key)], args=["unknown", owner, detail, "{}"])
+    def renew(self, key: str, owner: str, lease: float, now: float | None) -> bool:
+        return self._run(key, "renew", now, owner, repr(lease)) == "recorded"
+
+    def complete(self, key: str, owner: str, state: State, result: str | None,
+                 error: str | None) -> Completion:  # fmt: skip
+        extra = json.dumps({"result": result, "error": error})
+        return Completion(self._run(key, "complete", None, owner, state.value, extra))
+
+    def mark_unknown(
+        self, key: str, owner: str, detail: str, now: float | None, keep_lease: bool = False
+    ) -> None:
+        self._run(key, "unknown", now, owner, detail, "1" if keep_lease else "0")
 
     def release(self, key: str, owner: str) -> None:
-        self._call(self._update, keys=[self._key(key)], args=["release", owner, "", "{}"])
+        self._run(key, "release", None, owner)
 
     def forget(self, key: str) -> None:
         self._call(self.client.delete, self._key(key))
 
     def records(self, state: State | None = None, limit: int = 100) -> list[Record]:
         out: list[Record] = []
-        for k in self._call(lambda: list(self.client.scan_iter(match=f"{self.prefix}:ledger:*"))):
+        pattern = f"{self.prefix}:ledger:*"
+        for k in self._call(lambda: list(self.client.scan_iter(match=pattern))):
             rec = self._decode(self._call(self.client.get, k))
             if rec is not None and (state is None or rec.state is state):
                 out.append(rec)

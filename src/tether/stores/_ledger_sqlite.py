@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from dataclasses import replace
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
-from tether._effects import Record, State, decide_claim
+from tether.clock import system_clock
+from tether.stores._ledger_logic import (
+    COLUMNS,
+    Completion,
+    Record,
+    State,
+    claimed_record,
+    decide_claim,
+    decide_complete,
+)
 
 __all__ = ["SqliteLedgerBackend"]
 
-COLUMNS = ("key", "state", "payload_hash", "owner", "lease_until", "expires_at", "created_at",
-           "result", "error", "detail", "attempts")  # fmt: skip
+T = TypeVar("T")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tether_ledger (
     key TEXT PRIMARY KEY,
@@ -61,46 +70,79 @@ class SqliteLedgerBackend:
         )
         return self._row(cur.fetchone())
 
-    def claim(self, record: Record, now: float) -> tuple[bool, Record | None]:
+    @contextmanager
+    def _immediate(self) -> Iterator[None]:
+        """A write transaction taken at once (``BEGIN IMMEDIATE``): decide, then write."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                existing = self._select(record.key)
-                claimed, previous = decide_claim(existing, record, now)
-                if claimed:
-                    row = replace(
-                        record, attempts=previous.attempts + 1 if previous else 1
-                    ).to_row()
-                    self._db.execute(
-                        f"INSERT OR REPLACE INTO tether_ledger ({', '.join(COLUMNS)}) "
-                        f"VALUES ({', '.join('?' for _ in COLUMNS)})",
-                        [row[c] for c in COLUMNS],
-                    )
+                yield
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+
+    def _decided(self, key: str, decide: Callable[[Record | None], T]) -> T:
+        with self._immediate():
+            return decide(self._select(key))
+
+    def _put(self, record: Record) -> None:
+        row = record.to_row()
+        self._db.execute(
+            f"INSERT OR REPLACE INTO tether_ledger ({', '.join(COLUMNS)}) "
+            f"VALUES ({', '.join('?' for _ in COLUMNS)})",
+            [row[c] for c in COLUMNS],
+        )
+
+    def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
+        now = system_clock.wall() if now is None else now
+        new = record.at(now)
+
+        def decide(existing: Record | None) -> tuple[bool, Record | None]:
+            claimed, previous = decide_claim(existing, new, now)
+            if claimed:
+                self._put(claimed_record(new, previous))
             return claimed, previous
+
+        return self._decided(new.key, decide)
 
     def get(self, key: str) -> Record | None:
         with self._lock:
             return self._select(key)
 
-    def complete(self, key: str, owner: str, state: State, result: str | None,
-                 error: str | None, now: float) -> None:  # fmt: skip
+    def renew(self, key: str, owner: str, lease: float, now: float | None) -> bool:
+        now = system_clock.wall() if now is None else now
         with self._lock:
-            self._db.execute(
-                "UPDATE tether_ledger SET state = ?, result = ?, error = ? "
-                "WHERE key = ? AND state IN ('pending', 'unknown')",
-                (state.value, result, error, key),
+            cur = self._db.execute(
+                "UPDATE tether_ledger SET lease_until = MAX(lease_until, ?) "
+                "WHERE key = ? AND owner = ? AND state IN ('pending', 'unknown')",
+                (now + lease, key, owner),
             )
+            return cur.rowcount == 1
 
-    def mark_unknown(self, key: str, owner: str, detail: str) -> None:
+    def complete(self, key: str, owner: str, state: State, result: str | None,
+                 error: str | None) -> Completion:  # fmt: skip
+        def decide(existing: Record | None) -> Completion:
+            verdict = decide_complete(existing, owner)
+            if verdict is Completion.RECORDED:
+                self._db.execute(
+                    "UPDATE tether_ledger SET state = ?, result = ?, error = ? WHERE key = ?",
+                    (state.value, result, error, key),
+                )
+            return verdict
+
+        return self._decided(key, decide)
+
+    def mark_unknown(
+        self, key: str, owner: str, detail: str, now: float | None, keep_lease: bool = False
+    ) -> None:
+        now = system_clock.wall() if now is None else now
         with self._lock:
             self._db.execute(
-                "UPDATE tether_ledger SET state = 'unknown', detail = ? "
+                "UPDATE tether_ledger SET state = 'unknown', detail = ?, "
+                "lease_until = CASE WHEN ? THEN lease_until ELSE MIN(lease_until, ?) END "
                 "WHERE key = ? AND state = 'pending' AND owner = ?",
-                (detail, key, owner),
+                (detail, keep_lease, now, key, owner),
             )
 
     def release(self, key: str, owner: str) -> None:

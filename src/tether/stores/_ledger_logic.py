@@ -1,0 +1,194 @@
+"""The ledger's records and the rules every ledger backend applies atomically.
+
+Pure data and decisions, no I/O: the memory and SQLite backends call these functions
+under their lock or transaction; the Redis backend runs their Lua twins; the
+PostgreSQL backend runs them under a row lock. Backends depend on this module only,
+never on the :class:`tether.Ledger` that uses them.
+
+A claim is owned by one ``owner`` token (a fresh UUID per claim), which is also the
+fencing token: only the owner may renew, complete, mark unknown or release it, so a
+worker that lost its claim can never overwrite the record of the worker that took it
+over. ``lease_until`` says until when the owner is known to be alive; the owner
+renews it while the effect runs (the heartbeat), and a takeover is possible only
+once it has run out.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+__all__ = [
+    "COLUMNS",
+    "Completion",
+    "LedgerBackend",
+    "Record",
+    "State",
+    "decide_claim",
+    "decide_complete",
+    "may_renew",
+]
+
+
+class State(enum.Enum):
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+class Completion(enum.Enum):
+    """What became of a ``complete`` call."""
+
+    RECORDED = "recorded"
+    MISSING = "missing"  # the store no longer has the record (a Redis that forgot it)
+    LOST = "lost"  # another worker took the claim over: the owner was fenced off
+    FINAL = "final"  # the record was already DONE or FAILED
+
+
+COLUMNS = ("key", "state", "payload_hash", "owner", "lease_until", "expires_at", "created_at",
+           "result", "error", "detail", "attempts")  # fmt: skip
+FINAL = (State.DONE, State.FAILED)
+LIVE = (State.PENDING, State.UNKNOWN)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One effect's entry in the ledger."""
+
+    key: str
+    state: State
+    payload_hash: str | None
+    owner: str
+    lease_until: float
+    expires_at: float
+    created_at: float
+    result: str | None = None  # the codec's text
+    error: str | None = None  # JSON: {"type", "module", "message"}
+    detail: str = ""
+    attempts: int = 1
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "key": self.key, "state": self.state.value, "payload_hash": self.payload_hash,
+            "owner": self.owner, "lease_until": self.lease_until, "expires_at": self.expires_at,
+            "created_at": self.created_at, "result": self.result, "error": self.error,
+            "detail": self.detail, "attempts": self.attempts,
+        }  # fmt: skip
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Record:
+        return cls(
+            key=str(row["key"]),
+            state=State(row["state"]),
+            payload_hash=row.get("payload_hash") or None,
+            owner=str(row.get("owner") or ""),
+            lease_until=float(row.get("lease_until") or 0.0),
+            expires_at=float(row.get("expires_at") or 0.0),
+            created_at=float(row.get("created_at") or 0.0),
+            result=row.get("result"),
+            error=row.get("error"),
+            detail=str(row.get("detail") or ""),
+            attempts=int(row.get("attempts") or 1),
+        )
+
+    @classmethod
+    def claim_of(cls, key: str, payload_hash: str | None, owner: str, lease: float,
+                 ttl: float) -> Record:  # fmt: skip
+        """A new claim, its times relative to the moment the backend stores it."""
+        return cls(key, State.PENDING, payload_hash, owner, lease, ttl, 0.0)
+
+    def at(self, now: float) -> Record:
+        """This claim with its relative times made absolute at ``now``."""
+        return replace(self, lease_until=now + self.lease_until, expires_at=now + self.expires_at,
+                       created_at=now)  # fmt: skip
+
+
+def decide_claim(existing: Record | None, new: Record, now: float) -> tuple[bool, Record | None]:
+    """The claim rule.
+
+    Returns (claimed, record): claimed with ``None`` for a fresh effect (or a repeat of
+    the owner's own claim, after a lost reply), claimed with the previous record for a
+    takeover (an UNKNOWN or PENDING record whose owner stopped renewing its lease:
+    reconcile first), or not claimed with the current record.
+    """
+    if existing is None or existing.expires_at <= now:
+        return True, None
+    if existing.owner == new.owner and existing.state is State.PENDING:
+        return True, None
+    same_intent = existing.payload_hash in (None, new.payload_hash) or not new.payload_hash
+    if existing.state in LIVE and existing.lease_until <= now and same_intent:
+        return True, existing
+    return False, existing
+
+
+def claimed_record(new: Record, previous: Record | None) -> Record:
+    """The record a successful claim stores."""
+    return replace(new, attempts=previous.attempts + 1 if previous else 1)
+
+
+def decide_complete(existing: Record | None, owner: str) -> Completion:
+    """May ``owner`` settle this record? (fencing: only the claim's owner may)."""
+    if existing is None:
+        return Completion.MISSING
+    if existing.state in FINAL:
+        return Completion.FINAL
+    if existing.owner != owner:
+        return Completion.LOST
+    return Completion.RECORDED
+
+
+def may_renew(existing: Record | None, owner: str) -> bool:
+    """The owner renews its lease while its effect runs (PENDING, or UNKNOWN after a
+    timeout while the abandoned attempt is still running)."""
+    return existing is not None and existing.state in LIVE and existing.owner == owner
+
+
+def may_release(existing: Record | None, owner: str) -> bool:
+    """A PENDING claim is deleted by its owner when the effect provably did not happen."""
+    return existing is not None and existing.state is State.PENDING and existing.owner == owner
+
+
+class LedgerBackend(Protocol):
+    """The atomic primitives a ledger store provides.
+
+    ``now`` is the time of the ledger's clock, or None: then the backend uses its own
+    clock (the server's, for Redis and PostgreSQL), so that leases are measured on one
+    clock for the whole fleet.
+    """
+
+    def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
+        """Insert ``record.at(now)`` (PENDING; built by :meth:`Record.claim_of`) or take
+        over a reclaimable one, per :func:`decide_claim`."""
+        ...
+
+    def get(self, key: str) -> Record | None: ...
+
+    def renew(self, key: str, owner: str, lease: float, now: float | None) -> bool:
+        """Extend the owner's lease to ``now + lease``; False if the owner lost its claim."""
+        ...
+
+    def complete(self, key: str, owner: str, state: State, result: str | None,
+                 error: str | None) -> Completion:  # fmt: skip
+        """Set DONE or FAILED, if ``owner`` still holds the claim (see :func:`decide_complete`)."""
+        ...
+
+    def mark_unknown(
+        self, key: str, owner: str, detail: str, now: float | None, keep_lease: bool = False
+    ) -> None:
+        """PENDING -> UNKNOWN, if ``owner`` still holds the claim; its lease is released
+        (ends ``now``) unless ``keep_lease`` (an abandoned attempt that is still running)."""
+        ...
+
+    def release(self, key: str, owner: str) -> None:
+        """Delete a PENDING record held by ``owner`` (nothing happened)."""
+        ...
+
+    def forget(self, key: str) -> None:
+        """Delete a record whatever its state."""
+        ...
+
+    def records(self, state: State | None = None, limit: int = 100) -> list[Record]: ...
+
+    def close(self) -> None: ...
