@@ -441,7 +441,7 @@ def test_unknown_outcome_escalates() -> None:
         "escalated",
         StopReason.UNKNOWN_OUTCOME,
     )
-    assert any("outcome unknown" in issue for issue in run.outcome.open_issues)
+    assert any("pay may have happened" in issue for issue in run.outcome.open_issues)
 
 
 def test_escalation_triggers_on_retries_and_steps() -> None:

@@ -105,11 +105,19 @@ class CustomerMessages:
     )
     failed: str = "We could not complete this request right now. Please try again later, or reply here for help."
     success: str = "Your request is complete.{done}"
+    unconfirmed: str = (
+        "We could not confirm whether every step of your request went through.{done} Please "
+        "do not repeat it: a member of our team will check our records and get back to you here."
+    )
     done_prefix: str = " Done: "
 
-    def render(self, status: str, facts: Iterable[str]) -> str:
+    def render(self, status: str, facts: Iterable[str], *, unconfirmed: Iterable[str] = ()) -> str:
+        """The message for a run that ended with ``status``; a run with an effect whose
+        outcome is unknown never tells the customer that nothing happened."""
         facts = [f for f in facts if f]
         done = f"{self.done_prefix}{'; '.join(facts)}." if facts else ""
+        if status in ("failed", "partial") and any(True for _ in unconfirmed):
+            status = "unconfirmed"
         template = getattr(self, status, self.failed)
         return str(template).format(done=done)
 

@@ -1,0 +1,171 @@
+"""How a run ends: status, reason, facts from the ledger, checkpoint, handoff, message."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from types import TracebackType
+from typing import Any, Self
+
+from tether import telemetry
+from tether._canonical import canonical_json
+from tether._classify import classify
+from tether._handoff import HandoffRecord, _Delivery
+from tether._outcome import Outcome, Stopped, StopReason, Usage
+from tether._runstate import RunState
+
+__all__ = ["Ending"]
+
+_log = logging.getLogger("tether")
+
+
+class Ending(RunState):
+    """The end of a run (mixed into :class:`tether.Run`)."""
+
+    def __enter__(self) -> Self:
+        self._span_cm = telemetry.span(
+            "tether.run", **{"tether.run_id": self.run_id, "tether.task": self.task[:200]}
+        )
+        self._span_cm.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        swallow = False
+        if isinstance(exc, Stopped):
+            swallow = True
+        elif isinstance(exc, Exception):
+            verdict = classify(exc)
+            reason = StopReason.PERMANENT_ERROR if not verdict.retryable else StopReason.ERROR
+            self._halt(reason, f"{type(exc).__name__}: {verdict.reason}")
+        self.finish()
+        if self._span_cm is not None:
+            self._span_cm.__exit__(None, None, None)
+        return swallow
+
+    async def __aenter__(self) -> Self:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+    @property
+    def outcome(self) -> Outcome:
+        """The run's outcome (the run is finished on first access)."""
+        if self._outcome is None:
+            self.finish()
+        assert self._outcome is not None
+        return self._outcome
+
+    def facts(self) -> list[str]:
+        """Effects of this run that the ledger records as done, in words.
+
+        Raises what the ledger's store raises when it cannot be read; :meth:`finish`
+        turns that into an open issue.
+        """
+        ledger = self.guard.ledger
+        out: list[str] = []
+        for tool, args, key in self._effects:
+            record = ledger.get(key)
+            if record is not None and record.state.value == "done":
+                text = self.guard.describe_effect(tool, args, ledger.result(key))
+                if text and text not in out:
+                    out.append(text)
+        return out
+
+    def _read_facts(self, issues: list[str]) -> list[str]:
+        try:
+            return self.facts()
+        except Exception as exc:  # a store that is down never loses the outcome
+            _log.error("tether: run %s: the ledger could not be read: %s", self.run_id, exc)
+            issues.append(
+                f"the ledger could not be read ({type(exc).__name__}): what this run's effects "
+                "did is not confirmed; check the provider's records"
+            )
+            self._unconfirmed.extend(tool for tool, _, _ in self._effects)
+            return []
+
+    def finish(self) -> Outcome:
+        """Close the run: status, reason, checkpoint, handoff, customer message."""
+        if self._outcome is not None:
+            return self._outcome
+        if self._stop is None:
+            self._halt(StopReason.NO_RESULT, "the loop ended without run.succeed()")
+        assert self._stop is not None
+        reason, detail = self._stop
+        esc = self.guard.escalation
+        # a handoff is made when the code asks for one, when a trigger fires, or, for any
+        # run that did not reach its goal, when a sink is configured to receive it
+        escalate = self._escalate or (
+            esc is not None
+            and reason is not StopReason.GOAL_REACHED
+            and (reason in esc.on or esc.sink is not None)
+        )
+        if reason is StopReason.GOAL_REACHED:
+            status = "success"
+        elif escalate:
+            status = "escalated"
+        elif reason in (StopReason.PERMANENT_ERROR, StopReason.ERROR) or not self.partial:
+            status = "failed"
+        else:
+            status = "partial"
+        issues = list(self._issues)
+        if status != "success":
+            issues.insert(0, f"stopped: {reason.value}" + (f" ({detail})" if detail else ""))
+        facts = self._read_facts(issues)
+        message = self.guard.messages.render(status, facts, unconfirmed=self._unconfirmed)
+        usage = self.usage()
+        checkpoint_id = None
+        if self.guard.checkpoints is not None:
+            doc = {"run_id": self.run_id, "task": self.task, "status": status, "reason": reason.value,
+                   "detail": detail, "usage": _usage_doc(usage), "partial": _jsonable(self.partial),
+                   "transcript": _jsonable(self.transcript), "open_issues": issues}  # fmt: skip
+            try:
+                checkpoint_id = self.guard.checkpoints.save(doc, self.clock.wall())
+            except Exception as exc:  # a failing store never loses the outcome
+                _log.error("tether: run %s: checkpoint failed: %s", self.run_id, exc)
+                issues.append(f"checkpoint failed: {type(exc).__name__}")
+        handoff = None
+        if status == "escalated":
+            handoff = HandoffRecord(f"ho_{uuid.uuid4().hex[:20]}", self.run_id, self.task, reason, detail,
+                                    tuple(_jsonable(self.transcript)), tuple(facts), tuple(issues), message,
+                                    self.clock.wall())  # fmt: skip
+            delivery = _Delivery(esc.sink if esc is not None else None)
+            delivery.deliver(handoff)
+            issues.extend(delivery.errors)
+        self._outcome = Outcome(status, reason, self._result, tuple(self.partial), detail, tuple(issues),
+                                usage, checkpoint_id, message, self.run_id, handoff)  # fmt: skip
+        telemetry.end_step(self._step_span)
+        self._step_span = None
+        telemetry.record_stop(
+            reason.value, status, **{"tether.run_id": self.run_id, "tether.steps": usage.steps}
+        )
+        telemetry.notify("stop", self._outcome)
+        if self.guard.on_stop is not None:
+            try:
+                self.guard.on_stop(self._outcome)
+            except Exception:
+                _log.exception("tether: on_stop hook raised; ignored")
+        return self._outcome
+
+
+def _usage_doc(usage: Usage) -> dict[str, Any]:
+    return {name: getattr(usage, name) for name in Usage.__slots__}
+
+
+def _jsonable(value: Any) -> Any:
+    import json
+
+    try:
+        return json.loads(canonical_json(value, ignore=()))
+    except (TypeError, ValueError):
+        return json.loads(json.dumps(value, default=repr))

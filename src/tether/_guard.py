@@ -1,0 +1,181 @@
+"""The guards' configuration: run budgets and the Guard that opens runs."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tether._breaker import CircuitBreaker
+from tether._effects import Ledger
+from tether._handoff import CustomerMessages, Escalation
+from tether._loops import LoopPolicy
+from tether._outcome import Outcome, Usage
+from tether._persist import Checkpoints, DeadLetters
+from tether._pricing import PriceTable
+from tether._retry import RetryPolicy
+from tether.clock import Clock, system_clock
+
+if TYPE_CHECKING:
+    from tether._run import Run
+    from tether.stores._base import Store
+
+__all__ = ["Budget", "Guard"]
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Limits counted in code (a limit that exists only in the prompt is a request).
+
+    Every limit is None (unlimited) by default except ``max_identical_failures``.
+    ``progress_extension`` grants that many extra steps each time a step makes
+    progress, never beyond ``max_steps_ceiling`` (seed 000's progress-based budget).
+    """
+
+    max_steps: int | None = None
+    max_model_calls: int | None = None
+    max_tool_calls: int | None = None
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    max_seconds: float | None = None
+    max_identical_failures: int | None = 3
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    progress_extension: int = 0
+    max_steps_ceiling: int | None = None
+    max_hung_threads: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "max_model_calls", "max_tool_calls", "max_tokens",
+                     "max_input_tokens", "max_output_tokens", "max_identical_failures",
+                     "max_steps_ceiling"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
+        for name in ("max_cost_usd", "max_seconds"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 or None, got {value!r}")
+        if self.progress_extension < 0:
+            raise ValueError(f"progress_extension must be >= 0, got {self.progress_extension!r}")
+        if self.progress_extension and self.max_steps is None:
+            raise ValueError("progress_extension needs max_steps")
+        if (
+            self.max_steps_ceiling is not None
+            and self.max_steps is not None
+            and self.max_steps_ceiling < self.max_steps
+        ):
+            raise ValueError(
+                f"max_steps_ceiling must be >= max_steps ({self.max_steps}), got {self.max_steps_ceiling!r}"
+            )
+        if self.max_hung_threads < 1:
+            raise ValueError(f"max_hung_threads must be >= 1, got {self.max_hung_threads!r}")
+
+
+class Guard:
+    """The guards around an agent's loop; ``guard.start(task)`` opens one run.
+
+    >>> guard = Guard(budget=Budget(max_steps=5))
+    >>> with guard.start(task="find invoice 99") as run:
+    ...     while run.proceed():
+    ...         run.call_tool("search", lambda q: None, {"q": "invoice 99"})
+    >>> run.outcome.status, run.outcome.stopped_because.name, len(run.outcome.partial)
+    ('partial', 'REPEATED_ACTION', 2)
+    """
+
+    def __init__(
+        self,
+        budget: Budget | None = None,
+        loops: LoopPolicy | None = None,
+        clock: Clock | None = None,
+        ledger: Ledger | None = None,
+        checkpoints: Checkpoints | None = None,
+        dead_letters: DeadLetters | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        escalation: Escalation | None = None,
+        prices: PriceTable | None = None,
+        messages: CustomerMessages | None = None,
+        store: Store | None = None,
+        breaker_threshold: int | None = None,
+        wait_for_recovery: bool = True,
+        breaker_cooldown: float = 30.0,
+        describe_effect: Callable[[str, Any, Any], str | None] | None = None,
+        on_stop: Callable[[Outcome], object] | None = None,
+        scope: str = "",
+    ) -> None:
+        self.budget = budget or Budget()
+        self.loops = loops or LoopPolicy()
+        self.clock: Clock = clock or system_clock
+        # every guard has a ledger: a non-idempotent tool is never re-executed blindly. The
+        # default lives in this process; a durable one (SQLite, Redis, PostgreSQL) survives
+        # a restart
+        self.ledger = ledger if ledger is not None else Ledger.memory(clock=self.clock)
+        self.checkpoints = checkpoints
+        self.dead_letters = dead_letters
+        self.retry = (retry or RetryPolicy()).replace(clock=self.clock)
+        self.escalation = escalation
+        self.prices = prices or PriceTable()
+        self.messages = messages or CustomerMessages()
+        self.store = store
+        # one unlucky call's retries alone never trip a tool's breaker
+        self.breaker_threshold = breaker_threshold or max(5, 2 * self.retry.max_attempts)
+        self.wait_for_recovery = wait_for_recovery
+        self.breaker_cooldown = breaker_cooldown
+        self.describe_effect = describe_effect or _describe
+        self.on_stop = on_stop
+        self.scope = scope
+        self._breakers: dict[str, CircuitBreaker] = {}
+        self._policies: dict[tuple[str, float | None, bool], RetryPolicy] = {}
+
+    def breaker(self, tool: str) -> CircuitBreaker:
+        """The breaker that guards ``tool`` (one per tool name, shared by this guard's runs)."""
+        breaker = self._breakers.get(tool)
+        if breaker is None:
+            breaker = CircuitBreaker(f"tool:{tool}", failure_threshold=self.breaker_threshold,
+                                     cooldown=self.breaker_cooldown, store=self.store, clock=self.clock)  # fmt: skip
+            self._breakers[tool] = breaker
+        return breaker
+
+    def _policy(self, tool: str, timeout: float | None, *, effect: bool = False) -> RetryPolicy:
+        """The retry policy of a tool's calls; an effect's attempts are timed by the ledger."""
+        policy = self._policies.get((tool, timeout, effect))
+        if policy is None:
+            attempt_timeout = timeout if timeout is not None else self.retry.attempt_timeout
+            policy = self.retry.replace(name=tool, breaker=self.breaker(tool),
+                                        attempt_timeout=None if effect else attempt_timeout)  # fmt: skip
+            self._policies[(tool, timeout, effect)] = policy
+        return policy
+
+    def start(self, task: str = "", *, run_id: str | None = None) -> Run:
+        """Open a run (use it as a context manager)."""
+        from tether._run import Run
+
+        return Run(self, task, run_id or f"run_{uuid.uuid4().hex[:16]}")
+
+    def resume(self, checkpoint_id: str) -> Run:
+        """A run that continues a checkpointed one, with the budget it had left."""
+        if self.checkpoints is None:
+            raise ValueError("this guard has no checkpoints store: pass checkpoints= to Guard")
+        from tether._run import Run
+
+        doc = self.checkpoints.load(checkpoint_id)
+        run = Run(self, str(doc["task"]), str(doc.get("run_id") or checkpoint_id))
+        try:
+            usage = Usage(**doc["usage"])
+        except TypeError as exc:
+            from tether._persist import CheckpointError
+
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id!r} is corrupt: bad usage ({exc})"
+            ) from exc
+        run._restore(usage, list(doc["partial"]), list(doc["transcript"]))
+        return run
+
+
+def _describe(tool: str, args: Any, result: Any) -> str | None:
+    ref = result.get("id") if isinstance(result, Mapping) else getattr(result, "id", None)
+    return f"{tool} completed" + (f" (reference {ref})" if ref else "")

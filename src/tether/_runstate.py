@@ -1,0 +1,120 @@
+"""The state of one guarded run, shared by its lifecycle, its tool calls and its ending."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from tether import telemetry
+from tether._loops import LoopState
+from tether._outcome import Outcome, Stopped, StopReason, Usage
+from tether.clock import hung_threads
+
+if TYPE_CHECKING:
+    from tether._guard import Guard
+
+__all__ = ["RunState"]
+
+_log = logging.getLogger("tether")
+
+
+class RunState:
+    """What a run counts and remembers; the parts of :class:`tether.Run` share it."""
+
+    def __init__(self, guard: Guard, task: str, run_id: str) -> None:
+        self.guard = guard
+        self.task = task
+        self.run_id = run_id
+        self.clock = guard.clock
+        self.budget = guard.budget
+        self._loops = LoopState(guard.loops)
+        self._started = self.clock.now()
+        self._elapsed_before = 0.0
+        self._hung_base = hung_threads()
+        self.steps = self.model_calls = self.tool_calls = self.retries = 0
+        self.input_tokens = self.output_tokens = self.cache_write_tokens = (
+            self.cache_read_tokens
+        ) = 0
+        self.cost_usd = 0.0
+        self._last_costs: list[float] = []
+        self._last_tokens = 0
+        self._max_steps = self.budget.max_steps
+        self.partial: list[dict[str, Any]] = []
+        self.transcript: list[dict[str, Any]] = []
+        self._effects: list[tuple[str, Any, str]] = []  # (tool, args, ledger key)
+        self._unconfirmed: list[str] = []  # tools whose effect may or may not have happened
+        self._failures: Counter[tuple[str, str, str]] = Counter()
+        self._results: OrderedDict[str, None] = OrderedDict()
+        self._no_progress = 0
+        self._step_progress = False
+        self._step_counted = False
+        self._step_calls = 0
+        self._stop: tuple[StopReason, str] | None = None
+        self._escalate = False
+        self._result: Any = None
+        self._outcome: Outcome | None = None
+        self._issues: list[str] = []
+        self._span_cm: Any = None
+        self._step_span: telemetry.StepSpan | None = None
+
+    # --- bookkeeping ------------------------------------------------------------------
+
+    def _restore(
+        self, usage: Usage, partial: list[dict[str, Any]], transcript: list[dict[str, Any]]
+    ) -> None:
+        self.steps, self.model_calls, self.tool_calls = (
+            usage.steps,
+            usage.model_calls,
+            usage.tool_calls,
+        )
+        self.input_tokens, self.output_tokens = usage.input_tokens, usage.output_tokens
+        self.cache_write_tokens, self.cache_read_tokens = (
+            usage.cache_write_tokens,
+            usage.cache_read_tokens,
+        )
+        self.cost_usd, self.retries, self._elapsed_before = (
+            usage.cost_usd,
+            usage.retries,
+            usage.seconds,
+        )
+        self.partial, self.transcript = partial, transcript
+
+    @property
+    def elapsed(self) -> float:
+        return self._elapsed_before + self.clock.now() - self._started
+
+    @property
+    def total_tokens(self) -> int:
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_write_tokens
+            + self.cache_read_tokens
+        )
+
+    @property
+    def stopped(self) -> StopReason | None:
+        return self._stop[0] if self._stop else None
+
+    def usage(self) -> Usage:
+        return Usage(self.steps, self.model_calls, self.tool_calls, self.input_tokens, self.output_tokens,
+                     self.cache_write_tokens, self.cache_read_tokens, round(self.cost_usd, 10),
+                     self.retries, self.elapsed)  # fmt: skip
+
+    def _halt(self, reason: StopReason, detail: str = "") -> Stopped:
+        """Record the first stop condition; later ones do not overwrite it."""
+        if self._stop is None:
+            self._stop = (reason, detail)
+            _log.info(
+                "run %s stops: %s%s", self.run_id, reason.value, f" ({detail})" if detail else ""
+            )
+            if reason in (StopReason.REPEATED_ACTION, StopReason.REPEATED_SEQUENCE,
+                          StopReason.STATE_CYCLE, StopReason.NO_PROGRESS):  # fmt: skip
+                telemetry.add_event("tether.loop_detected", **{"tether.stop_reason": reason.value})
+            elif reason.name.startswith("MAX_") or reason is StopReason.TIMEOUT:
+                telemetry.add_event(
+                    "tether.budget_exhausted", **{"tether.stop_reason": reason.value}
+                )
+        reason, detail = self._stop
+        return Stopped(reason, detail)

@@ -1,0 +1,333 @@
+"""The tool-call pipeline of a run: checks -> breaker -> retry -> ledger -> result."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tether import telemetry
+from tether._canonical import canonical_json, intent_key
+from tether._classify import classify
+from tether._errors import CircuitOpenError, DeadlineExceeded, UnknownOutcome
+from tether._outcome import Stopped, StopReason, ToolError
+from tether._persist import redact
+from tether._retry import RetryPolicy
+from tether._runstate import RunState
+from tether.clock import hung_threads
+
+__all__ = ["ToolCalls"]
+
+UNAVAILABLE = "temporarily unavailable; try again later or continue without it"
+_RECOVERY_WAITS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """The checked context of one tool call."""
+
+    name: str
+    args: Any
+    action: str
+    step: int
+    policy: RetryPolicy
+
+
+class ToolCalls(RunState):
+    """Calls a tool under every guard (mixed into :class:`tether.Run`)."""
+
+    def _before_tool(self, name: str, args: Any, timeout: float | None, idempotent: bool) -> _Call:
+        if self._stop is not None:
+            raise self._halt(*self._stop)
+        b = self.budget
+        if b.max_tool_calls is not None and self.tool_calls >= b.max_tool_calls:
+            raise self._halt(
+                StopReason.MAX_TOOL_CALLS, f"max tool calls ({b.max_tool_calls}) reached"
+            )
+        # a non-idempotent call's timeout is the ledger's business: the attempt it abandons
+        # keeps its claim until it really ends, so that nothing runs it a second time
+        policy = self.guard._policy(name, timeout, effect=not idempotent)
+        if b.max_seconds is not None and b.max_seconds - self.elapsed <= 0:
+            raise self._halt(StopReason.TIMEOUT, f"time budget ({b.max_seconds:g} s) exceeded")
+        hung = hung_threads() - self._hung_base
+        if hung >= b.max_hung_threads:
+            raise self._halt(
+                StopReason.HUNG_TOOLS, f"{hung} tool calls are still hanging in threads"
+            )
+        action = intent_key(name, args)
+        loop = self._loops.check_action(name, action, self.steps)
+        if loop is not None:
+            raise self._halt(loop[0], f"{loop[1]} (step {self.steps})")
+        self.tool_calls += 1
+        self._step_calls += 1
+        if name not in self.guard.loops.allow_repeat:
+            self._step_counted = True
+        return _Call(name, args, action, self.steps, policy)
+
+    def _effect_timeout(self, timeout: float | None) -> float | None:
+        """An effect's timeout: the tool's (or the policy's), never past the run's time."""
+        bounds = [t for t in (timeout if timeout is not None else self.guard.retry.attempt_timeout,
+                              self._time_left()) if t is not None]  # fmt: skip
+        return min(bounds) if bounds else None
+
+    def _lease(self, timeout: float | None) -> float:
+        """A claim's lease covers the call's timeout (the heartbeat renews it anyway)."""
+        lease = self.guard.ledger.lease
+        return lease if timeout is None else max(lease, 2.0 * timeout)
+
+    def _effect(self, call: _Call, attempt: Callable[[], Any], idempotent: bool,
+                lookup: Callable[[str], Any] | None, timeout: float | None) -> Callable[[], Any]:  # fmt: skip
+        if idempotent:
+            return attempt
+        ledger, key, lease = self.guard.ledger, self._effect_key(call), self._lease(timeout)
+        return lambda: ledger.once(key, attempt, lookup=lookup, lease=lease,
+                                   timeout=self._effect_timeout(timeout))  # fmt: skip
+
+    def _effect_key(self, call: _Call) -> str:
+        """The ledger key of a non-idempotent call (its action hash, scoped if asked), noted
+        so that the outcome can state what the ledger says was done."""
+        scope = self.guard.scope
+        key = intent_key(call.name, call.args, scope=scope) if scope else call.action
+        self._effects.append((call.name, call.args, key))
+        return key
+
+    def _after_success(self, call: _Call, result: Any) -> Any:
+        # only completed calls count as repeats: a call that failed is the business of
+        # max_identical_failures, so a model retrying a dead dependency is not a "loop"
+        self._loops.record_action(call.name, call.action)
+        self.retries += call.policy.statistics.retries
+        entry = {"step": call.step, "tool": call.name, "args": call.args, "result": result}
+        self.partial.append(entry)
+        self.transcript.append({"step": call.step, "tool": call.name, "ok": True})
+        try:
+            digest = canonical_json(result, ignore=())
+        except (TypeError, ValueError):
+            digest = repr(result)
+        digest = hashlib.sha256(f"{call.name}\x00{digest}".encode()).hexdigest()
+        if digest not in self._results:
+            self._results[digest] = None
+            if len(self._results) > self.guard.loops.state_window:
+                self._results.popitem(last=False)
+            self._step_progress = True
+        self._check_retry_escalation()
+        return result
+
+    def _check_retry_escalation(self) -> None:
+        esc = self.guard.escalation
+        if esc is not None and esc.max_retries is not None and self.retries > esc.max_retries:
+            self._escalate = True
+            raise self._halt(StopReason.ESCALATED, f"retries passed {esc.max_retries}")
+
+    def _after_failure(self, call: _Call, exc: Exception) -> BaseException:
+        """The exception to raise for a failed tool call (Stopped or ToolError)."""
+        self.retries += call.policy.statistics.retries
+        self.transcript.append(
+            {"step": call.step, "tool": call.name, "ok": False, "error": type(exc).__name__}
+        )
+        if isinstance(exc, Stopped):
+            return exc
+        if isinstance(exc, CircuitOpenError):
+            return self._halt(
+                StopReason.CIRCUIT_OPEN, f"{call.name}: its dependency is down (circuit open)"
+            )
+        if isinstance(exc, UnknownOutcome):
+            self._unconfirmed.append(call.name)
+            self._issues.append(
+                f"{call.name} may have happened: its outcome is unknown; check the provider's "
+                f"records before trying it again (ledger key {exc.key[:16]}…)"
+            )
+            return self._halt(
+                StopReason.UNKNOWN_OUTCOME, f"{call.name} may or may not have happened"
+            )
+        verdict = classify(exc)
+        if isinstance(exc, DeadlineExceeded) and self.budget.max_seconds is not None:
+            return self._halt(StopReason.TIMEOUT, f"time budget ran out during {call.name}")
+        signature = (call.action, type(exc).__name__, f"{verdict.status}:{verdict.code}")
+        self._failures[signature] += 1
+        limit = self.budget.max_identical_failures
+        if limit is not None and self._failures[signature] >= limit:
+            self._park(call, exc)
+            return self._halt(StopReason.IDENTICAL_FAILURES,
+                              f"{call.name} failed {limit} times the same way ({type(exc).__name__})")  # fmt: skip
+        try:
+            self._check_retry_escalation()
+        except Stopped as stopped:
+            return stopped
+        if verdict.retryable or isinstance(exc, DeadlineExceeded):
+            return ToolError(call.name, UNAVAILABLE, cause_kind="unavailable")
+        self._park(call, exc)
+        text = redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return ToolError(call.name, f"failed: {str(text)[:200]}", cause_kind=verdict.kind.value)
+
+    def _park(self, call: _Call, exc: BaseException) -> None:
+        letters = self.guard.dead_letters
+        if letters is None:
+            return
+        letter = letters.park(tool=call.name, args=call.args, error=exc, run_id=self.run_id,
+                              task=self.task, at=self.clock.wall())  # fmt: skip
+        self._issues.append(f"{call.name} failed permanently; dead letter {letter.id}")
+
+    def call_tool(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        idempotent: bool = True,
+        lookup: Callable[[str], Any] | None = None,
+    ) -> Any:
+        """Call a tool under every guard: loops and budgets, breaker, retries, ledger.
+
+        ``fn(**args)`` is retried on transient failures with ``timeout`` per attempt;
+        a non-idempotent tool runs at most once through the guard's ledger (an attempt
+        that outlives ``timeout`` is never run again: the run stops ``UNKNOWN_OUTCOME``).
+        Raises :class:`tether.Stopped` when a guard ends the run (the call is not made),
+        or :class:`tether.ToolError` with a short text for the model when it fails.
+        """
+        if _is_async(fn):
+            raise TypeError(
+                f"tool {name!r} is a coroutine function: call it with `await run.acall_tool(...)`"
+                " (call_tool would never await it, and the tool would never run)"
+            )
+        args = _arguments(name, args)
+        call = self._before_tool(name, args, timeout, idempotent)
+        attempt = _attempt_span(name, lambda: _not_awaitable(name, fn(**args)))
+        run = self._effect(call, attempt, idempotent, lookup, timeout)
+        with telemetry.span(
+            "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
+        ):
+            waited = 0
+            while True:
+                try:
+                    result = call.policy.call_within(self._time_left(), run)
+                    break
+                except CircuitOpenError as exc:
+                    self.clock.sleep(self._circuit_wait(call, exc, timeout, waited))
+                    waited += 1
+                except Exception as exc:
+                    raise self._after_failure(call, exc) from exc
+        return self._after_success(call, result)
+
+    def _time_left(self) -> float | None:
+        """The run's time budget left (the deadline of the next tool call), or None."""
+        b = self.budget.max_seconds
+        return None if b is None else max(1e-9, b - self.elapsed)
+
+    def _circuit_wait(
+        self, call: _Call, exc: CircuitOpenError, timeout: float | None, waited: int
+    ) -> float:
+        """How long to wait for an open breaker's next probe; raises the stop when the run
+        may not wait (no time budget, not enough of it left, or waited often enough)."""
+        left = self._time_left()
+        wait = max(0.0, exc.retry_at - self.clock.wall()) + 0.05
+        if (
+            not self.guard.wait_for_recovery
+            or left is None
+            or waited >= _RECOVERY_WAITS
+            or wait + (timeout or 0.0) >= left
+        ):
+            raise self._after_failure(call, exc) from exc
+        return wait
+
+    async def acall_tool(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[Any]] | Callable[..., Any],
+        args: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        idempotent: bool = True,
+        lookup: Callable[[str], Any] | None = None,
+    ) -> Any:
+        """The async form of :meth:`call_tool`; a hanging attempt is cancelled.
+
+        ``fn`` may be a coroutine function (awaited) or a plain function (run in a
+        worker thread, so that it does not block the event loop).
+        """
+        args = _arguments(name, args)
+        call = self._before_tool(name, args, timeout, idempotent)
+        attempt: Callable[[], Awaitable[Any]]
+        if _is_async(fn):
+
+            async def attempt() -> Any:
+                return await fn(**args)
+
+            if not idempotent:
+                ledger, key, lease = self.guard.ledger, self._effect_key(call), self._lease(timeout)
+                coro = attempt
+
+                async def attempt() -> Any:
+                    return await ledger.aonce(key, coro, lookup=lookup, lease=lease,
+                                              timeout=self._effect_timeout(timeout))  # fmt: skip
+        else:
+            sync = self._effect(call, lambda: fn(**args), idempotent, lookup, timeout)
+
+            async def attempt() -> Any:
+                return await asyncio.to_thread(sync)
+
+        with telemetry.span(
+            "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
+        ):
+            waited = 0
+            while True:
+                try:
+                    result = await call.policy.acall_within(self._time_left(), attempt)
+                    break
+                except CircuitOpenError as exc:
+                    await self.clock.asleep(self._circuit_wait(call, exc, timeout, waited))
+                    waited += 1
+                except Exception as exc:
+                    raise self._after_failure(call, exc) from exc
+        return self._after_success(call, result)
+
+
+def _is_async(fn: Any) -> bool:
+    """A coroutine function, also behind functools.partial or an async ``__call__``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - the method, not callable()
+    )
+
+
+def _not_awaitable(name: str, result: Any) -> Any:
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # never started: nothing ran
+        raise TypeError(
+            f"tool {name!r} returned an awaitable: call it with `await run.acall_tool(...)`"
+        )
+    return result
+
+
+def _arguments(name: str, args: Any) -> dict[str, Any]:
+    if args is None:
+        return {}
+    if not isinstance(args, Mapping):
+        raise TypeError(
+            f"args of tool {name!r} must be a mapping of argument names to values "
+            f"(passed as fn(**args)), got a {type(args).__name__}: {args!r:.80}"
+        )
+    return dict(args)
+
+
+def _attempt_span(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Each attempt of a tool call as a ``tether.attempt`` span (only when telemetry is on)."""
+    if not telemetry.enabled():
+        return fn
+    attempts = [0]
+
+    def attempt() -> Any:
+        attempts[0] += 1
+        telemetry.record_attempt(name, attempts[0])
+        with telemetry.span(
+            "tether.attempt", **{"gen_ai.tool.name": name, "tether.attempt": attempts[0]}
+        ):
+            return fn()
+
+    return attempt
