@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -33,17 +34,25 @@ def register(sub: Any) -> None:
     )
     demo.set_defaults(run_command=lambda args: __import__("tether._demo", fromlist=["main"]).main())
 
+    db_help = "the SQLite file of the dead letters"
     dlq = sub.add_parser("dlq", help="dead letters: list, show, replay")
-    dlq.add_argument("--db", required=True, help="the SQLite file of the dead letters")
+    dlq.add_argument("--db", help=db_help)
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
-    dlq_sub.add_parser("list", help="list dead letters")
+    listing = dlq_sub.add_parser("list", help="list dead letters")
     show = dlq_sub.add_parser("show", help="show one dead letter")
     show.add_argument("id")
-    replay = dlq_sub.add_parser("replay", help="call a handler with a dead letter's arguments")
+    replay = dlq_sub.add_parser(
+        "replay", help="call a handler with a dead letter's arguments (once per letter)"
+    )
     replay.add_argument("id")
     replay.add_argument(
         "--handler", required=True, help="module:function to call with the arguments"
     )
+    replay.add_argument(
+        "--force", action="store_true", help="run the handler again for a letter replayed before"
+    )
+    for action in (listing, show, replay):  # --db before or after the action
+        action.add_argument("--db", default=argparse.SUPPRESS, help=db_help)
     dlq.set_defaults(run_command=_dlq)
 
 
@@ -113,27 +122,54 @@ def _progress_printer() -> Any:
 def _dlq(args: argparse.Namespace) -> int:
     from tether._persist import DeadLetters
 
-    letters = DeadLetters.sqlite(args.db)
-    if args.dlq_command == "list":
-        for letter in letters.list(limit=1000):
-            mark = " (replayed)" if letter.replayed else ""
-            print(f"{letter.id}  {letter.tool}  {letter.error_type}: {letter.error[:60]}{mark}")
-        return 0
-    try:
-        letter = letters.get(args.id)
-    except KeyError as exc:
-        print(f"tether dlq: {exc.args[0]}", file=sys.stderr)
-        return 1
-    if args.dlq_command == "show":
-        print(json.dumps(letter.to_doc(), indent=2, default=str))
-        return 0
-    module, _, name = args.handler.partition(":")
+    if not args.db:
+        print("tether dlq: --db PATH is required (the SQLite file of the dead letters)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if not os.path.isfile(args.db):
+        print(f"tether dlq: {args.db}: no such file (give the SQLite file your "
+              "DeadLetters.sqlite(...) writes)", file=sys.stderr)  # fmt: skip
+        return 2
+    with DeadLetters.sqlite(args.db) as letters:
+        if args.dlq_command == "list":
+            for letter in letters.list(limit=1000):
+                mark = " (replayed)" if letter.replayed else ""
+                print(f"{letter.id}  {letter.tool}  {letter.error_type}: {letter.error[:60]}{mark}")
+            return 0
+        try:
+            letter = letters.get(args.id)
+        except KeyError as exc:
+            print(f"tether dlq: {exc.args[0]}", file=sys.stderr)
+            return 1
+        if args.dlq_command == "show":
+            print(json.dumps(letter.to_doc(), indent=2, default=str))
+            return 0
+        return _replay(letters, letter, args.handler, args.force)
+
+
+def _replay(letters: Any, letter: Any, spec: str, force: bool) -> int:
+    module, _, name = spec.partition(":")
     if not module or not name:
         print("tether dlq: --handler must be module:function", file=sys.stderr)
         return 2
     import importlib
 
-    handler = getattr(importlib.import_module(module), name)
-    result = letters.replay(letter.id, handler)
-    print(f"replayed {letter.id}: {result!r}")
+    if os.getcwd() not in sys.path:  # import from the current directory, as python -m does
+        sys.path.insert(0, os.getcwd())
+    try:
+        handler = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        print(f"tether dlq: cannot import the handler {spec!r}: {exc}", file=sys.stderr)
+        return 2
+    again = letter.replayed and not force
+    try:
+        result = letters.replay(letter.id, handler, force=force)
+    except Exception as exc:
+        print(f"tether dlq: the handler failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if again:
+        print(f"{letter.id} was replayed before: the handler was not called again (its "
+              f"recorded result: {result!r}); pass --force to call it again")  # fmt: skip
+    else:
+        print(f"replayed {letter.id}{' (forced)' if force else ''}: {result!r}")
     return 0

@@ -419,6 +419,7 @@ class Ledger:
         except Exception as exc:
             raise self._not_recorded(key, result, f"the ledger's store failed ({exc})") from exc
         if verdict is Completion.MISSING:
+            self._restore_unknown(key, owner)
             raise self._not_recorded(
                 key, result, "the ledger no longer has its record (a store that lost data, "
                 "for example a Redis restarted without persistence)",
@@ -430,6 +431,18 @@ class Ledger:
             )  # fmt: skip
         if verdict is Completion.FINAL:
             _log.warning("tether: effect %s… was settled by someone else while it ran", key[:16])
+
+    def _restore_unknown(self, key: str, owner: str) -> None:
+        """Write back a record the store lost, as UNKNOWN: whoever asks next must reconcile
+        through ``lookup`` instead of running the effect again."""
+        try:
+            self.backend.claim(Record.claim_of(key, None, owner, 60.0, self.ttl), self._now())
+            self.backend.mark_unknown(key, owner, "the store lost this record after the effect "
+                                      "ran; check the provider's records", self._now())  # fmt: skip
+        except Exception as exc:
+            _log.error(
+                "tether: effect %s…: its lost record could not be restored: %s", key[:16], exc
+            )
 
     def _not_recorded(self, key: str, result: Any, why: str) -> EffectNotRecorded:
         error = EffectNotRecorded(key, result, why)

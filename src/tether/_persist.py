@@ -14,9 +14,12 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tether._errors import StoreUnavailable, TetherError, require
+
+if TYPE_CHECKING:
+    from tether._effects import Ledger
 
 __all__ = [
     "CheckpointError",
@@ -120,6 +123,7 @@ class PostgresDocuments:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", table):
             raise ValueError(f"table must be a plain SQL identifier, got {table!r}")
         psycopg: Any = require("psycopg", "postgres")
+        self.dsn = dsn
         self.table = table
         self._lock = threading.Lock()
         try:
@@ -298,6 +302,7 @@ class DeadLetters(_Collection):
     def __init__(self, store: DocumentStore, *, redact_pattern: str | None = None) -> None:
         super().__init__(store)
         self.extra = re.compile(redact_pattern) if redact_pattern else None
+        self._ledger: Ledger | None = None
 
     def park(
         self, *, tool: str, args: Any, error: BaseException, run_id: str, task: str, at: float
@@ -319,13 +324,45 @@ class DeadLetters(_Collection):
     def list(self, limit: int = 50) -> list[DeadLetter]:
         return [DeadLetter(**json.loads(text)) for _, text in self.store.list(self.kind, limit)]
 
-    def replay(self, letter_id: str, handler: Callable[..., Any]) -> Any:
-        """Call ``handler(**args)`` (or ``handler(args)``) and mark the letter replayed."""
+    def replay(
+        self, letter_id: str, handler: Callable[..., Any], *, force: bool = False,
+        ledger: Ledger | None = None,
+    ) -> Any:  # fmt: skip
+        """Call ``handler(**args)`` (or ``handler(args)``) at most once per letter.
+
+        The call goes through a ledger keyed by the letter (by default one beside the
+        letters: the same SQLite file or PostgreSQL database), so replaying a letter
+        twice, from two terminals or after a crash, runs the handler once; the second
+        replay returns the first one's result. ``force=True`` runs the handler again.
+        """
         letter = self.get(letter_id)
-        result = handler(**letter.args) if isinstance(letter.args, dict) else handler(letter.args)
+        ledger = ledger or self._replay_ledger()
+        key = f"dead-letter:{letter.id}" + (f":forced:{uuid.uuid4().hex}" if force else "")
+
+        def call() -> Any:
+            return handler(**letter.args) if isinstance(letter.args, dict) else handler(letter.args)
+
+        result = ledger.once(key, call)
         done = DeadLetter(**{**letter.to_doc(), "replayed": True})
         self.store.put(self.kind, letter.id, done.to_doc(), letter.at)
         return result
+
+    def _replay_ledger(self) -> Ledger:
+        from tether._effects import Ledger
+
+        if self._ledger is None:
+            if isinstance(self.store, SqliteDocuments):
+                self._ledger = Ledger.sqlite(self.store.path)
+            elif isinstance(self.store, PostgresDocuments):
+                self._ledger = Ledger.postgres(self.store.dsn, table="tether_replays")
+            else:
+                self._ledger = Ledger.memory()
+        return self._ledger
+
+    def close(self) -> None:
+        if self._ledger is not None:
+            self._ledger.close()
+        super().close()
 
 
 class Handoffs(_Collection):

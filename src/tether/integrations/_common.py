@@ -7,7 +7,7 @@ import json
 import logging
 import typing
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -90,6 +90,18 @@ class Tool:
         if not self.description:
             object.__setattr__(
                 self, "description", (inspect.getdoc(self.fn) or self.name).split("\n")[0]
+            )
+
+
+def require_sync_tools(tools: Sequence[Tool]) -> None:
+    """A sync agent loop cannot await a tool: say so before the first (paid) request."""
+    from tether._toolcall import _is_async
+
+    for tool in tools:
+        if _is_async(tool.fn):
+            raise TypeError(
+                f"tool {tool.name!r} is a coroutine function: the sync run_agent cannot await "
+                "it; give it a plain function, or run the agent with arun_agent"
             )
 
 

@@ -20,6 +20,7 @@ from tether.integrations._common import (
     Tool,
     call_model,
     malformed_arguments,
+    require_sync_tools,
     result_text,
     unknown_tool,
 )
@@ -89,6 +90,7 @@ def run_agent(
     ``pause_turn`` continues. Tool calls go through ``run.call_tool``; their errors go
     back to the model as ``is_error`` tool results, never as raw exception text.
     """
+    require_sync_tools(tools)
     guard = guard or Guard()
     by_name = {t.name: t for t in tools}
     history = [dict(m) for m in messages]

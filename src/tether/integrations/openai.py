@@ -19,6 +19,7 @@ from tether.integrations._common import (
     Tool,
     call_model,
     malformed_arguments,
+    require_sync_tools,
     result_text,
     unknown_tool,
 )
@@ -95,6 +96,7 @@ def run_agent(
     ``REFUSED``. Malformed tool arguments become a tool error the model can correct,
     counted toward identical failures.
     """
+    require_sync_tools(tools)
     guard = guard or Guard()
     by_name = {t.name: t for t in tools}
     history = [dict(m) for m in messages]

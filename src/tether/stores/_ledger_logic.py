@@ -132,10 +132,10 @@ def decide_complete(existing: Record | None, owner: str) -> Completion:
     """May ``owner`` settle this record? (fencing: only the claim's owner may)."""
     if existing is None:
         return Completion.MISSING
-    if existing.state in FINAL:
-        return Completion.FINAL
     if existing.owner != owner:
         return Completion.LOST
+    if existing.state in FINAL:
+        return Completion.FINAL
     return Completion.RECORDED
 
 

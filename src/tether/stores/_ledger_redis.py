@@ -74,8 +74,8 @@ if not raw then return 'missing' end
 local cur = cjson.decode(raw)
 local live = cur.state == 'pending' or cur.state == 'unknown'
 if mode == 'complete' then
-  if not live then return 'final' end
   if cur.owner ~= owner then return 'lost' end
+  if not live then return 'final' end
   local extra = cjson.decode(ARGV[5])
   cur.state = ARGV[4]
   cur.result = extra.result
