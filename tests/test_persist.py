@@ -84,3 +84,55 @@ def test_dlq_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "sent to a@b.c" in capsys.readouterr().out
     assert DeadLetters.sqlite(db).get(letter.id).replayed
     assert main(["dlq", "--db", db, "show", "dl_missing"]) == 1
+
+
+calls: list[str] = []
+
+
+def counting_handler(to: str, api_key: str) -> str:
+    calls.append(to)
+    return f"sent {len(calls)}"
+
+
+def failing_handler(to: str, api_key: str) -> str:
+    raise RuntimeError("smtp refused")
+
+
+def test_dlq_replay_twice_runs_the_handler_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The second replay says it was replayed before; --force runs the handler again."""
+    db = str(tmp_path / "letters.db")
+    letter = DeadLetters.sqlite(db).park(tool="send_email", args={"to": "a@b.c", "api_key": "k"},
+                                         error=ValueError("x"), run_id="r", task="t", at=0.0)  # fmt: skip
+    calls.clear()
+    replay = ["replay", letter.id, "--handler", "test_persist:counting_handler"]
+    assert main(["dlq", "--db", db, *replay]) == 0
+    assert main(["dlq", *replay, "--db", db]) == 0  # --db after the action works too
+    out = capsys.readouterr().out
+    assert "replayed before: the handler was not called again" in out
+    assert calls == ["a@b.c"]
+    assert main(["dlq", "--db", db, *replay, "--force"]) == 0
+    assert calls == ["a@b.c", "a@b.c"]
+    assert "(forced)" in capsys.readouterr().out
+
+
+def test_dlq_command_line_rough_edges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing file, a missing --db and a failing handler: one line each, non-zero."""
+    missing = str(tmp_path / "missing.db")
+    assert main(["dlq", "list", "--db", missing]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert not Path(missing).exists()
+    assert main(["dlq", "list"]) == 2
+    assert "--db PATH is required" in capsys.readouterr().err
+    db = str(tmp_path / "letters.db")
+    letter = DeadLetters.sqlite(db).park(tool="send_email", args={"to": "a@b.c", "api_key": "k"},
+                                         error=ValueError("x"), run_id="r", task="t", at=0.0)  # fmt: skip
+    code = main(
+        ["dlq", "--db", db, "replay", letter.id, "--handler", "test_persist:failing_handler"]
+    )
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.strip() == "tether dlq: the handler failed: RuntimeError: smtp refused"
+    assert main(["dlq", "--db", db, "replay", letter.id, "--handler", "no_such_module:fn"]) == 2
+    assert "cannot import the handler" in capsys.readouterr().err
