@@ -505,7 +505,7 @@ def test_redis_outage_falls_back_to_local_state_and_recovers(tmp_path: Any) -> N
             with pytest.raises(CircuitOpenError):  # the local fallback guards
                 breaker.call(lambda: None)
         assert store.degraded
-        warnings = [r for r in records if "unreachable" in r.getMessage()]
+        warnings = [r for r in records if "is unavailable" in r.getMessage()]
         assert len(warnings) == 1
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(100):

@@ -611,7 +611,7 @@ def test_a_broken_sink_never_loses_the_outcome() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"max_steps": 0}, "max_steps must be an int >= 1"), ({"max_cost_usd": 0}, "max_cost_usd must be > 0"),
+    [({"max_steps": 0}, "max_steps must be an int >= 1"), ({"max_cost_usd": 0}, "max_cost_usd must be a number > 0"),
      ({"progress_extension": 2}, "progress_extension needs max_steps"),
      ({"max_steps": 5, "max_steps_ceiling": 3}, "max_steps_ceiling must be >= max_steps")],
 )  # fmt: skip
@@ -623,8 +623,8 @@ def test_budget_validation(kwargs: dict[str, Any], message: str) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"max_repeats": 1}, "max_repeats must be >= 2"), ({"allow_repeat": {"poll": 0}}, "allow_repeat"),
-     ({"max_no_progress": 0}, "max_no_progress must be >= 1")],
+    [({"max_repeats": 1}, "max_repeats must be an int >= 2"), ({"allow_repeat": {"poll": 0}}, "allow_repeat"),
+     ({"max_no_progress": 0}, "max_no_progress must be an int >= 1")],
 )  # fmt: skip
 def test_loop_policy_validation(kwargs: dict[str, Any], message: str) -> None:
     """Bad loop settings fail at construction."""

@@ -103,3 +103,42 @@ def test_unknown_connector_is_a_clear_error() -> None:
         tether.wrap(object(), connector="fax")
     with pytest.raises(TypeError, match="list of method paths"):
         tether.wrap(object(), connector="stripe", retryable="refunds.create")
+
+
+def test_httpx_connector_retries_an_error_status(server: ScriptedServer) -> None:
+    """httpx returns a 503 instead of raising: the connector retries it, with one key."""
+    import httpx
+
+    from scripted_server import Reply
+
+    server.script = [
+        Reply(503, {"error": "busy"}),
+        Reply(503, {"error": "busy"}),
+        Reply(200, {"ok": True}),
+    ]
+    with httpx.Client(base_url=server.url) as raw:
+        wrapped = tether.wrap(raw, connector="httpx", retryable=["post"],
+                              policy=RetryPolicy(max_attempts=3, clock=VirtualClock()))  # fmt: skip
+        response = wrapped.post("/refunds", json={"charge": "ch_1"})
+    assert (response.status_code, response.json()) == (200, {"ok": True})
+    assert len(server.requests) == 3
+    assert len({r.headers.get("idempotency-key") for r in server.requests}) == 1
+
+
+def test_httpx_connector_returns_the_final_response_and_never_retries_a_400(
+    server: ScriptedServer,
+) -> None:
+    """Retries spent: the last response comes back; a 400 is returned at once."""
+    import httpx
+
+    from scripted_server import Reply
+
+    server.default = Reply(503, {"error": "busy"})
+    with httpx.Client(base_url=server.url) as raw:
+        wrapped = tether.wrap(raw, connector="httpx", retryable=["post"],
+                              policy=RetryPolicy(max_attempts=2, clock=VirtualClock()))  # fmt: skip
+        assert wrapped.post("/refunds").status_code == 503
+        assert len(server.requests) == 2
+        server.default = Reply(400, {"error": "bad"})
+        assert wrapped.post("/refunds").status_code == 400
+    assert len(server.requests) == 3

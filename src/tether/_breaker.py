@@ -13,7 +13,7 @@ from tether._events import BreakerEvent
 from tether._telemetry_hooks import emit_breaker, safe_call
 from tether.clock import Clock, system_clock
 from tether.stores._logic import DENY, PROBE, BreakerConfig
-from tether.stores._memory import default_store
+from tether.stores._memory import MemoryStore, default_store
 
 if TYPE_CHECKING:
     from tether.stores._base import Store
@@ -83,6 +83,10 @@ class CircuitBreaker:
         self.classifier = classifier or classify
         self._local = threading.local()
         self._last_retry_at = 0.0
+        # durations are measured on the monotonic clock when the state lives in this
+        # process (stepping the system clock never keeps a breaker open); a store shared
+        # by processes needs a time they share
+        self._store_now = self.clock.now if isinstance(self.store, MemoryStore) else self.clock.wall
 
     def __repr__(self) -> str:
         return f"CircuitBreaker({self.name!r}, state={self.state!r})"
@@ -98,7 +102,7 @@ class CircuitBreaker:
     @property
     def state(self) -> str:
         """``"closed"``, ``"open"`` or ``"half_open"`` (open past its cooldown reads half_open)."""
-        return self.store.breaker_state(self.name, self.clock.wall())[0]
+        return self.store.breaker_state(self.name, self._store_now())[0]
 
     # --- the primitives RetryPolicy uses --------------------------------------------
 
@@ -111,18 +115,23 @@ class CircuitBreaker:
 
     def _acquire(self) -> str:
         """A permit (``"call"`` or ``"probe"``), or raise :class:`CircuitOpenError`."""
-        now = self.clock.wall()
+        now = self._store_now()
         old, new, retry_at, permit = self.store.breaker_acquire(self.name, now, self.config)
         self._emit(old, new, "cooldown over: probing")
         if permit == DENY:
             self._last_retry_at = retry_at
-            raise CircuitOpenError(self.name, retry_at, now)
+            raise self._open_error(retry_at - now)
         return permit
+
+    def _open_error(self, wait: float) -> CircuitOpenError:
+        """The refusal, with the next probe's time on the breaker's wall clock."""
+        wall = self.clock.wall()
+        return CircuitOpenError(self.name, wall + max(0.0, wait), wall)
 
     def _record(self, permit: object, verdict: Verdict | None) -> None:
         """Record an outcome: ``verdict`` None for a success."""
         failed = verdict is not None and verdict.retryable
-        now = self.clock.wall()
+        now = self._store_now()
         old, new, retry_at = self.store.breaker_record(
             self.name, now, str(permit), failed, self.config
         )
@@ -142,7 +151,7 @@ class CircuitBreaker:
     def _refusal(self) -> CircuitOpenError | None:
         """The error to raise when the last recorded outcome left the breaker open."""
         if getattr(self._local, "last_state", "closed") == "open":
-            return CircuitOpenError(self.name, self._last_retry_at, self.clock.wall())
+            return self._open_error(self._last_retry_at - self._store_now())
         return None
 
     # --- public calling forms -------------------------------------------------------

@@ -61,9 +61,29 @@ class Verdict:
     #: True when the failure was a timeout (a retry after a timeout costs more budget).
     timeout: bool = False
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "retry_after", sane_wait(self.retry_after))
+
     @property
     def retryable(self) -> bool:
         return self.kind in (Kind.TRANSIENT, Kind.RATE_LIMITED)
+
+
+#: The longest wait a verdict ever asks for (one day); longer or odd values are cut to it.
+RETRY_AFTER_CEILING = 86_400.0
+
+
+def sane_wait(value: Any) -> float | None:
+    """None, or a finite number of seconds in [0, RETRY_AFTER_CEILING]."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except (OverflowError, ValueError):
+        return RETRY_AFTER_CEILING if isinstance(value, int) and value > 0 else None
+    if seconds != seconds or seconds < 0:
+        return None
+    return min(seconds, RETRY_AFTER_CEILING) + 0.0  # + 0.0 turns -0.0 into 0.0
 
 
 Classifier = Callable[[BaseException], "Verdict | None"]
@@ -177,41 +197,48 @@ def _header(headers: Any, name: str) -> str | None:
                 if isinstance(k, str) and k.lower() == lower:
                     value = v
                     break
+        if value is None:
+            return None
+        if isinstance(value, bytes):
+            value = value.decode("latin-1")
+        return str(value).strip()
     except Exception:
         return None
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode("latin-1")
-    return str(value).strip()
 
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?"
                        r"(?:(\d+(?:\.\d+)?)ms)?$")  # fmt: skip
 
 
-def _parse_seconds(value: str) -> float | None:
+def _parse_number(value: str) -> float | None:
+    """A finite, non-negative number, or None."""
+    if len(value) > 64:
+        return None
     try:
         seconds = float(value)
     except ValueError:
         return None
-    if seconds != seconds or seconds < 0 or seconds == float("inf"):
-        return None
-    return seconds
+    return seconds + 0.0 if 0 <= seconds < float("inf") else None
+
+
+def _parse_seconds(value: str) -> float | None:
+    return sane_wait(_parse_number(value))
 
 
 def _parse_reset(value: str, now_wall: float) -> float | None:
     """A provider reset header: seconds, an epoch, a Go duration or an RFC 3339 time."""
-    seconds = _parse_seconds(value)
+    seconds = _parse_number(value)
     if seconds is not None:
         if seconds > 1_000_000_000:  # an epoch timestamp (GitHub's x-ratelimit-reset)
             delta = seconds - now_wall
-            return delta if delta >= 0 else None
-        return seconds
+            return sane_wait(delta) if delta >= 0 else None
+        return sane_wait(seconds)
+    if len(value) > 64:
+        return None
     match = _DURATION.match(value)
     if match and any(match.groups()):
         h, m, s, ms = (float(g) if g else 0.0 for g in match.groups())
-        return h * 3600 + m * 60 + s + ms / 1000
+        return sane_wait(h * 3600 + m * 60 + s + ms / 1000)
     try:
         from datetime import datetime
 
@@ -219,8 +246,8 @@ def _parse_reset(value: str, now_wall: float) -> float | None:
         if when.tzinfo is None:
             return None
         delta = when.timestamp() - now_wall
-        return delta if delta >= 0 else None
-    except ValueError:
+        return sane_wait(delta) if delta >= 0 else None
+    except (ValueError, OverflowError, OSError):
         return None
 
 
@@ -263,12 +290,12 @@ def retry_after_from_headers(
         if value is not None:
             return value
         try:
-            when = email.utils.parsedate_to_datetime(ra)
-        except (TypeError, ValueError, IndexError):
-            when = None
-        if when is not None and when.tzinfo is not None:
-            delta = when.timestamp() - now_wall
-            return delta if delta >= 0 else None
+            when = email.utils.parsedate_to_datetime(ra) if len(ra) <= 64 else None
+            if when is not None and when.tzinfo is not None:
+                delta = when.timestamp() - now_wall
+                return sane_wait(delta) if delta >= 0 else None
+        except (TypeError, ValueError, IndexError, OverflowError, OSError):
+            pass
         return None
     if not include_reset:
         return None
@@ -282,43 +309,54 @@ def retry_after_from_headers(
     return max(waits) if waits else None
 
 
+def _body_codes(body: Any, add: Callable[[Any], None]) -> str:
+    """Add the error codes a response body names; returns its message text."""
+    message = ""
+    if not isinstance(body, Mapping):
+        return message
+    err = body.get("error", body)
+    if isinstance(err, Mapping):
+        details = err.get("details")
+        if isinstance(details, Mapping):
+            add(details.get("error_code"))
+        add(err.get("code"))
+        add(err.get("type"))
+        msg = err.get("message")
+        message = msg if isinstance(msg, str) else ""
+    elif isinstance(err, str):  # Slack: {"ok": false, "error": "ratelimited"}
+        add(err)
+    boto = body.get("Error")
+    if isinstance(boto, Mapping):  # botocore ClientError.response
+        add(boto.get("Code"))
+        message = message or _text(boto.get("Message", ""))
+    return message
+
+
 def _codes_and_message(body: Any, exc: BaseException | None) -> tuple[list[str], str]:
     """Error codes in priority order (most specific first), and the message text."""
     codes: list[str] = []
-    message = ""
 
     def add(value: Any) -> None:
         if isinstance(value, str) and value and value not in codes:
             codes.append(value)
 
-    if isinstance(body, Mapping):
-        err = body.get("error", body)
-        if isinstance(err, Mapping):
-            details = err.get("details")
-            if isinstance(details, Mapping):
-                add(details.get("error_code"))
-            add(err.get("code"))
-            add(err.get("type"))
-            msg = err.get("message")
-            message = msg if isinstance(msg, str) else ""
-        elif isinstance(err, str):  # Slack: {"ok": false, "error": "ratelimited"}
-            add(err)
-        if isinstance(body.get("Error"), Mapping):  # botocore ClientError.response
-            add(body["Error"].get("Code"))
-            message = message or str(body["Error"].get("Message", ""))
+    try:
+        message = _body_codes(body, add)
+    except Exception:  # a body whose mapping methods fail says nothing
+        message = ""
     if exc is not None:
-        add(getattr(exc, "error_code", None))  # anthropic: error.details.error_code
-        code = getattr(exc, "code", None)
+        add(_attr(exc, "error_code"))  # anthropic: error.details.error_code
+        code = _attr(exc, "code")
         if callable(code):  # gRPC: exc.code() -> StatusCode
             try:
                 code = code()
             except Exception:
                 code = None
-            code = getattr(code, "name", code)
+            code = _attr(code, "name") or code
         add(code)
-        add(getattr(exc, "type", None))
+        add(_attr(exc, "type"))
         if not message:
-            message = str(exc)
+            message = _text(exc)
     return codes, message
 
 
@@ -384,20 +422,53 @@ def _verdict_from_response(
 
 
 def _int(value: Any) -> int | None:
+    """An HTTP status (100-999) from an int or a numeric string; None for anything else."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str):
+        value = value.strip()
+        if not (value.isascii() and value.isdigit() and len(value) <= 3):
+            return None
+        value = int(value)
+    if isinstance(value, int) and 100 <= value <= 999:
         return int(value)
     return None
+
+
+def _attr(obj: Any, name: str) -> Any:
+    """``getattr`` that never raises: a property that fails counts as absent."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
+def _text(value: Any) -> str:
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+
+
+def _response_json(response: Any) -> Any:
+    """The JSON body an httpx or requests response carries (already read), or None."""
+    module = type(response).__module__.split(".")[0]
+    if module not in ("httpx", "requests"):
+        return None
+    try:
+        return response.json()
+    except Exception:
+        return None
 
 
 def _from_exception(exc: BaseException, now_wall: float | None) -> tuple[int, Verdict] | None:
     """The verdict one exception carries by itself, with its strength; None if none."""
     for fn in list(_classifiers):
-        verdict = fn(exc)
-        if verdict is not None:
+        try:
+            verdict = fn(exc)
+        except Exception:  # a broken classifier never breaks classification
+            continue
+        if isinstance(verdict, Verdict):
             return _REGISTERED, verdict
     names = {cls.__name__ for cls in type(exc).__mro__}
     if isinstance(exc, DeadlineExceeded):
@@ -412,22 +483,20 @@ def _from_exception(exc: BaseException, now_wall: float | None) -> tuple[int, Ve
         return _PROTOCOL, Verdict(Kind.PERMANENT, f"{type(exc).__name__}: cancellation")
 
     # an HTTP-ish response: status on the exception or on its response
-    response = getattr(exc, "response", None)
+    response = _attr(exc, "response")
     status = None
     for attr in ("status_code", "http_status", "status"):
-        status = _int(getattr(exc, attr, None))
+        status = _int(_attr(exc, attr))
         if status is not None:
             break
     if status is None and response is not None:
-        status = _int(getattr(response, "status_code", None)) or _int(
-            getattr(response, "status", None)
-        )
-    headers = getattr(exc, "headers", None)
+        status = _int(_attr(response, "status_code")) or _int(_attr(response, "status"))
+    headers = _attr(exc, "headers")
     if headers is None and response is not None:
-        headers = getattr(response, "headers", None)
-    body = getattr(exc, "body", None)
+        headers = _attr(response, "headers")
+    body = _attr(exc, "body")
     if body is None:
-        body = getattr(exc, "json_body", None)  # stripe
+        body = _attr(exc, "json_body")  # stripe
     if isinstance(response, Mapping):  # botocore ClientError.response, Slack dicts
         body = response
         meta = response.get("ResponseMetadata")
@@ -435,9 +504,8 @@ def _from_exception(exc: BaseException, now_wall: float | None) -> tuple[int, Ve
             status = status or _int(meta.get("HTTPStatusCode"))
             headers = headers or meta.get("HTTPHeaders")
     elif response is not None and body is None:
-        data = getattr(response, "data", None)  # slack_sdk SlackResponse
-        if isinstance(data, Mapping):
-            body = data
+        data = _attr(response, "data")  # slack_sdk SlackResponse
+        body = data if isinstance(data, Mapping) else _response_json(response)
     verdict = _verdict_from_response(status, headers, body, exc, now_wall)
     if verdict is not None:
         return _PROTOCOL, verdict
@@ -506,8 +574,25 @@ def classify(
     if exc is None:
         if status is None and body is None:
             raise ValueError("classify() needs an exception, or status=/body= of a response")
-        verdict = _verdict_from_response(status, headers, body, None, now)
-        return verdict or Verdict(Kind.PERMANENT, "unrecognised response", status=status)
+        code = _int(status)
+        try:
+            verdict = _verdict_from_response(code, headers, body, None, now)
+        except Exception as error:  # never raise on odd input: say so in the verdict
+            return Verdict(
+                Kind.PERMANENT, f"unreadable response ({type(error).__name__})", status=code
+            )
+        return verdict or Verdict(Kind.PERMANENT, "unrecognised response", status=code)
+    try:
+        return _classify_exception(exc, now)
+    except Exception as error:
+        return Verdict(
+            Kind.PERMANENT,
+            f"{type(exc).__name__}: could not be classified ({type(error).__name__}); "
+            "treated as permanent",
+        )
+
+
+def _classify_exception(exc: BaseException, now: float | None) -> Verdict:
     best: tuple[int, Verdict] | None = None
     for link in _chain(exc):
         found = _from_exception(link, now)

@@ -57,8 +57,14 @@ class Budget:
                 raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
         for name in ("max_cost_usd", "max_seconds"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be > 0 or None, got {value!r}")
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            ):
+                raise ValueError(f"{name} must be a number > 0 or None, got {value!r}")
+        for name in ("progress_extension", "max_hung_threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an int, got {value!r}")
         if self.progress_extension < 0:
             raise ValueError(f"progress_extension must be >= 0, got {self.progress_extension!r}")
         if self.progress_extension and self.max_steps is None:
@@ -107,6 +113,32 @@ class Guard:
         on_stop: Callable[[Outcome], object] | None = None,
         scope: str = "",
     ) -> None:
+        _expect("budget", budget, Budget, "tether.Budget(max_steps=...)")
+        _expect("loops", loops, LoopPolicy, "tether.LoopPolicy(...)")
+        _expect("ledger", ledger, Ledger, "tether.Ledger.sqlite(path)")
+        _expect("retry", retry, RetryPolicy, "tether.RetryPolicy(...)")
+        _expect("checkpoints", checkpoints, Checkpoints, "tether.Checkpoints.sqlite(path)")
+        _expect("dead_letters", dead_letters, DeadLetters, "tether.DeadLetters.sqlite(path)")
+        _expect("escalation", escalation, Escalation, "tether.Escalation(...)")
+        _expect("prices", prices, PriceTable, "tether.PriceTable({...})")
+        _expect("messages", messages, CustomerMessages, "tether.CustomerMessages(...)")
+        if clock is not None and not isinstance(clock, Clock):
+            raise TypeError(f"clock must be a tether clock (tether.VirtualClock()), got {clock!r}")
+        if breaker_threshold is not None and (
+            not isinstance(breaker_threshold, int) or isinstance(breaker_threshold, bool)
+            or breaker_threshold < 1
+        ):  # fmt: skip
+            raise ValueError(
+                f"breaker_threshold must be an int >= 1 or None, got {breaker_threshold!r}"
+            )
+        if (
+            isinstance(breaker_cooldown, bool)
+            or not isinstance(breaker_cooldown, int | float)
+            or not breaker_cooldown > 0
+        ):
+            raise ValueError(f"breaker_cooldown must be a number > 0, got {breaker_cooldown!r}")
+        if not isinstance(scope, str):
+            raise TypeError(f"scope must be a str, got {scope!r}")
         self.budget = budget or Budget()
         self.loops = loops or LoopPolicy()
         self.clock: Clock = clock or system_clock
@@ -174,6 +206,12 @@ class Guard:
             ) from exc
         run._restore(usage, list(doc["partial"]), list(doc["transcript"]))
         return run
+
+
+def _expect(name: str, value: object, kind: type, example: str) -> None:
+    """A configuration value of the wrong type fails here, naming the field."""
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(f"{name} must be a {kind.__name__} (e.g. {example}) or None, got {value!r}")
 
 
 def _describe(tool: str, args: Any, result: Any) -> str | None:

@@ -7,7 +7,7 @@ the same memory as a run of a hundred.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -16,8 +16,36 @@ from tether._outcome import StopReason
 __all__ = ["LoopPolicy", "LoopState"]
 
 
+#: The cap of identical calls a polling tool named without one gets.
+DEFAULT_POLL_CAP = 30
+
+
 def _default_allow() -> Mapping[str, int]:
-    return MappingProxyType({"job_status": 30})
+    return MappingProxyType({"job_status": DEFAULT_POLL_CAP})
+
+
+def _whole(name: str, value: object, least: int, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        more = " or None" if optional else ""
+        raise ValueError(f"{name} must be an int >= {least}{more}, got {value!r}")
+
+
+def _caps(allow: object) -> dict[str, int]:
+    """allow_repeat as a mapping of tool name to cap."""
+    if isinstance(allow, str) or not isinstance(allow, Mapping | Iterable):
+        raise TypeError(
+            "allow_repeat must be a mapping of tool name to cap ({'job_status': 30}) or a list "
+            f"of tool names, got {allow!r}"
+        )
+    caps = dict(allow) if isinstance(allow, Mapping) else dict.fromkeys(allow, DEFAULT_POLL_CAP)
+    for tool, cap in caps.items():
+        if not isinstance(tool, str):
+            raise TypeError(f"allow_repeat names tools by str, got {tool!r}")
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise ValueError(f"allow_repeat[{tool!r}] must be an int >= 1, got {cap!r}")
+    return caps
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,56 +54,57 @@ class LoopPolicy:
 
     * ``max_repeats``: the N-th identical call (same tool, same canonical arguments,
       within the last ``window`` calls) is refused before it runs; also the number of
-      repetitions of a sequence (A B A B ...) or of a state that counts as a loop.
+      repetitions of a sequence (A B A B ...) that counts as a loop. None switches
+      repeat and sequence detection off.
+    * ``window``: how many recent calls the repeat detector remembers; by default it
+      follows ``max_repeats`` (``max(64, 4 * max_repeats)``).
     * ``allow_repeat``: tools that legitimately repeat (polling) with their own cap of
-      identical calls; they count neither against ``max_repeats`` nor ``max_no_progress``.
+      identical calls (a mapping of name to cap, or names that get a cap of 30); they
+      count neither against ``max_repeats`` nor ``max_no_progress``.
     * ``min_steps``: no detection before this many steps (false positives are a bug).
     * ``max_no_progress``: consecutive steps that add no new fact stop the run.
     * ``detect_cycles``: stop when an observed state repeats (``run.observe_state``).
     * ``max_period``: the longest sequence the period detector looks for.
     """
 
-    max_repeats: int = 3
+    max_repeats: int | None = 3
     allow_repeat: Mapping[str, int] = field(default_factory=_default_allow)
     min_steps: int = 0
     max_no_progress: int | None = 5
     detect_cycles: bool = True
-    window: int = 64
+    window: int | None = None
     max_period: int = 4
     state_window: int = 1024
 
     def __post_init__(self) -> None:
-        if self.max_repeats < 2:
-            raise ValueError(f"max_repeats must be >= 2, got {self.max_repeats!r}")
-        if self.min_steps < 0:
-            raise ValueError(f"min_steps must be >= 0, got {self.min_steps!r}")
-        if self.max_no_progress is not None and self.max_no_progress < 1:
-            raise ValueError(f"max_no_progress must be >= 1 or None, got {self.max_no_progress!r}")
-        if self.window < self.max_repeats:
-            raise ValueError(
-                f"window must be >= max_repeats ({self.max_repeats}), got {self.window!r}"
-            )
-        if self.max_period < 1:
-            raise ValueError(f"max_period must be >= 1, got {self.max_period!r}")
-        if self.state_window < 1:
-            raise ValueError(f"state_window must be >= 1, got {self.state_window!r}")
-        for tool, cap in self.allow_repeat.items():
-            if not isinstance(cap, int) or cap < 1:
-                raise ValueError(f"allow_repeat[{tool!r}] must be an int >= 1, got {cap!r}")
-        object.__setattr__(self, "allow_repeat", MappingProxyType(dict(self.allow_repeat)))
+        _whole("max_repeats", self.max_repeats, 2, optional=True)
+        _whole("min_steps", self.min_steps, 0)
+        _whole("max_no_progress", self.max_no_progress, 1, optional=True)
+        _whole("window", self.window, 1, optional=True)
+        _whole("max_period", self.max_period, 1)
+        _whole("state_window", self.state_window, 1)
+        if not isinstance(self.detect_cycles, bool):
+            raise TypeError(f"detect_cycles must be True or False, got {self.detect_cycles!r}")
+        repeats = self.max_repeats or 2
+        if self.window is None:
+            object.__setattr__(self, "window", max(64, 4 * repeats))
+        elif self.window < repeats:
+            raise ValueError(f"window must be >= max_repeats ({repeats}), got {self.window!r}")
+        object.__setattr__(self, "allow_repeat", MappingProxyType(_caps(self.allow_repeat)))
 
 
 class LoopState:
     """The detectors of one run."""
 
-    __slots__ = ("_allowed", "_counts", "_recent", "_seq", "_states", "policy")
+    __slots__ = ("_allowed", "_counts", "_recent", "_seq", "_states", "_window", "policy")
 
     def __init__(self, policy: LoopPolicy) -> None:
         self.policy = policy
         self._recent: deque[str] = deque()  # action hashes in the window
         self._counts: Counter[str] = Counter()  # of the window
         self._allowed: Counter[str] = Counter()  # allow_repeat tools: per action, whole run
-        self._seq: deque[str] = deque(maxlen=policy.max_period * policy.max_repeats)
+        self._seq: deque[str] = deque(maxlen=policy.max_period * (policy.max_repeats or 2))
+        self._window: int = policy.window or 64
         self._states: OrderedDict[str, int] = OrderedDict()
 
     def check_action(self, tool: str, action: str, step: int) -> tuple[StopReason, str] | None:
@@ -86,7 +115,7 @@ class LoopState:
                 why = f"{tool} called {cap} times with identical arguments (its allow_repeat cap)"
                 return StopReason.REPEATED_ACTION, why
             return None
-        if step <= self.policy.min_steps:
+        if step <= self.policy.min_steps or self.policy.max_repeats is None:
             return None
         n = self._counts[action] + 1
         if n >= self.policy.max_repeats:
@@ -102,7 +131,7 @@ class LoopState:
 
     def _period(self, action: str) -> int:
         seq = [*self._seq, action]
-        reps = self.policy.max_repeats
+        reps = self.policy.max_repeats or 2
         for p in range(2, self.policy.max_period + 1):
             span = p * reps
             if len(seq) < span:
@@ -121,7 +150,7 @@ class LoopState:
             return
         self._recent.append(action)
         self._counts[action] += 1
-        if len(self._recent) > self.policy.window:
+        if len(self._recent) > self._window:
             old = self._recent.popleft()
             self._counts[old] -= 1
             if not self._counts[old]:

@@ -229,15 +229,46 @@ class Checkpoints(_Collection):
                 f"checkpoint {checkpoint_id!r} is not a tether checkpoint (format {found!r}, "
                 f"expected {CHECKPOINT_FORMAT!r})"
             )
-        for field in ("task", "usage", "partial", "transcript"):
-            if field not in doc:
-                raise CheckpointError(
-                    f"checkpoint {checkpoint_id!r} is corrupt: it has no {field!r}"
-                )
+        _check_shape(checkpoint_id, doc)
         return doc
 
     def list(self, limit: int = 50) -> list[dict[str, Any]]:
         return [json.loads(text) for _, text in self.store.list(self.kind, limit)]
+
+
+_USAGE_INTS = ("steps", "model_calls", "tool_calls", "input_tokens", "output_tokens",
+               "cache_write_tokens", "cache_read_tokens", "retries")  # fmt: skip
+
+
+def _check_shape(checkpoint_id: str, doc: dict[str, Any]) -> None:
+    """Every field a resumed run reads, checked on load; the error names the field."""
+
+    def corrupt(field: str, why: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {checkpoint_id!r} is corrupt: {field} {why}")
+
+    for field in ("task", "usage", "partial", "transcript"):
+        if field not in doc:
+            raise corrupt(field, "is missing")
+    if not isinstance(doc["task"], str):
+        raise corrupt("task", f"must be a string, got {doc['task']!r:.60}")
+    if doc.get("run_id") is not None and not isinstance(doc["run_id"], str):
+        raise corrupt("run_id", f"must be a string, got {doc['run_id']!r:.60}")
+    for field in ("partial", "transcript"):
+        value = doc[field]
+        if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
+            raise corrupt(field, f"must be a list of objects, got {value!r:.60}")
+    usage = doc["usage"]
+    if not isinstance(usage, dict):
+        raise corrupt("usage", f"must be an object, got {usage!r:.60}")
+    unknown = set(usage) - {*_USAGE_INTS, "cost_usd", "seconds"}
+    if unknown:
+        raise corrupt("usage", f"has unknown fields {sorted(unknown)}")
+    for name, value in usage.items():
+        whole = name in _USAGE_INTS
+        ok = isinstance(value, int) if whole else isinstance(value, int | float)
+        if not ok or isinstance(value, bool) or value < 0 or value != value:
+            kind = "an int" if whole else "a number"
+            raise corrupt(f"usage.{name}", f"must be {kind} >= 0, got {value!r:.60}")
 
 
 # --- redaction ------------------------------------------------------------------------

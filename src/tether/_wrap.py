@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from tether._breaker import CircuitBreaker
     from tether._effects import Ledger
 
-__all__ = ["CONNECTORS", "CallMeta", "Connector", "wrap"]
+__all__ = ["CONNECTORS", "CallMeta", "Connector", "ResponseStatusError", "wrap"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,18 +69,46 @@ def _none(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     """APIs with no idempotency key (GitHub, Slack): retry only what is safe to repeat."""
 
 
+class ResponseStatusError(Exception):
+    """A plain HTTP client answered with a retryable error status (httpx and requests
+    return such responses instead of raising): the attempt counts as failed.
+
+    After the last attempt the wrapped call returns the final response, as the client
+    would have; ``response`` holds it.
+    """
+
+    def __init__(self, response: Any) -> None:
+        self.response = response
+        self.status_code = getattr(response, "status_code", None)
+        self.headers = getattr(response, "headers", None)
+        super().__init__(f"HTTP {self.status_code} from {getattr(response, 'url', '?')}")
+
+
+def _status_check(result: Any) -> None:
+    """Raise for a response whose status a retry may clear (429, 5xx ...)."""
+    from tether._classify import classify
+
+    status = getattr(result, "status_code", None)
+    if isinstance(status, int) and status >= 400:
+        error = ResponseStatusError(result)
+        if classify(error).retryable:
+            raise error
+
+
 @dataclass(frozen=True, slots=True)
 class Connector:
     name: str
     inject: KeyInjector
+    #: called with each attempt's result: raises when the result is a failure to retry
+    check: Callable[[Any], None] | None = None
 
 
 #: How each connector carries the idempotency key; add your own entries.
 CONNECTORS: dict[str, Connector] = {
     "stripe": Connector("stripe", _stripe),
-    "http": Connector("http", _header),
-    "httpx": Connector("httpx", _header),
-    "requests": Connector("requests", _header),
+    "http": Connector("http", _header, _status_check),
+    "httpx": Connector("httpx", _header, _status_check),
+    "requests": Connector("requests", _header, _status_check),
     "github": Connector("github", _none),
     "slack": Connector("slack", _none),
     "none": Connector("none", _none),
@@ -154,10 +182,15 @@ class _Wrap:
         policy = self.policy.replace(name=f"{self.connector.name}:{path}")
         attempts = 0
 
+        check = self.connector.check
+
         def attempt() -> Any:
             nonlocal attempts
             attempts += 1
-            return fn(*args, **send_kwargs)
+            result = fn(*args, **send_kwargs)
+            if check is not None:
+                check(result)
+            return result
 
         def retried() -> Any:
             return policy.call(attempt)
@@ -169,6 +202,8 @@ class _Wrap:
                 result = self.ledger.once(key, retried, lookup=lambda _k: retried())
             else:
                 result = retried()
+        except ResponseStatusError as exc:  # retries spent: the client's own answer
+            result = exc.response
         finally:
             _last_meta.set(CallMeta(path, attempts, key, attempts > 1))
         _attach(result, _last_meta.get())

@@ -57,10 +57,13 @@ def run(
         raise ValueError(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
     if tasks < 1:
         raise ValueError(f"tasks must be >= 1, got {tasks}")
-    valid = list(SCENARIOS) + list(FLEET_SCENARIOS)
+    valid = list(dict.fromkeys([*SCENARIOS, *FLEET_SCENARIOS]))  # once each, in order
     bad = [s for s in scenarios or () if s not in valid]
     if bad:
-        raise ValueError(f"unknown scenario(s) {', '.join(bad)}; valid: {', '.join(valid)}")
+        raise ValueError(
+            f"unknown scenario(s) {', '.join(bad)}; agents: {', '.join(SCENARIOS)}; "
+            f"fleet: {', '.join(FLEET_SCENARIOS)}"
+        )
     workers = workers or min(2, os.cpu_count() or 1)
     note = progress or (lambda message, total: None)
     out: dict[str, Any] = {"seed": seed, "suites": {}}

@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from tether._errors import StoreUnavailable, require
+from tether._redact import safe_url
 from tether.stores._ledger_logic import (
     COLUMNS,
     Completion,
@@ -21,7 +22,6 @@ from tether.stores._ledger_logic import (
     decide_claim,
     decide_complete,
 )
-from tether.stores._ledger_redis import safe_url
 
 __all__ = ["PostgresLedgerBackend"]
 

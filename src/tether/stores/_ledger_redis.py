@@ -11,13 +11,13 @@ told otherwise (see :meth:`tether.Ledger.redis`).
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from tether._errors import StoreUnavailable, require
+from tether._redact import safe_url
 from tether.stores._ledger_logic import Completion, Record, State
 
-__all__ = ["LedgerNotDurable", "RedisLedgerBackend", "safe_url"]
+__all__ = ["LedgerNotDurable", "RedisLedgerBackend"]
 
 _NOW = """
 local now = tonumber(ARGV[2])
@@ -97,13 +97,6 @@ redis.call('SET', k, cjson.encode(cur), 'KEEPTTL')
 return 'recorded'
 """
 )
-
-_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]*@")
-
-
-def safe_url(url: str) -> str:
-    """A URL without its user and password, for logs, errors and reprs."""
-    return _CREDENTIALS.sub("***@", url)
 
 
 class LedgerNotDurable(StoreUnavailable):

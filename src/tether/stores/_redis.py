@@ -29,6 +29,7 @@ import logging
 from typing import Any
 
 from tether._errors import require
+from tether._redact import safe_url
 from tether.clock import system_clock
 from tether.stores._logic import CALL, BreakerConfig, LimiterConfig
 from tether.stores._memory import MemoryStore
@@ -254,14 +255,15 @@ class RedisStore:
         if key_ttl <= 0:
             raise ValueError(f"key_ttl must be > 0, got {key_ttl!r}")
         redis = require("redis", "redis")
-        self.url = url
+        self.url = safe_url(url) if client is None else repr(client)
         self.prefix = prefix
         self.cache_ttl = float(cache_ttl)
         self.reconnect_interval = float(reconnect_interval)
         self._ttl_ms = int(key_ttl * 1000)
+        # every Redis error means the store is unavailable: a refused connection, but
+        # also an error reply (OOM, READONLY, NOSCRIPT after a flush, ACL refusals)
         self._errors: tuple[type[BaseException], ...] = (
-            redis.ConnectionError,  # type: ignore[attr-defined]
-            redis.TimeoutError,  # type: ignore[attr-defined]
+            redis.RedisError,  # type: ignore[attr-defined]
             OSError,
         )
         self.client = client or redis.Redis.from_url(  # type: ignore[attr-defined]
@@ -307,10 +309,11 @@ class RedisStore:
         except self._errors as exc:
             if self._down_until is None:
                 _log.warning(
-                    "tether: Redis at %s is unreachable (%s); breakers, budgets and limiters "
+                    "tether: Redis at %s is unavailable (%s: %s); breakers, budgets and limiters "
                     "fall back to this process's memory until it answers again",
                     self.url,
-                    exc,
+                    type(exc).__name__,
+                    safe_url(str(exc)),
                 )
             self._down_until = mono + self.reconnect_interval
             return None
