@@ -4,6 +4,13 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util._once import Once
 
 from scripted_server import ScriptedServer
 
@@ -63,3 +70,25 @@ def pg_dsn() -> str:
             pytrace=False,
         )
     return PG_DSN
+
+
+@pytest.fixture
+def otel() -> Iterator[tuple[InMemorySpanExporter, InMemoryMetricReader]]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace.set_tracer_provider(provider)
+    metrics._internal._METER_PROVIDER_SET_ONCE = Once()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    from tether import telemetry
+
+    telemetry.reset()
+    yield exporter, reader
+    provider.shutdown()
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace._TRACER_PROVIDER = None
+    metrics._internal._METER_PROVIDER_SET_ONCE = Once()
+    metrics._internal._METER_PROVIDER = None
+    telemetry.reset()

@@ -41,6 +41,7 @@ class Ending(RunState):
         elif isinstance(exc, Exception):
             verdict = classify(exc)
             reason = StopReason.PERMANENT_ERROR if not verdict.retryable else StopReason.ERROR
+            self._note_error(exc)
             self._halt(reason, f"{type(exc).__name__}: {verdict.reason}")
         self.finish()
         if self._span_cm is not None:
@@ -60,7 +61,13 @@ class Ending(RunState):
 
     @property
     def outcome(self) -> Outcome:
-        """The run's outcome (the run is finished on first access)."""
+        """The run's outcome, once it has ended (a stop condition holds, or its with-block
+        closed); the run is finished on first access. Raises RuntimeError while it runs."""
+        if self._outcome is None and self._stop is None:
+            raise RuntimeError(
+                f"run {self.run_id} has not ended: read run.outcome after its with-block, or "
+                "end it first (run.succeed(), run.fail(), run.stop(), run.escalate())"
+            )
         if self._outcome is None:
             self.finish()
         assert self._outcome is not None
@@ -114,7 +121,10 @@ class Ending(RunState):
             status = "success"
         elif escalate:
             status = "escalated"
-        elif reason in (StopReason.PERMANENT_ERROR, StopReason.ERROR) or not self.partial:
+        elif (
+            reason in (StopReason.PERMANENT_ERROR, StopReason.ERROR, StopReason.FAILED)
+            or not self.partial
+        ):
             status = "failed"
         else:
             status = "partial"
@@ -143,7 +153,8 @@ class Ending(RunState):
             delivery.deliver(handoff)
             issues.extend(delivery.errors)
         self._outcome = Outcome(status, reason, self._result, tuple(self.partial), detail, tuple(issues),
-                                usage, checkpoint_id, message, self.run_id, handoff)  # fmt: skip
+                                usage, checkpoint_id, message, self.run_id, handoff,
+                                tuple(self.messages or ()), self._error)  # fmt: skip
         telemetry.end_step(self._step_span)
         self._step_span = None
         telemetry.record_stop(

@@ -35,6 +35,7 @@ class StopReason(enum.Enum):
     ESCALATED = "escalated"
     NO_RESULT = "no_result"
     ERROR = "error"
+    FAILED = "failed"  # the agent's code said so: run.fail(...)
 
 
 class Stopped(TetherError):
@@ -70,6 +71,8 @@ class Usage:
     cost_usd: float = 0.0
     retries: int = 0
     seconds: float = 0.0
+    #: model calls whose cost is unknown (no price): ``cost_usd`` counts the others
+    unpriced_calls: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -101,6 +104,11 @@ class Outcome:
     customer_message: str = ""
     run_id: str = ""
     handoff: Any = None
+    #: the whole conversation in the provider's own message format (agent loops), so a
+    #: chat can append the customer's next message and run again
+    messages: tuple[Any, ...] = ()
+    #: the redacted type and message of the failure that ended the run, if one did
+    error: str | None = None
 
     @property
     def ok(self) -> bool:

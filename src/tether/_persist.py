@@ -237,7 +237,7 @@ class Checkpoints(_Collection):
 
 
 _USAGE_INTS = ("steps", "model_calls", "tool_calls", "input_tokens", "output_tokens",
-               "cache_write_tokens", "cache_read_tokens", "retries")  # fmt: skip
+               "cache_write_tokens", "cache_read_tokens", "retries", "unpriced_calls")  # fmt: skip
 
 
 def _check_shape(checkpoint_id: str, doc: dict[str, Any]) -> None:

@@ -291,6 +291,8 @@ class RetryPolicy:
         """Call ``fn(*args, **kwargs)`` under this policy."""
         if _in_attempt.get():
             return fn(*args, **kwargs)  # an outer layer retries
+        if _telemetry().enabled():
+            return self._traced(fn, args, kwargs)
         if (
             self.budget is None
             and self.breaker is None
@@ -414,7 +416,59 @@ class RetryPolicy:
         """Await ``fn(*args, **kwargs)`` under this policy; attempts can be cancelled."""
         if _in_attempt.get():
             return await fn(*args, **kwargs)
+        if _telemetry().enabled():
+            return await self._atraced(fn, args, kwargs)
         return await self._aloop(fn, args, kwargs, self.deadline)
+
+    # --- spans (only when OpenTelemetry is configured) ------------------------------
+
+    def _span_name(self, fn: Any) -> str:
+        return self.name or getattr(fn, "__qualname__", None) or type(fn).__name__
+
+    def _traced(self, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
+        """One ``tether.retry`` span per call, one ``tether.attempt`` child per attempt."""
+        telemetry, name, attempts = _telemetry(), self._span_name(fn), [0]
+
+        def attempt(*a: Any, **k: Any) -> T:
+            attempts[0] += 1
+            with telemetry.span("tether.attempt", **_attempt_attrs(name, attempts[0])) as span:
+                try:
+                    return fn(*a, **k)
+                except Exception as exc:
+                    _mark(span, exc)
+                    raise
+
+        with telemetry.span(f"tether.retry {name}", **{"tether.name": name}) as span:
+            try:
+                result = self._call_loop(
+                    attempt, args, kwargs, first_error=None, deadline=self.deadline
+                )
+            except Exception as exc:
+                _close(span, attempts[0], exc)
+                raise
+            _close(span, attempts[0], None)
+            return result
+
+    async def _atraced(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any) -> T:
+        telemetry, name, attempts = _telemetry(), self._span_name(fn), [0]
+
+        async def attempt(*a: Any, **k: Any) -> T:
+            attempts[0] += 1
+            with telemetry.span("tether.attempt", **_attempt_attrs(name, attempts[0])) as span:
+                try:
+                    return await fn(*a, **k)
+                except Exception as exc:
+                    _mark(span, exc)
+                    raise
+
+        with telemetry.span(f"tether.retry {name}", **{"tether.name": name}) as span:
+            try:
+                result = await self._aloop(attempt, args, kwargs, self.deadline)
+            except Exception as exc:
+                _close(span, attempts[0], exc)
+                raise
+            _close(span, attempts[0], None)
+            return result
 
     async def _aloop(
         self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any, deadline: float | None
@@ -474,6 +528,30 @@ class RetryPolicy:
 
         wrapper.retry_policy = self  # type: ignore[attr-defined]
         return wrapper
+
+
+def _telemetry() -> Any:
+    from tether import telemetry
+
+    return telemetry
+
+
+def _attempt_attrs(name: str, attempt: int) -> dict[str, Any]:
+    # the HTTP client semantic conventions' resend count: the 2nd attempt is resend 1
+    return {"tether.name": name, "tether.attempt": attempt,
+            "http.request.resend_count": attempt - 1 if attempt > 1 else None}  # fmt: skip
+
+
+def _mark(span: Any, exc: Exception) -> None:
+    _telemetry().set_attributes(span, **{"tether.verdict": classify(exc).kind.value,
+                                         "error.type": type(exc).__name__})  # fmt: skip
+
+
+def _close(span: Any, attempts: int, exc: Exception | None) -> None:
+    verdict = "success" if exc is None else classify(exc).kind.value
+    _telemetry().set_attributes(span, **{"tether.attempts": attempts, "tether.verdict": verdict,
+                                         "http.request.resend_count": max(0, attempts - 1),
+                                         "error.type": None if exc is None else type(exc).__name__})  # fmt: skip
 
 
 class _Marker:

@@ -9,6 +9,7 @@ pipeline (``_toolcall``) and its ending (``_ending``); this module is its lifecy
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any
 
 from tether import telemetry
@@ -16,9 +17,12 @@ from tether._canonical import canonical_json
 from tether._ending import Ending
 from tether._guard import Budget, Guard
 from tether._outcome import StopReason
+from tether._pricing import UnknownModelError
 from tether._toolcall import ToolCalls
 
 __all__ = ["Budget", "Guard", "Run"]
+
+_log = logging.getLogger("tether")
 
 
 class Run(ToolCalls, Ending):
@@ -130,17 +134,25 @@ class Run(ToolCalls, Ending):
         cache_write_tokens: int = 0,
         cache_read_tokens: int = 0,
         cost_usd: float | None = None,
-    ) -> float:
-        """Count one model call's usage and cost; returns the cost in USD."""
+        provider: str | None = None,
+    ) -> float | None:
+        """Count one model call's usage and cost; returns the cost in USD (None: unknown).
+
+        The cost comes from ``cost_usd`` or the guard's prices for ``model``; a model
+        with no price has its tokens counted and its cost unknown
+        (``Usage.unpriced_calls``). Under a cost budget that raises
+        :class:`tether.UnknownModelError` (call :meth:`check_model` before the request
+        to refuse it before paying).
+        """
         counts = {"input_tokens": input_tokens, "output_tokens": output_tokens,
                   "cache_write_tokens": cache_write_tokens, "cache_read_tokens": cache_read_tokens}  # fmt: skip
         for name, value in counts.items():
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         if cost_usd is None:
             if model:
                 cost_usd = self.guard.prices.cost(model, input_tokens, output_tokens, cache_write_tokens,
-                                                  cache_read_tokens)  # fmt: skip
+                                                  cache_read_tokens, provider=provider)  # fmt: skip
             elif self.budget.max_cost_usd is not None and (input_tokens or output_tokens):
                 raise ValueError(
                     "a cost budget is set: pass model= (priced from the table) or cost_usd="
@@ -152,15 +164,38 @@ class Run(ToolCalls, Ending):
         self.output_tokens += output_tokens
         self.cache_write_tokens += cache_write_tokens
         self.cache_read_tokens += cache_read_tokens
-        self.cost_usd += cost_usd
-        self._last_costs = [*self._last_costs[-1:], cost_usd]
+        if cost_usd is None:
+            self.unpriced_calls += 1
+        else:
+            self.cost_usd += cost_usd
+            self._last_costs = [*self._last_costs[-1:], cost_usd]
         self._last_tokens = input_tokens + output_tokens + cache_write_tokens + cache_read_tokens
         telemetry.add_event("gen_ai.client.inference", **{"gen_ai.request.model": model or None,
                             "gen_ai.usage.input_tokens": input_tokens, "gen_ai.usage.output_tokens": output_tokens,
                             "tether.cost_usd": cost_usd})  # fmt: skip
         self.transcript.append({"step": self.steps, "model": model, "input_tokens": input_tokens,
                                 "output_tokens": output_tokens, "cost_usd": cost_usd})  # fmt: skip
+        if cost_usd is None and self.budget.max_cost_usd is not None:
+            raise UnknownModelError(
+                f"{self.guard.prices.missing(model)}; the cost budget cannot count this call"
+            )
         return cost_usd
+
+    def check_model(self, model: str, provider: str | None = None) -> None:
+        """Refuse, before the request, a model whose cost a cost budget could not count."""
+        if self.budget.max_cost_usd is None or not model or model in self._checked_models:
+            return
+        prices = self.guard.prices
+        if not prices.knows(model, provider):
+            if prices.unknown != "zero":
+                raise UnknownModelError(
+                    f"{prices.missing(model)}. The run has a cost budget "
+                    f"(max_cost_usd={self.budget.max_cost_usd:g}) that could not hold, so no "
+                    "request was sent"
+                )
+            _log.warning("tether: model %r has no price and counts as free (unknown='zero'): "
+                         "the cost budget cannot hold for it", model)  # fmt: skip
+        self._checked_models.add(model)
 
     def progress(self, note: str = "") -> None:
         """Say that this step made progress (a new fact, a finished sub-goal)."""
@@ -189,6 +224,11 @@ class Run(ToolCalls, Ending):
     def stop(self, reason: StopReason, detail: str = "") -> None:
         """End the run now for ``reason``; raises Stopped (swallowed by the with-block)."""
         raise self._halt(reason, detail)
+
+    def fail(self, reason: str = "") -> None:
+        """End the run as failed, for a reason the agent's code knows (raises Stopped,
+        swallowed by the with-block); the outcome's status is "failed"."""
+        raise self._halt(StopReason.FAILED, reason or "the agent's code gave up")
 
     def escalate(self, detail: str = "") -> None:
         """Hand the run to a person now; raises Stopped (swallowed by the with-block)."""

@@ -7,6 +7,7 @@ from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from tether import telemetry
+from tether._errors import CircuitOpenError
 from tether._loops import LoopState
 from tether._outcome import Outcome, Stopped, StopReason, Usage
 from tether.clock import hung_threads
@@ -14,7 +15,10 @@ from tether.clock import hung_threads
 if TYPE_CHECKING:
     from tether._guard import Guard
 
-__all__ = ["RunState"]
+__all__ = ["RECOVERY_WAITS", "RunState"]
+
+#: How many times one call waits for an open breaker's probe before the run stops.
+RECOVERY_WAITS = 3
 
 _log = logging.getLogger("tether")
 
@@ -37,6 +41,10 @@ class RunState:
             self.cache_read_tokens
         ) = 0
         self.cost_usd = 0.0
+        self.unpriced_calls = 0
+        self._error: str | None = None  # what ended the run, redacted
+        self._checked_models: set[str] = set()
+        self.messages: list[Any] | None = None  # the conversation, when an agent loop keeps one
         self._last_costs: list[float] = []
         self._last_tokens = 0
         self._max_steps = self.budget.max_steps
@@ -78,6 +86,7 @@ class RunState:
             usage.retries,
             usage.seconds,
         )
+        self.unpriced_calls = usage.unpriced_calls
         self.partial, self.transcript = partial, transcript
 
     @property
@@ -100,7 +109,38 @@ class RunState:
     def usage(self) -> Usage:
         return Usage(self.steps, self.model_calls, self.tool_calls, self.input_tokens, self.output_tokens,
                      self.cache_write_tokens, self.cache_read_tokens, round(self.cost_usd, 10),
-                     self.retries, self.elapsed)  # fmt: skip
+                     self.retries, self.elapsed, self.unpriced_calls)  # fmt: skip
+
+    def _time_left(self) -> float | None:
+        """The run's time budget left (the deadline of the next call), or None."""
+        b = self.budget.max_seconds
+        return None if b is None else max(1e-9, b - self.elapsed)
+
+    def _probe_wait(
+        self, exc: CircuitOpenError, timeout: float | None, waited: int
+    ) -> float | None:
+        """How long to wait for an open breaker's next probe, or None when the run may not
+        wait (no time budget, not enough of it left, or it waited often enough)."""
+        left = self._time_left()
+        wait = max(0.0, exc.retry_at - self.clock.wall()) + 0.05
+        if (
+            not self.guard.wait_for_recovery
+            or left is None
+            or waited >= RECOVERY_WAITS
+            or wait + (timeout or 0.0) >= left
+        ):
+            return None
+        return wait
+
+    def _note_error(self, exc: BaseException) -> None:
+        """Keep the (redacted) type and message of the failure that ends the run."""
+        if self._error is None:
+            from tether._persist import redact
+
+            text = str(exc).strip()
+            self._error = str(
+                redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+            )[:500]
 
     def _halt(self, reason: StopReason, detail: str = "") -> Stopped:
         """Record the first stop condition; later ones do not overwrite it."""

@@ -23,7 +23,6 @@ from tether.clock import hung_threads
 __all__ = ["ToolCalls"]
 
 UNAVAILABLE = "temporarily unavailable; try again later or continue without it"
-_RECOVERY_WAITS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,24 +212,13 @@ class ToolCalls(RunState):
                     raise self._after_failure(call, exc) from exc
         return self._after_success(call, result)
 
-    def _time_left(self) -> float | None:
-        """The run's time budget left (the deadline of the next tool call), or None."""
-        b = self.budget.max_seconds
-        return None if b is None else max(1e-9, b - self.elapsed)
-
     def _circuit_wait(
         self, call: _Call, exc: CircuitOpenError, timeout: float | None, waited: int
     ) -> float:
         """How long to wait for an open breaker's next probe; raises the stop when the run
         may not wait (no time budget, not enough of it left, or waited often enough)."""
-        left = self._time_left()
-        wait = max(0.0, exc.retry_at - self.clock.wall()) + 0.05
-        if (
-            not self.guard.wait_for_recovery
-            or left is None
-            or waited >= _RECOVERY_WAITS
-            or wait + (timeout or 0.0) >= left
-        ):
+        wait = self._probe_wait(exc, timeout, waited)
+        if wait is None:
             raise self._after_failure(call, exc) from exc
         return wait
 

@@ -14,9 +14,14 @@ __all__ = ["VirtualClock", "capture_events", "capture_logs", "reset", "tether_re
 
 
 def reset() -> None:
-    """Forget all process-wide state: the default store and the breaker registry."""
+    """Forget all process-wide state: the default store, the breaker registry, the
+    warnings already given about unpriced models."""
+    from tether import _pricing
+
     breakers.clear()
     default_store.reset()
+    with _pricing._warned_lock:
+        _pricing._warned.clear()
 
 
 @contextlib.contextmanager

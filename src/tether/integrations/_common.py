@@ -13,8 +13,6 @@ from typing import Any, ClassVar
 
 from tether import telemetry
 from tether._breaker import breakers
-from tether._classify import classify
-from tether._outcome import StopReason
 from tether._retry import RetryPolicy
 from tether._run import Run
 
@@ -105,16 +103,6 @@ def require_sync_tools(tools: Sequence[Tool]) -> None:
             )
 
 
-def call_model(run: Run, create: Callable[..., Any], **kwargs: Any) -> Any:
-    """One model call of an agent loop; a failure after the retries ends the run with its reason."""
-    try:
-        return create(**kwargs)
-    except Exception as exc:
-        verdict = classify(exc)
-        reason = StopReason.ERROR if verdict.retryable else StopReason.PERMANENT_ERROR
-        run.stop(reason, f"model call failed: {verdict.reason}")
-
-
 def unknown_tool(name: str) -> None:
     """Stands in for a tool the model named but that does not exist."""
     raise LookupError(f"there is no tool named {name!r}")
@@ -145,30 +133,49 @@ class _Endpoint:
         self._target = target
         self._count = count
 
-    def __call__(self, **kwargs: Any) -> Any:
-        owner = self._owner
-        run = owner.run
-        if run is not None and run.stopped is not None:
-            run.stop(run.stopped, "the run has stopped: no more model calls")
+    def _prepare(self, kwargs: dict[str, Any]) -> float | None:
+        """Check the run before a paid request; the time it has left (the retries' deadline)."""
+        run = self._owner.run
         headers = dict(kwargs.pop("extra_headers", None) or {})
         headers.setdefault(
             "Idempotency-Key", f"tether-{uuid.uuid4().hex}"
         )  # one key, every attempt
         kwargs["extra_headers"] = headers
+        if run is None:
+            return None
+        if run.stopped is not None:
+            run.stop(run.stopped, "the run has stopped: no more model calls")
+        run.check_model(str(kwargs.get("model") or ""), self._owner.provider)
+        left = run._time_left()
+        if left is not None:  # no attempt may outlive the run's time budget
+            kwargs["timeout"] = min(float(kwargs.get("timeout") or left), left)
+        return left
+
+    def _counted_retries(self) -> None:
+        run = self._owner.run
+        if run is not None:
+            run.retries += self._owner.policy.statistics.retries
+
+    def __call__(self, **kwargs: Any) -> Any:
+        owner = self._owner
+        left = self._prepare(kwargs)
         if owner.is_async:
-            return self._acall(kwargs)
+            return self._acall(kwargs, left)
         if kwargs.get("stream"):
-            return self._stream(kwargs)
+            return self._stream(kwargs, left)
         with telemetry.span(
             f"chat {kwargs.get('model', '')}", **_request_attributes(owner, kwargs)
         ) as span:
-            response = owner.policy.call(self._target, **kwargs)
+            try:
+                response = owner.policy.call_within(left, lambda: self._target(**kwargs))
+            finally:
+                self._counted_retries()
             _response_attributes(span, response)
-        if run is not None and not kwargs.get("stream"):
-            self._count(run, response)
+        if owner.run is not None:
+            self._count(owner.run, response)
         return response
 
-    def _stream(self, kwargs: dict[str, Any]) -> GuardedStream:
+    def _stream(self, kwargs: dict[str, Any], left: float | None) -> GuardedStream:
         """Open the stream and read its first event inside the retry policy: a stream that
         breaks before its first event is retried; after that, nothing is replayed."""
 
@@ -177,26 +184,35 @@ class _Endpoint:
             events = iter(stream)
             return stream, events, next(events)
 
-        stream, events, first = self._owner.policy.call(open_first)
+        try:
+            stream, events, first = self._owner.policy.call_within(left, open_first)
+        finally:
+            self._counted_retries()
         return GuardedStream(stream, events, first, self._owner.run)
 
-    async def _astream(self, kwargs: dict[str, Any]) -> AsyncGuardedStream:
+    async def _astream(self, kwargs: dict[str, Any], left: float | None) -> AsyncGuardedStream:
         async def open_first() -> tuple[Any, Any, Any]:
             stream = await self._target(**kwargs)
             events = stream.__aiter__()
             return stream, events, await events.__anext__()
 
-        stream, events, first = await self._owner.policy.acall(open_first)
+        try:
+            stream, events, first = await self._owner.policy.acall_within(left, open_first)
+        finally:
+            self._counted_retries()
         return AsyncGuardedStream(stream, events, first, self._owner.run)
 
-    async def _acall(self, kwargs: dict[str, Any]) -> Any:
+    async def _acall(self, kwargs: dict[str, Any], left: float | None) -> Any:
         owner = self._owner
         if kwargs.get("stream"):
-            return await self._astream(kwargs)
+            return await self._astream(kwargs, left)
         with telemetry.span(
             f"chat {kwargs.get('model', '')}", **_request_attributes(owner, kwargs)
         ) as span:
-            response = await owner.policy.acall(self._target, **kwargs)
+            try:
+                response = await owner.policy.acall_within(left, lambda: self._target(**kwargs))
+            finally:
+                self._counted_retries()
             _response_attributes(span, response)
         if owner.run is not None and not kwargs.get("stream"):
             self._count(owner.run, response)
@@ -369,10 +385,19 @@ class Guarded:
         self.is_async = self.is_async or any(
             c.__name__.startswith("Async") for c in type(client).__mro__
         )
-        self.policy = policy or RetryPolicy(breaker=breakers.get(self.provider), name=self.provider)
+        self.policy = policy or self._default_policy(client)
         if run is not None and policy is None:
             self.policy = self.policy.replace(clock=run.clock)
         self.run = run
+
+    def _default_policy(self, client: Any) -> RetryPolicy:
+        """Five attempts, and a breaker per provider and base URL whose threshold is twice
+        that: one call's own retries never open it, two calls that failed in a row do."""
+        policy = RetryPolicy(name=self.provider)
+        base_url = str(getattr(client, "base_url", "") or "").rstrip("/")
+        name = f"{self.provider}:{base_url}" if base_url else self.provider
+        breaker = breakers.get(name, failure_threshold=2 * policy.max_attempts)
+        return policy.replace(breaker=breaker)
 
     def _first_endpoint(self) -> Any:
         target: Any = self.raw

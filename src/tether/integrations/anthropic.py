@@ -12,20 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from tether._outcome import Outcome, StopReason, ToolError
+from tether._outcome import Outcome, StopReason
 from tether._retry import RetryPolicy
 from tether._run import Guard, Run
-from tether.integrations._common import (
-    Guarded,
-    Tool,
-    call_model,
-    malformed_arguments,
-    require_sync_tools,
-    result_text,
-    unknown_tool,
-)
+from tether.integrations._common import Guarded, Tool, require_sync_tools
+from tether.integrations._loop import ToolUse, Turns, arun_loop, run_loop
 
-__all__ = ["GuardedAnthropic", "Tool", "guarded", "run_agent"]
+__all__ = ["GuardedAnthropic", "Tool", "arun_agent", "guarded", "run_agent"]
 
 
 def _count(run: Run, message: Any) -> None:
@@ -69,6 +62,51 @@ def _block(block: Any) -> dict[str, Any]:
     return data
 
 
+class _Turns(Turns):
+    """Messages API turns: ``end_turn`` answers, ``max_tokens`` is cut, ``refusal`` stops,
+    ``pause_turn`` continues, ``tool_use`` blocks are tool calls."""
+
+    def read(self, run: Run, reply: Any) -> list[ToolUse] | None:
+        stop = getattr(reply, "stop_reason", None)
+        if stop == "max_tokens" and self.cut(run):
+            return None
+        if stop == "refusal":
+            run.stop(StopReason.REFUSED, "the model refused")
+        content = [_block(b) for b in reply.content]
+        self.history.append({"role": "assistant", "content": content})
+        if stop == "pause_turn":
+            return None
+        uses = [b for b in content if b.get("type") == "tool_use"]
+        if not uses:
+            run.succeed("".join(b.get("text", "") for b in content if b.get("type") == "text"))
+            return []
+        return [ToolUse(str(b.get("id")), str(b.get("name", "")),
+                        b["input"] if isinstance(b.get("input"), dict) else None, str(b.get("input")))
+                for b in uses]  # fmt: skip
+
+    def answer(self, results: list[tuple[ToolUse, str, bool]]) -> None:
+        blocks = []
+        for use, text, error in results:
+            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": use.id, "content": text}
+            if error:
+                block["is_error"] = True
+            blocks.append(block)
+        self.history.append({"role": "user", "content": blocks})
+
+
+def _setup(messages: Sequence[dict[str, Any]], tools: Sequence[Tool], model: str, max_tokens: int,
+           system: str | None, continue_on_max_tokens: bool, create_kwargs: dict[str, Any]) -> _Turns:  # fmt: skip
+    params: dict[str, Any] = {"model": model, **create_kwargs}
+    if tools:
+        params["tools"] = [_tool_param(t) for t in tools]
+    if system is not None:
+        params["system"] = system
+    limit = params.pop("max_tokens", max_tokens)
+    return _Turns(
+        tools, [dict(m) for m in messages], params, "max_tokens", limit, continue_on_max_tokens
+    )
+
+
 def run_agent(
     client: Any,
     *,
@@ -89,61 +127,46 @@ def run_agent(
     then the run stops with ``TRUNCATED``. ``refusal`` stops with ``REFUSED``;
     ``pause_turn`` continues. Tool calls go through ``run.call_tool``; their errors go
     back to the model as ``is_error`` tool results, never as raw exception text.
+    ``outcome.messages`` is the whole conversation, to continue it with the next turn.
     """
     require_sync_tools(tools)
+    turns = _setup(
+        messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
+    )
     guard = guard or Guard()
-    by_name = {t.name: t for t in tools}
-    history = [dict(m) for m in messages]
-    params: dict[str, Any] = {"model": model, **create_kwargs}
-    if tools:
-        params["tools"] = [_tool_param(t) for t in tools]
-    if system is not None:
-        params["system"] = system
-    with guard.start(task=task or _task_of(history)) as run:
+    with guard.start(task=task or _task_of(turns.history)) as run:
         gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
-        limit = max_tokens
-        extended = False
-        while run.proceed():
-            reply = call_model(
-                run, gc.messages.create, messages=history, max_tokens=limit, **params
-            )
-            stop = getattr(reply, "stop_reason", None)
-            if stop == "max_tokens":
-                if continue_on_max_tokens and not extended:
-                    extended, limit = True, limit * 2
-                    continue
-                run.stop(StopReason.TRUNCATED, f"the reply was cut at max_tokens ({limit})")
-            if stop == "refusal":
-                run.stop(StopReason.REFUSED, "the model refused")
-            content = [_block(b) for b in reply.content]
-            history.append({"role": "assistant", "content": content})
-            if stop == "pause_turn":
-                continue
-            uses = [b for b in content if b.get("type") == "tool_use"]
-            if not uses:
-                run.succeed("".join(b.get("text", "") for b in content if b.get("type") == "text"))
-                break
-            results = [_run_tool(run, by_name, use) for use in uses]
-            history.append({"role": "user", "content": results})
+        run_loop(run, turns, gc.messages.create)
     return run.outcome
 
 
-def _run_tool(run: Run, tools: dict[str, Tool], use: dict[str, Any]) -> dict[str, Any]:
-    tool = tools.get(use.get("name", ""))
-    args = use.get("input")
-    base = {"type": "tool_result", "tool_use_id": use.get("id")}
-    try:
-        if tool is None:
-            run.call_tool(str(use.get("name")), unknown_tool, {"name": str(use.get("name"))})
-            raise AssertionError("unreachable")  # pragma: no cover
-        if not isinstance(args, dict):
-            run.call_tool(tool.name, malformed_arguments, {"raw": str(args)[:500]})
-            raise AssertionError("unreachable")  # pragma: no cover
-        out = run.call_tool(tool.name, tool.fn, args, timeout=tool.timeout, idempotent=tool.idempotent,
-                            lookup=tool.lookup)  # fmt: skip
-        return {**base, "content": result_text(out)}
-    except ToolError as exc:
-        return {**base, "content": exc.model_message, "is_error": True}
+async def arun_agent(
+    client: Any,
+    *,
+    model: str,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[Tool] = (),
+    guard: Guard | None = None,
+    max_tokens: int = 1024,
+    system: str | None = None,
+    task: str = "",
+    continue_on_max_tokens: bool = True,
+    **create_kwargs: Any,
+) -> Outcome:
+    """The async form of :func:`run_agent`, for ``anthropic.AsyncAnthropic``: async tools
+    are awaited, sync tools run in a worker thread."""
+    turns = _setup(
+        messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
+    )
+    guard = guard or Guard()
+    async with guard.start(task=task or _task_of(turns.history)) as run:
+        gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
+        if not gc.is_async:
+            raise TypeError(
+                "arun_agent needs an async client (anthropic.AsyncAnthropic); use run_agent"
+            )
+        await arun_loop(run, turns, gc.messages.create)
+    return run.outcome
 
 
 def _task_of(history: list[dict[str, Any]]) -> str:

@@ -11,20 +11,13 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from tether._outcome import Outcome, StopReason, ToolError
+from tether._outcome import Outcome, StopReason
 from tether._retry import RetryPolicy
 from tether._run import Guard, Run
-from tether.integrations._common import (
-    Guarded,
-    Tool,
-    call_model,
-    malformed_arguments,
-    require_sync_tools,
-    result_text,
-    unknown_tool,
-)
+from tether.integrations._common import Guarded, Tool, require_sync_tools
+from tether.integrations._loop import ToolUse, Turns, arun_loop, run_loop
 
-__all__ = ["GuardedOpenAI", "Tool", "guarded", "run_agent"]
+__all__ = ["GuardedOpenAI", "Tool", "arun_agent", "guarded", "run_agent"]
 
 
 def _count_chat(run: Run, completion: Any) -> None:
@@ -76,6 +69,67 @@ def _tool_param(tool: Tool) -> dict[str, Any]:
             "function": {"name": tool.name, "description": tool.description, "parameters": tool.schema}}  # fmt: skip
 
 
+class _Turns(Turns):
+    """Chat-completions turns: ``stop`` answers, ``length`` is cut, ``content_filter``
+    stops, ``tool_calls`` are tool calls."""
+
+    def read(self, run: Run, reply: Any) -> list[ToolUse] | None:
+        choice = reply.choices[0]
+        finish = choice.finish_reason
+        if finish == "length" and self.cut(run):
+            return None
+        if finish == "content_filter":
+            run.stop(StopReason.REFUSED, "the reply was withheld by the content filter")
+        message = choice.message
+        calls = list(message.tool_calls or [])
+        entry: dict[str, Any] = {"role": "assistant", "content": message.content}
+        if calls:
+            entry["tool_calls"] = [c.model_dump(exclude_none=True) for c in calls]
+        self.history.append(entry)
+        if not calls:
+            run.succeed(message.content or "")
+            return []
+        return [ToolUse(c.id, c.function.name, _arguments(c.function.arguments), str(c.function.arguments))
+                for c in calls]  # fmt: skip
+
+    def answer(self, results: list[tuple[ToolUse, str, bool]]) -> None:
+        for use, text, error in results:
+            self.history.append({"role": "tool", "tool_call_id": use.id,
+                                 "content": f"error: {text}" if error else text})  # fmt: skip
+
+
+def _arguments(raw: str | None) -> dict[str, Any] | None:
+    try:
+        args = json.loads(raw or "{}")
+    except ValueError:
+        return None
+    return args if isinstance(args, dict) else None
+
+
+_LIMITS = ("max_completion_tokens", "max_tokens")
+
+
+def _setup(messages: Sequence[dict[str, Any]], tools: Sequence[Tool], model: str, max_tokens: int | None,
+           system: str | None, continue_on_max_tokens: bool, create_kwargs: dict[str, Any]) -> _Turns:  # fmt: skip
+    history = [dict(m) for m in messages]
+    if system is not None:
+        history.insert(0, {"role": "system", "content": system})
+    params: dict[str, Any] = {"model": model, **create_kwargs}
+    if tools:
+        params["tools"] = [_tool_param(t) for t in tools]
+    # one limit, sent as max_completion_tokens (max_tokens is deprecated, and refused by
+    # reasoning models); the caller's own value wins, None sends none
+    given = [params.pop(name) for name in _LIMITS if name in params]
+    limit = given[0] if given else max_tokens
+    return _Turns(tools, history, params, "max_completion_tokens", limit, continue_on_max_tokens)
+
+
+def _task(turns: _Turns, task: str) -> str:
+    return task or next(
+        (str(m["content"])[:200] for m in turns.history if m.get("role") == "user"), ""
+    )
+
+
 def run_agent(
     client: Any,
     *,
@@ -83,7 +137,7 @@ def run_agent(
     messages: Sequence[dict[str, Any]],
     tools: Sequence[Tool] = (),
     guard: Guard | None = None,
-    max_tokens: int = 1024,
+    max_tokens: int | None = 1024,
     system: str | None = None,
     task: str = "",
     continue_on_max_tokens: bool = True,
@@ -94,71 +148,42 @@ def run_agent(
     ``finish_reason == "stop"`` is the answer; ``"length"`` is never one (repeated once
     with twice the limit, then ``TRUNCATED``); ``"content_filter"`` stops with
     ``REFUSED``. Malformed tool arguments become a tool error the model can correct,
-    counted toward identical failures.
+    counted toward identical failures. The limit is sent as ``max_completion_tokens``
+    (``max_tokens=None`` sends none). ``outcome.messages`` is the whole conversation.
     """
     require_sync_tools(tools)
+    turns = _setup(
+        messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
+    )
     guard = guard or Guard()
-    by_name = {t.name: t for t in tools}
-    history = [dict(m) for m in messages]
-    if system is not None:
-        history.insert(0, {"role": "system", "content": system})
-    params: dict[str, Any] = {"model": model, **create_kwargs}
-    if tools:
-        params["tools"] = [_tool_param(t) for t in tools]
-    task = task or next((str(m["content"])[:200] for m in history if m.get("role") == "user"), "")
-    with guard.start(task=task) as run:
+    with guard.start(task=_task(turns, task)) as run:
         gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
-        limit = max_tokens
-        extended = False
-        while run.proceed():
-            completion = call_model(
-                run, gc.chat.completions.create, messages=history, max_tokens=limit, **params
-            )
-            choice = completion.choices[0]
-            finish = choice.finish_reason
-            if finish == "length":
-                if continue_on_max_tokens and not extended:
-                    extended, limit = True, limit * 2
-                    continue
-                run.stop(StopReason.TRUNCATED, f"the reply was cut at max_tokens ({limit})")
-            if finish == "content_filter":
-                run.stop(StopReason.REFUSED, "the reply was withheld by the content filter")
-            message = choice.message
-            calls = list(message.tool_calls or [])
-            entry: dict[str, Any] = {"role": "assistant", "content": message.content}
-            if calls:
-                entry["tool_calls"] = [c.model_dump(exclude_none=True) for c in calls]
-            history.append(entry)
-            if not calls:
-                run.succeed(message.content or "")
-                break
-            for call in calls:
-                history.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": call.id,
-                        "content": _run_tool(run, by_name, call),
-                    }
-                )
+        run_loop(run, turns, gc.chat.completions.create)
     return run.outcome
 
 
-def _run_tool(run: Run, tools: dict[str, Tool], call: Any) -> str:
-    name = call.function.name
-    tool = tools.get(name)
-    try:
-        if tool is None:
-            run.call_tool(name, unknown_tool, {"name": name})
-        try:
-            args = json.loads(call.function.arguments or "{}")
-        except ValueError:
-            args = None
-        if not isinstance(args, dict):
-            run.call_tool(name, malformed_arguments, {"raw": str(call.function.arguments)[:500]})
-        assert tool is not None
-        assert isinstance(args, dict)
-        out = run.call_tool(name, tool.fn, args, timeout=tool.timeout, idempotent=tool.idempotent,
-                            lookup=tool.lookup)  # fmt: skip
-        return result_text(out)
-    except ToolError as exc:
-        return f"error: {exc.model_message}"
+async def arun_agent(
+    client: Any,
+    *,
+    model: str,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[Tool] = (),
+    guard: Guard | None = None,
+    max_tokens: int | None = 1024,
+    system: str | None = None,
+    task: str = "",
+    continue_on_max_tokens: bool = True,
+    **create_kwargs: Any,
+) -> Outcome:
+    """The async form of :func:`run_agent`, for ``openai.AsyncOpenAI``: async tools are
+    awaited, sync tools run in a worker thread."""
+    turns = _setup(
+        messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
+    )
+    guard = guard or Guard()
+    async with guard.start(task=_task(turns, task)) as run:
+        gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
+        if not gc.is_async:
+            raise TypeError("arun_agent needs an async client (openai.AsyncOpenAI); use run_agent")
+        await arun_loop(run, turns, gc.chat.completions.create)
+    return run.outcome

@@ -1,0 +1,174 @@
+"""The tool-use loop of ``run_agent``/``arun_agent``: one set of decisions, two thin shells.
+
+A provider's :class:`Turns` builds each request, reads each reply (an answer, a cut
+reply, a refusal, tool calls) and writes tool results back in the provider's own message
+format; :func:`run_loop` and :func:`arun_loop` drive it with sync and async calls. The
+conversation lives in ``run.messages``, so the outcome carries it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tether._classify import classify
+from tether._errors import CircuitOpenError, DeadlineExceeded
+from tether._outcome import Stopped, StopReason, ToolError
+from tether._pricing import UnknownModelError
+from tether._run import Run
+from tether.integrations._common import Tool, malformed_arguments, result_text, unknown_tool
+
+__all__ = ["ToolUse", "Turns", "acall_model", "arun_loop", "call_model", "run_loop"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUse:
+    """One tool call the model asked for; ``args`` is None when they were not an object."""
+
+    id: str
+    name: str
+    args: dict[str, Any] | None
+    raw: str
+
+
+class Turns(abc.ABC):
+    """One provider's side of the loop."""
+
+    def __init__(self, tools: Sequence[Tool], history: list[Any], params: dict[str, Any],
+                 limit_name: str, limit: int | None, continue_on_max_tokens: bool) -> None:  # fmt: skip
+        self.tools = {t.name: t for t in tools}
+        self.history = history
+        self.params = params
+        self.limit_name = limit_name
+        self.limit = limit
+        self.extend = continue_on_max_tokens
+        self.extended = False
+
+    def request(self) -> dict[str, Any]:
+        """The keyword arguments of the next model call."""
+        kwargs = {**self.params, "messages": self.history}
+        if self.limit is not None:
+            kwargs[self.limit_name] = self.limit
+        return kwargs
+
+    def cut(self, run: Run) -> bool:
+        """A reply cut at the token limit: True to ask once more with twice the limit;
+        otherwise the run stops TRUNCATED."""
+        if self.extend and not self.extended and self.limit is not None:
+            self.extended, self.limit = True, self.limit * 2
+            return True
+        run.stop(StopReason.TRUNCATED, f"the reply was cut at the token limit ({self.limit})")
+        return False  # pragma: no cover - run.stop raises
+
+    @abc.abstractmethod
+    def read(self, run: Run, reply: Any) -> list[ToolUse] | None:
+        """Record the reply; the tool calls to run, [] when it is the answer (the run
+        succeeded), None to ask again at once."""
+
+    @abc.abstractmethod
+    def answer(self, results: list[tuple[ToolUse, str, bool]]) -> None:
+        """Write the tool results (use, text, is_error) into the conversation."""
+
+
+def _prepare(
+    run: Run, turns: Turns, use: ToolUse
+) -> tuple[str, Callable[..., Any], dict[str, Any], Tool | None]:
+    tool = turns.tools.get(use.name)
+    if tool is None:
+        return use.name, unknown_tool, {"name": use.name}, None
+    if use.args is None:
+        return tool.name, malformed_arguments, {"raw": use.raw[:500]}, None
+    return tool.name, tool.fn, use.args, tool
+
+
+def _tool_kwargs(tool: Tool | None) -> dict[str, Any]:
+    if tool is None:
+        return {}
+    return {"timeout": tool.timeout, "idempotent": tool.idempotent, "lookup": tool.lookup}
+
+
+def run_tool(run: Run, turns: Turns, use: ToolUse) -> tuple[ToolUse, str, bool]:
+    name, fn, args, tool = _prepare(run, turns, use)
+    try:
+        return use, result_text(run.call_tool(name, fn, args, **_tool_kwargs(tool))), False
+    except ToolError as exc:
+        return use, exc.model_message, True
+
+
+async def arun_tool(run: Run, turns: Turns, use: ToolUse) -> tuple[ToolUse, str, bool]:
+    name, fn, args, tool = _prepare(run, turns, use)
+    try:
+        return use, result_text(await run.acall_tool(name, fn, args, **_tool_kwargs(tool))), False
+    except ToolError as exc:
+        return use, exc.model_message, True
+
+
+def _model_failed(run: Run, exc: Exception) -> None:
+    """End the run for a model call that failed after its retries (raises Stopped)."""
+    if isinstance(exc, Stopped | UnknownModelError):
+        raise exc
+    run._note_error(exc)
+    verdict = classify(exc)
+    if isinstance(exc, DeadlineExceeded) and run.budget.max_seconds is not None:
+        run.stop(StopReason.TIMEOUT, "the time budget ran out waiting for the model")
+    if isinstance(exc, CircuitOpenError):
+        run.stop(StopReason.CIRCUIT_OPEN, f"the model provider is down ({exc})")
+    reason = StopReason.ERROR if verdict.retryable else StopReason.PERMANENT_ERROR
+    run.stop(reason, f"model call failed: {verdict.reason}")
+
+
+def call_model(run: Run, create: Callable[..., Any], **kwargs: Any) -> Any:
+    """One model call of an agent loop: an open provider breaker is waited out when the
+    run's time allows; a failure after the retries ends the run with its reason."""
+    waited = 0
+    while True:
+        try:
+            return create(**kwargs)
+        except CircuitOpenError as exc:
+            wait = run._probe_wait(exc, None, waited)
+            if wait is None:
+                _model_failed(run, exc)
+            run.clock.sleep(wait or 0.0)
+            waited += 1
+        except Exception as exc:
+            _model_failed(run, exc)
+
+
+async def acall_model(run: Run, create: Callable[..., Awaitable[Any]], **kwargs: Any) -> Any:
+    """The async form of :func:`call_model`."""
+    waited = 0
+    while True:
+        try:
+            return await create(**kwargs)
+        except CircuitOpenError as exc:
+            wait = run._probe_wait(exc, None, waited)
+            if wait is None:
+                _model_failed(run, exc)
+            await run.clock.asleep(wait or 0.0)
+            waited += 1
+        except Exception as exc:
+            _model_failed(run, exc)
+
+
+def run_loop(run: Run, turns: Turns, create: Callable[..., Any]) -> None:
+    """The sync shell: ask, read, run the tools, answer, until a guard or the answer ends it."""
+    run.messages = turns.history
+    while run.proceed():
+        uses = turns.read(run, call_model(run, create, **turns.request()))
+        if uses:
+            turns.answer([run_tool(run, turns, use) for use in uses])
+        elif uses is not None:
+            break
+
+
+async def arun_loop(run: Run, turns: Turns, create: Callable[..., Awaitable[Any]]) -> None:
+    """The async shell of :func:`run_loop`: async tools awaited, sync tools in a thread."""
+    run.messages = turns.history
+    while run.proceed():
+        uses = turns.read(run, await acall_model(run, create, **turns.request()))
+        if uses:
+            turns.answer([await arun_tool(run, turns, use) for use in uses])
+        elif uses is not None:
+            break
