@@ -239,7 +239,7 @@ def test_malformed_tool_arguments_become_a_tool_error(server: ScriptedServer) ->
     assert (
         server.requests[1]
         .body["messages"][-1]["content"]
-        .startswith("error: failed: the tool arguments")
+        .startswith("error: rejected: the tool arguments")
     )
 
 

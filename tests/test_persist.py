@@ -62,7 +62,8 @@ def test_webhook_rejects_other_schemes() -> None:
         tether.webhook("file:///etc/passwd")
 
 
-def replay_handler(to: str, api_key: str) -> str:
+def replay_handler(to: str, api_key: str, redacted: list[str]) -> str:
+    assert api_key == "[redacted]" and redacted == ["args.api_key"]
     return f"sent to {to}"
 
 
@@ -89,12 +90,12 @@ def test_dlq_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 calls: list[str] = []
 
 
-def counting_handler(to: str, api_key: str) -> str:
+def counting_handler(to: str, api_key: str, redacted: list[str]) -> str:
     calls.append(to)
     return f"sent {len(calls)}"
 
 
-def failing_handler(to: str, api_key: str) -> str:
+def failing_handler(to: str, api_key: str, redacted: list[str]) -> str:
     raise RuntimeError("smtp refused")
 
 
@@ -136,3 +137,23 @@ def test_dlq_command_line_rough_edges(tmp_path: Path, capsys: pytest.CaptureFixt
     assert err.strip() == "tether dlq: the handler failed: RuntimeError: smtp refused"
     assert main(["dlq", "--db", db, "replay", letter.id, "--handler", "no_such_module:fn"]) == 2
     assert "cannot import the handler" in capsys.readouterr().err
+
+
+def unaware_handler(to: str, api_key: str) -> str:
+    raise AssertionError("must not be called with a redacted api_key")
+
+
+def test_dlq_replay_refuses_a_handler_that_cannot_fill_redacted_fields(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A letter with redacted arguments and a handler without `redacted`: refused, named."""
+    db = str(tmp_path / "letters.db")
+    letter = DeadLetters.sqlite(db).park(tool="send_email", args={"to": "a@b.c", "api_key": "sk-live-abcdefghijk"},
+                                         error=ValueError("x"), run_id="r", task="t", at=0.0)  # fmt: skip
+    code = main(
+        ["dlq", "--db", db, "replay", letter.id, "--handler", "test_persist:unaware_handler"]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "args.api_key" in err and "redacted" in err
+    assert not DeadLetters.sqlite(db).get(letter.id).replayed

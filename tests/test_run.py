@@ -178,7 +178,7 @@ def test_identical_failures_stop_one_call_failing_the_same_way() -> None:
                 errors.append(exc.model_message)
     assert attempts == 3
     assert run.outcome.stopped_because is StopReason.IDENTICAL_FAILURES
-    assert errors == ["failed: refund rejected by a business rule"] * 2
+    assert errors == ["rejected: refund rejected by a business rule"] * 2
 
 
 def test_max_tool_calls_refuses_the_next_call() -> None:
@@ -576,10 +576,11 @@ def test_permanent_failures_are_dead_lettered_with_secrets_redacted() -> None:
             )
         run.succeed()
     (letter,) = letters.list()
-    assert letter.args == {"to": "a@b.c", "api_key": "[redacted]", "body": "[redacted]"}
+    assert letter.args == {"to": "a@b.c", "api_key": "[redacted]", "body": "Bearer [redacted]"}
+    assert letter.redacted == ("args.api_key", "args.body")
     assert letter.error == "mailbox does not exist"
-    replayed = letters.replay(letter.id, lambda **kw: sorted(kw))
-    assert replayed == ["api_key", "body", "to"]
+    replayed = letters.replay(letter.id, lambda redacted, **kw: (sorted(kw), redacted))
+    assert replayed == (["api_key", "body", "to"], ["args.api_key", "args.body"])
     assert letters.get(letter.id).replayed
 
 

@@ -24,8 +24,16 @@ from tether._handoff import CustomerMessages, Escalation, HandoffRecord, webhook
 from tether._limiter import AdaptiveLimiter
 from tether._loops import LoopPolicy
 from tether._outcome import Outcome, Stopped, StopReason, ToolError, Usage
-from tether._persist import CheckpointError, Checkpoints, DeadLetter, DeadLetters, Handoffs, redact
+from tether._persist import (
+    CheckpointError,
+    Checkpoints,
+    DeadLetter,
+    DeadLetters,
+    Handoffs,
+    RedactedArguments,
+)
 from tether._pricing import PRICES, Price, PriceTable, UnknownModelError
+from tether._redact import add_secret_names, add_secret_patterns, redact
 from tether._retry import RetryPolicy, RetryStats, retry
 from tether._run import Budget, Guard, Run
 from tether._version import __version__
@@ -67,6 +75,7 @@ __all__ = [
     "PRICES",
     "Price",
     "PriceTable",
+    "RedactedArguments",
     "RetryBudget",
     "RetryEvent",
     "RetryPolicy",
@@ -87,6 +96,8 @@ __all__ = [
     "Verdict",
     "VirtualClock",
     "__version__",
+    "add_secret_names",
+    "add_secret_patterns",
     "backoff",
     "breakers",
     "canonical_json",

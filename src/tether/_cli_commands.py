@@ -162,8 +162,13 @@ def _replay(letters: Any, letter: Any, spec: str, force: bool) -> int:
         print(f"tether dlq: cannot import the handler {spec!r}: {exc}", file=sys.stderr)
         return 2
     again = letter.replayed and not force
+    from tether._persist import RedactedArguments
+
     try:
         result = letters.replay(letter.id, handler, force=force)
+    except RedactedArguments as exc:
+        print(f"tether dlq: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
         print(f"tether dlq: the handler failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -58,6 +58,7 @@ from tether._errors import (
     TetherError,
     UnknownOutcome,
 )
+from tether._redact import redact_text
 from tether.clock import Clock, VirtualClock, system_clock
 from tether.stores._ledger_logic import Completion, LedgerBackend, Record, State
 
@@ -93,8 +94,9 @@ class EffectFailed(TetherError):
 
 def _encode_error(exc: BaseException) -> str:
     return json.dumps(
-        {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)}
-    )
+        {"type": type(exc).__name__, "module": type(exc).__module__,
+         "message": redact_text(str(exc))[:2000]}
+    )  # fmt: skip
 
 
 def _payload_hash(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -359,8 +361,9 @@ class Ledger:
         try:
             found = lookup(key)
         except Exception as exc:
-            self._mark_unknown(key, owner, f"{why}; lookup failed: {exc}")
-            raise UnknownOutcome(key, f"lookup failed: {type(exc).__name__}: {exc}") from exc
+            said = redact_text(str(exc))[:300]
+            self._mark_unknown(key, owner, f"{why}; lookup failed: {type(exc).__name__}: {said}")
+            raise UnknownOutcome(key, f"lookup failed: {type(exc).__name__}: {said}") from exc
         if found is None:
             _log.info("effect %s…: lookup says it did not happen; running it", key[:16])
             return _NOT_FOUND
@@ -417,7 +420,9 @@ class Ledger:
         try:
             verdict = self.backend.complete(key, owner, State.DONE, self._encode(result), None)
         except Exception as exc:
-            raise self._not_recorded(key, result, f"the ledger's store failed ({exc})") from exc
+            raise self._not_recorded(
+                key, result, f"the ledger's store failed ({redact_text(str(exc))})"
+            ) from exc
         if verdict is Completion.MISSING:
             self._restore_unknown(key, owner)
             raise self._not_recorded(
@@ -459,7 +464,9 @@ class Ledger:
                 self._remember_error(key, exc)
                 self.backend.complete(key, owner, State.FAILED, None, _encode_error(exc))
             elif verdict.outcome_unknown:
-                self._mark_unknown(key, owner, f"{type(exc).__name__}: {verdict.reason}")
+                self._mark_unknown(
+                    key, owner, redact_text(f"{type(exc).__name__}: {verdict.reason}")
+                )
             else:  # refused before sending, rate limited, quota: nothing happened
                 self.backend.release(key, owner)
         except Exception as store_error:  # the effect's own error is what the caller gets

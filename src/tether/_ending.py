@@ -12,6 +12,7 @@ from tether._canonical import canonical_json
 from tether._classify import classify
 from tether._handoff import HandoffRecord, _Delivery
 from tether._outcome import Outcome, Stopped, StopReason, Usage
+from tether._redact import redact
 from tether._runstate import RunState
 
 __all__ = ["Ending"]
@@ -131,24 +132,26 @@ class Ending(RunState):
         issues = list(self._issues)
         if status != "success":
             issues.insert(0, f"stopped: {reason.value}" + (f" ({detail})" if detail else ""))
-        facts = self._read_facts(issues)
-        message = self.guard.messages.render(status, facts, unconfirmed=self._unconfirmed)
+        facts = redact(self._read_facts(issues))
+        message = redact(self.guard.messages.render(status, facts, unconfirmed=self._unconfirmed))
+        # everything below leaves tether (the outcome's words, checkpoints, handoffs): redacted
+        detail, issues, task = redact(detail), redact(issues), redact(self.task)
         usage = self.usage()
         checkpoint_id = None
         if self.guard.checkpoints is not None:
-            doc = {"run_id": self.run_id, "task": self.task, "status": status, "reason": reason.value,
-                   "detail": detail, "usage": _usage_doc(usage), "partial": _jsonable(self.partial),
-                   "transcript": _jsonable(self.transcript), "open_issues": issues}  # fmt: skip
+            doc = {"run_id": self.run_id, "task": task, "status": status, "reason": reason.value,
+                   "detail": detail, "usage": _usage_doc(usage), "partial": redact(_jsonable(self.partial)),
+                   "transcript": redact(_jsonable(self.transcript)), "open_issues": issues}  # fmt: skip
             try:
                 checkpoint_id = self.guard.checkpoints.save(doc, self.clock.wall())
             except Exception as exc:  # a failing store never loses the outcome
-                _log.error("tether: run %s: checkpoint failed: %s", self.run_id, exc)
+                _log.error("tether: run %s: checkpoint failed: %s", self.run_id, redact(str(exc)))
                 issues.append(f"checkpoint failed: {type(exc).__name__}")
         handoff = None
         if status == "escalated":
-            handoff = HandoffRecord(f"ho_{uuid.uuid4().hex[:20]}", self.run_id, self.task, reason, detail,
-                                    tuple(_jsonable(self.transcript)), tuple(facts), tuple(issues), message,
-                                    self.clock.wall())  # fmt: skip
+            handoff = HandoffRecord(f"ho_{uuid.uuid4().hex[:20]}", self.run_id, task, reason, detail,
+                                    tuple(redact(_jsonable(self.transcript))), tuple(facts), tuple(issues),
+                                    message, self.clock.wall())  # fmt: skip
             delivery = _Delivery(esc.sink if esc is not None else None)
             delivery.deliver(handoff)
             issues.extend(delivery.errors)

@@ -112,6 +112,7 @@ class Guard:
         describe_effect: Callable[[str, Any, Any], str | None] | None = None,
         on_stop: Callable[[Outcome], object] | None = None,
         scope: str = "",
+        model_errors: tuple[type[BaseException], ...] = (ValueError,),
     ) -> None:
         _expect("budget", budget, Budget, "tether.Budget(max_steps=...)")
         _expect("loops", loops, LoopPolicy, "tether.LoopPolicy(...)")
@@ -160,6 +161,15 @@ class Guard:
         self.describe_effect = describe_effect or _describe
         self.on_stop = on_stop
         self.scope = scope
+        if not isinstance(model_errors, tuple) or not all(
+            isinstance(t, type) and issubclass(t, BaseException) for t in model_errors
+        ):
+            raise TypeError(
+                f"model_errors must be a tuple of exception classes, got {model_errors!r}"
+            )
+        #: exceptions whose (redacted) message the model may read: failures a tool raises on
+        #: purpose (business rules); every other failure reaches it as a short generic text
+        self.model_errors = model_errors
         self._breakers: dict[str, CircuitBreaker] = {}
         self._policies: dict[tuple[str, float | None, bool], RetryPolicy] = {}
 

@@ -48,13 +48,24 @@ class Stopped(TetherError):
 
 
 class ToolError(TetherError):
-    """A tool call failed in a way the model should hear about, in a short safe text."""
+    """A tool call failed in a way the model should hear about, in a short safe text.
 
-    def __init__(self, tool: str, model_message: str, *, cause_kind: str = "") -> None:
+    Raise ``tether.ToolError("refund rejected: order older than 90 days")`` from a tool
+    to tell the model why on purpose: the text reaches it (redacted). tether raises it
+    with the tool's name for every failed call the run survives.
+    """
+
+    def __init__(
+        self, tool_or_message: str, model_message: str | None = None, *, cause_kind: str = ""
+    ) -> None:
+        if model_message is None:  # raised by a tool: ToolError("why")
+            tool, model_message = "", tool_or_message
+        else:
+            tool = tool_or_message
         self.tool = tool
         self.model_message = model_message
         self.cause_kind = cause_kind
-        super().__init__(f"{tool}: {model_message}")
+        super().__init__(f"{tool}: {model_message}" if tool else model_message)
 
 
 @dataclass(frozen=True, slots=True)

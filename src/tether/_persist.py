@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tether._errors import StoreUnavailable, TetherError, require
+from tether._redact import redact, redacted_paths
 
 if TYPE_CHECKING:
     from tether._effects import Ledger
@@ -28,6 +29,7 @@ __all__ = [
     "DeadLetters",
     "DocumentStore",
     "Handoffs",
+    "RedactedArguments",
     "redact",
 ]
 
@@ -271,40 +273,6 @@ def _check_shape(checkpoint_id: str, doc: dict[str, Any]) -> None:
             raise corrupt(f"usage.{name}", f"must be {kind} >= 0, got {value!r:.60}")
 
 
-# --- redaction ------------------------------------------------------------------------
-
-SECRET_KEYS = re.compile(
-    r"(api[_-]?key|authorization|password|passwd|secret|token|cookie|credential|private[_-]?key)",
-    re.IGNORECASE,
-)
-SECRET_VALUES = re.compile(
-    r"(sk-[A-Za-z0-9_\-]{8,}|sk_(live|test)_[A-Za-z0-9]{8,}|rk_(live|test)_[A-Za-z0-9]{8,}|"
-    r"Bearer\s+[A-Za-z0-9._\-]+|xox[abpr]-[A-Za-z0-9\-]+|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16})"
-)
-REDACTED = "[redacted]"
-
-
-def redact(value: Any, *, extra: re.Pattern[str] | None = None) -> Any:
-    """A copy of ``value`` with secrets replaced: keys that name secrets, values that look like keys."""
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            name = str(k)
-            if SECRET_KEYS.search(name) or (extra is not None and extra.search(name)):
-                out[k] = REDACTED
-            else:
-                out[k] = redact(v, extra=extra)
-        return out
-    if isinstance(value, list | tuple):
-        return [redact(v, extra=extra) for v in value]
-    if isinstance(value, str):
-        text = SECRET_VALUES.sub(REDACTED, value)
-        return extra.sub(REDACTED, text) if extra is not None else text
-    if value is None or isinstance(value, bool | int | float):
-        return value
-    return redact(repr(value), extra=extra)
-
-
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     """A permanent failure parked for a person to fix and replay."""
@@ -318,11 +286,39 @@ class DeadLetter:
     task: str
     at: float
     replayed: bool = False
+    #: the argument paths whose values were redacted before the letter was stored
+    redacted: tuple[str, ...] = ()
 
     def to_doc(self) -> dict[str, Any]:
         return {"id": self.id, "tool": self.tool, "args": self.args, "error_type": self.error_type,
                 "error": self.error, "run_id": self.run_id, "task": self.task, "at": self.at,
-                "replayed": self.replayed}  # fmt: skip
+                "replayed": self.replayed, "redacted": list(self.redacted)}  # fmt: skip
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> DeadLetter:
+        return cls(**{**doc, "redacted": tuple(doc.get("redacted") or ())})
+
+
+class RedactedArguments(TetherError, ValueError):
+    """A dead letter's arguments were redacted and the handler cannot fill them in."""
+
+    def __init__(self, letter: DeadLetter) -> None:
+        self.paths = list(letter.redacted)
+        super().__init__(
+            f"dead letter {letter.id} was stored with these arguments redacted: "
+            f"{', '.join(self.paths)}. Give a handler that takes a `redacted` keyword (the list "
+            "of those paths) and fills their values itself, e.g. from your secret store"
+        )
+
+
+def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
 class DeadLetters(_Collection):
@@ -338,10 +334,12 @@ class DeadLetters(_Collection):
     def park(
         self, *, tool: str, args: Any, error: BaseException, run_id: str, task: str, at: float
     ) -> DeadLetter:
+        stored = redact(args, extra=self.extra)
         letter = DeadLetter(
-            id=f"dl_{uuid.uuid4().hex[:20]}", tool=tool, args=redact(args, extra=self.extra),
+            id=f"dl_{uuid.uuid4().hex[:20]}", tool=tool, args=stored,
             error_type=type(error).__name__, error=redact(str(error), extra=self.extra),
             run_id=run_id, task=redact(task, extra=self.extra), at=at,
+            redacted=tuple(redacted_paths(stored)),
         )  # fmt: skip
         self.store.put(self.kind, letter.id, letter.to_doc(), at)
         return letter
@@ -350,10 +348,12 @@ class DeadLetters(_Collection):
         text = self.store.get(self.kind, letter_id)
         if text is None:
             raise KeyError(f"no dead letter {letter_id!r}")
-        return DeadLetter(**json.loads(text))
+        return DeadLetter.from_doc(json.loads(text))
 
     def list(self, limit: int = 50) -> list[DeadLetter]:
-        return [DeadLetter(**json.loads(text)) for _, text in self.store.list(self.kind, limit)]
+        return [
+            DeadLetter.from_doc(json.loads(text)) for _, text in self.store.list(self.kind, limit)
+        ]
 
     def replay(
         self, letter_id: str, handler: Callable[..., Any], *, force: bool = False,
@@ -365,16 +365,28 @@ class DeadLetters(_Collection):
         letters: the same SQLite file or PostgreSQL database), so replaying a letter
         twice, from two terminals or after a crash, runs the handler once; the second
         replay returns the first one's result. ``force=True`` runs the handler again.
+
+        A letter stores its arguments redacted. When some were, the handler must take a
+        ``redacted`` keyword (the list of redacted paths, e.g. ``["args.api_key"]``) and
+        fill those values itself (from your secret store); a handler without it is
+        refused with :class:`RedactedArguments` before it is called.
         """
         letter = self.get(letter_id)
+        extra: dict[str, Any] = {}
+        if letter.redacted:
+            if not _takes_keyword(handler, "redacted"):
+                raise RedactedArguments(letter)
+            extra["redacted"] = list(letter.redacted)
         ledger = ledger or self._replay_ledger()
         key = f"dead-letter:{letter.id}" + (f":forced:{uuid.uuid4().hex}" if force else "")
 
         def call() -> Any:
-            return handler(**letter.args) if isinstance(letter.args, dict) else handler(letter.args)
+            if isinstance(letter.args, dict):
+                return handler(**letter.args, **extra)
+            return handler(letter.args, **extra)
 
         result = ledger.once(key, call)
-        done = DeadLetter(**{**letter.to_doc(), "replayed": True})
+        done = DeadLetter.from_doc({**letter.to_doc(), "replayed": True})
         self.store.put(self.kind, letter.id, done.to_doc(), letter.at)
         return result
 

@@ -60,10 +60,13 @@ class RetryStats:
 class _CallState:
     """The mutable state of one call: attempts, tier counters, the clock readings."""
 
-    __slots__ = ("attempt", "deadline_at", "prev_delay", "rate_failures", "slow_failures",
+    __slots__ = ("attempt", "deadline_at", "name", "prev_delay", "rate_failures", "slow_failures",
                  "start", "total_wait", "verdict")  # fmt: skip
 
-    def __init__(self, start: float, deadline_at: float | None, base: float) -> None:
+    def __init__(
+        self, start: float, deadline_at: float | None, base: float, name: str = ""
+    ) -> None:
+        self.name = name
         self.attempt = 0
         self.start = start
         self.deadline_at = deadline_at
@@ -254,7 +257,7 @@ class RetryPolicy:
             )
         if self.budget is not None and not self.budget.try_spend(timeout=verdict.timeout):
             return exc
-        event = RetryEvent(self.name, st.attempt, verdict, delay, exc, now - st.start)
+        event = RetryEvent(st.name or self.name, st.attempt, verdict, delay, exc, now - st.start)
         emit_retry(event)
         safe_call(self.on_retry, event)
         st.total_wait += delay
@@ -346,7 +349,8 @@ class RetryPolicy:
     ) -> T:
         clock = self.clock
         start = clock.now()
-        st = _CallState(start, None if deadline is None else start + deadline, self.base)
+        st = _CallState(start, None if deadline is None else start + deadline, self.base,
+                        self._span_name(fn))  # fmt: skip
         pending = first_error
         try:
             while True:
@@ -423,12 +427,16 @@ class RetryPolicy:
     # --- spans (only when OpenTelemetry is configured) ------------------------------
 
     def _span_name(self, fn: Any) -> str:
-        return self.name or getattr(fn, "__qualname__", None) or type(fn).__name__
+        """The policy's own name, or (for the default "call") the function's."""
+        if self.name and self.name != "call":
+            return self.name
+        return getattr(fn, "__qualname__", None) or type(fn).__name__
 
     def _traced(self, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
         """One ``tether.retry`` span per call, one ``tether.attempt`` child per attempt."""
         telemetry, name, attempts = _telemetry(), self._span_name(fn), [0]
 
+        @functools.wraps(fn)
         def attempt(*a: Any, **k: Any) -> T:
             attempts[0] += 1
             with telemetry.span("tether.attempt", **_attempt_attrs(name, attempts[0])) as span:
@@ -452,6 +460,7 @@ class RetryPolicy:
     async def _atraced(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any) -> T:
         telemetry, name, attempts = _telemetry(), self._span_name(fn), [0]
 
+        @functools.wraps(fn)
         async def attempt(*a: Any, **k: Any) -> T:
             attempts[0] += 1
             with telemetry.span("tether.attempt", **_attempt_attrs(name, attempts[0])) as span:
@@ -475,7 +484,8 @@ class RetryPolicy:
     ) -> T:
         clock = self.clock
         start = clock.now()
-        st = _CallState(start, None if deadline is None else start + deadline, self.base)
+        st = _CallState(start, None if deadline is None else start + deadline, self.base,
+                        self._span_name(fn))  # fmt: skip
         try:
             while True:
                 permit: object = _NO_PERMIT

@@ -10,6 +10,28 @@ from tether._events import BreakerEvent, RetryEvent
 
 logger = logging.getLogger("tether")
 
+
+class RedactingFilter(logging.Filter):
+    """Redact every record of the ``tether`` logger before any handler sees it: the
+    message with its arguments, and the text of an attached traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from tether._redact import redact_text
+
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: keep the raw text, redacted
+            message = str(record.msg)
+        record.msg, record.args = redact_text(message), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+        if record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        return True
+
+
+logger.addFilter(RedactingFilter())
+
 __all__ = ["emit_breaker", "emit_retry", "logger", "safe_call"]
 
 
@@ -25,13 +47,15 @@ def safe_call(hook: Callable[[Any], object] | None, event: object) -> None:
 
 def emit_retry(event: RetryEvent) -> None:
     v = event.verdict
+    text = str(event.error).strip().splitlines()[0][:200] if str(event.error).strip() else ""
     logger.info(
-        "retry %s: attempt %d failed (%s%s: %s), next attempt in %.3f s",
+        "retry %s: attempt %d failed (%s%s: %s%s), next attempt in %.3f s",
         event.name,
         event.attempt,
         v.kind.value,
         f" {v.status}" if v.status is not None else "",
-        v.reason,
+        type(event.error).__name__,
+        f": {text}" if text else "",
         event.delay,
     )
     from tether import telemetry

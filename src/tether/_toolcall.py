@@ -12,10 +12,10 @@ from typing import Any
 
 from tether import telemetry
 from tether._canonical import canonical_json, intent_key
-from tether._classify import classify
+from tether._classify import Kind, classify
 from tether._errors import CircuitOpenError, DeadlineExceeded, UnknownOutcome
 from tether._outcome import Stopped, StopReason, ToolError
-from tether._persist import redact
+from tether._redact import redact
 from tether._retry import RetryPolicy
 from tether._runstate import RunState
 from tether.clock import hung_threads
@@ -23,6 +23,14 @@ from tether.clock import hung_threads
 __all__ = ["ToolCalls"]
 
 UNAVAILABLE = "temporarily unavailable; try again later or continue without it"
+REJECTED = "rejected: the tool could not do this; do not call it again with the same arguments"
+QUOTA_REACHED = "unavailable: a usage limit was reached; do not call it again in this conversation"
+
+
+def _said(text: str) -> str:
+    """A tool's own message for the model: its first line, redacted, at most 300 characters."""
+    first = text.strip().splitlines()[0] if text.strip() else "the tool refused"
+    return str(redact(first))[:300]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,9 +166,14 @@ class ToolCalls(RunState):
             return stopped
         if verdict.retryable or isinstance(exc, DeadlineExceeded):
             return ToolError(call.name, UNAVAILABLE, cause_kind="unavailable")
+        if isinstance(exc, ToolError):  # the tool's own words for the model
+            return ToolError(call.name, _said(exc.model_message), cause_kind="rejected")
         self._park(call, exc)
-        text = redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        return ToolError(call.name, f"failed: {str(text)[:200]}", cause_kind=verdict.kind.value)
+        if isinstance(exc, self.guard.model_errors):  # a business rule, said on purpose
+            return ToolError(call.name, f"rejected: {_said(str(exc))}", cause_kind="rejected")
+        if verdict.kind is Kind.QUOTA:
+            return ToolError(call.name, QUOTA_REACHED, cause_kind="quota")
+        return ToolError(call.name, REJECTED, cause_kind="rejected")
 
     def _park(self, call: _Call, exc: BaseException) -> None:
         letters = self.guard.dead_letters

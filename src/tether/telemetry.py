@@ -114,16 +114,21 @@ def reset() -> None:
 
 
 def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """OpenTelemetry attribute values, every text redacted."""
+    from tether._redact import redact_text
+
     out: dict[str, Any] = {}
     for k, v in attrs.items():
         if v is None:
             continue
-        if isinstance(v, bool | int | float | str):
+        if isinstance(v, bool | int | float):
             out[k] = v
+        elif isinstance(v, str):
+            out[k] = redact_text(v)
         elif isinstance(v, list | tuple):
-            out[k] = [str(x) for x in v]
+            out[k] = [redact_text(str(x)) for x in v]
         else:
-            out[k] = str(getattr(v, "value", v))
+            out[k] = redact_text(str(getattr(v, "value", v)))
     return out
 
 
@@ -172,11 +177,12 @@ def _span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
     try:
         yield current
     except BaseException as exc:
-        with contextlib.suppress(Exception):
-            current.record_exception(exc)
+        with contextlib.suppress(Exception):  # the exception event, its message redacted
+            current.add_event("exception", _clean({"exception.type": type(exc).__qualname__,
+                                                   "exception.message": str(exc)[:1000]}))  # fmt: skip
             current.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
         with contextlib.suppress(Exception):
-            cm.__exit__(type(exc), exc, exc.__traceback__)
+            cm.__exit__(None, None, None)  # the SDK would record the raw message again
         raise
     else:
         with contextlib.suppress(Exception):
