@@ -144,7 +144,9 @@ def test_breaker_cooldown_ignores_the_system_clock_stepping_back() -> None:
             return super().wall() - (3600.0 if self.now() >= 1.0 else 0.0)
 
     clock = SteppedBack()
-    breaker = CircuitBreaker("stepped", failure_threshold=1, cooldown=5.0, clock=clock)
+    breaker = CircuitBreaker(
+        "stepped", failure_threshold=1, cooldown=5.0, clock=clock, probe_interval=None
+    )
     with pytest.raises(TimeoutError):
         breaker.call(lambda: (_ for _ in ()).throw(TimeoutError()))
     assert breaker.state == "open"

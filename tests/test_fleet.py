@@ -57,7 +57,9 @@ def fail(status: int = 503) -> Any:
 def test_breaker_opens_after_threshold_and_refuses_without_calling(store: Any) -> None:
     """Consecutive retryable failures open it; then the dependency is not called."""
     clock = VirtualClock()
-    breaker = CircuitBreaker("dep", failure_threshold=3, cooldown=10.0, store=store, clock=clock)
+    breaker = CircuitBreaker(
+        "dep", failure_threshold=3, cooldown=10.0, store=store, clock=clock, probe_interval=None
+    )
     for _ in range(3):
         with pytest.raises(HTTPError):
             breaker.call(fail())
@@ -72,7 +74,9 @@ def test_breaker_opens_after_threshold_and_refuses_without_calling(store: Any) -
 def test_breaker_half_open_probe_closes(store: Any) -> None:
     """After the cooldown one probe goes through; its success closes the breaker."""
     clock = VirtualClock()
-    breaker = CircuitBreaker("dep", failure_threshold=2, cooldown=5.0, store=store, clock=clock)
+    breaker = CircuitBreaker(
+        "dep", failure_threshold=2, cooldown=5.0, store=store, clock=clock, probe_interval=None
+    )
     for _ in range(2):
         with pytest.raises(HTTPError):
             breaker.call(fail())
@@ -85,7 +89,9 @@ def test_breaker_half_open_probe_closes(store: Any) -> None:
 def test_breaker_failed_probe_reopens_with_cooldown_restarted(store: Any) -> None:
     """A failed probe re-opens the breaker for a whole new cooldown."""
     clock = VirtualClock()
-    breaker = CircuitBreaker("dep", failure_threshold=1, cooldown=5.0, store=store, clock=clock)
+    breaker = CircuitBreaker(
+        "dep", failure_threshold=1, cooldown=5.0, store=store, clock=clock, probe_interval=None
+    )
     with pytest.raises(HTTPError):
         breaker.call(fail())
     clock.advance(6.0)
@@ -99,17 +105,43 @@ def test_breaker_failed_probe_reopens_with_cooldown_restarted(store: Any) -> Non
     assert breaker.call(lambda: "ok") == "ok"
 
 
-def test_breaker_half_open_admits_only_max_probes(store: Any) -> None:
-    """While a probe is in flight, other calls are refused."""
+def test_breaker_half_open_admits_probes_by_slow_start(store: Any) -> None:
+    """One probe at first; each success lets one more through; enough successes close it."""
     clock = VirtualClock()
-    breaker = CircuitBreaker("dep", failure_threshold=1, cooldown=1.0, half_open_max_calls=2,
-                             store=store, clock=clock)  # fmt: skip
+    breaker = CircuitBreaker("dep", failure_threshold=1, cooldown=1.0, half_open_max_calls=3,
+                             probe_interval=None, store=store, clock=clock)  # fmt: skip
     with pytest.raises(HTTPError):
         breaker.call(fail())
     clock.advance(1.0)
-    with breaker, breaker, pytest.raises(CircuitOpenError):
+    with breaker, pytest.raises(CircuitOpenError):  # the first probe is still out
+        breaker.call(lambda: "second")
+    with breaker, breaker, pytest.raises(CircuitOpenError):  # two now, not three
         breaker.call(lambda: "third")
-    assert breaker.state == "closed"
+    assert breaker.state == "closed"  # three probes succeeded
+
+
+def test_breaker_probes_follow_the_outage(store: Any) -> None:
+    """Adaptive probing: 1 s after the trip, then ~15% of the time open (at most doubling,
+    never above the cooldown), so a 10 s outage is noticed within about a second."""
+    clock = VirtualClock()
+    breaker = CircuitBreaker("dep", failure_threshold=1, cooldown=30.0, store=store, clock=clock)
+    with pytest.raises(HTTPError):
+        breaker.call(fail())
+    waits = []
+    opened = clock.now()
+    while clock.now() - opened < 400:
+        try:
+            breaker.call(fail())
+        except CircuitOpenError as exc:
+            wait = exc.retry_in
+            waits.append(round(wait, 2))
+            clock.advance(wait)
+        except HTTPError:
+            pass
+    assert waits[:3] == [1.0, 1.0, 1.0]
+    assert max(waits) == 30.0  # the cooldown caps it
+    assert all(b <= 2 * a + 1e-9 for a, b in zip(waits, waits[1:], strict=False))
+    assert len(waits) < 50  # probes grow rarer: a few dozen in 400 s, not 400
 
 
 def test_permanent_failures_never_open_the_breaker(store: Any) -> None:
@@ -186,7 +218,9 @@ def test_breaker_transitions_are_events() -> None:
 def test_open_breaker_ends_the_retry_loop_at_once(store: Any) -> None:
     """RetryPolicy(breaker=...) stops, without sleeping, once the breaker opens."""
     clock = VirtualClock()
-    breaker = CircuitBreaker("dep", failure_threshold=2, cooldown=30.0, store=store, clock=clock)
+    breaker = CircuitBreaker(
+        "dep", failure_threshold=2, cooldown=30.0, store=store, clock=clock, probe_interval=None
+    )
     calls = 0
 
     def down() -> None:
@@ -352,11 +386,11 @@ def test_limiter_horizon_bounds_reservations(store: Any) -> None:
 
 
 def test_limiter_aimd_and_floor(store: Any) -> None:
-    """An outage cuts the rate to the floor; successes ramp it back up fast; throttles cut it."""
+    """A long outage cuts the rate to the floor; successes ramp it up fast; throttles cut it."""
     clock = VirtualClock()
     limiter = AdaptiveLimiter("dep", store=store, clock=clock, initial_rate=50.0, min_rate=1.0)
     down = tether.classify(status=503)
-    for _ in range(200):
+    for _ in range(400):
         limiter.record(down)
         clock.advance(0.25)
     assert limiter.rate == 1.0

@@ -284,7 +284,7 @@ def test_an_open_provider_breaker_stops_circuit_open(server: ScriptedServer) -> 
     """An open provider breaker and no time to wait for its probe: CIRCUIT_OPEN, 0 requests."""
     clock = VirtualClock()
     breaker = tether.CircuitBreaker(
-        "anthropic:test-open", failure_threshold=1, cooldown=60.0, clock=clock
+        "anthropic:test-open", failure_threshold=1, cooldown=60.0, clock=clock, probe_interval=None
     )
     with pytest.raises(TimeoutError):
         breaker.call(lambda: (_ for _ in ()).throw(TimeoutError()))
@@ -300,7 +300,7 @@ def test_an_open_provider_breaker_is_waited_out_when_time_allows(server: Scripte
     """With time left, the run waits for the probe, which succeeds."""
     clock = VirtualClock()
     breaker = tether.CircuitBreaker(
-        "anthropic:test-wait", failure_threshold=1, cooldown=10.0, clock=clock
+        "anthropic:test-wait", failure_threshold=1, cooldown=10.0, clock=clock, probe_interval=None
     )
     with pytest.raises(TimeoutError):
         breaker.call(lambda: (_ for _ in ()).throw(TimeoutError()))

@@ -26,13 +26,20 @@ BreakerHook = Callable[[BreakerEvent], object]
 
 
 class CircuitBreaker:
-    """Stop calling a dependency that is down; probe it after a cooldown.
+    """Stop calling a dependency that is down; probe it until it answers again.
 
     States: ``closed`` (calls go through) → ``open`` after ``failure_threshold``
     consecutive failures, or when the failure rate over the last ``window`` calls
     reaches ``failure_rate`` (once ``min_calls`` are in the window) → ``half_open``
-    after ``cooldown`` seconds, when ``half_open_max_calls`` probes go through → ``closed``
-    once they all succeed, or ``open`` again (cooldown restarted) when one fails.
+    when the wait is over: probes go through, one at first and one more for every probe
+    that succeeds → ``closed`` after ``half_open_max_calls`` successful probes, or
+    ``open`` again when one fails.
+
+    The wait follows the dependency: ``probe_interval`` (1 s) after the trip, then, while
+    probes fail, the larger of ``probe_interval`` and 15% of the time open so far (at
+    most doubling, never above ``cooldown``). A short outage is noticed within about a
+    second of its end and a long one within 15% of its length, at the cost of a probe
+    every few seconds. ``probe_interval=None`` waits ``cooldown`` every time.
 
     Only retryable failures (TRANSIENT, RATE_LIMITED, timeouts) count: a 400 or a
     business-rule rejection is the caller's fault, and proves the dependency answers.
@@ -54,6 +61,7 @@ class CircuitBreaker:
         window: int = 0,
         min_calls: int = 10,
         failure_rate: float = 0.5,
+        probe_interval: float | None = 1.0,
         on_change: BreakerHook | None = None,
         classifier: Callable[[BaseException], Verdict] | None = None,
     ) -> None:
@@ -73,9 +81,17 @@ class CircuitBreaker:
             )
         if not 0.0 < failure_rate <= 1.0:
             raise ValueError(f"failure_rate must be in (0, 1], got {failure_rate!r}")
+        if probe_interval is not None and not probe_interval > 0:
+            raise ValueError(f"probe_interval must be > 0 or None, got {probe_interval!r}")
         self.name = name
         self.config = BreakerConfig(
-            failure_threshold, float(cooldown), half_open_max_calls, window, min_calls, failure_rate
+            failure_threshold,
+            float(cooldown),
+            half_open_max_calls,
+            window,
+            min_calls,
+            failure_rate,
+            0.0 if probe_interval is None else min(float(probe_interval), float(cooldown)),
         )
         self.store: Store = store if store is not None else default_store
         self.clock: Clock = clock or system_clock
@@ -117,16 +133,19 @@ class CircuitBreaker:
         """A permit (``"call"`` or ``"probe"``), or raise :class:`CircuitOpenError`."""
         now = self._store_now()
         old, new, retry_at, permit = self.store.breaker_acquire(self.name, now, self.config)
-        self._emit(old, new, "cooldown over: probing")
+        probing = old == "open" and new == "half_open"
+        self._emit(old, new, "wait over: probing" if probing else "seen in the shared store")
         if permit == DENY:
             self._last_retry_at = retry_at
             raise self._open_error(retry_at - now)
         return permit
 
     def _open_error(self, wait: float) -> CircuitOpenError:
-        """The refusal, with the next probe's time on the breaker's wall clock."""
+        """The refusal, with the next probe's time on the breaker's wall clock and the
+        exact wait (a difference of two wall-clock readings loses precision)."""
         wall = self.clock.wall()
-        return CircuitOpenError(self.name, wall + max(0.0, wait), wall)
+        wait = max(0.0, wait)
+        return CircuitOpenError(self.name, wall + wait, wall, retry_in=wait)
 
     def _record(self, permit: object, verdict: Verdict | None) -> None:
         """Record an outcome: ``verdict`` None for a success."""

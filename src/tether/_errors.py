@@ -35,10 +35,17 @@ class DeadlineExceeded(TetherError, TimeoutError):
 class CircuitOpenError(TetherError):
     """The breaker is open: the dependency was not called."""
 
-    def __init__(self, name: str, retry_at: float, now: float | None = None) -> None:
+    def __init__(
+        self, name: str, retry_at: float, now: float | None = None, *, retry_in: float | None = None
+    ) -> None:
         self.name = name
+        #: the wall-clock time of the next probe (for people and logs)
         self.retry_at = retry_at
-        wait = "" if now is None else f"; next probe in {max(0.0, retry_at - now):.1f} s"
+        #: seconds until the next probe, measured on the breaker's own clock: wait this long
+        self.retry_in = (
+            max(0.0, retry_at - now) if retry_in is None and now is not None else retry_in or 0.0
+        )
+        wait = "" if now is None and retry_in is None else f"; next probe in {self.retry_in:.1f} s"
         super().__init__(f"circuit {name!r} is open{wait}")
 
 

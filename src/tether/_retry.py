@@ -357,8 +357,9 @@ class RetryPolicy:
                 if pending is None:
                     permit: object = _NO_PERMIT
                     try:
-                        self._limit(st)
+                        # the breaker first: a caller it refuses never asks the limiter
                         permit, timeout = self._before_attempt(st)
+                        self._limit(st)
                         token = _in_attempt.set(True)
                         try:
                             if timeout is not None and self.attempt_timeout is not None:
@@ -423,6 +424,30 @@ class RetryPolicy:
         if _telemetry().enabled():
             return await self._atraced(fn, args, kwargs)
         return await self._aloop(fn, args, kwargs, self.deadline)
+
+    # --- jobs ---------------------------------------------------------------------------
+
+    def call_job(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn`` until it succeeds: under this policy; on an open breaker wait for its
+        next probe; after a failure back off at the job level (full jitter, at most
+        ``job_cap=5`` s: the limiter paces the fleet); give up after ``give_up_after``
+        seconds (keywords of this method, not passed to ``fn``) or on a permanent failure.
+        """
+        from tether._job import JOB_CAP, call_job
+
+        give_up = kwargs.pop("give_up_after", None)
+        cap = kwargs.pop("job_cap", JOB_CAP)
+        return call_job(self, fn, *args, give_up_after=give_up, job_cap=cap, **kwargs)  # type: ignore[arg-type]
+
+    async def acall_job(
+        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """The async form of :meth:`call_job`."""
+        from tether._job import JOB_CAP, acall_job
+
+        give_up = kwargs.pop("give_up_after", None)
+        cap = kwargs.pop("job_cap", JOB_CAP)
+        return await acall_job(self, fn, *args, give_up_after=give_up, job_cap=cap, **kwargs)  # type: ignore[arg-type]
 
     # --- spans (only when OpenTelemetry is configured) ------------------------------
 
@@ -490,8 +515,8 @@ class RetryPolicy:
             while True:
                 permit: object = _NO_PERMIT
                 try:
-                    await self._alimit(st)
                     permit, timeout = self._before_attempt(st)
+                    await self._alimit(st)
                     token = _in_attempt.set(True)
                     try:
                         if timeout is not None:

@@ -122,7 +122,7 @@ class RunState:
         """How long to wait for an open breaker's next probe, or None when the run may not
         wait (no time budget, not enough of it left, or it waited often enough)."""
         left = self._time_left()
-        wait = max(0.0, exc.retry_at - self.clock.wall()) + 0.05
+        wait = exc.retry_in + 0.05
         if (
             not self.guard.wait_for_recovery
             or left is None

@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from tether.bench._agents import POLICIES, run_cell
-from tether.bench._fleet import FLEET_POLICIES, FLEET_SCENARIOS, contention, run_fleet
+from tether.bench._fleet import FLEET_POLICIES, FLEET_SCENARIOS, contention, lower_bounds, run_fleet
 from tether.bench._worlds import SCENARIOS
 
 __all__ = ["FLEET_POLICIES", "FLEET_SCENARIOS", "POLICIES", "SCENARIOS", "SUITES", "run"]
@@ -97,10 +97,11 @@ def run(
             for fut in fleet_futures:
                 scenario, policy, cell = fut.result()
                 shape = FLEET_SCENARIOS[scenario]
+                calls, seconds = lower_bounds(scenario, CLIENTS, CAPACITY)
                 entry = fleet.setdefault(scenario, {
                     "clients": CLIENTS, "capacity_rps": CAPACITY, "outage_s": shape["outage_s"],
-                    "brownout_s": shape["brownout_s"], "lower_bound_calls": CLIENTS,
-                    "lower_bound_s": shape["outage_s"] + CLIENTS / CAPACITY, "policies": {},
+                    "brownout_s": shape["brownout_s"], "lower_bound_calls": calls,
+                    "lower_bound_s": seconds, "policies": {},
                 })  # fmt: skip
                 entry["policies"][policy] = cell
                 note(f"fleet {scenario} / {policy}", total)

@@ -16,18 +16,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
 
-from tether import (
-    AdaptiveLimiter,
-    CircuitBreaker,
-    CircuitOpenError,
-    RetryBudget,
-    RetryPolicy,
-    VirtualClock,
-    backoff,
-)
+from tether import AdaptiveLimiter, CircuitBreaker, RetryBudget, RetryPolicy, VirtualClock, backoff
 from tether.stores import MemoryStore
 
-__all__ = ["FLEET_POLICIES", "FLEET_SCENARIOS", "contention", "run_fleet"]
+__all__ = ["FLEET_POLICIES", "FLEET_SCENARIOS", "contention", "lower_bounds", "run_fleet"]
 
 LATENCY = 0.05  # seconds per request
 TICKS = 10  # capacity is enforced per 1/TICKS of a second
@@ -110,7 +102,7 @@ class Server:
         self.ticks[tick] += 1
         if now < self.outage_s:
             raise Overloaded(503)
-        if now < self.brownout_s and self.rng.random() < 0.5:
+        if now < self.brownout_s and self.rng.random() < BROWNOUT_FAILURE:
             raise Overloaded(503)
         if self.ticks[tick] > self.capacity / TICKS:  # a rate limiter in front of the service
             raise Overloaded(429)
@@ -125,10 +117,36 @@ FLEET_BREAKER: dict[str, Any] = {
     "failure_rate": 0.9,
 }
 
+#: Outages of several lengths, so that no setting lines up with one of them by chance,
+#: and a brownout (half the calls fail for a minute).
 FLEET_SCENARIOS = {
+    "outage-5": {"outage_s": 5.0, "brownout_s": 0.0},
+    "outage-10": {"outage_s": 10.0, "brownout_s": 0.0},
     "outage": {"outage_s": 30.0, "brownout_s": 0.0},
+    "outage-35": {"outage_s": 35.0, "brownout_s": 0.0},
+    "outage-120": {"outage_s": 120.0, "brownout_s": 0.0},
     "brownout": {"outage_s": 0.0, "brownout_s": 60.0},
 }
+BROWNOUT_FAILURE = 0.5
+
+
+def lower_bounds(scenario: str, clients: int, capacity: int) -> tuple[int, float]:
+    """The fewest calls and the shortest time in which ``clients`` jobs can all succeed.
+
+    An outage: nothing succeeds until it ends, then one call per job at full capacity.
+    A brownout: each call fails with probability BROWNOUT_FAILURE while it lasts, so a
+    job needs 1 / (1 - p) calls on average there; after it, one call.
+    """
+    shape = FLEET_SCENARIOS[scenario]
+    outage, brownout = shape["outage_s"], shape["brownout_s"]
+    if brownout <= outage:
+        return clients, outage + clients / capacity
+    ok_rate = capacity * (1.0 - BROWNOUT_FAILURE)  # successes per second in the brownout
+    span = brownout - outage
+    if clients <= ok_rate * span:
+        return round(clients / (1.0 - BROWNOUT_FAILURE)), outage + clients / ok_rate
+    rest = clients - ok_rate * span
+    return round(capacity * span + rest), brownout + rest / capacity
 
 
 def _retrying(jitter: str) -> Callable[[SimClock, Server, int, dict[str, Any]], Awaitable[None]]:
@@ -151,20 +169,11 @@ async def _immediate(clock: SimClock, server: Server, seed: int, shared: dict[st
 
 
 async def _tether(clock: SimClock, server: Server, seed: int, shared: dict[str, Any]) -> None:
-    """tether's defaults, with the budget, breaker and limiter shared by the fleet."""
-    rng = random.Random(seed)
+    """tether's defaults, with the budget, breaker and limiter shared by the fleet; the job
+    is redelivered until it succeeds, as a queue would (``RetryPolicy.acall_job``)."""
     policy = RetryPolicy(budget=shared["budget"], breaker=shared["breaker"], limiter=shared["limiter"],
                          clock=clock, seed=seed)  # fmt: skip
-    failures = 0
-    while True:  # the job is redelivered until it succeeds, as a queue would
-        try:
-            await policy.acall(server.request)
-            return
-        except CircuitOpenError as exc:
-            await clock.asleep(max(0.0, exc.retry_at - clock.wall()) + rng.uniform(0.0, 1.0))
-        except Exception:
-            failures += 1
-            await clock.asleep(backoff.full_jitter(failures, base=1.0, cap=30.0, rng=rng))
+    await policy.acall_job(server.request)
 
 
 FLEET_POLICIES: dict[str, Callable[[SimClock, Server, int, dict[str, Any]], Awaitable[None]]] = {

@@ -21,6 +21,7 @@ __all__ = [
     "LimiterConfig",
     "breaker_acquire",
     "breaker_record",
+    "next_probe_wait",
     "budget_refund",
     "budget_spend",
     "limiter_acquire",
@@ -28,17 +29,43 @@ __all__ = [
 ]
 
 CALL, PROBE, DENY = "call", "probe", "deny"
+#: Failures in a row (nine in ten or worse) that the limiter reads as an outage. Few:
+#: the breaker handles outages; the limiter only stops pacing a dependency that is gone.
+OUTAGE_FAILURES = 20
 Fields = dict[str, Any]
+
+
+#: While probes keep failing, the wait before the next one is at most this share of the
+#: time the breaker has been open: recovery is noticed within ~15% of the outage.
+PROBE_SHARE = 0.15
 
 
 @dataclass(frozen=True, slots=True)
 class BreakerConfig:
     failure_threshold: int
-    cooldown: float
-    half_open_max_calls: int
+    cooldown: float  # the longest wait before a probe
+    half_open_max_calls: int  # successful probes that close the breaker
     window: int  # 0: no failure-rate rule
     min_calls: int
     failure_rate: float
+    probe_interval: float = 0.0  # the first probe's wait (0: always ``cooldown``)
+
+
+def next_probe_wait(f: Fields, now: float, cfg: BreakerConfig) -> float:
+    """How long the breaker stays open after a trip or a failed probe.
+
+    Adaptive (``probe_interval`` > 0): ``probe_interval`` after the trip; after each failed
+    probe the larger of ``probe_interval`` and PROBE_SHARE of the time open so far, at most
+    doubling the previous wait and never above ``cooldown``. So a short outage is probed
+    every second or so and a long one ever more rarely, and the fleet learns of the
+    recovery within about 15% of the outage's length.
+    """
+    if cfg.probe_interval <= 0:
+        return cfg.cooldown
+    if f["state"] != "half_open":  # a trip from closed
+        return min(cfg.cooldown, cfg.probe_interval)
+    grown = max(cfg.probe_interval, PROBE_SHARE * (now - f["opened_at"]))
+    return float(min(cfg.cooldown, 2.0 * max(f["open_wait"], cfg.probe_interval), grown))
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +90,8 @@ def _breaker_defaults(f: Fields) -> None:
     f.setdefault("probe_ok", 0)
     f.setdefault("probe_deadline", 0.0)
     f.setdefault("window", "")
+    f.setdefault("opened_at", 0.0)
+    f.setdefault("open_wait", 0.0)
 
 
 def breaker_acquire(f: Fields, now: float, cfg: BreakerConfig) -> tuple[str, str, float, str]:
@@ -76,7 +105,8 @@ def breaker_acquire(f: Fields, now: float, cfg: BreakerConfig) -> tuple[str, str
     if f["state"] == "half_open":
         if f["inflight"] > 0 and now >= f["probe_deadline"]:
             f["inflight"] = 0  # the probes' callers vanished: let new ones through
-        if f["inflight"] + f["probe_ok"] < cfg.half_open_max_calls:
+        # slow start: one probe at first, one more in flight for every probe that succeeded
+        if f["inflight"] < 1 + f["probe_ok"] and f["probe_ok"] < cfg.half_open_max_calls:
             f["inflight"] += 1
             f["probe_deadline"] = now + cfg.cooldown
             return old, "half_open", 0.0, PROBE
@@ -86,7 +116,10 @@ def breaker_acquire(f: Fields, now: float, cfg: BreakerConfig) -> tuple[str, str
 
 
 def _trip(f: Fields, now: float, cfg: BreakerConfig) -> None:
-    f["state"], f["retry_at"] = "open", now + cfg.cooldown
+    wait = next_probe_wait(f, now, cfg)
+    if f["state"] != "half_open":
+        f["opened_at"] = now
+    f["state"], f["retry_at"], f["open_wait"] = "open", now + wait, wait
     f["failures"], f["window"], f["inflight"], f["probe_ok"] = 0, "", 0, 0
 
 
@@ -186,7 +219,8 @@ def limiter_feedback(f: Fields, now: float, outcome: str, cfg: LimiterConfig) ->
         return float(f["rate"])
     f["failed_since_decrease"] = f.get("failed_since_decrease", 0) + 1
     outage = (
-        f["failed_since_decrease"] >= 5 and f["failed_since_decrease"] >= 9 * f["ok_since_decrease"]
+        f["failed_since_decrease"] >= OUTAGE_FAILURES
+        and f["failed_since_decrease"] >= 9 * f["ok_since_decrease"]
     )
     if (outcome == "throttled" or outage) and now - f["last_decrease"] >= cfg.decrease_interval:
         if f["ok_since_decrease"] > 0:
@@ -195,4 +229,13 @@ def limiter_feedback(f: Fields, now: float, outcome: str, cfg: LimiterConfig) ->
         f["last_decrease"] = now
         f["ok_since_decrease"] = 0
         f["failed_since_decrease"] = 0
+    elif (
+        outcome == "failed"
+        and rate < f["ssthresh"]
+        and 3 * f["ok_since_decrease"] >= f["failed_since_decrease"]
+    ):
+        # a plain failure (not a throttle) while a quarter of calls succeed was still an answer:
+        # in slow start it is evidence of capacity too, so a brownout does not slow the
+        # ramp-up (an outage, with no successes, never grows the rate)
+        f["rate"] = min(cfg.max_rate, rate + 1.0)
     return float(f["rate"])

@@ -31,7 +31,7 @@ from typing import Any
 from tether._errors import require
 from tether._redact import safe_url
 from tether.clock import system_clock
-from tether.stores._logic import CALL, BreakerConfig, LimiterConfig
+from tether.stores._logic import CALL, DENY, PROBE_SHARE, BreakerConfig, LimiterConfig
 from tether.stores._memory import MemoryStore
 
 __all__ = ["RedisStore"]
@@ -42,38 +42,45 @@ _FMT = """
 local function fmt(x) return string.format('%.17g', x) end
 """
 
+# Twins of stores._logic.breaker_acquire / breaker_record. Both return the state's
+# version (bumped on every transition) so that other processes learn of transitions.
 BREAKER_ACQUIRE = (
     _FMT
     + """
 local k = KEYS[1]
 local now, cooldown, half_max, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local v = redis.call('HMGET', k, 'state', 'retry_at', 'inflight', 'probe_ok', 'probe_deadline', 'failures')
+local v = redis.call('HMGET', k, 'state', 'retry_at', 'inflight', 'probe_ok', 'probe_deadline', 'failures', 'version')
 local state = v[1] or 'closed'
 local retry_at = tonumber(v[2]) or 0
 local inflight = tonumber(v[3]) or 0
 local probe_ok = tonumber(v[4]) or 0
 local probe_deadline = tonumber(v[5]) or 0
 local failures = tonumber(v[6]) or 0
+local version = tonumber(v[7]) or 0
 local old = state
+local changed = false
 if state == 'open' then
-  if now < retry_at then return {old, 'open', fmt(retry_at), 'deny', failures} end
-  state = 'half_open'; inflight = 0; probe_ok = 0
+  if now < retry_at then return {old, 'open', fmt(retry_at), 'deny', failures, version} end
+  state = 'half_open'; inflight = 0; probe_ok = 0; changed = true
+  version = version + 1
 end
 if state == 'half_open' then
-  if inflight > 0 and now >= probe_deadline then inflight = 0 end
-  if inflight + probe_ok < half_max then
+  if inflight > 0 and now >= probe_deadline then inflight = 0; changed = true end
+  if inflight < 1 + probe_ok and probe_ok < half_max then
     inflight = inflight + 1
     probe_deadline = now + cooldown
     redis.call('HSET', k, 'state', state, 'inflight', inflight, 'probe_ok', probe_ok,
-               'probe_deadline', fmt(probe_deadline))
+               'probe_deadline', fmt(probe_deadline), 'version', version)
     redis.call('PEXPIRE', k, ttl)
-    return {old, 'half_open', '0', 'probe', failures}
+    return {old, 'half_open', '0', 'probe', failures, version}
   end
-  redis.call('HSET', k, 'state', state, 'inflight', inflight, 'probe_ok', probe_ok)
-  redis.call('PEXPIRE', k, ttl)
-  return {old, 'half_open', fmt(math.min(probe_deadline, now + math.min(1.0, cooldown))), 'deny', failures}
+  if changed then  -- a refusal writes nothing unless the state itself moved
+    redis.call('HSET', k, 'state', state, 'inflight', inflight, 'probe_ok', probe_ok, 'version', version)
+    redis.call('PEXPIRE', k, ttl)
+  end
+  return {old, 'half_open', fmt(math.min(probe_deadline, now + math.min(1.0, cooldown))), 'deny', failures, version}
 end
-return {old, 'closed', '0', 'call', failures}
+return {old, 'closed', '0', 'call', failures, version}
 """
 )
 
@@ -84,16 +91,31 @@ local k = KEYS[1]
 local now, permit, failed = tonumber(ARGV[1]), ARGV[2], ARGV[3] == '1'
 local threshold, cooldown, half_max = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local window, min_calls, rate, ttl = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local v = redis.call('HMGET', k, 'state', 'retry_at', 'inflight', 'probe_ok', 'failures', 'window')
+local probe_interval, share = tonumber(ARGV[11]), tonumber(ARGV[12])
+local v = redis.call('HMGET', k, 'state', 'retry_at', 'inflight', 'probe_ok', 'failures', 'window',
+                     'opened_at', 'open_wait', 'version')
 local state = v[1] or 'closed'
 local retry_at = tonumber(v[2]) or 0
 local inflight = tonumber(v[3]) or 0
 local probe_ok = tonumber(v[4]) or 0
 local failures = tonumber(v[5]) or 0
 local w = v[6] or ''
+local opened_at = tonumber(v[7]) or 0
+local open_wait = tonumber(v[8]) or 0
+local version = tonumber(v[9]) or 0
 local old = state
 local function trip()
-  state = 'open'; retry_at = now + cooldown
+  local wait = cooldown
+  if probe_interval > 0 then
+    if state ~= 'half_open' then
+      wait = math.min(cooldown, probe_interval)
+    else
+      local grown = math.max(probe_interval, share * (now - opened_at))
+      wait = math.min(cooldown, 2.0 * math.max(open_wait, probe_interval), grown)
+    end
+  end
+  if state ~= 'half_open' then opened_at = now end
+  state = 'open'; retry_at = now + wait; open_wait = wait
   failures = 0; w = ''; inflight = 0; probe_ok = 0
 end
 if permit == 'probe' and state == 'half_open' then
@@ -115,12 +137,14 @@ elseif state == 'closed' then
   end
   if tripped then trip() end
 else
-  return {old, state, fmt(retry_at), failures}
+  return {old, state, fmt(retry_at), failures, version}
 end
+if state ~= old then version = version + 1 end
 redis.call('HSET', k, 'state', state, 'retry_at', fmt(retry_at), 'inflight', inflight,
-           'probe_ok', probe_ok, 'failures', failures, 'window', w)
+           'probe_ok', probe_ok, 'failures', failures, 'window', w, 'opened_at', fmt(opened_at),
+           'open_wait', fmt(open_wait), 'version', version)
 redis.call('PEXPIRE', k, ttl)
-return {old, state, fmt(retry_at), failures}
+return {old, state, fmt(retry_at), failures, version}
 """
 )
 
@@ -210,13 +234,15 @@ if outcome == 'ok' then
   apply_oks(1)
 elseif outcome ~= 'none' then
   fails = fails + 1
-  local outage = fails >= 5 and fails >= 9 * oks
+  local outage = fails >= 20 and fails >= 9 * oks
   if (outcome == 'throttled' or outage) and now - last_decrease >= interval_s then
     if oks > 0 then ssthresh = math.max(min_rate, rate * beta) end
     rate = math.max(min_rate, rate * beta)
     last_decrease = now
     oks = 0
     fails = 0
+  elseif outcome == 'failed' and rate < ssthresh and 3 * oks >= fails then
+    rate = math.min(max_rate, rate + 1.0)
   end
 end
 save()
@@ -285,8 +311,8 @@ class RedisStore:
         }
         self.fallback = MemoryStore()
         self._down_until: float | None = None
-        # name -> (state, retry_at, failures, fetched at); see the module docstring
-        self._breaker_cache: dict[str, tuple[str, float, int, float]] = {}
+        # name -> (state, retry_at, failures, fetched at, version); see the module docstring
+        self._breaker_cache: dict[str, tuple[str, float, int, float, int]] = {}
         self._budget_full: dict[str, float] = {}
         self._pending_ok: dict[str, int] = {}  # limiter successes not yet sent
         self._limiter_rate: dict[str, float] = {}
@@ -333,23 +359,32 @@ class RedisStore:
         self, name: str, now: float, cfg: BreakerConfig
     ) -> tuple[str, str, float, str]:
         cached = self._breaker_cache.get(name)
-        if (
-            cached is not None
-            and self.cache_ttl > 0
-            and system_clock.now() - cached[3] < self.cache_ttl
-        ):
+        if cached is not None:
             state, retry_at = cached[0], cached[1]
-            if state == "closed":
+            # an open breaker cannot change before its retry_at: no need to ask until then
+            if state in ("open", "half_open") and now < retry_at:
+                return state, state, retry_at, DENY
+            fresh = self.cache_ttl > 0 and system_clock.now() - cached[3] < self.cache_ttl
+            if state == "closed" and fresh:
                 return "closed", "closed", 0.0, CALL
-            if state == "open" and now < retry_at:
-                return "open", "open", retry_at, "deny"
         r = self._run("breaker_acquire", self._key("breaker", name),
                       [now, cfg.cooldown, cfg.half_open_max_calls, self._ttl_ms])  # fmt: skip
         if r is None:
             return self.fallback.breaker_acquire(name, now, cfg)
         old, new, retry_at, permit = _s(r[0]), _s(r[1]), float(_s(r[2])), _s(r[3])
-        self._breaker_cache[name] = (new, retry_at, int(r[4]), system_clock.now())
+        old = self._remember(name, old, new, retry_at, int(r[4]), int(r[5]))
         return old, new, retry_at, permit
+
+    def _remember(
+        self, name: str, old: str, new: str, retry_at: float, failures: int, version: int
+    ) -> str:
+        """Cache what the store said; the state this process knew before, when another
+        process moved it meanwhile (so that this process's hooks hear of it too)."""
+        cached = self._breaker_cache.get(name)
+        self._breaker_cache[name] = (new, retry_at, failures, system_clock.now(), version)
+        if cached is not None and cached[4] < version and cached[0] != old:
+            return cached[0]
+        return old
 
     def breaker_record(
         self, name: str, now: float, permit: str, failed: bool, cfg: BreakerConfig
@@ -364,12 +399,12 @@ class RedisStore:
                 return "closed", "closed", 0.0  # nothing to reset
         args = [now, permit, "1" if failed else "0", cfg.failure_threshold, cfg.cooldown,
                 cfg.half_open_max_calls, cfg.window, cfg.min_calls, cfg.failure_rate,
-                self._ttl_ms]  # fmt: skip
+                self._ttl_ms, cfg.probe_interval, PROBE_SHARE]  # fmt: skip
         r = self._run("breaker_record", self._key("breaker", name), args)
         if r is None:
             return self.fallback.breaker_record(name, now, permit, failed, cfg)
         old, new, retry_at = _s(r[0]), _s(r[1]), float(_s(r[2]))
-        self._breaker_cache[name] = (new, retry_at, int(r[3]), system_clock.now())
+        old = self._remember(name, old, new, retry_at, int(r[3]), int(r[4]))
         return old, new, retry_at
 
     def breaker_state(self, name: str, now: float) -> tuple[str, float]:
