@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import sys
 import threading
@@ -140,7 +141,7 @@ def test_breaker_probes_follow_the_outage(store: Any) -> None:
             pass
     assert waits[:3] == [1.0, 1.0, 1.0]
     assert max(waits) == 30.0  # the cooldown caps it
-    assert all(b <= 2 * a + 1e-9 for a, b in zip(waits, waits[1:], strict=False))
+    assert all(b <= 2 * a + 1e-9 for a, b in itertools.pairwise(waits))
     assert len(waits) < 50  # probes grow rarer: a few dozen in 400 s, not 400
 
 
@@ -382,7 +383,9 @@ def test_limiter_horizon_bounds_reservations(store: Any) -> None:
     limiter = AdaptiveLimiter("dep", store=store, clock=clock, initial_rate=4.0, horizon=0.5)
     answers = [limiter.try_acquire() for _ in range(5)]
     assert [ok for _, ok in answers] == [True, True, True, False, False]
-    assert answers[3][0] == pytest.approx(0.25)
+    # the backlog past the horizon (0.25 s), plus a place in the queue of callers turned away
+    assert answers[3][0] == pytest.approx(0.5)
+    assert answers[4][0] >= answers[3][0] - 1e-9
 
 
 def test_limiter_aimd_and_floor(store: Any) -> None:
@@ -424,9 +427,9 @@ def test_limiter_waits_within_deadline_or_raises() -> None:
     assert policy.call(lambda: "ok") == "ok"
     with pytest.raises(tether.LimiterTimeout):
         policy.call(lambda: "ok")
-    # the first call reserved the slot at 0, so the next one starts at 1.0 s
+    # the first call reserved the slot at 0, so the next one starts at 1.0 s at the earliest
     started = RetryPolicy(limiter=limiter, clock=clock).call(lambda: clock.now())
-    assert 1.0 - 1e-6 <= started <= 1.06  # a turned-away caller comes back after a jittered wait
+    assert 1.0 - 1e-6 <= started <= 3.5  # a turned-away caller comes back after its turn
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,9 @@ def register(sub: Any) -> None:
     """Add every subcommand to the parser's subparsers."""
     bench = sub.add_parser("bench", help="run the fault-injection benchmark",
                            description="Run tether's benchmark: agents, fleet and overhead suites.")  # fmt: skip
-    bench.add_argument("--suite", action="append", choices=["agents", "fleet", "overhead", "all"],
-                       help="a suite to run (repeatable; default: all)")  # fmt: skip
+    bench.add_argument("--suite", action="append", choices=["agents", "fleet", "overhead", "fleet-live", "all"],
+                       help="a suite to run (repeatable; default: all, which is every suite but "
+                            "fleet-live: real processes sharing Redis, opt-in)")  # fmt: skip
     bench.add_argument(
         "--tasks", type=int, default=1000, help="tasks per agent cell (default 1000)"
     )

@@ -23,8 +23,8 @@ __all__ = ["acall_job", "call_job"]
 
 T = TypeVar("T")
 
-#: The longest job-level wait after a failure: the limiter paces the fleet, so a job
-#: waiting longer than this only finishes later.
+#: The longest job-level wait after a failure (the default of ``job_cap``): the limiter
+#: paces the fleet, so a job waiting longer than this only finishes later.
 JOB_CAP = 1.0
 
 

@@ -427,27 +427,27 @@ class RetryPolicy:
 
     # --- jobs ---------------------------------------------------------------------------
 
-    def call_job(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run ``fn`` until it succeeds: under this policy; on an open breaker wait for its
-        next probe; after a failure back off at the job level (full jitter, at most
-        ``job_cap=5`` s: the limiter paces the fleet); give up after ``give_up_after``
-        seconds (keywords of this method, not passed to ``fn``) or on a permanent failure.
+    def call_job(self, fn: Callable[..., T], /, *args: Any, give_up_after: float | None = None,
+                 job_cap: float = 1.0, **kwargs: Any) -> T:  # fmt: skip
+        """Run ``fn(*args, **kwargs)`` until it succeeds, as a queue worker would.
+
+        Under this policy; on an open breaker, wait for its next probe (with jitter);
+        after a failure, back off at the job level (full jitter, at most ``job_cap``
+        seconds: the limiter paces the fleet, a longer wait only finishes later); give
+        up after ``give_up_after`` seconds, or at once on a permanent failure.
         """
-        from tether._job import JOB_CAP, call_job
+        from tether._job import call_job
 
-        give_up = kwargs.pop("give_up_after", None)
-        cap = kwargs.pop("job_cap", JOB_CAP)
-        return call_job(self, fn, *args, give_up_after=give_up, job_cap=cap, **kwargs)  # type: ignore[arg-type]
+        return call_job(self, fn, *args, give_up_after=give_up_after, job_cap=job_cap, **kwargs)
 
-    async def acall_job(
-        self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
-    ) -> T:
+    async def acall_job(self, fn: Callable[..., Awaitable[T]], /, *args: Any,
+                        give_up_after: float | None = None, job_cap: float = 1.0, **kwargs: Any) -> T:  # fmt: skip
         """The async form of :meth:`call_job`."""
-        from tether._job import JOB_CAP, acall_job
+        from tether._job import acall_job
 
-        give_up = kwargs.pop("give_up_after", None)
-        cap = kwargs.pop("job_cap", JOB_CAP)
-        return await acall_job(self, fn, *args, give_up_after=give_up, job_cap=cap, **kwargs)  # type: ignore[arg-type]
+        return await acall_job(
+            self, fn, *args, give_up_after=give_up_after, job_cap=job_cap, **kwargs
+        )
 
     # --- spans (only when OpenTelemetry is configured) ------------------------------
 

@@ -21,6 +21,8 @@ from tether.bench._worlds import SCENARIOS
 __all__ = ["FLEET_POLICIES", "FLEET_SCENARIOS", "POLICIES", "SCENARIOS", "SUITES", "run"]
 
 SUITES = ("agents", "fleet", "overhead")
+#: Suites that run only when named: ``fleet-live`` needs Redis and a minute or two of real time.
+EXTRA_SUITES = ("fleet-live",)
 CLIENTS, CAPACITY = 1000, 100
 
 
@@ -52,9 +54,11 @@ def run(
 ) -> dict[str, Any]:
     """Run the chosen suites; returns the DESIGN.md JSON layout (plus series for plots)."""
     suites = list(suites)
-    unknown = [s for s in suites if s not in SUITES]
+    unknown = [s for s in suites if s not in SUITES + EXTRA_SUITES]
     if unknown:
-        raise ValueError(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
+        raise ValueError(
+            f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES + EXTRA_SUITES)}"
+        )
     if tasks < 1:
         raise ValueError(f"tasks must be >= 1, got {tasks}")
     valid = list(dict.fromkeys([*SCENARIOS, *FLEET_SCENARIOS]))  # once each, in order
@@ -111,4 +115,12 @@ def run(
                     j: contention(j, seed=seed) for j in ("none", "full", "equal", "decorrelated")
                 },
             }
+    if "fleet-live" in suites:
+        from tether.bench._live import LIVE_SCENARIOS, run_live
+
+        live = {}
+        for name, outage in LIVE_SCENARIOS.items():
+            live[name] = run_live(outage, seed=seed)
+            note(f"fleet-live {name}", 0)
+        out["suites"]["fleet-live"] = {"scenarios": live}
     return out

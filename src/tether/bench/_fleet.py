@@ -186,11 +186,16 @@ FLEET_POLICIES: dict[str, Callable[[SimClock, Server, int, dict[str, Any]], Awai
 
 
 def run_fleet(scenario: str, policy: str, *, clients: int = 1000, capacity: int = 100,
-              seed: int = 7) -> dict[str, Any]:  # fmt: skip
-    """One fleet run: total calls, peak load over capacity, completion time, success."""
+              seed: int = 7, outage_s: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """One fleet run: total calls, peak load over capacity, completion time, success.
+
+    ``outage_s`` replaces the scenario's outage (the live suite simulates its own).
+    """
     clock = SimClock()
     rng = random.Random(f"{seed}:{scenario}:{policy}")
-    shape = FLEET_SCENARIOS[scenario]
+    shape = dict(FLEET_SCENARIOS[scenario])
+    if outage_s is not None:
+        shape["outage_s"] = outage_s
     server = Server(clock, capacity, shape["outage_s"], shape["brownout_s"], rng)
     store = MemoryStore()
     shared = {

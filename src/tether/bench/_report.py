@@ -54,6 +54,21 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
             for j, m in suites["fleet"]["contention"].items()
         ]
         tables["contention (AWS backoff article experiment, 100 clients)"] = (head, rows)
+    if "fleet-live" in suites:
+        head = ["scenario", "run", "success", "calls", "x bound", "peak / capacity", "completion s",
+                "x bound", "Redis round trips / call"]  # fmt: skip
+        rows = []
+        for scenario, e in suites["fleet-live"]["scenarios"].items():
+            for run in ("live", "simulated"):
+                m = e[run]
+                done = m["completion_s"]
+                rows.append([scenario, run, f"{m['success']:.1%}", str(m["total_calls"]),
+                             f"{m['total_calls'] / e['lower_bound_calls']:.2f}", f"{m['peak_load_ratio']:.2f}",
+                             "-" if done is None else f"{done:.1f}",
+                             "-" if done is None else f"{done / e['lower_bound_s']:.2f}",
+                             f"{m['round_trips_per_call']:.2f}" if "round_trips_per_call" in m else ""])  # fmt: skip
+        tables[f"fleet-live ({e['clients']} clients in {e['workers']} processes, {e['capacity_rps']} req/s)"] = (
+            head, rows)  # fmt: skip
     if "overhead" in suites:
         head = ["case", "impl", "ns per call", "vs floor / overhead"]
         rows = []

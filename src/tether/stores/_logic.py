@@ -32,6 +32,9 @@ CALL, PROBE, DENY = "call", "probe", "deny"
 #: Failures in a row (nine in ten or worse) that the limiter reads as an outage. Few:
 #: the breaker handles outages; the limiter only stops pacing a dependency that is gone.
 OUTAGE_FAILURES = 20
+#: The longest a caller turned away by the limiter is told to wait for its turn: the
+#: rate may grow meanwhile (slow start doubles it in well under a second).
+QUEUE_WAIT_CAP = 1.0
 Fields = dict[str, Any]
 
 
@@ -183,15 +186,21 @@ def limiter_acquire(f: Fields, now: float, cfg: LimiterConfig) -> tuple[float, b
 
     Returns (wait, admitted): admitted with the wait until the reserved slot, or not
     admitted with the seconds after which asking again may succeed (the backlog past
-    the horizon). Bounding the horizon keeps a slow rate (an outage's floor) from
-    handing out slots minutes ahead that a recovered dependency would not need.
+    the horizon, plus the place in the queue of callers already turned away, so that they
+    come back one by one). Bounding the horizon keeps a slow rate (an outage's floor)
+    from handing out slots minutes ahead that a recovered dependency would not need.
     """
     _limiter_defaults(f, now, cfg)
     interval = 1.0 / f["rate"]
     tat = max(f["tat"], now - (cfg.burst - 1.0) * interval)
     wait = max(0.0, tat - now)
     if wait > cfg.horizon:
-        return wait - cfg.horizon, False
+        # the callers turned away queue up: each is told to come back about when its turn
+        # may come at the current rate, instead of all asking again at once
+        served = (now - f.get("queued_at", now)) * f["rate"]
+        queued = max(0.0, f.get("queued", 0.0) - served) + 1.0
+        f["queued"], f["queued_at"] = queued, now
+        return wait - cfg.horizon + min(queued * interval, QUEUE_WAIT_CAP), False
     f["tat"] = tat + interval
     return wait, True
 

@@ -26,12 +26,20 @@ agent down, it only makes the guards local for a while.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any
 
 from tether._errors import require
 from tether._redact import safe_url
 from tether.clock import system_clock
-from tether.stores._logic import CALL, DENY, PROBE_SHARE, BreakerConfig, LimiterConfig
+from tether.stores._logic import (
+    CALL,
+    DENY,
+    PROBE_SHARE,
+    QUEUE_WAIT_CAP,
+    BreakerConfig,
+    LimiterConfig,
+)
 from tether.stores._memory import MemoryStore
 
 __all__ = ["RedisStore"]
@@ -183,8 +191,10 @@ local now = tonumber(ARGV[1])
 local initial, min_rate, max_rate, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local beta, increase, interval_s, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local horizon = tonumber(ARGV[10])
-local v = redis.call('HMGET', k, 'rate', 'ssthresh', 'tat', 'last_decrease', 'ok_since_decrease', 'failed_since_decrease')
+local v = redis.call('HMGET', k, 'rate', 'ssthresh', 'tat', 'last_decrease', 'ok_since_decrease',
+                     'failed_since_decrease', 'queued', 'queued_at')
 local rate, ssthresh, tat, last_decrease, oks, fails
+local queued, queued_at = tonumber(v[7]) or 0, tonumber(v[8]) or now
 if v[1] then
   rate, ssthresh, tat = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
   last_decrease, oks, fails = tonumber(v[4]), tonumber(v[5]), tonumber(v[6]) or 0
@@ -193,7 +203,8 @@ else
 end
 local function save()
   redis.call('HSET', k, 'rate', fmt(rate), 'ssthresh', fmt(ssthresh), 'tat', fmt(tat),
-             'last_decrease', fmt(last_decrease), 'ok_since_decrease', oks, 'failed_since_decrease', fails)
+             'last_decrease', fmt(last_decrease), 'ok_since_decrease', oks, 'failed_since_decrease', fails,
+             'queued', fmt(queued), 'queued_at', fmt(queued_at))
   redis.call('PEXPIRE', k, ttl)
 end
 -- successes a process saw since its last script: applied here, so a success costs no round trip
@@ -216,14 +227,16 @@ local interval = 1.0 / rate
 local t = math.max(tat, now - (burst - 1.0) * interval)
 local wait = math.max(0, t - now)
 if wait > horizon then
+  queued = math.max(0, queued - (now - queued_at) * rate) + 1
+  queued_at = now
   save()
-  return {fmt(wait - horizon), 0, fmt(rate)}
+  return {fmt(wait - horizon + math.min(queued * interval, QUEUE_WAIT_CAP)), 0, fmt(rate)}
 end
 tat = t + interval
 save()
 return {fmt(wait), 1, fmt(rate)}
 """
-)
+).replace("QUEUE_WAIT_CAP", repr(QUEUE_WAIT_CAP))
 
 LIMITER_FEEDBACK = (
     _FMT
@@ -316,7 +329,9 @@ class RedisStore:
         self._budget_full: dict[str, float] = {}
         self._pending_ok: dict[str, int] = {}  # limiter successes not yet sent
         self._limiter_rate: dict[str, float] = {}
+        self._limiter_gate: dict[str, float] = {}  # name -> when this process may ask again
         self.round_trips = 0
+        self.scripts_run: Counter[str] = Counter()  # round trips by script
 
     def __repr__(self) -> str:
         return f"RedisStore({self.url!r})"
@@ -331,6 +346,7 @@ class RedisStore:
             return None
         try:
             self.round_trips += 1
+            self.scripts_run[script] += 1
             result = self._scripts[script](keys=[key], args=args)
         except self._errors as exc:
             if self._down_until is None:
@@ -458,13 +474,23 @@ class RedisStore:
                 cfg.increase, cfg.decrease_interval, self._ttl_ms, cfg.horizon]  # fmt: skip
 
     def limiter_acquire(self, name: str, now: float, cfg: LimiterConfig) -> tuple[float, bool]:
+        gate = self._limiter_gate.get(name)
+        if gate is not None and now < gate:
+            # the limiter turned a caller of this process away moments ago: the others
+            # wait for the same moment without asking Redis again
+            return gate - now, False
         pending = self._pending_ok.pop(name, 0)
         args = [*self._limiter_args(now, cfg), pending]
         r = self._run("limiter_acquire", self._key("limiter", name), args)
         if r is None:
             return self.fallback.limiter_acquire(name, now, cfg)
         self._limiter_rate[name] = float(_s(r[2]))
-        return float(_s(r[0])), bool(int(r[1]))
+        wait, admitted = float(_s(r[0])), bool(int(r[1]))
+        if admitted:
+            self._limiter_gate.pop(name, None)
+        else:
+            self._limiter_gate[name] = now + wait
+        return wait, admitted
 
     def limiter_feedback(self, name: str, now: float, outcome: str, cfg: LimiterConfig) -> float:
         if outcome == "ok" and not self.degraded and self._pending_ok.get(name, 0) < _OK_BATCH - 1:
@@ -500,6 +526,7 @@ class RedisStore:
         self._budget_full.clear()
         self._pending_ok.clear()
         self._limiter_rate.clear()
+        self._limiter_gate.clear()
         self.fallback.reset(name)
         try:
             if name is None:

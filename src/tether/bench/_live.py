@@ -1,0 +1,200 @@
+"""The live fleet suite: real worker processes sharing one Redis, against a real server.
+
+A loopback HTTP server (its own process) answers in 50 ms, takes ``capacity`` requests
+a second (more are refused with 429, counted per tenth of a second) and answers 503 for
+the first ``outage`` seconds. Worker processes run ``clients`` asyncio jobs between them;
+each job calls the server through a :class:`tether.RetryPolicy` whose breaker, budget
+and limiter live in one :class:`tether.stores.RedisStore`, with ``acall_job``. The
+suite reports calls, completion, peak load and Redis round trips per dependency call,
+beside the simulation of the same scenario. Redis comes from ``TETHER_REDIS_URL``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import queue as queue_mod
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+__all__ = ["LIVE_SCENARIOS", "run_live"]
+
+LATENCY = 0.05
+TICKS = 10
+#: Outages of the live suite (seconds): one short, one just past the old fixed cooldown.
+LIVE_SCENARIOS = {"outage-10": 10.0, "outage-35": 35.0}
+
+
+def _server_main(port_q: Any, result_q: Any, stop: Any, capacity: int, outage: float, start_at: float,
+                 stop_after: float) -> None:  # fmt: skip
+    """The dependency: answers on loopback until told to stop (or ``stop_after`` seconds)."""
+    load: Counter[int] = Counter()
+    ticks: Counter[int] = Counter()
+    total = [0]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    pass
+                await asyncio.sleep(LATENCY)
+                now = time.time() - start_at
+                total[0] += 1
+                load[int(now)] += 1
+                tick = int(now * TICKS)
+                ticks[tick] += 1
+                if now < outage:
+                    status = b"503 Service Unavailable"
+                elif ticks[tick] > capacity / TICKS:
+                    status = b"429 Too Many Requests"
+                else:
+                    status = b"200 OK"
+                writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
+        port_q.put(server.sockets[0].getsockname()[1])
+        while not stop.is_set() and time.time() < start_at + stop_after:
+            await asyncio.sleep(0.1)
+        server.close()
+        result_q.put({"total": total[0], "load": dict(load)})
+
+    asyncio.run(main())
+
+
+class _Status(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status_code = status
+
+
+def _worker_main(redis_url: str, prefix: str, port: int, clients: int, seed: int, start_at: float,
+                 give_up: float, result_q: Any) -> None:  # fmt: skip
+    """One worker process: ``clients`` jobs sharing this process's RedisStore."""
+    from tether import AdaptiveLimiter, CircuitBreaker, RetryBudget, RetryPolicy
+    from tether.bench._fleet import FLEET_BREAKER
+    from tether.stores._redis import RedisStore
+
+    store = RedisStore(redis_url, prefix=prefix)
+    budget = RetryBudget("dep", store=store)
+    breaker = CircuitBreaker("dep", store=store, **FLEET_BREAKER)
+    limiter = AdaptiveLimiter("dep", store=store)
+    done: list[float] = []
+
+    async def job(i: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        lock = asyncio.Lock()
+
+        async def request() -> str:
+            async with lock:
+                writer.write(b"GET / HTTP/1.1\r\nHost: dep\r\n\r\n")
+                await writer.drain()
+                status = int((await reader.readline()).split()[1])
+                while (await reader.readline()) not in (b"\r\n", b""):
+                    pass
+                await reader.readexactly(2)
+            if status != 200:
+                raise _Status(status)
+            return "ok"
+
+        policy = RetryPolicy(
+            budget=budget, breaker=breaker, limiter=limiter, seed=seed * 100_003 + i
+        )
+        try:
+            await policy.acall_job(request, give_up_after=give_up)
+            done.append(time.time() - start_at)
+        except Exception:
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        await asyncio.gather(*(job(i) for i in range(clients)))
+
+    asyncio.run(main())
+    result_q.put(
+        {"done": done, "round_trips": store.round_trips, "scripts": dict(store.scripts_run)}
+    )
+    store.close()
+
+
+def _commands(redis_url: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        stats = client.info("commandstats")
+        return sum(int(v.get("calls", 0)) for v in stats.values() if isinstance(v, dict))
+    finally:
+        client.close()
+
+
+def run_live(outage: float, *, clients: int = 300, capacity: int = 40, workers: int = 4,
+             redis_url: str | None = None, seed: int = 7) -> dict[str, Any]:  # fmt: skip
+    """One live run of an ``outage`` (seconds) with real processes; the simulation of the
+    same scenario beside it."""
+    from tether.bench._fleet import run_fleet
+
+    url = redis_url or os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
+    bound_s = outage + clients / capacity
+    give_up = 3.0 * bound_s + 30.0
+    ctx = multiprocessing.get_context("spawn")
+    port_q, server_q, worker_q, stop = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
+    start_at = time.time() + 3.0  # time for the processes to start
+    server = ctx.Process(target=_server_main, args=(port_q, server_q, stop, capacity, outage, start_at, give_up + 5.0),
+                         daemon=True)  # fmt: skip
+    server.start()
+    port = port_q.get(timeout=30)
+    prefix = f"tether-live-{uuid.uuid4().hex[:8]}"
+    commands_before = _commands(url)
+    share = [clients // workers + (1 if i < clients % workers else 0) for i in range(workers)]
+    procs = [ctx.Process(target=_worker_main, args=(url, prefix, port, n, seed + i, start_at, give_up, worker_q),
+                         daemon=True) for i, n in enumerate(share)]  # fmt: skip
+    for p in procs:
+        p.start()
+    results = []
+    for _ in procs:
+        try:
+            results.append(worker_q.get(timeout=give_up + 60))
+        except queue_mod.Empty:
+            break
+    for p in procs:
+        p.join(timeout=5)
+    stop.set()
+    served = server_q.get(timeout=30)
+    server.join(timeout=5)
+    commands = _commands(url) - commands_before
+    done = [t for r in results for t in r["done"]]
+    round_trips = sum(r["round_trips"] for r in results)
+    scripts: Counter[str] = Counter()
+    for r in results:
+        scripts.update(r["scripts"])
+    total = served["total"]
+    peak = max(served["load"].values(), default=0)
+    sim = run_fleet(
+        "outage", "tether", clients=clients, capacity=capacity, seed=seed, outage_s=outage
+    )
+    sim.pop("load_per_second", None)
+    return {
+        "clients": clients, "capacity_rps": capacity, "outage_s": outage, "workers": workers,
+        "lower_bound_calls": clients, "lower_bound_s": bound_s,
+        "live": {"success": round(len(done) / clients, 4), "total_calls": total,
+                 "completion_s": round(max(done), 2) if len(done) == clients else None,
+                 "peak_load_ratio": round(peak / capacity, 2),
+                 "redis_round_trips": round_trips, "redis_commands": commands,
+                 "round_trips_per_call": round(round_trips / max(1, total), 2),
+                 "round_trips_by_script": dict(scripts)},
+        "simulated": sim,
+    }  # fmt: skip

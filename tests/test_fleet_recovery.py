@@ -1,0 +1,147 @@
+"""Recovery that follows the dependency: the job helper, and a quiet shared store."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+from tether import CircuitBreaker, CircuitOpenError, RetryPolicy, VirtualClock
+from tether.bench._fleet import FLEET_SCENARIOS, lower_bounds, run_fleet
+from tether.stores import RedisStore
+
+
+class Down(Exception):
+    status_code = 503
+
+
+class Dependency:
+    """Down until ``up_at`` on ``clock``; counts calls."""
+
+    def __init__(self, clock: VirtualClock, up_at: float) -> None:
+        self.clock, self.up_at, self.calls = clock, up_at, 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        if self.clock.now() < self.up_at:
+            raise Down()
+        return "ok"
+
+
+def test_call_job_waits_for_the_probe_and_finishes_when_the_dependency_is_back() -> None:
+    """A job against a 12 s outage: done soon after it ends, with a handful of calls."""
+    clock = VirtualClock()
+    dep = Dependency(clock, up_at=12.0)
+    breaker = CircuitBreaker("job-dep", failure_threshold=3, clock=clock)
+    policy = RetryPolicy(max_attempts=3, base=0.2, breaker=breaker, clock=clock, seed=1)
+    assert policy.call_job(dep) == "ok"
+    assert 12.0 <= clock.now() < 12.0 * 1.15 + 1.5
+    assert dep.calls < 20
+
+
+def test_call_job_gives_up_at_its_deadline_and_on_permanent_failures() -> None:
+    """give_up_after bounds the job; a permanent failure is raised at once."""
+    clock = VirtualClock()
+    dep = Dependency(clock, up_at=1e9)
+    policy = RetryPolicy(max_attempts=2, base=0.1, clock=clock, seed=1,
+                         breaker=CircuitBreaker("never-up", failure_threshold=2, clock=clock))  # fmt: skip
+    with pytest.raises((Down, CircuitOpenError)):
+        policy.call_job(dep, give_up_after=30.0)
+    assert clock.now() <= 30.0
+    calls = []
+
+    def rejected() -> None:
+        calls.append(1)
+        raise ValueError("no such order")
+
+    with pytest.raises(ValueError):
+        RetryPolicy(clock=clock).call_job(rejected)
+    assert calls == [1]
+
+
+def test_acall_job() -> None:
+    """The async form, on the same clock."""
+    clock = VirtualClock()
+    dep = Dependency(clock, up_at=3.0)
+
+    async def call() -> str:
+        return dep()
+
+    policy = RetryPolicy(max_attempts=2, base=0.1, clock=clock, seed=2,
+                         breaker=CircuitBreaker("async-dep", failure_threshold=2, clock=clock))  # fmt: skip
+    assert asyncio.run(policy.acall_job(call)) == "ok"
+    assert 3.0 <= clock.now() < 6.0
+
+
+@pytest.mark.parametrize("scenario", [s for s in FLEET_SCENARIOS if s != "brownout"])
+def test_fleet_recovery_follows_the_outage(scenario: str) -> None:
+    """1,000 clients: every outage length within 1.3x of the bounds, load within 1.3x capacity."""
+    calls, seconds = lower_bounds(scenario, 1000, 100)
+    cell = run_fleet(scenario, "tether")
+    assert cell["success"] == 1.0
+    assert cell["completion_s"] <= 1.3 * seconds
+    assert cell["total_calls"] <= 1.3 * calls
+    assert cell["peak_load_ratio"] <= 1.3
+
+
+def test_brownout_bounds_and_goal() -> None:
+    """Half the calls failing for a minute: 2,000 calls and 20 s at best; tether within goals."""
+    assert lower_bounds("brownout", 1000, 100) == (2000, 20.0)
+    cell = run_fleet("brownout", "tether")
+    assert cell["completion_s"] <= 1.5 * 20.0
+    assert cell["total_calls"] <= 1.25 * 2000
+
+
+def test_an_open_breaker_costs_the_redis_store_nothing_until_its_probe(redis_url: str) -> None:
+    """While open, refusals are answered from the cache: no round trip, no write."""
+    store = RedisStore(redis_url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}", cache_ttl=1.0)
+    clock = VirtualClock()
+    breaker = CircuitBreaker("quiet", failure_threshold=1, cooldown=30.0, store=store, clock=clock)
+    with pytest.raises(Down):
+        breaker.call(Dependency(clock, 1e9))
+    before = store.round_trips
+    for _ in range(1000):
+        with pytest.raises(CircuitOpenError):
+            breaker.call(lambda: "x")
+    assert store.round_trips == before
+    clock.advance(1.0)  # the probe is due: one round trip to claim it
+    assert breaker.call(lambda: "ok") == "ok"
+    assert store.round_trips - before <= 2
+    store.reset()
+
+
+def test_transitions_made_elsewhere_reach_this_process(redis_url: str) -> None:
+    """Another process opens the breaker: this one's hooks hear of it at its next refresh."""
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    clock = VirtualClock()
+    here = RedisStore(redis_url, prefix=prefix, cache_ttl=0.0)
+    there = RedisStore(redis_url, prefix=prefix, cache_ttl=0.0)
+    seen: list[Any] = []
+    mine = CircuitBreaker(
+        "shared", failure_threshold=1, store=here, clock=clock, on_change=seen.append
+    )
+    theirs = CircuitBreaker("shared", failure_threshold=1, store=there, clock=clock)
+    assert mine.call(lambda: "ok") == "ok"  # this process knows it closed
+    with pytest.raises(Down):
+        theirs.call(Dependency(clock, 1e9))
+    with pytest.raises(CircuitOpenError):
+        mine.call(lambda: "x")
+    assert [(e.old, e.new) for e in seen] == [("closed", "open")]
+    assert seen[0].reason == "seen in the shared store"
+    here.reset()
+
+
+def test_the_live_suite_runs_real_processes_against_real_redis(redis_url: str) -> None:
+    """A short live run: worker processes share one RedisStore and all finish; the report
+    has the live figures beside the simulated ones."""
+    from tether.bench._live import run_live
+
+    report = run_live(2.0, clients=40, capacity=20, workers=2, redis_url=redis_url)
+    live, sim = report["live"], report["simulated"]
+    assert live["success"] == 1.0 and sim["success"] == 1.0
+    assert live["total_calls"] >= 40
+    assert live["completion_s"] >= 2.0
+    assert 0 < live["round_trips_per_call"] < 50
+    assert set(live["round_trips_by_script"]) >= {"limiter_acquire", "breaker_record"}
