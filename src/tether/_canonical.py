@@ -11,11 +11,12 @@ ASCII only, produced by the standard library's C encoder, where
   sort the same way whatever else the mapping holds;
 * volatile fields that a model invents on every call are left out at any depth.
 
-Plain inputs (JSON types, string keys, no volatile or ``$`` keys) are checked by a
-quick walk and then encoded in one C-speed pass; anything else goes through a walk
-that applies the rules above and names the exact path of anything it cannot encode
-(unknown types, NaN, nesting deeper than :data:`MAX_DEPTH`, integers too long to
-print, lone surrogates). Both paths give the same text for the same input.
+Plain inputs (JSON types and string keys, checked by a quick walk over the containers)
+are encoded in one C-speed pass; when anything the rules above must handle shows (a
+type JSON lacks, a key that is not a string, nesting past :data:`MAX_DEPTH`, and in the
+text a volatile or ``$`` key or a lone surrogate), the input goes through a walk that
+applies them and names the exact path of anything it cannot encode. Both paths give
+the same text for the same input.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ MAX_DEPTH = 64
 _PREFIX = b"tether-intent-v2\x00"
 _CHUNK = 1 << 16
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_NEEDLES: dict[frozenset[str], tuple[str, ...]] = {}
 _LONE_SURROGATE = re.compile(
     r"\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f][0-9a-f]{2})|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}"
 )
@@ -57,24 +59,50 @@ _TYPES_HINT = (
 )
 
 
-def _plain(obj: Any, drop: frozenset[str], depth: int) -> bool:
-    """True when the C encoder's text of ``obj`` is already canonical."""
-    if depth > MAX_DEPTH:
-        return False
+_NESTED = frozenset({dict, list, tuple})
+
+
+def _plain(obj: Any, depth: int) -> bool:
+    """True when ``obj`` holds only JSON types, string keys and no nesting past
+    MAX_DEPTH: then the C encoder's text is canonical, but for the volatile and ``$``
+    keys, and lone surrogates, that :func:`canonical_json` looks for in the text."""
     kind = type(obj)
     if kind is dict:
-        for k, v in obj.items():
-            if type(k) is not str or k in drop or k[:1] == "$":
+        if depth > MAX_DEPTH:
+            return False
+        for k in obj:
+            if type(k) is not str:
                 return False
-            if type(v) not in _SCALARS and not _plain(v, drop, depth + 1):
-                return False
-        return True
-    if kind is list or kind is tuple:
-        for v in obj:  # noqa: SIM110 - a plain loop is faster than all() on a generator
-            if type(v) not in _SCALARS and not _plain(v, drop, depth + 1):
-                return False
-        return True
-    return kind in _SCALARS
+        values: Any = obj.values()
+    elif kind is list or kind is tuple:
+        if depth > MAX_DEPTH:
+            return False
+        values = obj
+    else:
+        return kind in _SCALARS
+    for v in values:
+        kind = type(v)
+        if kind in _SCALARS:
+            continue
+        if kind not in _NESTED or not _plain(v, depth + 1):
+            return False
+    return True
+
+
+def _volatile(text: str, drop: frozenset[str]) -> bool:
+    for needle in _needles(drop):  # noqa: SIM110 - a plain loop is faster than any()
+        if needle in text:
+            return True
+    return False
+
+
+def _needles(drop: frozenset[str]) -> tuple[str, ...]:
+    found = _NEEDLES.get(drop)
+    if found is None:
+        found = tuple(f'"{name}":' for name in drop)
+        if len(_NEEDLES) < 64:
+            _NEEDLES[drop] = found
+    return found
 
 
 def _text(value: str, path: str) -> str:
@@ -196,13 +224,19 @@ def canonical_json(args: Any, *, ignore: Iterable[str] | None = None, path: str 
     '{"a":[1,2],"b":1}'
     """
     drop = VOLATILE_FIELDS if ignore is None else frozenset(ignore)
-    if _plain(args, drop, 0):
+    if _plain(args, 0):
         try:
             text = _dumps(args)
         except (ValueError, RecursionError):
             pass  # NaN, an integer too long to print: the walk names the path
         else:
-            if "\\ud" not in text or not _LONE_SURROGATE.search(text):
+            # what the walk must handle shows in the text: a "$" key (or a text starting
+            # with "$": the walk then changes nothing), a volatile field, a lone surrogate
+            if not (
+                '"$' in text
+                or _volatile(text, drop)
+                or ("\\ud" in text and _LONE_SURROGATE.search(text) is not None)
+            ):
                 return text
     return _dumps(_Walk(drop)(args, path))
 
