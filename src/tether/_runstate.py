@@ -15,10 +15,11 @@ from tether.clock import hung_threads
 if TYPE_CHECKING:
     from tether._guard import Guard
 
-__all__ = ["RECOVERY_WAITS", "RunState"]
+__all__ = ["RECOVERY_COOLDOWNS", "RunState"]
 
-#: How many times one call waits for an open breaker's probe before the run stops.
-RECOVERY_WAITS = 3
+#: How long one call may wait for an open breaker's probes, in breaker cooldowns (the
+#: probes follow the dependency, so a short outage costs a short wait).
+RECOVERY_COOLDOWNS = 3
 
 _log = logging.getLogger("tether")
 
@@ -117,16 +118,17 @@ class RunState:
         return None if b is None else max(1e-9, b - self.elapsed)
 
     def _probe_wait(
-        self, exc: CircuitOpenError, timeout: float | None, waited: int
+        self, exc: CircuitOpenError, timeout: float | None, waited: float
     ) -> float | None:
         """How long to wait for an open breaker's next probe, or None when the run may not
-        wait (no time budget, not enough of it left, or it waited often enough)."""
+        wait (no time budget, not enough of it left, or this call waited long enough:
+        three breaker cooldowns in all)."""
         left = self._time_left()
         wait = exc.retry_in + 0.05
         if (
             not self.guard.wait_for_recovery
             or left is None
-            or waited >= RECOVERY_WAITS
+            or waited + wait > RECOVERY_COOLDOWNS * self.guard.breaker_cooldown
             or wait + (timeout or 0.0) >= left
         ):
             return None

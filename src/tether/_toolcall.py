@@ -213,23 +213,24 @@ class ToolCalls(RunState):
         with telemetry.span(
             "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
         ):
-            waited = 0
+            waited = 0.0
             while True:
                 try:
                     result = call.policy.call_within(self._time_left(), run)
                     break
                 except CircuitOpenError as exc:
-                    self.clock.sleep(self._circuit_wait(call, exc, timeout, waited))
-                    waited += 1
+                    wait = self._circuit_wait(call, exc, timeout, waited)
+                    self.clock.sleep(wait)
+                    waited += wait
                 except Exception as exc:
                     raise self._after_failure(call, exc) from exc
         return self._after_success(call, result)
 
     def _circuit_wait(
-        self, call: _Call, exc: CircuitOpenError, timeout: float | None, waited: int
+        self, call: _Call, exc: CircuitOpenError, timeout: float | None, waited: float
     ) -> float:
         """How long to wait for an open breaker's next probe; raises the stop when the run
-        may not wait (no time budget, not enough of it left, or waited often enough)."""
+        may not wait (no time budget, not enough of it left, or it waited long enough)."""
         wait = self._probe_wait(exc, timeout, waited)
         if wait is None:
             raise self._after_failure(call, exc) from exc
@@ -274,14 +275,15 @@ class ToolCalls(RunState):
         with telemetry.span(
             "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
         ):
-            waited = 0
+            waited = 0.0
             while True:
                 try:
                     result = await call.policy.acall_within(self._time_left(), attempt)
                     break
                 except CircuitOpenError as exc:
-                    await self.clock.asleep(self._circuit_wait(call, exc, timeout, waited))
-                    waited += 1
+                    wait = self._circuit_wait(call, exc, timeout, waited)
+                    await self.clock.asleep(wait)
+                    waited += wait
                 except Exception as exc:
                     raise self._after_failure(call, exc) from exc
         return self._after_success(call, result)

@@ -122,32 +122,32 @@ def _model_failed(run: Run, exc: Exception) -> None:
 def call_model(run: Run, create: Callable[..., Any], **kwargs: Any) -> Any:
     """One model call of an agent loop: an open provider breaker is waited out when the
     run's time allows; a failure after the retries ends the run with its reason."""
-    waited = 0
+    waited = 0.0
     while True:
         try:
             return create(**kwargs)
         except CircuitOpenError as exc:
-            wait = run._probe_wait(exc, None, waited)
-            if wait is None:
+            wait = run._probe_wait(exc, None, waited) or 0.0
+            if not wait:
                 _model_failed(run, exc)
-            run.clock.sleep(wait or 0.0)
-            waited += 1
+            run.clock.sleep(wait)
+            waited += wait
         except Exception as exc:
             _model_failed(run, exc)
 
 
 async def acall_model(run: Run, create: Callable[..., Awaitable[Any]], **kwargs: Any) -> Any:
     """The async form of :func:`call_model`."""
-    waited = 0
+    waited = 0.0
     while True:
         try:
             return await create(**kwargs)
         except CircuitOpenError as exc:
-            wait = run._probe_wait(exc, None, waited)
-            if wait is None:
+            wait = run._probe_wait(exc, None, waited) or 0.0
+            if not wait:
                 _model_failed(run, exc)
-            await run.clock.asleep(wait or 0.0)
-            waited += 1
+            await run.clock.asleep(wait)
+            waited += wait
         except Exception as exc:
             _model_failed(run, exc)
 
