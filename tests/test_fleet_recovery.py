@@ -145,3 +145,37 @@ def test_the_live_suite_runs_real_processes_against_real_redis(redis_url: str) -
     assert live["completion_s"] >= 2.0
     assert 0 < live["round_trips_per_call"] < 50
     assert set(live["round_trips_by_script"]) >= {"limiter_acquire", "breaker_record"}
+
+
+def test_acall_uses_the_asyncio_redis_client(redis_url: str) -> None:
+    """Inside acall every guard operation goes through redis.asyncio: a store whose sync
+    client points nowhere still shares its state, and never falls back."""
+    import redis
+    import redis.asyncio
+
+    from tether import AdaptiveLimiter, RetryBudget
+
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+
+    async def main() -> tuple[str, bool]:
+        store = RedisStore(client=dead, aclient=redis.asyncio.Redis.from_url(redis_url), prefix=prefix,
+                           cache_ttl=0.0)  # fmt: skip
+        clock = VirtualClock()
+        policy = RetryPolicy(breaker=CircuitBreaker("async-dep", failure_threshold=1, store=store, clock=clock),
+                             budget=RetryBudget("async-dep", store=store),
+                             limiter=AdaptiveLimiter("async-dep", store=store, clock=clock), clock=clock)  # fmt: skip
+
+        async def down() -> str:
+            raise Down()
+
+        with pytest.raises((Down, CircuitOpenError)):
+            await policy.acall(down)
+        return store.scripts_run["breaker_record"] > 0 and "ok", store.degraded
+
+    used, degraded = asyncio.run(main())
+    assert (used, degraded) == ("ok", False)
+    shared = redis.Redis.from_url(redis_url)
+    assert shared.hget(f"{prefix}:breaker:async-dep", "state") == b"open"  # state is in Redis
+    for key in shared.scan_iter(match=f"{prefix}:*"):
+        shared.delete(key)

@@ -12,6 +12,7 @@ from tether._errors import CircuitOpenError
 from tether._events import BreakerEvent
 from tether._telemetry_hooks import emit_breaker, safe_call
 from tether.clock import Clock, system_clock
+from tether.stores._base import async_ops
 from tether.stores._logic import DENY, PROBE, BreakerConfig
 from tether.stores._memory import MemoryStore, default_store
 
@@ -132,7 +133,16 @@ class CircuitBreaker:
     def _acquire(self) -> str:
         """A permit (``"call"`` or ``"probe"``), or raise :class:`CircuitOpenError`."""
         now = self._store_now()
-        old, new, retry_at, permit = self.store.breaker_acquire(self.name, now, self.config)
+        return self._acquired(now, self.store.breaker_acquire(self.name, now, self.config))
+
+    async def _aacquire(self) -> str:
+        """The async form of :meth:`_acquire` (a RedisStore answers on ``redis.asyncio``)."""
+        now = self._store_now()
+        answer = await async_ops(self.store).abreaker_acquire(self.name, now, self.config)
+        return self._acquired(now, answer)
+
+    def _acquired(self, now: float, answer: tuple[str, str, float, str]) -> str:
+        old, new, retry_at, permit = answer
         probing = old == "open" and new == "half_open"
         self._emit(old, new, "wait over: probing" if probing else "seen in the shared store")
         if permit == DENY:
@@ -151,9 +161,21 @@ class CircuitBreaker:
         """Record an outcome: ``verdict`` None for a success."""
         failed = verdict is not None and verdict.retryable
         now = self._store_now()
-        old, new, retry_at = self.store.breaker_record(
-            self.name, now, str(permit), failed, self.config
-        )
+        answer = self.store.breaker_record(self.name, now, str(permit), failed, self.config)
+        self._recorded(permit, verdict, answer)
+
+    async def _arecord(self, permit: object, verdict: Verdict | None) -> None:
+        """The async form of :meth:`_record`."""
+        failed = verdict is not None and verdict.retryable
+        now = self._store_now()
+        ops = async_ops(self.store)
+        answer = await ops.abreaker_record(self.name, now, str(permit), failed, self.config)
+        self._recorded(permit, verdict, answer)
+
+    def _recorded(
+        self, permit: object, verdict: Verdict | None, answer: tuple[str, str, float]
+    ) -> None:
+        old, new, retry_at = answer
         self._last_retry_at = retry_at
         if old != new:
             if new == "open":

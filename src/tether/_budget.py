@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tether._telemetry_hooks import logger
+from tether.stores._base import async_ops
 from tether.stores._memory import default_store
 
 if TYPE_CHECKING:
@@ -65,7 +66,15 @@ class RetryBudget:
     def try_spend(self, *, timeout: bool = False) -> bool:
         """Pay for one retry; False (and nothing spent) when the budget cannot."""
         cost = self.timeout_cost if timeout else self.retry_cost
-        ok, left = self.store.budget_spend(self.name, self.capacity, cost)
+        return self._spent(cost, *self.store.budget_spend(self.name, self.capacity, cost))
+
+    async def atry_spend(self, *, timeout: bool = False) -> bool:
+        """The async form of :meth:`try_spend`."""
+        cost = self.timeout_cost if timeout else self.retry_cost
+        answer = await async_ops(self.store).abudget_spend(self.name, self.capacity, cost)
+        return self._spent(cost, *answer)
+
+    def _spent(self, cost: float, ok: bool, left: float) -> bool:
         if not ok:
             self.refused += 1
             if self.refused == 1 or self.refused % 100 == 0:
@@ -83,6 +92,11 @@ class RetryBudget:
         """Refund a success."""
         if self.refund:
             self.store.budget_refund(self.name, self.capacity, self.refund)
+
+    async def aon_success(self) -> None:
+        """The async form of :meth:`on_success`."""
+        if self.refund:
+            await async_ops(self.store).abudget_refund(self.name, self.capacity, self.refund)
 
     def reset(self) -> None:
         self.store.reset(self.name)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from tether._classify import Kind, Verdict
 from tether.clock import Clock, system_clock
+from tether.stores._base import async_ops
 from tether.stores._logic import LimiterConfig
 from tether.stores._memory import default_store
 
@@ -114,15 +115,34 @@ class AdaptiveLimiter:
             if admitted:
                 return waited
 
+    async def atry_acquire(self) -> tuple[float, bool]:
+        """The async form of :meth:`try_acquire`."""
+        ops = async_ops(self.store)
+        answer: tuple[float, bool] = await ops.alimiter_acquire(
+            self.name, self.clock.wall(), self.config
+        )
+        return answer
+
     def record(self, verdict: Verdict | None) -> None:
         """Feed back an outcome: None for a success."""
-        if verdict is None or verdict.kind in (Kind.PERMANENT, Kind.QUOTA):
-            outcome = "ok"  # the dependency answered; the request or the account was at fault
-        elif verdict.kind is Kind.RATE_LIMITED or verdict.status in (429, 529):
-            outcome = "throttled"
-        else:
-            outcome = "failed"
-        self.rate = self.store.limiter_feedback(self.name, self.clock.wall(), outcome, self.config)
+        self.rate = self.store.limiter_feedback(
+            self.name, self.clock.wall(), _outcome(verdict), self.config
+        )
+
+    async def arecord(self, verdict: Verdict | None) -> None:
+        """The async form of :meth:`record`."""
+        ops = async_ops(self.store)
+        self.rate = await ops.alimiter_feedback(
+            self.name, self.clock.wall(), _outcome(verdict), self.config
+        )
 
     def reset(self) -> None:
         self.store.reset(self.name)
+
+
+def _outcome(verdict: Verdict | None) -> str:
+    if verdict is None or verdict.kind in (Kind.PERMANENT, Kind.QUOTA):
+        return "ok"  # the dependency answered; the request or the account was at fault
+    if verdict.kind is Kind.RATE_LIMITED or verdict.status in (429, 529):
+        return "throttled"
+    return "failed"

@@ -11,7 +11,7 @@ import contextvars
 import functools
 import inspect
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
@@ -31,6 +31,9 @@ __all__ = ["RetryPolicy", "RetryStats", "retry"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
+R = TypeVar("R")
+#: a guard operation a plan asks for: (kind, argument, verdict)
+_Op = tuple[str, Any, "Verdict | None"]
 
 JITTERS = ("full", "equal", "decorrelated", "none")
 
@@ -230,18 +233,74 @@ class RetryPolicy:
             delay = max(delay, min(verdict.retry_after, self.retry_after_cap))
         return delay
 
+    # The decisions are plans: generators that yield the guard operations they need (which
+    # talk to the store) and get their answers back. The sync shell runs the operations
+    # with the guards' sync methods, the async shell awaits their async twins, so that a
+    # RedisStore never blocks an event loop and the two shells cannot drift.
+
+    def _ops(self, plan: Generator[_Op, Any, R]) -> R:
+        """Run a plan's guard operations synchronously."""
+        try:
+            op = next(plan)
+            while True:
+                op = plan.send(self._op(op))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    async def _aops(self, plan: Generator[_Op, Any, R]) -> R:
+        """Run a plan's guard operations on the event loop."""
+        try:
+            op = next(plan)
+            while True:
+                op = plan.send(await self._aop(op))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def _op(self, op: _Op) -> Any:
+        kind, arg, verdict = op
+        if kind == "acquire":
+            return self.breaker._acquire()  # type: ignore[union-attr]
+        if kind == "record":
+            return self.breaker._record(arg, verdict)  # type: ignore[union-attr]
+        if kind == "limit":
+            return self.limiter.try_acquire()  # type: ignore[union-attr]
+        if kind == "feedback":
+            return self.limiter.record(verdict)  # type: ignore[union-attr]
+        if kind == "spend":
+            return self.budget.try_spend(timeout=bool(arg))  # type: ignore[union-attr]
+        return self.budget.on_success()  # type: ignore[union-attr]
+
+    async def _aop(self, op: _Op) -> Any:
+        kind, arg, verdict = op
+        if kind == "acquire":
+            return await self.breaker._aacquire()  # type: ignore[union-attr]
+        if kind == "record":
+            return await self.breaker._arecord(arg, verdict)  # type: ignore[union-attr]
+        if kind == "limit":
+            return await self.limiter.atry_acquire()  # type: ignore[union-attr]
+        if kind == "feedback":
+            return await self.limiter.arecord(verdict)  # type: ignore[union-attr]
+        if kind == "spend":
+            return await self.budget.atry_spend(timeout=bool(arg))  # type: ignore[union-attr]
+        return await self.budget.aon_success()  # type: ignore[union-attr]
+
     def _after_failure(
         self, st: _CallState, exc: Exception, permit: object
     ) -> float | BaseException:
+        return self._ops(self._plan_after_failure(st, exc, permit))
+
+    def _plan_after_failure(
+        self, st: _CallState, exc: Exception, permit: object
+    ) -> Generator[_Op, Any, float | BaseException]:
         """Decide what follows a failed attempt: a wait, or the exception to raise."""
         if isinstance(exc, CircuitOpenError | LimiterTimeout) and permit is _NO_PERMIT:
             return exc  # our own guard refused the attempt: nothing was called
         verdict = self.classifier(exc)
         st.verdict = verdict
         if self.breaker is not None and permit is not _NO_PERMIT:
-            self.breaker._record(permit, verdict)
+            yield ("record", permit, verdict)
         if self.limiter is not None:
-            self.limiter.record(verdict)
+            yield ("feedback", None, verdict)
         if not verdict.retryable or st.attempt >= self.max_attempts:
             return exc
         if self.breaker is not None:
@@ -255,7 +314,7 @@ class RetryPolicy:
                 f"{self.name}: the next attempt would start after the deadline "
                 f"(attempt {st.attempt} failed: {verdict.reason})"
             )
-        if self.budget is not None and not self.budget.try_spend(timeout=verdict.timeout):
+        if self.budget is not None and not (yield ("spend", verdict.timeout, None)):
             return exc
         event = RetryEvent(st.name or self.name, st.attempt, verdict, delay, exc, now - st.start)
         emit_retry(event)
@@ -264,6 +323,11 @@ class RetryPolicy:
         return delay
 
     def _before_attempt(self, st: _CallState) -> tuple[object, float | None]:
+        return self._ops(self._plan_before_attempt(st))
+
+    def _plan_before_attempt(
+        self, st: _CallState
+    ) -> Generator[_Op, Any, tuple[object, float | None]]:
         """Check the guards and work out this attempt's timeout; may raise."""
         st.attempt += 1
         timeout = self.attempt_timeout
@@ -274,16 +338,19 @@ class RetryPolicy:
             timeout = left if timeout is None else min(timeout, left)
         permit: object = _NO_PERMIT
         if self.breaker is not None:
-            permit = self.breaker._acquire()
+            permit = yield ("acquire", None, None)
         return permit, timeout
 
     def _on_success(self, permit: object) -> None:
+        self._ops(self._plan_on_success(permit))
+
+    def _plan_on_success(self, permit: object) -> Generator[_Op, Any, None]:
         if self.breaker is not None:
-            self.breaker._record(permit, None)
+            yield ("record", permit, None)
         if self.limiter is not None:
-            self.limiter.record(None)
+            yield ("feedback", None, None)
         if self.budget is not None:
-            self.budget.on_success()
+            yield ("refund", None, None)
 
     def _finish(self, st: _CallState) -> None:
         _last_stats.set((id(self), st.attempt, st.total_wait, st.verdict))
@@ -388,10 +455,10 @@ class RetryPolicy:
         finally:
             self._finish(st)
 
-    def _admission(self, st: _CallState) -> tuple[float, bool]:
+    def _plan_admission(self, st: _CallState) -> Generator[_Op, Any, tuple[float, bool]]:
         """The limiter's answer, with jitter on a refusal; raises past the deadline."""
         assert self.limiter is not None
-        wait, admitted = self.limiter.try_acquire()
+        wait, admitted = yield ("limit", None, None)
         if not admitted:  # spread the callers that were turned away
             wait += self._rng.uniform(0.0, min(wait, 1.0) + 0.05)
         if st.deadline_at is not None and self.clock.now() + wait >= st.deadline_at:
@@ -401,7 +468,7 @@ class RetryPolicy:
 
     def _limit(self, st: _CallState) -> None:
         while self.limiter is not None:
-            wait, admitted = self._admission(st)
+            wait, admitted = self._ops(self._plan_admission(st))
             if wait > 0:
                 self.clock.sleep(wait)
             if admitted:
@@ -409,7 +476,7 @@ class RetryPolicy:
 
     async def _alimit(self, st: _CallState) -> None:
         while self.limiter is not None:
-            wait, admitted = self._admission(st)
+            wait, admitted = await self._aops(self._plan_admission(st))
             if wait > 0:
                 await self.clock.asleep(wait)
             if admitted:
@@ -515,7 +582,7 @@ class RetryPolicy:
             while True:
                 permit: object = _NO_PERMIT
                 try:
-                    permit, timeout = self._before_attempt(st)
+                    permit, timeout = await self._aops(self._plan_before_attempt(st))
                     await self._alimit(st)
                     token = _in_attempt.set(True)
                     try:
@@ -528,13 +595,13 @@ class RetryPolicy:
                     finally:
                         _in_attempt.reset(token)
                 except Exception as exc:
-                    decision = self._after_failure(st, exc, permit)
+                    decision = await self._aops(self._plan_after_failure(st, exc, permit))
                     if isinstance(decision, BaseException):
                         if decision is exc:
                             raise
                         raise decision from exc
                 else:
-                    self._on_success(permit)
+                    await self._aops(self._plan_on_success(permit))
                     return result
                 await clock.asleep(decision)
         finally:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from tether.stores._logic import BreakerConfig, LimiterConfig
 
-__all__ = ["Store"]
+__all__ = ["Store", "async_ops"]
 
 
 @runtime_checkable
@@ -36,3 +36,45 @@ class Store(Protocol):
     ) -> float: ...
 
     def reset(self, name: str | None = None) -> None: ...
+
+
+class _Awaitable:
+    """A store without async operations (state in memory: nothing to wait for), seen
+    through the async interface that ``RetryPolicy.acall`` uses."""
+
+    __slots__ = ("store",)
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def abreaker_acquire(
+        self, name: str, now: float, cfg: BreakerConfig
+    ) -> tuple[str, str, float, str]:
+        return self.store.breaker_acquire(name, now, cfg)
+
+    async def abreaker_record(
+        self, name: str, now: float, permit: str, failed: bool, cfg: BreakerConfig
+    ) -> tuple[str, str, float]:
+        return self.store.breaker_record(name, now, permit, failed, cfg)
+
+    async def abudget_spend(self, name: str, capacity: float, cost: float) -> tuple[bool, float]:
+        return self.store.budget_spend(name, capacity, cost)
+
+    async def abudget_refund(self, name: str, capacity: float, amount: float) -> float:
+        return self.store.budget_refund(name, capacity, amount)
+
+    async def alimiter_acquire(
+        self, name: str, now: float, cfg: LimiterConfig
+    ) -> tuple[float, bool]:
+        return self.store.limiter_acquire(name, now, cfg)
+
+    async def alimiter_feedback(
+        self, name: str, now: float, outcome: str, cfg: LimiterConfig
+    ) -> float:
+        return self.store.limiter_feedback(name, now, outcome, cfg)
+
+
+def async_ops(store: Store) -> Any:
+    """The store's async operations: its own (``RedisStore`` on ``redis.asyncio``), or its
+    sync ones for a store whose state is in memory."""
+    return store if hasattr(store, "abreaker_acquire") else _Awaitable(store)

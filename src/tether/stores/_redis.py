@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any
+from collections.abc import Generator
+from typing import Any, TypeVar
 
 from tether._errors import require
 from tether._redact import safe_url
@@ -43,6 +44,8 @@ from tether.stores._logic import (
 from tether.stores._memory import MemoryStore
 
 __all__ = ["RedisStore"]
+
+T = TypeVar("T")
 
 _log = logging.getLogger("tether")
 
@@ -271,6 +274,17 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+_SCRIPTS = (
+    ("breaker_acquire", BREAKER_ACQUIRE),
+    ("breaker_record", BREAKER_RECORD),
+    ("budget_spend", BUDGET_SPEND),
+    ("budget_refund", BUDGET_REFUND),
+    ("limiter_acquire", LIMITER_ACQUIRE),
+    ("limiter_feedback", LIMITER_FEEDBACK),
+)
+Plan = Generator[tuple[str, str, list[Any]], Any, T]
+
+
 class RedisStore:
     """Breaker, budget and limiter state in Redis, shared by every process using it.
 
@@ -288,6 +302,7 @@ class RedisStore:
         reconnect_interval: float = 1.0,
         socket_timeout: float = 0.5,
         client: Any = None,
+        aclient: Any = None,
     ) -> None:
         if cache_ttl < 0:
             raise ValueError(f"cache_ttl must be >= 0, got {cache_ttl!r}")
@@ -311,17 +326,14 @@ class RedisStore:
             socket_connect_timeout=socket_timeout,
             health_check_interval=0,
         )
-        self._scripts = {
-            name: self.client.register_script(src)
-            for name, src in (
-                ("breaker_acquire", BREAKER_ACQUIRE),
-                ("breaker_record", BREAKER_RECORD),
-                ("budget_spend", BUDGET_SPEND),
-                ("budget_refund", BUDGET_REFUND),
-                ("limiter_acquire", LIMITER_ACQUIRE),
-                ("limiter_feedback", LIMITER_FEEDBACK),
-            )
-        }
+        self._scripts = {name: self.client.register_script(src) for name, src in _SCRIPTS}
+        self._url = url if client is None else None
+        self._socket_timeout = socket_timeout
+        self._aclient_given = aclient
+        if aclient is not None:
+            self._url = self._url or "aclient"
+        self._aloop: Any = None
+        self._ascripts: dict[str, Any] = {}
         self.fallback = MemoryStore()
         self._down_until: float | None = None
         # name -> (state, retry_at, failures, fetched at, version); see the module docstring
@@ -339,30 +351,88 @@ class RedisStore:
     def _key(self, kind: str, name: str) -> str:
         return f"{self.prefix}:{kind}:{name}"
 
-    def _run(self, script: str, key: str, args: list[Any]) -> Any:
-        """Run a script; None when Redis is unreachable (the caller falls back)."""
-        mono = system_clock.now()
-        if self._down_until is not None and mono < self._down_until:
-            return None
-        try:
-            self.round_trips += 1
-            self.scripts_run[script] += 1
-            result = self._scripts[script](keys=[key], args=args)
-        except self._errors as exc:
-            if self._down_until is None:
-                _log.warning(
-                    "tether: Redis at %s is unavailable (%s: %s); breakers, budgets and limiters "
-                    "fall back to this process's memory until it answers again",
-                    self.url,
-                    type(exc).__name__,
-                    safe_url(str(exc)),
-                )
-            self._down_until = mono + self.reconnect_interval
-            return None
+    def _may_run(self, script: str) -> bool:
+        if self._down_until is not None and system_clock.now() < self._down_until:
+            return False
+        self.round_trips += 1
+        self.scripts_run[script] += 1
+        return True
+
+    def _unavailable(self, exc: BaseException) -> None:
+        if self._down_until is None:
+            _log.warning(
+                "tether: Redis at %s is unavailable (%s: %s); breakers, budgets and limiters "
+                "fall back to this process's memory until it answers again",
+                self.url,
+                type(exc).__name__,
+                safe_url(str(exc)),
+            )
+        self._down_until = system_clock.now() + self.reconnect_interval
+
+    def _answered(self) -> None:
         if self._down_until is not None:
             _log.warning("tether: Redis at %s answers again; shared state restored", self.url)
             self._down_until = None
+
+    def _run(self, script: str, key: str, args: list[Any]) -> Any:
+        """Run a script; None when Redis is unreachable (the caller falls back)."""
+        if not self._may_run(script):
+            return None
+        try:
+            result = self._scripts[script](keys=[key], args=args)
+        except self._errors as exc:
+            self._unavailable(exc)
+            return None
+        self._answered()
         return result
+
+    async def _arun(self, script: str, key: str, args: list[Any]) -> Any:
+        """The async twin of :meth:`_run`, on ``redis.asyncio``: the event loop never blocks."""
+        if not self._may_run(script):
+            return None
+        try:
+            scripts = self._async_scripts()
+            result = await scripts[script](keys=[key], args=args)
+        except self._errors as exc:
+            self._unavailable(exc)
+            return None
+        self._answered()
+        return result
+
+    def _async_scripts(self) -> dict[str, Any]:
+        """The scripts on an asyncio client of the running event loop (made on first use)."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        if self._aloop is not loop:
+            aredis: Any = require("redis.asyncio", "redis")
+            if self._url is None:
+                raise RuntimeError("an async RedisStore needs url= (or aclient=)")
+            client = self._aclient_given or aredis.Redis.from_url(
+                self._url, socket_timeout=self._socket_timeout,
+                socket_connect_timeout=self._socket_timeout, health_check_interval=0,
+            )  # fmt: skip
+            self._ascripts = {name: client.register_script(src) for name, src in _SCRIPTS}
+            self._aloop = loop
+        return self._ascripts
+
+    def _drive(self, plan: Generator[tuple[str, str, list[Any]], Any, T]) -> T:
+        """Run a plan with the sync client: each script it asks for, then its answer."""
+        try:
+            step = next(plan)
+            while True:
+                step = plan.send(self._run(*step))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    async def _adrive(self, plan: Generator[tuple[str, str, list[Any]], Any, T]) -> T:
+        """Run a plan with the asyncio client."""
+        try:
+            step = next(plan)
+            while True:
+                step = plan.send(await self._arun(*step))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     @property
     def degraded(self) -> bool:
@@ -371,9 +441,9 @@ class RedisStore:
 
     # --- breaker --------------------------------------------------------------------
 
-    def breaker_acquire(
+    def _p_breaker_acquire(
         self, name: str, now: float, cfg: BreakerConfig
-    ) -> tuple[str, str, float, str]:
+    ) -> Plan[tuple[str, str, float, str]]:
         cached = self._breaker_cache.get(name)
         if cached is not None:
             state, retry_at = cached[0], cached[1]
@@ -383,13 +453,23 @@ class RedisStore:
             fresh = self.cache_ttl > 0 and system_clock.now() - cached[3] < self.cache_ttl
             if state == "closed" and fresh:
                 return "closed", "closed", 0.0, CALL
-        r = self._run("breaker_acquire", self._key("breaker", name),
+        r = yield ("breaker_acquire", self._key("breaker", name),
                       [now, cfg.cooldown, cfg.half_open_max_calls, self._ttl_ms])  # fmt: skip
         if r is None:
             return self.fallback.breaker_acquire(name, now, cfg)
         old, new, retry_at, permit = _s(r[0]), _s(r[1]), float(_s(r[2])), _s(r[3])
         old = self._remember(name, old, new, retry_at, int(r[4]), int(r[5]))
         return old, new, retry_at, permit
+
+    def breaker_acquire(
+        self, name: str, now: float, cfg: BreakerConfig
+    ) -> tuple[str, str, float, str]:
+        return self._drive(self._p_breaker_acquire(name, now, cfg))
+
+    async def abreaker_acquire(
+        self, name: str, now: float, cfg: BreakerConfig
+    ) -> tuple[str, str, float, str]:
+        return await self._adrive(self._p_breaker_acquire(name, now, cfg))
 
     def _remember(
         self, name: str, old: str, new: str, retry_at: float, failures: int, version: int
@@ -402,9 +482,9 @@ class RedisStore:
             return cached[0]
         return old
 
-    def breaker_record(
+    def _p_breaker_record(
         self, name: str, now: float, permit: str, failed: bool, cfg: BreakerConfig
-    ) -> tuple[str, str, float]:
+    ) -> Plan[tuple[str, str, float]]:
         if not failed and permit == CALL and cfg.window == 0:
             cached = self._breaker_cache.get(name)
             # with cache_ttl=0 the cache was refreshed by this very call's acquire
@@ -416,12 +496,22 @@ class RedisStore:
         args = [now, permit, "1" if failed else "0", cfg.failure_threshold, cfg.cooldown,
                 cfg.half_open_max_calls, cfg.window, cfg.min_calls, cfg.failure_rate,
                 self._ttl_ms, cfg.probe_interval, PROBE_SHARE]  # fmt: skip
-        r = self._run("breaker_record", self._key("breaker", name), args)
+        r = yield ("breaker_record", self._key("breaker", name), args)
         if r is None:
             return self.fallback.breaker_record(name, now, permit, failed, cfg)
         old, new, retry_at = _s(r[0]), _s(r[1]), float(_s(r[2]))
         old = self._remember(name, old, new, retry_at, int(r[3]), int(r[4]))
         return old, new, retry_at
+
+    def breaker_record(
+        self, name: str, now: float, permit: str, failed: bool, cfg: BreakerConfig
+    ) -> tuple[str, str, float]:
+        return self._drive(self._p_breaker_record(name, now, permit, failed, cfg))
+
+    async def abreaker_record(
+        self, name: str, now: float, permit: str, failed: bool, cfg: BreakerConfig
+    ) -> tuple[str, str, float]:
+        return await self._adrive(self._p_breaker_record(name, now, permit, failed, cfg))
 
     def breaker_state(self, name: str, now: float) -> tuple[str, float]:
         mono = system_clock.now()
@@ -440,24 +530,36 @@ class RedisStore:
 
     # --- budget ---------------------------------------------------------------------
 
-    def budget_spend(self, name: str, capacity: float, cost: float) -> tuple[bool, float]:
+    def _p_budget_spend(self, name: str, capacity: float, cost: float) -> Plan[tuple[bool, float]]:
         self._budget_full.pop(name, None)
-        r = self._run("budget_spend", self._key("budget", name), [capacity, cost, self._ttl_ms])
+        r = yield ("budget_spend", self._key("budget", name), [capacity, cost, self._ttl_ms])
         if r is None:
             return self.fallback.budget_spend(name, capacity, cost)
         return bool(int(r[0])), float(_s(r[1]))
 
-    def budget_refund(self, name: str, capacity: float, amount: float) -> float:
+    def budget_spend(self, name: str, capacity: float, cost: float) -> tuple[bool, float]:
+        return self._drive(self._p_budget_spend(name, capacity, cost))
+
+    async def abudget_spend(self, name: str, capacity: float, cost: float) -> tuple[bool, float]:
+        return await self._adrive(self._p_budget_spend(name, capacity, cost))
+
+    def _p_budget_refund(self, name: str, capacity: float, amount: float) -> Plan[float]:
         full_at = self._budget_full.get(name)
         if full_at is not None and system_clock.now() - full_at < max(self.cache_ttl, 0.0):
             return float(capacity)
-        r = self._run("budget_refund", self._key("budget", name), [capacity, amount, self._ttl_ms])
+        r = yield ("budget_refund", self._key("budget", name), [capacity, amount, self._ttl_ms])
         if r is None:
             return self.fallback.budget_refund(name, capacity, amount)
         tokens = float(_s(r))
         if tokens >= capacity:
             self._budget_full[name] = system_clock.now()
         return tokens
+
+    def budget_refund(self, name: str, capacity: float, amount: float) -> float:
+        return self._drive(self._p_budget_refund(name, capacity, amount))
+
+    async def abudget_refund(self, name: str, capacity: float, amount: float) -> float:
+        return await self._adrive(self._p_budget_refund(name, capacity, amount))
 
     def budget_tokens(self, name: str, capacity: float) -> float:
         try:
@@ -473,7 +575,9 @@ class RedisStore:
         return [now, cfg.initial_rate, cfg.min_rate, cfg.max_rate, cfg.burst, cfg.beta,
                 cfg.increase, cfg.decrease_interval, self._ttl_ms, cfg.horizon]  # fmt: skip
 
-    def limiter_acquire(self, name: str, now: float, cfg: LimiterConfig) -> tuple[float, bool]:
+    def _p_limiter_acquire(
+        self, name: str, now: float, cfg: LimiterConfig
+    ) -> Plan[tuple[float, bool]]:
         gate = self._limiter_gate.get(name)
         if gate is not None and now < gate:
             # the limiter turned a caller of this process away moments ago: the others
@@ -481,7 +585,7 @@ class RedisStore:
             return gate - now, False
         pending = self._pending_ok.pop(name, 0)
         args = [*self._limiter_args(now, cfg), pending]
-        r = self._run("limiter_acquire", self._key("limiter", name), args)
+        r = yield ("limiter_acquire", self._key("limiter", name), args)
         if r is None:
             return self.fallback.limiter_acquire(name, now, cfg)
         self._limiter_rate[name] = float(_s(r[2]))
@@ -492,7 +596,17 @@ class RedisStore:
             self._limiter_gate[name] = now + wait
         return wait, admitted
 
-    def limiter_feedback(self, name: str, now: float, outcome: str, cfg: LimiterConfig) -> float:
+    def limiter_acquire(self, name: str, now: float, cfg: LimiterConfig) -> tuple[float, bool]:
+        return self._drive(self._p_limiter_acquire(name, now, cfg))
+
+    async def alimiter_acquire(
+        self, name: str, now: float, cfg: LimiterConfig
+    ) -> tuple[float, bool]:
+        return await self._adrive(self._p_limiter_acquire(name, now, cfg))
+
+    def _p_limiter_feedback(
+        self, name: str, now: float, outcome: str, cfg: LimiterConfig
+    ) -> Plan[float]:
         if outcome == "ok" and not self.degraded and self._pending_ok.get(name, 0) < _OK_BATCH - 1:
             # a success travels with this process's next acquire: no round trip of its own
             self._pending_ok[name] = self._pending_ok.get(name, 0) + 1
@@ -501,11 +615,19 @@ class RedisStore:
         if outcome == "ok":  # the batch is full: send it, this success with it
             pending, outcome = pending + 1, "none"
         args = [*self._limiter_args(now, cfg), pending, outcome]
-        r = self._run("limiter_feedback", self._key("limiter", name), args)
+        r = yield ("limiter_feedback", self._key("limiter", name), args)
         if r is None:
             return self.fallback.limiter_feedback(name, now, outcome, cfg)
         self._limiter_rate[name] = float(_s(r))
         return self._limiter_rate[name]
+
+    def limiter_feedback(self, name: str, now: float, outcome: str, cfg: LimiterConfig) -> float:
+        return self._drive(self._p_limiter_feedback(name, now, outcome, cfg))
+
+    async def alimiter_feedback(
+        self, name: str, now: float, outcome: str, cfg: LimiterConfig
+    ) -> float:
+        return await self._adrive(self._p_limiter_feedback(name, now, outcome, cfg))
 
     def close(self) -> None:
         """Close the connections to Redis."""
