@@ -171,6 +171,7 @@ def test_acall_uses_the_asyncio_redis_client(redis_url: str) -> None:
 
         with pytest.raises((Down, CircuitOpenError)):
             await policy.acall(down)
+        await store.aclose()
         return store.scripts_run["breaker_record"] > 0 and "ok", store.degraded
 
     used, degraded = asyncio.run(main())

@@ -122,12 +122,12 @@ def _worker_main(redis_url: str, prefix: str, port: int, clients: int, seed: int
     async def main() -> None:
         await asyncio.sleep(max(0.0, start_at - time.time()))
         await asyncio.gather(*(job(i) for i in range(clients)))
+        await store.aclose()
 
     asyncio.run(main())
     result_q.put(
         {"done": done, "round_trips": store.round_trips, "scripts": dict(store.scripts_run)}
     )
-    store.close()
 
 
 def _commands(redis_url: str) -> int:

@@ -334,6 +334,8 @@ class RedisStore:
             self._url = self._url or "aclient"
         self._aloop: Any = None
         self._ascripts: dict[str, Any] = {}
+        self._asking: dict[str, Any] = {}  # breaker name -> future of the task asking Redis
+        self._aclient_made: Any = None
         self.fallback = MemoryStore()
         self._down_until: float | None = None
         # name -> (state, retry_at, failures, fetched at, version); see the module docstring
@@ -408,7 +410,7 @@ class RedisStore:
             aredis: Any = require("redis.asyncio", "redis")
             if self._url is None:
                 raise RuntimeError("an async RedisStore needs url= (or aclient=)")
-            client = self._aclient_given or aredis.Redis.from_url(
+            client = self._aclient_made = self._aclient_given or aredis.Redis.from_url(
                 self._url, socket_timeout=self._socket_timeout,
                 socket_connect_timeout=self._socket_timeout, health_check_interval=0,
             )  # fmt: skip
@@ -469,7 +471,30 @@ class RedisStore:
     async def abreaker_acquire(
         self, name: str, now: float, cfg: BreakerConfig
     ) -> tuple[str, str, float, str]:
-        return await self._adrive(self._p_breaker_acquire(name, now, cfg))
+        """Like :meth:`breaker_acquire`; when the cache cannot answer, one task of this
+        process asks Redis and the others waiting on the same breaker use its answer."""
+        import asyncio
+
+        plan = self._p_breaker_acquire(name, now, cfg)
+        try:
+            step = next(plan)
+        except StopIteration as done:  # the cache answered
+            return done.value  # type: ignore[no-any-return]
+        asking = self._asking.get(name)
+        if asking is not None and not asking.done():
+            plan.close()
+            await asking  # another task of this process is asking Redis right now
+            return await self._adrive(self._p_breaker_acquire(name, now, cfg))
+        self._asking[name] = asyncio.get_running_loop().create_future()
+        try:
+            while True:
+                step = plan.send(await self._arun(*step))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        finally:
+            fut = self._asking.pop(name)
+            if not fut.done():
+                fut.set_result(None)
 
     def _remember(
         self, name: str, old: str, new: str, retry_at: float, failures: int, version: int
@@ -628,6 +653,17 @@ class RedisStore:
         self, name: str, now: float, outcome: str, cfg: LimiterConfig
     ) -> float:
         return await self._adrive(self._p_limiter_feedback(name, now, outcome, cfg))
+
+    async def aclose(self) -> None:
+        """Close the asyncio client of the running event loop (and the sync one)."""
+        client = self._aclient_made or self._aclient_given
+        self._aloop, self._aclient_made = None, None
+        if client is not None:
+            try:
+                await client.aclose()
+            except self._errors:
+                pass
+        self.close()
 
     def close(self) -> None:
         """Close the connections to Redis."""
