@@ -627,7 +627,23 @@ class RedisStore:
     async def alimiter_acquire(
         self, name: str, now: float, cfg: LimiterConfig
     ) -> tuple[float, bool]:
-        return await self._adrive(self._p_limiter_acquire(name, now, cfg))
+        """Like :meth:`limiter_acquire`; the tasks of this process ask one at a time, so
+        that one refusal closes the gate for all of them (as the sync client does)."""
+        import asyncio
+
+        while True:
+            asking = self._asking.get(f"limiter:{name}")
+            if asking is None or asking.done():
+                break
+            await asking
+        key = f"limiter:{name}"
+        self._asking[key] = asyncio.get_running_loop().create_future()
+        try:
+            return await self._adrive(self._p_limiter_acquire(name, now, cfg))
+        finally:
+            fut = self._asking.pop(key)
+            if not fut.done():
+                fut.set_result(None)
 
     def _p_limiter_feedback(
         self, name: str, now: float, outcome: str, cfg: LimiterConfig
