@@ -169,7 +169,7 @@ def test_redis_store_treats_error_replies_as_unavailable(redis_url: str) -> None
         def eval(self, *args: Any, **kwargs: Any) -> Any:
             raise redis.ResponseError("READONLY You can't write against a read only replica.")
 
-    store = RedisStore(client=Refusing.from_url(redis_url), cache_ttl=0.0)
+    store = RedisStore(client=Refusing.from_url(redis_url), cache_ttl=0.0, server_time=False)
     breaker = CircuitBreaker("refusing", store=store, clock=VirtualClock())
     with capture_logs() as records:
         assert breaker.call(lambda: "ok") == "ok"

@@ -39,7 +39,9 @@ def store(request: pytest.FixtureRequest) -> Iterator[Any]:
         yield MemoryStore()
         return
     url = request.getfixturevalue("redis_url")
-    s = RedisStore(url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}", cache_ttl=0.0)
+    s = RedisStore(
+        url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}", cache_ttl=0.0, server_time=False
+    )
     yield s
     s.reset()
     s.close()
@@ -336,7 +338,9 @@ def test_budget_invalid_configuration(kwargs: dict[str, Any], message: str) -> N
 
 def test_fifty_threads_one_redis_budget_no_lost_update(redis_url: str) -> None:
     """50 threads spending one Redis budget: exactly capacity / cost retries succeed."""
-    store = RedisStore(redis_url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}", cache_ttl=0.0)
+    store = RedisStore(
+        redis_url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}", cache_ttl=0.0, server_time=False
+    )
     budget = RetryBudget("shared", capacity=500, retry_cost=5, store=store)
     granted = []
     lock = threading.Lock()
@@ -470,7 +474,7 @@ def test_two_processes_share_one_breaker(redis_url: str) -> None:
     out = subprocess.run([sys.executable, "-c", CHILD, redis_url, prefix], capture_output=True,
                          text=True, timeout=60, check=True)  # fmt: skip
     assert out.stdout.strip() == "open"
-    store = RedisStore(redis_url, prefix=prefix, cache_ttl=0.0)
+    store = RedisStore(redis_url, prefix=prefix, cache_ttl=0.0, server_time=False)
     breaker = CircuitBreaker("payments", failure_threshold=3, cooldown=60.0, store=store)
     called = []
     with pytest.raises(CircuitOpenError):
@@ -482,7 +486,7 @@ def test_two_processes_share_one_breaker(redis_url: str) -> None:
 
 def test_redis_success_path_round_trips(redis_url: str) -> None:
     """With the default cache a healthy breaker costs at most one round trip per call."""
-    store = RedisStore(redis_url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}")
+    store = RedisStore(redis_url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}", server_time=False)
     breaker = CircuitBreaker("dep", store=store)
     breaker.call(lambda: None)
     before = store.round_trips
@@ -526,7 +530,9 @@ def test_redis_outage_falls_back_to_local_state_and_recovers(tmp_path: Any) -> N
                 break
             except redis.ConnectionError:
                 time.sleep(0.05)
-        store = RedisStore(url, cache_ttl=0.0, reconnect_interval=0.0, socket_timeout=0.2)
+        store = RedisStore(
+            url, cache_ttl=0.0, reconnect_interval=0.0, socket_timeout=0.2, server_time=False
+        )
         clock = VirtualClock()
         breaker = CircuitBreaker("dep", failure_threshold=2, store=store, clock=clock)
         breaker.call(lambda: None)
@@ -562,7 +568,7 @@ def test_redis_outage_falls_back_to_local_state_and_recovers(tmp_path: Any) -> N
 
 def test_redis_limiter_success_path_is_one_round_trip(redis_url: str) -> None:
     """A limiter-gated success costs its admission only: the success rides the next one."""
-    store = RedisStore(redis_url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}")
+    store = RedisStore(redis_url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}", server_time=False)
     clock = VirtualClock()
     limiter = AdaptiveLimiter("dep", store=store, clock=clock, initial_rate=1000.0)
     policy = RetryPolicy(limiter=limiter, clock=clock)

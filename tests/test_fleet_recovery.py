@@ -96,7 +96,9 @@ def test_brownout_bounds_and_goal() -> None:
 
 def test_an_open_breaker_costs_the_redis_store_nothing_until_its_probe(redis_url: str) -> None:
     """While open, refusals are answered from the cache: no round trip, no write."""
-    store = RedisStore(redis_url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}", cache_ttl=1.0)
+    store = RedisStore(
+        redis_url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}", cache_ttl=1.0, server_time=False
+    )
     clock = VirtualClock()
     breaker = CircuitBreaker("quiet", failure_threshold=1, cooldown=30.0, store=store, clock=clock)
     with pytest.raises(Down):
@@ -116,8 +118,8 @@ def test_transitions_made_elsewhere_reach_this_process(redis_url: str) -> None:
     """Another process opens the breaker: this one's hooks hear of it at its next refresh."""
     prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
     clock = VirtualClock()
-    here = RedisStore(redis_url, prefix=prefix, cache_ttl=0.0)
-    there = RedisStore(redis_url, prefix=prefix, cache_ttl=0.0)
+    here = RedisStore(redis_url, prefix=prefix, cache_ttl=0.0, server_time=False)
+    there = RedisStore(redis_url, prefix=prefix, cache_ttl=0.0, server_time=False)
     seen: list[Any] = []
     mine = CircuitBreaker(
         "shared", failure_threshold=1, store=here, clock=clock, on_change=seen.append
@@ -160,7 +162,7 @@ def test_acall_uses_the_asyncio_redis_client(redis_url: str) -> None:
 
     async def main() -> tuple[str, bool]:
         store = RedisStore(client=dead, aclient=redis.asyncio.Redis.from_url(redis_url), prefix=prefix,
-                           cache_ttl=0.0)  # fmt: skip
+                           cache_ttl=0.0, server_time=False)  # fmt: skip
         clock = VirtualClock()
         policy = RetryPolicy(breaker=CircuitBreaker("async-dep", failure_threshold=1, store=store, clock=clock),
                              budget=RetryBudget("async-dep", store=store),
@@ -180,3 +182,30 @@ def test_acall_uses_the_asyncio_redis_client(redis_url: str) -> None:
     assert shared.hget(f"{prefix}:breaker:async-dep", "state") == b"open"  # state is in Redis
     for key in shared.scan_iter(match=f"{prefix}:*"):
         shared.delete(key)
+
+
+def test_breaker_cooldowns_are_measured_on_the_redis_servers_clock(redis_url: str) -> None:
+    """A process whose clock runs two minutes ahead cannot probe early: the cooldown is
+    measured on Redis's TIME, and its wait is translated to that process's clock."""
+    from tether.clock import SystemClock
+
+    class Ahead(SystemClock):
+        def wall(self) -> float:
+            return super().wall() + 120.0
+
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    here = RedisStore(redis_url, prefix=prefix, cache_ttl=0.0)
+    ahead = RedisStore(redis_url, prefix=prefix, cache_ttl=0.0)
+    mine = CircuitBreaker(
+        "skew", failure_threshold=1, cooldown=5.0, probe_interval=None, store=here
+    )
+    theirs = CircuitBreaker("skew", failure_threshold=1, cooldown=5.0, probe_interval=None,
+                            store=ahead, clock=Ahead())  # fmt: skip
+    with pytest.raises(Down):
+        mine.call(Dependency(VirtualClock(), 1e9))
+    calls = []
+    with pytest.raises(CircuitOpenError) as refused:
+        theirs.call(lambda: calls.append(1))
+    assert calls == []
+    assert 4.0 < refused.value.retry_in <= 5.0
+    here.reset()

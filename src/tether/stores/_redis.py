@@ -60,6 +60,10 @@ BREAKER_ACQUIRE = (
     + """
 local k = KEYS[1]
 local now, cooldown, half_max, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if not now then  -- the server's clock: every process measures cooldowns on one clock
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
 local v = redis.call('HMGET', k, 'state', 'retry_at', 'inflight', 'probe_ok', 'probe_deadline', 'failures', 'version')
 local state = v[1] or 'closed'
 local retry_at = tonumber(v[2]) or 0
@@ -71,7 +75,7 @@ local version = tonumber(v[7]) or 0
 local old = state
 local changed = false
 if state == 'open' then
-  if now < retry_at then return {old, 'open', fmt(retry_at), 'deny', failures, version} end
+  if now < retry_at then return {old, 'open', fmt(retry_at), 'deny', failures, version, fmt(now)} end
   state = 'half_open'; inflight = 0; probe_ok = 0; changed = true
   version = version + 1
 end
@@ -83,15 +87,15 @@ if state == 'half_open' then
     redis.call('HSET', k, 'state', state, 'inflight', inflight, 'probe_ok', probe_ok,
                'probe_deadline', fmt(probe_deadline), 'version', version)
     redis.call('PEXPIRE', k, ttl)
-    return {old, 'half_open', '0', 'probe', failures, version}
+    return {old, 'half_open', '0', 'probe', failures, version, fmt(now)}
   end
   if changed then  -- a refusal writes nothing unless the state itself moved
     redis.call('HSET', k, 'state', state, 'inflight', inflight, 'probe_ok', probe_ok, 'version', version)
     redis.call('PEXPIRE', k, ttl)
   end
-  return {old, 'half_open', fmt(math.min(probe_deadline, now + math.min(1.0, cooldown))), 'deny', failures, version}
+  return {old, 'half_open', fmt(math.min(probe_deadline, now + math.min(1.0, cooldown))), 'deny', failures, version, fmt(now)}
 end
-return {old, 'closed', '0', 'call', failures, version}
+return {old, 'closed', '0', 'call', failures, version, fmt(now)}
 """
 )
 
@@ -100,6 +104,10 @@ BREAKER_RECORD = (
     + """
 local k = KEYS[1]
 local now, permit, failed = tonumber(ARGV[1]), ARGV[2], ARGV[3] == '1'
+if not now then  -- the server's clock: every process measures cooldowns on one clock
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
 local threshold, cooldown, half_max = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local window, min_calls, rate, ttl = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local probe_interval, share = tonumber(ARGV[11]), tonumber(ARGV[12])
@@ -148,14 +156,14 @@ elseif state == 'closed' then
   end
   if tripped then trip() end
 else
-  return {old, state, fmt(retry_at), failures, version}
+  return {old, state, fmt(retry_at), failures, version, fmt(now)}
 end
 if state ~= old then version = version + 1 end
 redis.call('HSET', k, 'state', state, 'retry_at', fmt(retry_at), 'inflight', inflight,
            'probe_ok', probe_ok, 'failures', failures, 'window', w, 'opened_at', fmt(opened_at),
            'open_wait', fmt(open_wait), 'version', version)
 redis.call('PEXPIRE', k, ttl)
-return {old, state, fmt(retry_at), failures, version}
+return {old, state, fmt(retry_at), failures, version, fmt(now)}
 """
 )
 
@@ -303,6 +311,7 @@ class RedisStore:
         socket_timeout: float = 0.5,
         client: Any = None,
         aclient: Any = None,
+        server_time: bool = True,
     ) -> None:
         if cache_ttl < 0:
             raise ValueError(f"cache_ttl must be >= 0, got {cache_ttl!r}")
@@ -312,6 +321,10 @@ class RedisStore:
         self.url = safe_url(url) if client is None else repr(client)
         self.prefix = prefix
         self.cache_ttl = float(cache_ttl)
+        #: breakers measure their cooldowns on the Redis server's clock (``TIME``), so that a
+        #: process whose clock runs ahead or behind cannot probe early or late; ``False``
+        #: measures on the callers' clocks (a VirtualClock in tests)
+        self.server_time = server_time
         self.reconnect_interval = float(reconnect_interval)
         self._ttl_ms = int(key_ttl * 1000)
         # every Redis error means the store is unavailable: a refused connection, but
@@ -456,10 +469,11 @@ class RedisStore:
             if state == "closed" and fresh:
                 return "closed", "closed", 0.0, CALL
         r = yield ("breaker_acquire", self._key("breaker", name),
-                      [now, cfg.cooldown, cfg.half_open_max_calls, self._ttl_ms])  # fmt: skip
+                      [self._when(now), cfg.cooldown, cfg.half_open_max_calls, self._ttl_ms])  # fmt: skip
         if r is None:
             return self.fallback.breaker_acquire(name, now, cfg)
-        old, new, retry_at, permit = _s(r[0]), _s(r[1]), float(_s(r[2])), _s(r[3])
+        old, new, permit = _s(r[0]), _s(r[1]), _s(r[3])
+        retry_at = self._caller_time(float(_s(r[2])), now, float(_s(r[6])))
         old = self._remember(name, old, new, retry_at, int(r[4]), int(r[5]))
         return old, new, retry_at, permit
 
@@ -496,6 +510,16 @@ class RedisStore:
             if not fut.done():
                 fut.set_result(None)
 
+    def _when(self, now: float) -> Any:
+        """The time a breaker script measures with: the server's (``""``) or the caller's."""
+        return "" if self.server_time else now
+
+    def _caller_time(self, at: float, caller_now: float, store_now: float) -> float:
+        """A time of the store's clock on the caller's (a retry_at of 0 stays 0)."""
+        if not self.server_time or at <= 0:
+            return at
+        return caller_now + (at - store_now)
+
     def _remember(
         self, name: str, old: str, new: str, retry_at: float, failures: int, version: int
     ) -> str:
@@ -518,13 +542,14 @@ class RedisStore:
             )
             if cached is not None and cached[0] == "closed" and cached[2] == 0 and fresh:
                 return "closed", "closed", 0.0  # nothing to reset
-        args = [now, permit, "1" if failed else "0", cfg.failure_threshold, cfg.cooldown,
+        args = [self._when(now), permit, "1" if failed else "0", cfg.failure_threshold, cfg.cooldown,
                 cfg.half_open_max_calls, cfg.window, cfg.min_calls, cfg.failure_rate,
                 self._ttl_ms, cfg.probe_interval, PROBE_SHARE]  # fmt: skip
         r = yield ("breaker_record", self._key("breaker", name), args)
         if r is None:
             return self.fallback.breaker_record(name, now, permit, failed, cfg)
-        old, new, retry_at = _s(r[0]), _s(r[1]), float(_s(r[2]))
+        old, new = _s(r[0]), _s(r[1])
+        retry_at = self._caller_time(float(_s(r[2])), now, float(_s(r[5])))
         old = self._remember(name, old, new, retry_at, int(r[3]), int(r[4]))
         return old, new, retry_at
 
