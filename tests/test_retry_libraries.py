@@ -27,9 +27,9 @@ OK = Reply(200, {"id": "msg_1", "type": "message", "role": "assistant", "model":
 
 
 def ask(server: ScriptedServer) -> Any:
-    client = anthropic.Anthropic(api_key="test", base_url=server.url, max_retries=0)
-    return client.messages.create(model="claude-haiku-4-5", max_tokens=10,
-                                  messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    with anthropic.Anthropic(api_key="test", base_url=server.url, max_retries=0) as client:
+        return client.messages.create(model="claude-haiku-4-5", max_tokens=10,
+                                      messages=[{"role": "user", "content": "hi"}])  # fmt: skip
 
 
 def with_tenacity(server: ScriptedServer, slept: list[float]) -> Any:

@@ -174,6 +174,8 @@ UNKNOWN_NAMES = frozenset({
     "ProtocolError", "ChunkedEncodingError", "ServerDisconnectedError",
     "ClientOSError", "ServerTimeoutError", "ClientPayloadError", "APIConnectionError",
     "APITimeoutError", "IncompleteRead", "RemoteDisconnected",
+    # anyio streams (the MCP SDK's transports): the peer went away mid-request
+    "BrokenResourceError", "ClosedResourceError", "EndOfStream",
 })  # fmt: skip
 TIMEOUT_NAMES = frozenset({"ReadTimeout", "WriteTimeout", "PoolTimeout", "TimeoutException",
                            "ConnectTimeout", "ServerTimeoutError", "APITimeoutError"})  # fmt: skip
