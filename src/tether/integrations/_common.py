@@ -147,8 +147,10 @@ class _Endpoint:
             run.stop(run.stopped, "the run has stopped: no more model calls")
         run.check_model(str(kwargs.get("model") or ""), self._owner.provider)
         left = run._time_left()
-        if left is not None:  # no attempt may outlive the run's time budget
-            kwargs["timeout"] = min(float(kwargs.get("timeout") or left), left)
+        given = kwargs.get("timeout")
+        if left is not None and (given is None or isinstance(given, int | float)):
+            # no attempt may outlive the run's time budget (an SDK timeout object is kept)
+            kwargs["timeout"] = min(float(given or left), left)
         return left
 
     def _counted_retries(self) -> None:
