@@ -1,0 +1,310 @@
+"""LangChain v1 agents under tether: ``create_agent(..., middleware=[TetherMiddleware(guard)])``.
+
+One tether run per agent invocation. Every model call is one step, counted before it
+is made (``before_model``: budgets, loops, the cost of the next call) and after it with
+the tokens of ``usage_metadata`` (``after_model``); every tool call goes through
+``run.call_tool`` (loop checks, the tool's timeout, its breaker, retries at one layer,
+the ledger for the tools named in ``side_effects``). When a guard stops the run the
+agent ends at once with an AI message carrying the customer message, and the returned
+state holds ``tether_outcome``: never ``GraphRecursionError``, never "please try again"
+after an effect whose outcome is unknown.
+
+The run lives in a registry keyed by an id kept in the graph state (not on the
+middleware instance, which concurrent invocations and threads share).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Annotated, Any, NotRequired
+
+from tether._classify import classify
+from tether._errors import CircuitOpenError, DeadlineExceeded, require
+from tether._guard import Guard
+from tether._outcome import Outcome, Stopped, StopReason, ToolError
+from tether._run import Run
+from tether.integrations._common import result_text
+
+require("langchain", "langchain")
+
+from langchain.agents.middleware.types import (  # noqa: E402 - after the extra check
+    AgentMiddleware,
+    AgentState,
+    PrivateStateAttr,
+    hook_config,
+)
+from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
+from langgraph.channels.untracked_value import UntrackedValue  # noqa: E402
+
+__all__ = ["TetherMiddleware", "TetherState", "ToolGuard"]
+
+_log = logging.getLogger("tether")
+
+
+class TetherState(AgentState[Any]):
+    """The agent's state with tether's fields: the run of this invocation, and its outcome."""
+
+    tether_run_id: NotRequired[Annotated[str, UntrackedValue, PrivateStateAttr]]
+    tether_outcome: NotRequired[Any]
+
+
+def _usage(message: Any) -> dict[str, int]:
+    meta = getattr(message, "usage_metadata", None) or {}
+    details = meta.get("input_token_details") or {}
+    cache_read = int(details.get("cache_read") or 0)
+    cache_write = int(details.get("cache_creation") or 0)
+    return {"input_tokens": max(0, int(meta.get("input_tokens") or 0) - cache_read - cache_write),
+            "output_tokens": int(meta.get("output_tokens") or 0),
+            "cache_read_tokens": cache_read, "cache_write_tokens": cache_write}  # fmt: skip
+
+
+def _model_name(model: Any) -> str:
+    for attr in ("model_name", "model"):
+        value = getattr(model, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+class TetherMiddleware(AgentMiddleware[TetherState, Any]):
+    """tether's guards for a LangChain v1 agent.
+
+    ``side_effects`` names the non-idempotent tools: a mapping of tool name to its
+    ``lookup`` (the provider's records, or None), or an iterable of names. They run at
+    most once per intent through the guard's ledger; every other tool is treated as
+    idempotent and retried through transient failures.
+    """
+
+    state_schema = TetherState
+
+    def __init__(self, guard: Guard, side_effects: Mapping[str, Callable[[str], Any] | None]
+                 | Iterable[str] | None = None, *, timeouts: Mapping[str, float] | None = None) -> None:  # fmt: skip
+        super().__init__()
+        if not isinstance(guard, Guard):
+            raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+        self.guard = guard
+        # model calls: retried at this one layer, classified by tether, within the run's time
+        self._policy = guard.retry.replace(name="model")
+        self._warned = False
+        self._tools = ToolGuard(side_effects, timeouts)
+        self.side_effects = self._tools.side_effects
+        self._runs: dict[str, Run] = {}
+        self._lock = threading.Lock()
+
+    # --- the run of an invocation -------------------------------------------------------
+
+    def _run(self, state: Any) -> Run | None:
+        run_id = state.get("tether_run_id") if isinstance(state, Mapping) else None
+        with self._lock:
+            return self._runs.get(run_id) if run_id else None
+
+    def before_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
+        task = ""
+        for message in state.get("messages", []):
+            if getattr(message, "type", "") == "human":
+                task = str(getattr(message, "content", ""))[:200]
+                break
+        run = self.guard.start(task=task)
+        run.__enter__()
+        run.messages = None
+        with self._lock:
+            self._runs[run.run_id] = run
+        return {"tether_run_id": run.run_id}
+
+    async def abefore_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
+        return self.before_agent(state, runtime)
+
+    @hook_config(can_jump_to=["end"])
+    def before_model(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
+        run = self._run(state)
+        if run is None:
+            return None
+        if run.stopped is None and run.proceed():
+            return None
+        return self._end(run, state)
+
+    @hook_config(can_jump_to=["end"])
+    async def abefore_model(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
+        return self.before_model(state, runtime)
+
+    def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        run = self._run(request.state)
+        if run is None:
+            return handler(request)
+        self._before_model_call(run, request)
+        try:
+            response = self._policy.call_within(run._time_left(), lambda: handler(request))
+        except Exception as exc:
+            return self._model_failed(run, exc)
+        finally:
+            run.retries += self._policy.statistics.retries
+        self._count(run, request, response)
+        return response
+
+    async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        run = self._run(request.state)
+        if run is None:
+            return await handler(request)
+        self._before_model_call(run, request)
+
+        async def call() -> Any:
+            return await handler(request)
+
+        try:
+            response = await self._policy.acall_within(run._time_left(), call)
+        except Exception as exc:
+            return self._model_failed(run, exc)
+        finally:
+            run.retries += self._policy.statistics.retries
+        self._count(run, request, response)
+        return response
+
+    def _before_model_call(self, run: Run, request: Any) -> None:
+        run.check_model(_model_name(request.model))
+        retries = getattr(request.model, "max_retries", 0)
+        if isinstance(retries, int) and retries > 0 and not self._warned:
+            self._warned = True
+            _log.warning("tether: the chat model retries on its own (max_retries=%d); build it with "
+                         "max_retries=0 so that retries happen at one layer", retries)  # fmt: skip
+
+    def _model_failed(self, run: Run, exc: Exception) -> Any:
+        """The model call failed after its retries: the run stops; the agent ends."""
+        from langchain.agents.middleware.types import ModelResponse
+
+        run._note_error(exc)
+        verdict = classify(exc)
+        if isinstance(exc, DeadlineExceeded) and run.budget.max_seconds is not None:
+            run._halt(StopReason.TIMEOUT, "the time budget ran out waiting for the model")
+        elif isinstance(exc, CircuitOpenError):
+            run._halt(StopReason.CIRCUIT_OPEN, "the model provider is down")
+        else:
+            reason = StopReason.ERROR if verdict.retryable else StopReason.PERMANENT_ERROR
+            run._halt(reason, f"model call failed: {verdict.reason}")
+        return ModelResponse(result=[AIMessage(content="")])
+
+    def _count(self, run: Run, request: Any, response: Any) -> None:
+        messages = getattr(response, "result", None) or [response]
+        for message in messages:
+            if getattr(message, "type", "") == "ai":
+                used = _usage(message)
+                run.record_model_call(model=_model_name(request.model), input_tokens=used["input_tokens"],
+                                      output_tokens=used["output_tokens"], cache_read_tokens=used["cache_read_tokens"],
+                                      cache_write_tokens=used["cache_write_tokens"])  # fmt: skip
+
+    def after_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
+        run = self._run(state)
+        if run is None:
+            return None
+        if run.stopped is None:
+            last = state.get("messages", [])[-1:] if state.get("messages") else []
+            run.succeed(str(getattr(last[0], "content", "")) if last else None)
+        outcome = self._finish(run, state)
+        if outcome.stopped_because is StopReason.GOAL_REACHED:
+            return {"tether_outcome": outcome}
+        return {
+            "tether_outcome": outcome,
+            "messages": [AIMessage(content=outcome.customer_message)],
+        }
+
+    async def aafter_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
+        return self.after_agent(state, runtime)
+
+    def _finish(self, run: Run, state: Any) -> Outcome:
+        run.messages = list(state.get("messages", []))
+        run.__exit__(None, None, None)
+        with self._lock:
+            self._runs.pop(run.run_id, None)
+        return run.outcome
+
+    def _end(self, run: Run, state: Any) -> dict[str, Any]:
+        """A guard stopped the run: end the agent with the customer message."""
+        outcome = self._finish(run, state)
+        return {"jump_to": "end", "messages": [AIMessage(content=outcome.customer_message)],
+                "tether_outcome": outcome}  # fmt: skip
+
+    # --- tools ----------------------------------------------------------------------
+
+    def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        run = self._run(request.state)
+        return handler(request) if run is None else self._tools.call(run, request, handler)
+
+    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        run = self._run(request.state)
+        if run is None:
+            return await handler(request)
+        return await self._tools.acall(run, request, handler)
+
+
+def _effects(side_effects: Any) -> dict[str, Callable[[str], Any] | None]:
+    if side_effects is None:
+        return {}
+    if isinstance(side_effects, Mapping):
+        return dict(side_effects)
+    if isinstance(side_effects, str):
+        raise TypeError("side_effects must be a mapping of tool name to lookup, or a list of names")
+    return dict.fromkeys(side_effects)
+
+
+class ToolGuard:
+    """A LangGraph tool call (``ToolCallRequest``) through a run; what the middleware and
+    ``tether.integrations.langgraph.tool_wrapper`` share."""
+
+    def __init__(
+        self, side_effects: Any = None, timeouts: Mapping[str, float] | None = None
+    ) -> None:
+        self.side_effects = _effects(side_effects)
+        self.timeouts = dict(timeouts or {})
+
+    def _plan(self, request: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        call = request.tool_call
+        name = str(call.get("name", ""))
+        args = call.get("args") if isinstance(call.get("args"), dict) else {}
+        options = {"timeout": self.timeouts.get(name), "idempotent": name not in self.side_effects,
+                   "lookup": self.side_effects.get(name)}  # fmt: skip
+        return name, dict(args), options
+
+    def call(self, run: Run, request: Any, handler: Callable[[Any], Any]) -> Any:
+        name, args, options = self._plan(request)
+        try:
+            return _as_message(
+                request, run.call_tool(name, lambda **_: handler(request), args, **options)
+            )
+        except ToolError as exc:
+            return _message(request, exc.model_message)
+        except Stopped as exc:  # the next model step ends the agent
+            return _message(request, f"stopped: {exc.reason.value}")
+
+    async def acall(self, run: Run, request: Any, handler: Callable[[Any], Any]) -> Any:
+        name, args, options = self._plan(request)
+
+        async def call(**_: Any) -> Any:
+            return await handler(request)
+
+        try:
+            return _as_message(request, await run.acall_tool(name, call, args, **options))
+        except ToolError as exc:
+            return _message(request, exc.model_message)
+        except Stopped as exc:
+            return _message(request, f"stopped: {exc.reason.value}")
+
+
+def _as_message(request: Any, result: Any) -> Any:
+    """A result replayed from the ledger (a dict), or a lookup's answer, as the message that
+    answers this call (a re-issued call has a new id)."""
+    call_id = str(request.tool_call.get("id", ""))
+    if isinstance(result, Mapping) and result.get("type") == "tool":
+        return ToolMessage.model_validate({**result, "tool_call_id": call_id})
+    if isinstance(result, ToolMessage) or type(result).__name__ == "Command":
+        return result
+    return ToolMessage(
+        content=result_text(result), tool_call_id=call_id, name=request.tool_call.get("name")
+    )
+
+
+def _message(request: Any, text: str) -> ToolMessage:
+    call = request.tool_call
+    return ToolMessage(
+        content=text, tool_call_id=str(call.get("id", "")), name=call.get("name"), status="error"
+    )
