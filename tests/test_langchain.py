@@ -246,3 +246,48 @@ def test_model_failures_are_retried_at_one_layer_then_end_the_run_gracefully() -
     outcome = state["tether_outcome"]
     assert outcome.stopped_because is StopReason.ERROR
     assert state["messages"][-1].content == outcome.customer_message
+
+
+def test_a_guard_stop_drains_the_graph_with_a_resumable_checkpoint() -> None:
+    """With LangGraph's RunControl, the stop drains the run: GraphDrained, checkpoint saved."""
+    import pytest
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.errors import GraphDrained
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode
+    from langgraph.runtime import RunControl
+
+    from tether.integrations import langgraph as ta_langgraph
+
+    searched: list[str] = []
+
+    @tool
+    def search(q: str) -> str:
+        """Search invoices."""
+        searched.append(q)
+        return "no result"
+
+    model = FakeToolModel(messages=calls("search", {"q": "invoice 99"}))
+    control = RunControl()
+    with Guard().start(task="find invoice 99") as run:
+
+        def think(state: MessagesState) -> dict[str, Any]:
+            run.proceed()
+            return {"messages": [model.invoke(state["messages"])]}
+
+        graph = StateGraph(MessagesState)
+        graph.add_node("model", think)
+        graph.add_node(
+            "tools",
+            ToolNode([search], wrap_tool_call=ta_langgraph.tool_wrapper(run, control=control)),
+        )
+        graph.add_edge(START, "model")
+        graph.add_edge("model", "tools")
+        graph.add_edge("tools", "model")
+        app = graph.compile(checkpointer=InMemorySaver())
+        config = {"configurable": {"thread_id": "t-1"}}
+        with pytest.raises(GraphDrained, match="tether: repeated_action"):
+            app.invoke(USER, config, control=control)
+    assert searched == ["invoice 99", "invoice 99"]
+    saved = app.get_state(config)
+    assert saved.values["messages"] and saved.next  # a checkpoint to resume from

@@ -31,25 +31,44 @@ def retry_policy(**settings: Any) -> Any:
 Wrapper = Callable[[Any, Callable[[Any], Any]], Any]
 
 
-def tool_wrapper(run: Run, side_effects: Any = None, *,
-                 timeouts: Mapping[str, float] | None = None) -> Wrapper:  # fmt: skip
+def _drain(run: Run, control: Any) -> None:
+    """A guard stopped the run: ask LangGraph to stop at the next superstep boundary, with
+    its checkpoint saved (``GraphDrained``), so that the thread can be resumed."""
+    if control is not None and run.stopped is not None and not control.drain_requested:
+        control.request_drain(f"tether: {run.stopped.value}")
+
+
+def tool_wrapper(run: Run, side_effects: Any = None, *, timeouts: Mapping[str, float] | None = None,
+                 control: Any = None) -> Wrapper:  # fmt: skip
     """A ``ToolNode(wrap_tool_call=...)`` that runs every tool call through ``run``: loops,
     timeouts, breaker, retries, the ledger for ``side_effects``. A guard's stop comes back
-    as an error tool message; route on ``run.stopped`` to end the graph."""
+    as an error tool message; route on ``run.stopped`` to end the graph, or pass the run's
+    ``control`` (``langgraph.runtime.RunControl``, given to ``invoke(..., control=...)``) to
+    drain it: LangGraph stops at the next superstep with a resumable checkpoint."""
     from tether.integrations.langchain import ToolGuard
 
     guard = ToolGuard(side_effects, timeouts)
-    return lambda request, handler: guard.call(run, request, handler)
+
+    def wrapped(request: Any, handler: Callable[[Any], Any]) -> Any:
+        try:
+            return guard.call(run, request, handler)
+        finally:
+            _drain(run, control)
+
+    return wrapped
 
 
-def atool_wrapper(run: Run, side_effects: Any = None, *,
-                  timeouts: Mapping[str, float] | None = None) -> Wrapper:  # fmt: skip
+def atool_wrapper(run: Run, side_effects: Any = None, *, timeouts: Mapping[str, float] | None = None,
+                  control: Any = None) -> Wrapper:  # fmt: skip
     """The async form of :func:`tool_wrapper` (``ToolNode(awrap_tool_call=...)``)."""
     from tether.integrations.langchain import ToolGuard
 
     guard = ToolGuard(side_effects, timeouts)
 
     async def wrapped(request: Any, handler: Callable[[Any], Any]) -> Any:
-        return await guard.acall(run, request, handler)
+        try:
+            return await guard.acall(run, request, handler)
+        finally:
+            _drain(run, control)
 
     return wrapped
