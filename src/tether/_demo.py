@@ -192,6 +192,7 @@ def _act_one(story: Story, service: PaymentService) -> None:
         escalation=tether.Escalation(sink=handoffs.append),
         breaker_threshold=4,
         store=tether.stores.MemoryStore(),
+        wait_for_recovery=False,  # the story: the breaker opens and a person takes over now
     )
     refund = _issue_refund(service, story)
     with guard.start(task="Customer NW-1042 asks for a refund of $49.99") as run:
