@@ -603,3 +603,31 @@ def test_a_result_the_codec_cannot_encode_is_still_recorded() -> None:
     record = ledger.get("k-broken")
     assert record is not None and record.state is State.DONE
     assert ledger.once("k-broken", lambda: "again") == {"$repr": "'re_1'"}
+
+
+def test_redis_ledger_on_a_ready_client(redis_url: str) -> None:
+    """Ledger.redis(client=...) takes a client the caller built; replays as usual."""
+    client = redis.Redis.from_url(redis_url)
+    ledger = Ledger.redis(client=client, prefix=f"tether-test-{uuid.uuid4().hex[:8]}")
+    pay = Payments()
+    assert ledger.once("k-client", pay.refund, "A-1")["id"] == "re_1"
+    assert ledger.once("k-client", pay.refund, "A-1")["id"] == "re_1"
+    assert pay.paid == ["A-1"]
+    ledger.close()
+
+
+def test_dead_letter_replay_runs_once_on_postgres(pg_dsn: str) -> None:
+    """Letters in PostgreSQL: the replay ledger sits in the same database."""
+    from tether._persist import DeadLetters
+
+    table = f"letters_{uuid.uuid4().hex[:8]}"
+    letters = DeadLetters.postgres(pg_dsn, table=table)
+    letter = letters.park(tool="refund", args={"order": "A-1"}, error=ValueError("declined"),
+                          run_id="run_1", task="refund A-1", at=0.0)  # fmt: skip
+    pay = Payments()
+    assert letters.replay(letter.id, pay.refund)["id"] == "re_1"
+    letters.close()
+    again = DeadLetters.postgres(pg_dsn, table=table)
+    assert again.replay(letter.id, pay.refund)["id"] == "re_1"
+    assert pay.paid == ["A-1"]
+    again.close()

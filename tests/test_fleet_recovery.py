@@ -209,3 +209,44 @@ def test_breaker_cooldowns_are_measured_on_the_redis_servers_clock(redis_url: st
     assert calls == []
     assert 4.0 < refused.value.retry_in <= 5.0
     here.reset()
+
+
+def test_a_store_on_a_sync_client_still_serves_acall(redis_url: str) -> None:
+    """RedisStore(client=redis.Redis(...)) has no asyncio twin: acall runs its scripts in a
+    worker thread, and the state is shared as usual."""
+    import redis
+
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(
+        client=redis.Redis.from_url(redis_url), prefix=prefix, cache_ttl=0.0, server_time=False
+    )
+    breaker = CircuitBreaker("sync-client", failure_threshold=1, store=store, clock=VirtualClock())
+
+    async def down() -> str:
+        raise Down()
+
+    with pytest.raises(Down):
+        asyncio.run(RetryPolicy(max_attempts=1, breaker=breaker, clock=VirtualClock()).acall(down))
+    assert not store.degraded and breaker.state == "open"
+    store.reset()
+
+
+def test_breaker_state_reads_the_servers_clock_too(redis_url: str) -> None:
+    """breaker.state of a process whose clock is ahead: still open (not half_open early)."""
+    from tether.clock import SystemClock
+
+    class Ahead(SystemClock):
+        def wall(self) -> float:
+            return super().wall() + 120.0
+
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    here = RedisStore(redis_url, prefix=prefix, cache_ttl=0.0)
+    mine = CircuitBreaker(
+        "skew-state", failure_threshold=1, cooldown=5.0, probe_interval=None, store=here
+    )
+    theirs = CircuitBreaker("skew-state", failure_threshold=1, cooldown=5.0, probe_interval=None,
+                            store=RedisStore(redis_url, prefix=prefix, cache_ttl=0.0), clock=Ahead())  # fmt: skip
+    with pytest.raises(Down):
+        mine.call(Dependency(VirtualClock(), 1e9))
+    assert theirs.state == "open"
+    here.reset()

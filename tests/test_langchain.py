@@ -45,8 +45,8 @@ def then_answer(first: Iterator[AIMessage], n: int, answer: str) -> Iterator[AIM
 USER = {"messages": [("user", "find invoice 99")]}
 
 
-def test_a_stuck_agent_runs_its_search_twice() -> None:
-    """search(q="invoice 99") forever: 2 executions, REPEATED_ACTION, the customer message last."""
+def search_tool() -> tuple[Any, list[str]]:
+    """A search tool that finds nothing, and the list of the queries it ran."""
     searched: list[str] = []
 
     @tool
@@ -54,6 +54,13 @@ def test_a_stuck_agent_runs_its_search_twice() -> None:
         """Search invoices."""
         searched.append(q)
         return "no result"
+
+    return search, searched
+
+
+def test_a_stuck_agent_runs_its_search_twice() -> None:
+    """search(q="invoice 99") forever: 2 executions, REPEATED_ACTION, the customer message last."""
+    search, searched = search_tool()
 
     agent = create_agent(FakeToolModel(messages=calls("search", {"q": "invoice 99"})), tools=[search],
                          middleware=[TetherMiddleware(Guard(budget=Budget(max_steps=30)))])  # fmt: skip
@@ -160,13 +167,7 @@ def test_a_hand_built_graph_with_a_guarded_tool_node() -> None:
 
     from tether.integrations import langgraph as ta_langgraph
 
-    searched: list[str] = []
-
-    @tool
-    def search(q: str) -> str:
-        """Search invoices."""
-        searched.append(q)
-        return "no result"
+    search, searched = search_tool()
 
     model = FakeToolModel(messages=calls("search", {"q": "invoice 99"}))
 
@@ -259,13 +260,7 @@ def test_a_guard_stop_drains_the_graph_with_a_resumable_checkpoint() -> None:
 
     from tether.integrations import langgraph as ta_langgraph
 
-    searched: list[str] = []
-
-    @tool
-    def search(q: str) -> str:
-        """Search invoices."""
-        searched.append(q)
-        return "no result"
+    search, searched = search_tool()
 
     model = FakeToolModel(messages=calls("search", {"q": "invoice 99"}))
     control = RunControl()

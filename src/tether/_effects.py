@@ -315,11 +315,11 @@ class Ledger:
             raise ValueError("key must be a non-empty string")
         lease = self._check_lease(lease)
         payload = _payload_hash(args, kwargs)
-        owner, previous, replay = await asyncio.to_thread(self._claim, key, payload, lease)
+        owner, previous, replay = await self._off_loop(self._claim, key, payload, lease)
         if replay is not _NOT_FOUND:
             return replay  # type: ignore[no-any-return]
         if previous is not None:
-            found = await asyncio.to_thread(self._reconcile, key, owner, previous, lookup)
+            found = await self._off_loop(self._reconcile, key, owner, previous, lookup)
             if found is not _NOT_FOUND:
                 return found  # type: ignore[no-any-return]
         if self._heartbeat is not None:
@@ -333,10 +333,10 @@ class Ledger:
         except BaseException as exc:
             if isinstance(exc, TimeoutError) and timeout is not None:
                 detail = f"cancelled after {timeout:g} s; it may have happened"
-                await asyncio.to_thread(self._mark_unknown, key, owner, detail)
+                await self._off_loop(self._mark_unknown, key, owner, detail)
                 raise UnknownOutcome(key, detail) from exc
             if isinstance(exc, Exception):
-                await asyncio.to_thread(self._record_failure, key, owner, exc)
+                await self._off_loop(self._record_failure, key, owner, exc)
             else:  # cancelled (also at loop shutdown): record it unknown before leaving
                 self._record_failure(key, owner, exc)
             raise
@@ -344,8 +344,15 @@ class Ledger:
             _current_key.reset(token)
             if self._heartbeat is not None:
                 self._heartbeat.remove(key, owner)
-        await asyncio.to_thread(self._record_done, key, owner, result)
+        await self._off_loop(self._record_done, key, owner, result)
         return result
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """A ledger step from async code: in a worker thread when the backend does I/O,
+        directly when it is this process's memory (no thread hop on the success path)."""
+        if getattr(self.backend, "in_memory", False):
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
 
     def _reconcile(
         self, key: str, owner: str, previous: Record, lookup: Callable[[str], Any] | None

@@ -19,6 +19,7 @@ from tether import backoff
 from tether._classify import Kind, Verdict, classify
 from tether._errors import CircuitOpenError, DeadlineExceeded, LimiterTimeout
 from tether._events import RetryEvent, RetryHook
+from tether._job import JOB_CAP
 from tether._telemetry_hooks import emit_retry, safe_call
 from tether.clock import Clock, system_clock
 
@@ -233,10 +234,11 @@ class RetryPolicy:
             delay = max(delay, min(verdict.retry_after, self.retry_after_cap))
         return delay
 
-    # The decisions are plans: generators that yield the guard operations they need (which
-    # talk to the store) and get their answers back. The sync shell runs the operations
-    # with the guards' sync methods, the async shell awaits their async twins, so that a
-    # RedisStore never blocks an event loop and the two shells cannot drift.
+    # The decisions that interleave with guard operations (after a failure; the limiter's
+    # admission) are plans: generators that yield the operations they need (which talk to
+    # the store) and get their answers back. The sync shell runs them with the guards' sync
+    # methods, the async shell awaits their async twins, so that a RedisStore never blocks
+    # an event loop and the two shells cannot drift.
 
     def _ops(self, plan: Generator[_Op, Any, R]) -> R:
         """Run a plan's guard operations synchronously."""
@@ -258,31 +260,23 @@ class RetryPolicy:
 
     def _op(self, op: _Op) -> Any:
         kind, arg, verdict = op
-        if kind == "acquire":
-            return self.breaker._acquire()  # type: ignore[union-attr]
         if kind == "record":
             return self.breaker._record(arg, verdict)  # type: ignore[union-attr]
         if kind == "limit":
             return self.limiter.try_acquire()  # type: ignore[union-attr]
         if kind == "feedback":
             return self.limiter.record(verdict)  # type: ignore[union-attr]
-        if kind == "spend":
-            return self.budget.try_spend(timeout=bool(arg))  # type: ignore[union-attr]
-        return self.budget.on_success()  # type: ignore[union-attr]
+        return self.budget.try_spend(timeout=bool(arg))  # type: ignore[union-attr]
 
     async def _aop(self, op: _Op) -> Any:
         kind, arg, verdict = op
-        if kind == "acquire":
-            return await self.breaker._aacquire()  # type: ignore[union-attr]
         if kind == "record":
             return await self.breaker._arecord(arg, verdict)  # type: ignore[union-attr]
         if kind == "limit":
             return await self.limiter.atry_acquire()  # type: ignore[union-attr]
         if kind == "feedback":
             return await self.limiter.arecord(verdict)  # type: ignore[union-attr]
-        if kind == "spend":
-            return await self.budget.atry_spend(timeout=bool(arg))  # type: ignore[union-attr]
-        return await self.budget.aon_success()  # type: ignore[union-attr]
+        return await self.budget.atry_spend(timeout=bool(arg))  # type: ignore[union-attr]
 
     def _after_failure(
         self, st: _CallState, exc: Exception, permit: object
@@ -322,13 +316,8 @@ class RetryPolicy:
         st.total_wait += delay
         return delay
 
-    def _before_attempt(self, st: _CallState) -> tuple[object, float | None]:
-        return self._ops(self._plan_before_attempt(st))
-
-    def _plan_before_attempt(
-        self, st: _CallState
-    ) -> Generator[_Op, Any, tuple[object, float | None]]:
-        """Check the guards and work out this attempt's timeout; may raise."""
+    def _attempt_timeout(self, st: _CallState) -> float | None:
+        """Count the attempt and work out its timeout; raises past the deadline."""
         st.attempt += 1
         timeout = self.attempt_timeout
         if st.deadline_at is not None:
@@ -336,21 +325,33 @@ class RetryPolicy:
             if left <= 0:
                 raise DeadlineExceeded(f"{self.name}: the call's deadline has passed")
             timeout = left if timeout is None else min(timeout, left)
-        permit: object = _NO_PERMIT
-        if self.breaker is not None:
-            permit = yield ("acquire", None, None)
-        return permit, timeout
+        return timeout
+
+    # the success path is a straight line of guard calls: no plan (no generator) needed
+
+    def _before_attempt(self, st: _CallState) -> tuple[object, float | None]:
+        timeout = self._attempt_timeout(st)
+        return (_NO_PERMIT if self.breaker is None else self.breaker._acquire()), timeout
+
+    async def _abefore_attempt(self, st: _CallState) -> tuple[object, float | None]:
+        timeout = self._attempt_timeout(st)
+        return (_NO_PERMIT if self.breaker is None else await self.breaker._aacquire()), timeout
 
     def _on_success(self, permit: object) -> None:
-        self._ops(self._plan_on_success(permit))
-
-    def _plan_on_success(self, permit: object) -> Generator[_Op, Any, None]:
         if self.breaker is not None:
-            yield ("record", permit, None)
+            self.breaker._record(permit, None)
         if self.limiter is not None:
-            yield ("feedback", None, None)
+            self.limiter.record(None)
         if self.budget is not None:
-            yield ("refund", None, None)
+            self.budget.on_success()
+
+    async def _aon_success(self, permit: object) -> None:
+        if self.breaker is not None:
+            await self.breaker._arecord(permit, None)
+        if self.limiter is not None:
+            await self.limiter.arecord(None)
+        if self.budget is not None:
+            await self.budget.aon_success()
 
     def _finish(self, st: _CallState) -> None:
         _last_stats.set((id(self), st.attempt, st.total_wait, st.verdict))
@@ -495,7 +496,7 @@ class RetryPolicy:
     # --- jobs ---------------------------------------------------------------------------
 
     def call_job(self, fn: Callable[..., T], /, *args: Any, give_up_after: float | None = None,
-                 job_cap: float = 1.0, **kwargs: Any) -> T:  # fmt: skip
+                 job_cap: float = JOB_CAP, **kwargs: Any) -> T:  # fmt: skip
         """Run ``fn(*args, **kwargs)`` until it succeeds, as a queue worker would.
 
         Under this policy; on an open breaker, wait for its next probe (with jitter);
@@ -508,7 +509,7 @@ class RetryPolicy:
         return call_job(self, fn, *args, give_up_after=give_up_after, job_cap=job_cap, **kwargs)
 
     async def acall_job(self, fn: Callable[..., Awaitable[T]], /, *args: Any,
-                        give_up_after: float | None = None, job_cap: float = 1.0, **kwargs: Any) -> T:  # fmt: skip
+                        give_up_after: float | None = None, job_cap: float = JOB_CAP, **kwargs: Any) -> T:  # fmt: skip
         """The async form of :meth:`call_job`."""
         from tether._job import acall_job
 
@@ -545,7 +546,7 @@ class RetryPolicy:
             while True:
                 permit: object = _NO_PERMIT
                 try:
-                    permit, timeout = await self._aops(self._plan_before_attempt(st))
+                    permit, timeout = await self._abefore_attempt(st)
                     await self._alimit(st)
                     token = _in_attempt.set(True)
                     try:
@@ -564,7 +565,7 @@ class RetryPolicy:
                             raise
                         raise decision from exc
                 else:
-                    await self._aops(self._plan_on_success(permit))
+                    await self._aon_success(permit)
                     return result
                 await clock.asleep(decision)
         finally:

@@ -134,6 +134,21 @@ class RunState:
             return None
         return wait
 
+    def _model_failure(self, exc: Exception) -> Stopped:
+        """Stop the run for a model call that failed after its retries; the Stopped to raise
+        (agent loops raise it, a framework's hook may just end the agent)."""
+        from tether._classify import classify
+        from tether._errors import DeadlineExceeded
+
+        self._note_error(exc)
+        if isinstance(exc, DeadlineExceeded) and self.budget.max_seconds is not None:
+            return self._halt(StopReason.TIMEOUT, "the time budget ran out waiting for the model")
+        if isinstance(exc, CircuitOpenError):
+            return self._halt(StopReason.CIRCUIT_OPEN, f"the model provider is down ({exc})")
+        verdict = classify(exc)
+        reason = StopReason.ERROR if verdict.retryable else StopReason.PERMANENT_ERROR
+        return self._halt(reason, f"model call failed: {verdict.reason}")
+
     def _note_error(self, exc: BaseException) -> None:
         """Keep the (redacted) type and message of the failure that ends the run."""
         if self._error is None:

@@ -13,14 +13,28 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tether._classify import classify
-from tether._errors import CircuitOpenError, DeadlineExceeded
+from tether._errors import CircuitOpenError
 from tether._outcome import Stopped, StopReason, ToolError
 from tether._pricing import UnknownModelError
 from tether._run import Run
-from tether.integrations._common import Tool, malformed_arguments, result_text, unknown_tool
+from tether.integrations._common import (
+    Guarded,
+    Tool,
+    malformed_arguments,
+    result_text,
+    unknown_tool,
+)
 
-__all__ = ["ToolUse", "Turns", "acall_model", "arun_loop", "call_model", "run_loop"]
+__all__ = [
+    "ToolUse",
+    "Turns",
+    "acall_model",
+    "arun_loop",
+    "async_client",
+    "call_model",
+    "run_loop",
+    "task_of",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +86,24 @@ class Turns(abc.ABC):
         """Write the tool results (use, text, is_error) into the conversation."""
 
 
+def task_of(history: list[Any], task: str = "") -> str:
+    """The run's task: the caller's, or the first user message that is text."""
+    if task:
+        return task
+    for m in history:
+        if m.get("role") == "user" and isinstance(m.get("content"), str):
+            return str(m["content"])[:200]
+    return ""
+
+
+def async_client(client: Any, make: Callable[[Any], Guarded], loop: str) -> Guarded:
+    """The guarded async client ``arun_agent`` needs; a sync one is refused before any run."""
+    guarded = client if isinstance(client, Guarded) else make(client)
+    if not guarded.is_async:
+        raise TypeError(f"arun_agent needs an async client ({loop}); use run_agent")
+    return guarded
+
+
 def _prepare(
     run: Run, turns: Turns, use: ToolUse
 ) -> tuple[str, Callable[..., Any], dict[str, Any], Tool | None]:
@@ -109,14 +141,7 @@ def _model_failed(run: Run, exc: Exception) -> None:
     """End the run for a model call that failed after its retries (raises Stopped)."""
     if isinstance(exc, Stopped | UnknownModelError):
         raise exc
-    run._note_error(exc)
-    verdict = classify(exc)
-    if isinstance(exc, DeadlineExceeded) and run.budget.max_seconds is not None:
-        run.stop(StopReason.TIMEOUT, "the time budget ran out waiting for the model")
-    if isinstance(exc, CircuitOpenError):
-        run.stop(StopReason.CIRCUIT_OPEN, f"the model provider is down ({exc})")
-    reason = StopReason.ERROR if verdict.retryable else StopReason.PERMANENT_ERROR
-    run.stop(reason, f"model call failed: {verdict.reason}")
+    raise run._model_failure(exc) from exc
 
 
 def call_model(run: Run, create: Callable[..., Any], **kwargs: Any) -> Any:

@@ -16,7 +16,7 @@ from tether._outcome import Outcome, StopReason
 from tether._retry import RetryPolicy
 from tether._run import Guard, Run
 from tether.integrations._common import Guarded, Tool, require_sync_tools
-from tether.integrations._loop import ToolUse, Turns, arun_loop, run_loop
+from tether.integrations._loop import ToolUse, Turns, arun_loop, async_client, run_loop, task_of
 
 __all__ = ["GuardedAnthropic", "Tool", "arun_agent", "guarded", "run_agent"]
 
@@ -134,7 +134,7 @@ def run_agent(
         messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
     )
     guard = guard or Guard()
-    with guard.start(task=task or _task_of(turns.history)) as run:
+    with guard.start(task=task_of(turns.history, task)) as run:
         gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
         run_loop(run, turns, gc.messages.create)
     return run.outcome
@@ -158,19 +158,8 @@ async def arun_agent(
     turns = _setup(
         messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
     )
+    client = async_client(client, guarded, "anthropic.AsyncAnthropic")
     guard = guard or Guard()
-    async with guard.start(task=task or _task_of(turns.history)) as run:
-        gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
-        if not gc.is_async:
-            raise TypeError(
-                "arun_agent needs an async client (anthropic.AsyncAnthropic); use run_agent"
-            )
-        await arun_loop(run, turns, gc.messages.create)
+    async with guard.start(task=task_of(turns.history, task)) as run:
+        await arun_loop(run, turns, client.bind(run).messages.create)
     return run.outcome
-
-
-def _task_of(history: list[dict[str, Any]]) -> str:
-    for m in history:
-        if m.get("role") == "user" and isinstance(m.get("content"), str):
-            return str(m["content"])[:200]
-    return ""

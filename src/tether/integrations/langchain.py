@@ -20,8 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, NotRequired
 
-from tether._classify import classify
-from tether._errors import CircuitOpenError, DeadlineExceeded, require
+from tether._errors import require
 from tether._guard import Guard
 from tether._outcome import Outcome, Stopped, StopReason, ToolError
 from tether._run import Run
@@ -173,15 +172,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         """The model call failed after its retries: the run stops; the agent ends."""
         from langchain.agents.middleware.types import ModelResponse
 
-        run._note_error(exc)
-        verdict = classify(exc)
-        if isinstance(exc, DeadlineExceeded) and run.budget.max_seconds is not None:
-            run._halt(StopReason.TIMEOUT, "the time budget ran out waiting for the model")
-        elif isinstance(exc, CircuitOpenError):
-            run._halt(StopReason.CIRCUIT_OPEN, "the model provider is down")
-        else:
-            reason = StopReason.ERROR if verdict.retryable else StopReason.PERMANENT_ERROR
-            run._halt(reason, f"model call failed: {verdict.reason}")
+        run._model_failure(exc)
         return ModelResponse(result=[AIMessage(content="")])
 
     def _count(self, run: Run, request: Any, response: Any) -> None:

@@ -15,7 +15,7 @@ from tether._outcome import Outcome, StopReason
 from tether._retry import RetryPolicy
 from tether._run import Guard, Run
 from tether.integrations._common import Guarded, Tool, require_sync_tools
-from tether.integrations._loop import ToolUse, Turns, arun_loop, run_loop
+from tether.integrations._loop import ToolUse, Turns, arun_loop, async_client, run_loop, task_of
 
 __all__ = ["GuardedOpenAI", "Tool", "arun_agent", "guarded", "run_agent"]
 
@@ -124,12 +124,6 @@ def _setup(messages: Sequence[dict[str, Any]], tools: Sequence[Tool], model: str
     return _Turns(tools, history, params, "max_completion_tokens", limit, continue_on_max_tokens)
 
 
-def _task(turns: _Turns, task: str) -> str:
-    return task or next(
-        (str(m["content"])[:200] for m in turns.history if m.get("role") == "user"), ""
-    )
-
-
 def run_agent(
     client: Any,
     *,
@@ -156,7 +150,7 @@ def run_agent(
         messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
     )
     guard = guard or Guard()
-    with guard.start(task=_task(turns, task)) as run:
+    with guard.start(task=task_of(turns.history, task)) as run:
         gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
         run_loop(run, turns, gc.chat.completions.create)
     return run.outcome
@@ -180,10 +174,8 @@ async def arun_agent(
     turns = _setup(
         messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
     )
+    client = async_client(client, guarded, "openai.AsyncOpenAI")
     guard = guard or Guard()
-    async with guard.start(task=_task(turns, task)) as run:
-        gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
-        if not gc.is_async:
-            raise TypeError("arun_agent needs an async client (openai.AsyncOpenAI); use run_agent")
-        await arun_loop(run, turns, gc.chat.completions.create)
+    async with guard.start(task=task_of(turns.history, task)) as run:
+        await arun_loop(run, turns, client.bind(run).chat.completions.create)
     return run.outcome

@@ -21,6 +21,9 @@ __all__ = ["MemoryLedgerBackend"]
 
 
 class MemoryLedgerBackend:
+    #: no I/O: async callers use it directly, not through a worker thread
+    in_memory = True
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: dict[str, Record] = {}

@@ -340,11 +340,11 @@ class RedisStore:
             health_check_interval=0,
         )
         self._scripts = {name: self.client.register_script(src) for name, src in _SCRIPTS}
-        self._url = url if client is None else None
+        # the asyncio client: yours, or one made from url; a store built on a sync client
+        # only has no asyncio twin, and runs its scripts in a worker thread under acall
+        self._aurl = url if client is None else None
         self._socket_timeout = socket_timeout
         self._aclient_given = aclient
-        if aclient is not None:
-            self._url = self._url or "aclient"
         self._aloop: Any = None
         self._ascripts: dict[str, Any] = {}
         self._asking: dict[str, Any] = {}  # breaker name -> future of the task asking Redis
@@ -403,6 +403,10 @@ class RedisStore:
 
     async def _arun(self, script: str, key: str, args: list[Any]) -> Any:
         """The async twin of :meth:`_run`, on ``redis.asyncio``: the event loop never blocks."""
+        if self._aurl is None and self._aclient_given is None:
+            import asyncio
+
+            return await asyncio.to_thread(self._run, script, key, args)
         if not self._may_run(script):
             return None
         try:
@@ -421,10 +425,8 @@ class RedisStore:
         loop = asyncio.get_running_loop()
         if self._aloop is not loop:
             aredis: Any = require("redis.asyncio", "redis")
-            if self._url is None:
-                raise RuntimeError("an async RedisStore needs url= (or aclient=)")
             client = self._aclient_made = self._aclient_given or aredis.Redis.from_url(
-                self._url, socket_timeout=self._socket_timeout,
+                self._aurl, socket_timeout=self._socket_timeout,
                 socket_connect_timeout=self._socket_timeout, health_check_interval=0,
             )  # fmt: skip
             self._ascripts = {name: client.register_script(src) for name, src in _SCRIPTS}
@@ -569,11 +571,15 @@ class RedisStore:
             return self.fallback.breaker_state(name, now)
         try:
             self.round_trips += 1
-            state, retry_at = self.client.hmget(self._key("breaker", name), "state", "retry_at")
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hmget(self._key("breaker", name), "state", "retry_at")
+            pipe.time()
+            (state, retry_at), (seconds, micros) = pipe.execute()
         except self._errors:
             return self.fallback.breaker_state(name, now)
         st = _s(state) if state else "closed"
-        at = float(_s(retry_at)) if retry_at else 0.0
+        store_now = seconds + micros / 1e6 if self.server_time else now
+        at = self._caller_time(float(_s(retry_at)) if retry_at else 0.0, now, store_now)
         if st == "open" and now >= at:
             return "half_open", at
         return st, at
