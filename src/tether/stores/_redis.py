@@ -458,9 +458,8 @@ class RedisStore:
 
     # --- breaker --------------------------------------------------------------------
 
-    def _p_breaker_acquire(
-        self, name: str, now: float, cfg: BreakerConfig
-    ) -> Plan[tuple[str, str, float, str]]:
+    def _cached_acquire(self, name: str, now: float) -> tuple[str, str, float, str] | None:
+        """The answer the cache can give without Redis (the success path), or None."""
         cached = self._breaker_cache.get(name)
         if cached is not None:
             state, retry_at = cached[0], cached[1]
@@ -470,6 +469,14 @@ class RedisStore:
             fresh = self.cache_ttl > 0 and system_clock.now() - cached[3] < self.cache_ttl
             if state == "closed" and fresh:
                 return "closed", "closed", 0.0, CALL
+        return None
+
+    def _p_breaker_acquire(
+        self, name: str, now: float, cfg: BreakerConfig
+    ) -> Plan[tuple[str, str, float, str]]:
+        cached = self._cached_acquire(name, now)
+        if cached is not None:
+            return cached
         r = yield ("breaker_acquire", self._key("breaker", name),
                       [self._when(now), cfg.cooldown, cfg.half_open_max_calls, self._ttl_ms])  # fmt: skip
         if r is None:
@@ -482,7 +489,9 @@ class RedisStore:
     def breaker_acquire(
         self, name: str, now: float, cfg: BreakerConfig
     ) -> tuple[str, str, float, str]:
-        return self._drive(self._p_breaker_acquire(name, now, cfg))
+        return self._cached_acquire(name, now) or self._drive(
+            self._p_breaker_acquire(name, now, cfg)
+        )
 
     async def abreaker_acquire(
         self, name: str, now: float, cfg: BreakerConfig
@@ -512,6 +521,17 @@ class RedisStore:
             if not fut.done():
                 fut.set_result(None)
 
+    def _nothing_to_record(self, name: str, permit: str, failed: bool, cfg: BreakerConfig) -> bool:
+        """A success of a closed breaker with nothing to reset needs no round trip."""
+        if failed or permit != CALL or cfg.window != 0:
+            return False
+        cached = self._breaker_cache.get(name)
+        # with cache_ttl=0 the cache was refreshed by this very call's acquire
+        fresh = self.cache_ttl == 0 or (
+            cached is not None and system_clock.now() - cached[3] < self.cache_ttl
+        )
+        return cached is not None and cached[0] == "closed" and cached[2] == 0 and fresh
+
     def _when(self, now: float) -> Any:
         """The time a breaker script measures with: the server's (``""``) or the caller's."""
         return "" if self.server_time else now
@@ -536,14 +556,8 @@ class RedisStore:
     def _p_breaker_record(
         self, name: str, now: float, permit: str, failed: bool, cfg: BreakerConfig
     ) -> Plan[tuple[str, str, float]]:
-        if not failed and permit == CALL and cfg.window == 0:
-            cached = self._breaker_cache.get(name)
-            # with cache_ttl=0 the cache was refreshed by this very call's acquire
-            fresh = self.cache_ttl == 0 or (
-                cached is not None and system_clock.now() - cached[3] < self.cache_ttl
-            )
-            if cached is not None and cached[0] == "closed" and cached[2] == 0 and fresh:
-                return "closed", "closed", 0.0  # nothing to reset
+        if self._nothing_to_record(name, permit, failed, cfg):
+            return "closed", "closed", 0.0
         args = [self._when(now), permit, "1" if failed else "0", cfg.failure_threshold, cfg.cooldown,
                 cfg.half_open_max_calls, cfg.window, cfg.min_calls, cfg.failure_rate,
                 self._ttl_ms, cfg.probe_interval, PROBE_SHARE]  # fmt: skip
@@ -558,6 +572,8 @@ class RedisStore:
     def breaker_record(
         self, name: str, now: float, permit: str, failed: bool, cfg: BreakerConfig
     ) -> tuple[str, str, float]:
+        if self._nothing_to_record(name, permit, failed, cfg):
+            return "closed", "closed", 0.0
         return self._drive(self._p_breaker_record(name, now, permit, failed, cfg))
 
     async def abreaker_record(
