@@ -7,7 +7,7 @@ import json
 import logging
 import typing
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -101,6 +101,18 @@ def require_sync_tools(tools: Sequence[Tool]) -> None:
                 f"tool {tool.name!r} is a coroutine function: the sync run_agent cannot await "
                 "it; give it a plain function, or run the agent with arun_agent"
             )
+
+
+def side_effect_map(side_effects: Any) -> dict[str, Callable[[str], Any] | None]:
+    """An adapter's ``side_effects``: a mapping of tool name to its ``lookup`` (or None), or
+    an iterable of names; as a mapping."""
+    if side_effects is None:
+        return {}
+    if isinstance(side_effects, Mapping):
+        return dict(side_effects)
+    if isinstance(side_effects, str):
+        raise TypeError("side_effects must be a mapping of tool name to lookup, or a list of names")
+    return dict.fromkeys(side_effects)
 
 
 def unknown_tool(name: str) -> None:

@@ -24,7 +24,7 @@ from tether._errors import require
 from tether._guard import Guard
 from tether._outcome import Outcome, Stopped, StopReason, ToolError
 from tether._run import Run
-from tether.integrations._common import result_text
+from tether.integrations._common import result_text, side_effect_map
 
 require("langchain", "langchain")
 
@@ -228,16 +228,6 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         return await self._tools.acall(run, request, handler)
 
 
-def _effects(side_effects: Any) -> dict[str, Callable[[str], Any] | None]:
-    if side_effects is None:
-        return {}
-    if isinstance(side_effects, Mapping):
-        return dict(side_effects)
-    if isinstance(side_effects, str):
-        raise TypeError("side_effects must be a mapping of tool name to lookup, or a list of names")
-    return dict.fromkeys(side_effects)
-
-
 class ToolGuard:
     """A LangGraph tool call (``ToolCallRequest``) through a run; what the middleware and
     ``tether.integrations.langgraph.tool_wrapper`` share."""
@@ -245,7 +235,7 @@ class ToolGuard:
     def __init__(
         self, side_effects: Any = None, timeouts: Mapping[str, float] | None = None
     ) -> None:
-        self.side_effects = _effects(side_effects)
+        self.side_effects = side_effect_map(side_effects)
         self.timeouts = dict(timeouts or {})
 
     def _plan(self, request: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
