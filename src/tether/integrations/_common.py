@@ -137,6 +137,14 @@ def result_text(value: Any) -> str:
         return str(value)
 
 
+def provider_breaker(provider: str, base_url: str, attempts: int) -> Any:
+    """The process's breaker of a model provider at a base URL; its threshold is twice a
+    call's attempts, so one call's own retries never open it and two failed calls do."""
+    base_url = base_url.rstrip("/")
+    name = f"{provider}:{base_url}" if base_url else provider
+    return breakers.get(name, failure_threshold=2 * attempts)
+
+
 class _Endpoint:
     """One SDK method (``messages.create``...), called through the policy and counted."""
 
@@ -408,10 +416,10 @@ class Guarded:
         """Five attempts, and a breaker per provider and base URL whose threshold is twice
         that: one call's own retries never open it, two calls that failed in a row do."""
         policy = RetryPolicy(name=self.provider)
-        base_url = str(getattr(client, "base_url", "") or "").rstrip("/")
-        name = f"{self.provider}:{base_url}" if base_url else self.provider
-        breaker = breakers.get(name, failure_threshold=2 * policy.max_attempts)
-        return policy.replace(breaker=breaker)
+        base_url = str(getattr(client, "base_url", "") or "")
+        return policy.replace(
+            breaker=provider_breaker(self.provider, base_url, policy.max_attempts)
+        )
 
     def _first_endpoint(self) -> Any:
         target: Any = self.raw

@@ -1,0 +1,358 @@
+"""PydanticAI under tether: ``await run(agent, prompt, guard=guard)``, or the capability.
+
+:class:`TetherCapability` is a PydanticAI capability (the framework's extension point):
+one tether run per agent run. Every model request is one step, checked before it is sent
+(budgets, loops, the cost of the next request, a model a cost budget could not price) and
+counted after it with the response's usage, priced by the guard's prices (genai-prices,
+as PydanticAI itself does; a response that cannot be priced counts as *unpriced*, never
+as free). Requests go through the provider's breaker, and a failed attempt is retried by
+tether's policy (classification, backoff, ``Retry-After``, the run's time budget) through
+``RetryModelRequest``. Every tool call goes through ``run.acall_tool``: loop checks, the
+tool's timeout, retries at one layer, the ledger for the tools named in ``side_effects``.
+
+When a guard stops the run, ``agent.run()`` raises :class:`RunStopped` carrying the
+:class:`tether.Outcome` (stop reason, partial results, customer message, the messages so
+far): an early end never goes through the agent's output validation, so a caller that
+expects a typed output is never handed a value of another type. :func:`run` returns that
+outcome instead of raising; ``UsageLimitExceeded`` and ``RunTimedOut`` become stop reasons.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from tether._errors import CircuitOpenError, require
+from tether._guard import Guard
+from tether._outcome import Outcome, Stopped, StopReason, ToolError
+from tether._pricing import UnknownModelError
+from tether._retry import _CallState
+from tether._run import Run
+from tether.integrations._common import provider_breaker, side_effect_map
+
+require("pydantic_ai", "pydantic-ai")
+
+from pydantic_ai import Agent  # noqa: E402 - after the extra check
+from pydantic_ai.capabilities import AbstractCapability  # noqa: E402
+from pydantic_ai.exceptions import (  # noqa: E402
+    ApprovalRequired,
+    CallDeferred,
+    RetryModelRequest,
+    RunTimedOut,
+    SkipToolExecution,
+    ToolFailedError,
+    ToolRetryError,
+    UsageLimitExceeded,
+    UserError,
+)
+
+__all__ = ["RunStopped", "TetherCapability", "run", "run_sync"]
+
+_log = logging.getLogger("tether")
+
+#: PydanticAI's control flow raised inside a tool call: tether records the failure of the
+#: intent and hands the original back to the framework.
+_CONTROL_FLOW = (ToolRetryError, CallDeferred, ApprovalRequired, SkipToolExecution, ToolFailedError)
+#: Finished runs' outcomes kept for :meth:`TetherCapability.outcome` (the oldest go first).
+KEPT_OUTCOMES = 256
+
+
+class RunStopped(Exception):
+    """A guard ended a PydanticAI run early; ``outcome`` says why and what was done."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(f"tether stopped the run: {outcome.stopped_because.value}")
+        self.outcome = outcome
+
+
+class _Live:
+    """One agent run's tether state."""
+
+    __slots__ = ("messages", "permit", "retry_state", "run")
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.messages: list[Any] = []  # the run's history (the list the graph appends to)
+        self.permit: str | None = None
+        self.retry_state = _CallState(0.0, None, run.guard.retry.base)
+
+
+def _limit_reason(exc: UsageLimitExceeded) -> StopReason:
+    text = str(exc)
+    if "request_limit" in text:
+        return StopReason.MAX_MODEL_CALLS
+    if "tool_calls_limit" in text:
+        return StopReason.MAX_TOOL_CALLS
+    if "cost_limit" in text:
+        return StopReason.MAX_COST
+    return StopReason.MAX_TOKENS
+
+
+def _task(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt[:200]
+    return " ".join(p for p in prompt or () if isinstance(p, str))[:200]
+
+
+class TetherCapability(AbstractCapability[Any]):
+    """tether's guards for a PydanticAI agent: ``Agent(model, capabilities=[...])``.
+
+    ``side_effects`` names the non-idempotent tools (a mapping of tool name to its
+    ``lookup``, or names); they run at most once per intent through the guard's ledger.
+    Every other tool is treated as idempotent and retried through transient failures.
+    ``timeouts`` gives tools a time limit per attempt.
+
+    One instance serves concurrent runs (their state is keyed by PydanticAI's run id).
+    After a run, :meth:`outcome` gives its :class:`tether.Outcome`.
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+        *,
+        timeouts: Mapping[str, float] | None = None,
+    ) -> None:
+        if not isinstance(guard, Guard):
+            raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+        self.guard = guard
+        self.side_effects = side_effect_map(side_effects)
+        self.timeouts = dict(timeouts or {})
+        self._policy = guard.retry.replace(name="model")
+        self._live: dict[str, _Live] = {}
+        self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def outcome(self, run_id: str) -> Outcome | None:
+        """The outcome of the finished PydanticAI run ``run_id`` (``result.run_id``)."""
+        with self._lock:
+            return self._outcomes.get(run_id)
+
+    def _state(self, ctx: Any) -> _Live | None:
+        with self._lock:
+            return self._live.get(str(ctx.run_id))
+
+    # --- the run ------------------------------------------------------------------------
+
+    async def wrap_run(self, ctx: Any, *, handler: Any) -> Any:
+        run = self.guard.start(task=_task(ctx.prompt))
+        run.__enter__()
+        key = str(ctx.run_id)
+        with self._lock:
+            self._live[key] = _Live(run)
+        try:
+            result = await handler()
+        except BaseException:  # on_run_error ended it; else a cancellation: the run ends too
+            if self._state(ctx) is not None:
+                run._halt(StopReason.ERROR, "the agent run was cancelled")
+                self._finish(key, run, self._messages(ctx))
+            raise
+        run.succeed(result.output)
+        self._finish(key, run, result.all_messages())
+        return result
+
+    async def on_run_error(self, ctx: Any, *, error: BaseException) -> Any:
+        """The run body failed (or a guard stopped it): end the tether run, raise its outcome."""
+        live = self._state(ctx)
+        if live is None or not isinstance(error, Exception):
+            raise error
+        run = live.run
+        if isinstance(error, Stopped):
+            pass
+        elif isinstance(error, UsageLimitExceeded):
+            run._halt(_limit_reason(error), f"PydanticAI usage limit: {error}")
+        elif isinstance(error, RunTimedOut):
+            run._halt(StopReason.TIMEOUT, f"PydanticAI run timeout: {error}")
+        elif isinstance(error, UserError | UnknownModelError):  # the caller's configuration
+            run._note_error(error)
+            run._halt(StopReason.ERROR, type(error).__name__)
+            self._finish(str(ctx.run_id), run, self._messages(ctx))
+            raise error
+        else:  # the model failed after its retries, or misbehaved
+            run._model_failure(error)
+        raise RunStopped(self._finish(str(ctx.run_id), run, self._messages(ctx))) from None
+
+    def _messages(self, ctx: Any) -> list[Any]:
+        live = self._state(ctx)
+        return list(ctx.messages or (live.messages if live is not None else ()))
+
+    def _finish(self, key: str, run: Run, messages: Any) -> Outcome:
+        run.messages = list(messages or ())
+        run.__exit__(None, None, None)
+        outcome = run.outcome
+        with self._lock:
+            self._live.pop(key, None)
+            self._outcomes[key] = outcome
+            while len(self._outcomes) > KEPT_OUTCOMES:
+                self._outcomes.popitem(last=False)
+        return outcome
+
+    # --- model requests -----------------------------------------------------------------
+
+    async def wrap_model_request(self, ctx: Any, *, request_context: Any, handler: Any) -> Any:
+        live = self._state(ctx)
+        if live is None:
+            return await handler(request_context)
+        run = live.run
+        live.messages = ctx.messages
+        if run.stopped is not None or not run.proceed():
+            assert run._stop is not None
+            raise Stopped(*run._stop)
+        model = request_context.model
+        run.check_model(str(getattr(model, "model_name", "") or ""), _provider(model))
+        return await handler(request_context)
+
+    async def prepare_model_request(self, ctx: Any, request_context: Any) -> Any:
+        """Each attempt asks the provider's breaker first (waiting for its next probe when
+        the run's time allows)."""
+        live = self._state(ctx)
+        if live is None:
+            return request_context
+        if request_context.attempt <= 1:
+            live.retry_state = _CallState(0.0, None, self._policy.base)
+        breaker = self._breaker(request_context.model)
+        waited = 0.0
+        while True:
+            try:
+                live.permit = await breaker._aacquire()
+                return request_context
+            except CircuitOpenError as exc:
+                wait = live.run._probe_wait(exc, None, waited)
+                if not wait:
+                    raise
+                await live.run.clock.asleep(wait)
+                waited += wait
+
+    def _breaker(self, model: Any) -> Any:
+        base_url = str(getattr(model, "base_url", "") or "")
+        return provider_breaker(_provider(model) or "model", base_url, self._policy.max_attempts)
+
+    async def after_model_request(self, ctx: Any, *, request_context: Any, response: Any) -> Any:
+        live = self._state(ctx)
+        if live is None:
+            return response
+        if live.permit is not None:
+            await self._breaker(request_context.model)._arecord(live.permit, None)
+            live.permit = None
+        usage = response.usage
+        cache_read, cache_write = int(usage.cache_read_tokens), int(usage.cache_write_tokens)
+        model = response.model_name or str(getattr(request_context.model, "model_name", ""))
+        live.run.record_model_call(
+            model=model, provider=response.provider_name or _provider(request_context.model),
+            input_tokens=max(0, int(usage.input_tokens) - cache_read - cache_write),
+            output_tokens=int(usage.output_tokens), cache_read_tokens=cache_read,
+            cache_write_tokens=cache_write,
+        )  # fmt: skip
+        return response
+
+    async def on_model_request_error(
+        self, ctx: Any, *, request_context: Any, error: Exception
+    ) -> Any:
+        live = self._state(ctx)
+        if live is None:
+            raise error
+        policy = self._policy
+        verdict = policy.classifier(error)
+        if live.permit is not None:
+            await self._breaker(request_context.model)._arecord(live.permit, verdict)
+            live.permit = None
+        run = live.run
+        if not verdict.retryable or request_context.attempt >= policy.max_attempts:
+            raise error
+        delay = policy._delay(live.retry_state, verdict)
+        left = run._time_left()
+        if left is not None and delay >= left:
+            raise error
+        run.retries += 1
+        _log.info("tether: model request failed (%s); retry %d in %.2f s", verdict.reason,
+                  request_context.attempt, delay)  # fmt: skip
+        await run.clock.asleep(delay)
+        raise RetryModelRequest()
+
+    # --- tools --------------------------------------------------------------------------
+
+    async def wrap_tool_execute(
+        self, ctx: Any, *, call: Any, tool_def: Any, args: Any, handler: Any
+    ) -> Any:
+        live = self._state(ctx)
+        if live is None:
+            return await handler(args)
+        name = str(call.tool_name)
+        control: list[BaseException] = []
+
+        async def attempt(**_: Any) -> Any:
+            try:
+                return await handler(args)
+            except _CONTROL_FLOW as exc:  # the framework's own signals: handed back below
+                control.append(exc)
+                raise ToolError(f"{name} asked the model to try again") from None
+
+        arguments = dict(args) if isinstance(args, Mapping) else {"args": args}
+        try:
+            return await live.run.acall_tool(
+                name, attempt, arguments, timeout=self.timeouts.get(name),
+                idempotent=name not in self.side_effects, lookup=self.side_effects.get(name),
+            )  # fmt: skip
+        except ToolError as exc:
+            if control:
+                raise control[-1] from None
+            return exc.model_message
+        except Stopped as exc:  # the next model request ends the run
+            return f"stopped: {exc.reason.value}"
+
+
+def _provider(model: Any) -> str | None:
+    system = getattr(model, "system", None)
+    return system if isinstance(system, str) and system else None
+
+
+async def run(
+    agent: Agent[Any, Any],
+    prompt: Any,
+    *,
+    guard: Guard,
+    side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+    timeouts: Mapping[str, float] | None = None,
+    **agent_options: Any,
+) -> Outcome:
+    """Run ``agent`` on ``prompt`` under ``guard``; the :class:`tether.Outcome`.
+
+    ``outcome.result`` is the agent's output when it finished (validated by PydanticAI),
+    ``outcome.messages`` its messages (``all_messages()``; the ones so far when a guard
+    stopped it). Other keyword arguments go to ``agent.run``.
+    """
+    if not isinstance(agent, Agent):
+        raise TypeError(f"agent must be a pydantic_ai.Agent, got {agent!r}")
+    capability = TetherCapability(guard, side_effects, timeouts=timeouts)
+    extra = list(agent_options.pop("capabilities", None) or ())
+    try:
+        result = await agent.run(prompt, capabilities=[capability, *extra], **agent_options)
+    except RunStopped as exc:
+        return exc.outcome
+    outcome = capability.outcome(str(result.run_id))
+    assert outcome is not None
+    return outcome
+
+
+def run_sync(
+    agent: Agent[Any, Any],
+    prompt: Any,
+    *,
+    guard: Guard,
+    side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+    **options: Any,
+) -> Outcome:
+    """:func:`run` from synchronous code (not from inside a running event loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError(
+            "run_sync was called from a running event loop: `await run(...)` instead"
+        )
+    return asyncio.run(run(agent, prompt, guard=guard, side_effects=side_effects, **options))
