@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
 import typing
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from tether import telemetry
 from tether._breaker import breakers
@@ -19,6 +20,7 @@ from tether._run import Run
 __all__ = ["AsyncGuardedStream", "Guarded", "GuardedStream", "Tool", "schema_from_hints"]
 
 _log = logging.getLogger("tether")
+T = TypeVar("T")
 
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
                                list: "array", dict: "object"}  # fmt: skip
@@ -113,6 +115,16 @@ def side_effect_map(side_effects: Any) -> dict[str, Callable[[str], Any] | None]
     if isinstance(side_effects, str):
         raise TypeError("side_effects must be a mapping of tool name to lookup, or a list of names")
     return dict.fromkeys(side_effects)
+
+
+def blocking(start: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run the coroutine ``start()`` makes from synchronous code (an adapter's ``run_sync``);
+    from inside a running event loop, say to await the async form instead."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(start())
+    raise RuntimeError("run_sync was called from a running event loop: `await run(...)` instead")
 
 
 def unknown_tool(name: str) -> None:

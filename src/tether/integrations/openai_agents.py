@@ -17,7 +17,6 @@ the caller); without an explicit ``max_turns`` the guard's step budget sets it.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import logging
@@ -30,7 +29,7 @@ from tether._outcome import Outcome, Stopped, StopReason, ToolError
 from tether._pricing import UnknownModelError
 from tether._retry import RetryPolicy, _CallState
 from tether._run import Run
-from tether.integrations._common import malformed_arguments, side_effect_map
+from tether.integrations._common import blocking, malformed_arguments, side_effect_map
 
 require("agents", "openai-agents")
 
@@ -359,12 +358,4 @@ def run_sync(
     **options: Any,
 ) -> Outcome:
     """:func:`run` from synchronous code (not from inside a running event loop)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise RuntimeError(
-            "run_sync was called from a running event loop: `await run(...)` instead"
-        )
-    return asyncio.run(run(agent, input, guard=guard, side_effects=side_effects, **options))
+    return blocking(lambda: run(agent, input, guard=guard, side_effects=side_effects, **options))

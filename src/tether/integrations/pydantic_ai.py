@@ -19,7 +19,6 @@ outcome instead of raising; ``UsageLimitExceeded`` and ``RunTimedOut`` become st
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections import OrderedDict
@@ -32,7 +31,7 @@ from tether._outcome import Outcome, Stopped, StopReason, ToolError
 from tether._pricing import UnknownModelError
 from tether._retry import _CallState
 from tether._run import Run
-from tether.integrations._common import provider_breaker, side_effect_map
+from tether.integrations._common import blocking, provider_breaker, side_effect_map
 
 require("pydantic_ai", "pydantic-ai")
 
@@ -347,12 +346,4 @@ def run_sync(
     **options: Any,
 ) -> Outcome:
     """:func:`run` from synchronous code (not from inside a running event loop)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise RuntimeError(
-            "run_sync was called from a running event loop: `await run(...)` instead"
-        )
-    return asyncio.run(run(agent, prompt, guard=guard, side_effects=side_effects, **options))
+    return blocking(lambda: run(agent, prompt, guard=guard, side_effects=side_effects, **options))
