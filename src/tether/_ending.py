@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Self
 
@@ -75,14 +76,18 @@ class Ending(RunState):
         return self._outcome
 
     def facts(self) -> list[str]:
-        """Effects of this run that the ledger records as done, in words.
+        """Effects of this run that the ledger records as done (and no rollback undid),
+        in words.
 
         Raises what the ledger's store raises when it cannot be read; :meth:`finish`
         turns that into an open issue.
         """
         ledger = self.guard.ledger
+        undone = {e.key for e in self._journal if e.state == "compensated"}
         out: list[str] = []
         for tool, args, key in self._effects:
+            if key in undone:
+                continue
             record = ledger.get(key)
             if record is not None and record.state.value == "done":
                 text = self.guard.describe_effect(tool, args, ledger.result(key))
@@ -102,6 +107,23 @@ class Ending(RunState):
             self._unconfirmed.extend(tool for tool, _, _ in self._effects)
             return []
 
+    def _status(self, reason: StopReason) -> str:
+        esc = self.guard.escalation
+        if reason is StopReason.GOAL_REACHED and not self._escalate:
+            return "success"
+        if reason is StopReason.AWAITING_APPROVAL and not self._escalate:
+            return "awaiting_approval"
+        # a handoff is made when the code asks for one, when a trigger fires, or, for any
+        # run that did not reach its goal, when a sink is configured to receive it
+        if self._escalate or (esc is not None and (reason in esc.on or esc.sink is not None)):
+            return "escalated"
+        if (
+            reason in (StopReason.PERMANENT_ERROR, StopReason.ERROR, StopReason.FAILED)
+            or not self.partial
+        ):
+            return "failed"
+        return "partial"
+
     def finish(self) -> Outcome:
         """Close the run: status, reason, checkpoint, handoff, customer message."""
         if self._outcome is not None:
@@ -109,46 +131,53 @@ class Ending(RunState):
         if self._stop is None:
             self._halt(StopReason.NO_RESULT, "the loop ended without run.succeed()")
         assert self._stop is not None
+        reason = self._stop[0]
+        status = self._status(reason)
+        rollback_on = self.guard.rollback_on
+        if (reason in rollback_on or status in rollback_on) and any(
+            e.state == "done" for e in self._journal
+        ):
+            self._roll_back()  # what the guard says to undo for this ending (it may escalate)
+            status = self._status(reason)
+        return self._conclude(status, amend=False)
+
+    def _conclude(self, status: str, *, amend: bool) -> Outcome:
+        """The outcome of a run whose status is known (again, after a late rollback)."""
+        assert self._stop is not None
         reason, detail = self._stop
         esc = self.guard.escalation
-        # a handoff is made when the code asks for one, when a trigger fires, or, for any
-        # run that did not reach its goal, when a sink is configured to receive it
-        escalate = self._escalate or (
-            esc is not None
-            and reason is not StopReason.GOAL_REACHED
-            and (reason in esc.on or esc.sink is not None)
-        )
-        if reason is StopReason.GOAL_REACHED:
-            status = "success"
-        elif escalate:
-            status = "escalated"
-        elif (
-            reason in (StopReason.PERMANENT_ERROR, StopReason.ERROR, StopReason.FAILED)
-            or not self.partial
-        ):
-            status = "failed"
-        else:
-            status = "partial"
         issues = list(self._issues)
         if status != "success":
             issues.insert(0, f"stopped: {reason.value}" + (f" ({detail})" if detail else ""))
         facts = redact(self._read_facts(issues))
-        message = redact(self.guard.messages.render(status, facts, unconfirmed=self._unconfirmed))
+        undone = [
+            self.guard.describe_effect(c["tool"], c["args"], None) or c["tool"]
+            for c in self._compensated
+        ]
+        message = redact(self.guard.messages.render(status, facts, unconfirmed=self._unconfirmed,
+                                                    undone=[u.replace(" completed", "") for u in undone]))  # fmt: skip
         # everything below leaves tether (the outcome's words, checkpoints, handoffs): redacted
         detail, issues, task = redact(detail), redact(issues), redact(self.task)
         usage = self.usage()
+        pending = self._pending.to_doc() if self._pending is not None else None
         checkpoint_id = None
         if self.guard.checkpoints is not None:
             doc = {"run_id": self.run_id, "task": task, "status": status, "reason": reason.value,
                    "detail": detail, "usage": _usage_doc(usage), "partial": redact(_jsonable(self.partial)),
-                   "transcript": redact(_jsonable(self.transcript)), "open_issues": issues}  # fmt: skip
+                   "transcript": redact(_jsonable(self.transcript)), "open_issues": issues,
+                   "journal": [e.to_doc() for e in self._journal], "compensated": list(self._compensated),
+                   "pending": pending}  # fmt: skip
             try:
                 checkpoint_id = self.guard.checkpoints.save(doc, self.clock.wall())
+                if self._pending is not None and not amend:
+                    self._pending = replace(self._pending, checkpoint_id=checkpoint_id)
+                    self.guard._approvals().put(self._pending, self.clock.wall())
+                    pending = self._pending.to_doc()
             except Exception as exc:  # a failing store never loses the outcome
                 _log.error("tether: run %s: checkpoint failed: %s", self.run_id, redact(str(exc)))
                 issues.append(f"checkpoint failed: {type(exc).__name__}")
-        handoff = None
-        if status == "escalated":
+        handoff = self._outcome.handoff if self._outcome is not None else None
+        if status == "escalated" and handoff is None:
             handoff = HandoffRecord(f"ho_{uuid.uuid4().hex[:20]}", self.run_id, task, reason, detail,
                                     tuple(redact(_jsonable(self.transcript))), tuple(facts), tuple(issues),
                                     message, self.clock.wall())  # fmt: skip
@@ -157,7 +186,10 @@ class Ending(RunState):
             issues.extend(delivery.errors)
         self._outcome = Outcome(status, reason, self._result, tuple(self.partial), detail, tuple(issues),
                                 usage, checkpoint_id, message, self.run_id, handoff,
-                                tuple(self.messages or ()), self._error)  # fmt: skip
+                                tuple(self.messages or ()), self._error, tuple(self._compensated),
+                                pending)  # fmt: skip
+        if amend:
+            return self._outcome
         telemetry.end_step(self._step_span)
         self._step_span = None
         telemetry.record_stop(
@@ -170,6 +202,9 @@ class Ending(RunState):
             except Exception:
                 _log.exception("tether: on_stop hook raised; ignored")
         return self._outcome
+
+    def _roll_back(self) -> None:
+        raise NotImplementedError  # the Rollback mixin of tether.Run
 
 
 def _usage_doc(usage: Usage) -> dict[str, Any]:

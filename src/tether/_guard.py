@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tether._breaker import CircuitBreaker
 from tether._effects import Ledger
+from tether._governance import (
+    APPROVED,
+    REJECTED,
+    ApprovalError,
+    ApprovalRecord,
+    Approvals,
+    JournalEntry,
+)
 from tether._handoff import CustomerMessages, Escalation
 from tether._loops import LoopPolicy
-from tether._outcome import Outcome, Usage
+from tether._outcome import Outcome, StopReason, Usage
 from tether._persist import Checkpoints, DeadLetters
 from tether._pricing import PriceTable
+from tether._redact import redact
 from tether._retry import RetryPolicy
 from tether.clock import Clock, system_clock
 
@@ -113,6 +122,8 @@ class Guard:
         on_stop: Callable[[Outcome], object] | None = None,
         scope: str = "",
         model_errors: tuple[type[BaseException], ...] = (ValueError,),
+        policies: Iterable[Callable[..., str | None]] = (),
+        rollback_on: Iterable[StopReason | str] = (),
     ) -> None:
         _expect("budget", budget, Budget, "tether.Budget(max_steps=...)")
         _expect("loops", loops, LoopPolicy, "tether.LoopPolicy(...)")
@@ -167,6 +178,17 @@ class Guard:
             raise TypeError(
                 f"model_errors must be a tuple of exception classes, got {model_errors!r}"
             )
+        self.policies = tuple(policies)
+        for policy in self.policies:
+            if not callable(policy):
+                raise TypeError(f"policies must be callables policy(tool, args) -> None | reason, "
+                                f"got {policy!r}")  # fmt: skip
+        self.rollback_on = frozenset(rollback_on)
+        statuses = {"success", "partial", "failed", "escalated", "awaiting_approval"}
+        for when in self.rollback_on:
+            if not isinstance(when, StopReason) and when not in statuses:
+                raise ValueError(f"rollback_on takes StopReason members or statuses "
+                                 f"({', '.join(sorted(statuses))}), got {when!r}")  # fmt: skip
         #: exceptions whose (redacted) message the model may read: failures a tool raises on
         #: purpose (business rules); every other failure reaches it as a short generic text
         self.model_errors = model_errors
@@ -198,6 +220,41 @@ class Guard:
 
         return Run(self, task, run_id or f"run_{uuid.uuid4().hex[:16]}")
 
+    # --- approvals ------------------------------------------------------------------------
+
+    def _approvals(self) -> Approvals:
+        if self.checkpoints is None:
+            raise ValueError(
+                "a call that requires approval needs somewhere to wait: pass checkpoints= to "
+                "Guard (e.g. tether.Checkpoints.sqlite(path)); nothing was executed"
+            )
+        return Approvals(self.checkpoints.store)
+
+    def _decide(self, checkpoint_id: str, status: str, by: str, note: str) -> ApprovalRecord:
+        if not isinstance(by, str) or not by.strip():
+            raise ValueError("by must name who decides (a non-empty string)")
+        approvals = self._approvals()
+        doc = self.checkpoints.load(checkpoint_id) if self.checkpoints is not None else {}
+        pending = doc.get("pending")
+        if not isinstance(pending, Mapping) or not isinstance(pending.get("id"), str):
+            raise ApprovalError(f"checkpoint {checkpoint_id!r} has no call waiting for approval")
+        return approvals.decide(
+            pending["id"], status, by.strip(), str(redact(note or "")), self.clock.wall()
+        )
+
+    def approve(self, checkpoint_id: str, *, by: str, note: str = "") -> ApprovalRecord:
+        """Approve the call the run of ``checkpoint_id`` waits for: exactly that call (the
+        same tool and arguments, fresh UUIDs aside), once. Then ``resume`` the run."""
+        return self._decide(checkpoint_id, APPROVED, by, note)
+
+    def reject(self, checkpoint_id: str, *, by: str, reason: str = "") -> ApprovalRecord:
+        """Reject it: the resumed run's call gets a short tool error with ``reason``."""
+        return self._decide(checkpoint_id, REJECTED, by, reason)
+
+    def approvals(self, limit: int = 50) -> list[ApprovalRecord]:
+        """Approval records, newest first (pending, approved, rejected, used)."""
+        return self._approvals().list(limit)
+
     def resume(self, checkpoint_id: str) -> Run:
         """A run that continues a checkpointed one, with the budget it had left."""
         if self.checkpoints is None:
@@ -215,6 +272,7 @@ class Guard:
                 f"checkpoint {checkpoint_id!r} is corrupt: bad usage ({exc})"
             ) from exc
         run._restore(usage, list(doc["partial"]), list(doc["transcript"]))
+        run._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
         return run
 
 

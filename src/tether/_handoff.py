@@ -109,13 +109,22 @@ class CustomerMessages:
         "We could not confirm whether every step of your request went through.{done} Please "
         "do not repeat it: a member of our team will check our records and get back to you here."
     )
+    awaiting_approval: str = (
+        "Part of your request needs a person's approval before we go on.{done} We will get "
+        "back to you here as soon as it is decided."
+    )
     done_prefix: str = " Done: "
+    undone_prefix: str = " Undone: "
 
-    def render(self, status: str, facts: Iterable[str], *, unconfirmed: Iterable[str] = ()) -> str:
+    def render(self, status: str, facts: Iterable[str], *, unconfirmed: Iterable[str] = (),
+               undone: Iterable[str] = ()) -> str:  # fmt: skip
         """The message for a run that ended with ``status``; a run with an effect whose
         outcome is unknown never tells the customer that nothing happened."""
         facts = [f for f in facts if f]
+        undone = [u for u in undone if u]
         done = f"{self.done_prefix}{'; '.join(facts)}." if facts else ""
+        if undone:
+            done += f"{self.undone_prefix}{'; '.join(undone)}."
         if status in ("failed", "partial") and any(True for _ in unconfirmed):
             status = "unconfirmed"
         template = getattr(self, status, self.failed)

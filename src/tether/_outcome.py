@@ -36,6 +36,7 @@ class StopReason(enum.Enum):
     NO_RESULT = "no_result"
     ERROR = "error"
     FAILED = "failed"  # the agent's code said so: run.fail(...)
+    AWAITING_APPROVAL = "awaiting_approval"  # a call needs a person's approval first
 
 
 class Stopped(TetherError):
@@ -101,7 +102,9 @@ class Outcome:
 
     ``status``: ``"success"`` (goal reached), ``"escalated"`` (a handoff was made),
     ``"partial"`` (a guard stopped the run after at least one successful tool call),
-    ``"failed"`` (stopped with nothing done, or on a permanent error).
+    ``"failed"`` (stopped with nothing done, or on a permanent error),
+    ``"awaiting_approval"`` (a call waits for a person: ``guard.approve``, then
+    ``guard.resume``).
     """
 
     status: str
@@ -120,6 +123,11 @@ class Outcome:
     messages: tuple[Any, ...] = ()
     #: the redacted type and message of the failure that ended the run, if one did
     error: str | None = None
+    #: what ``run.rollback()`` undid, newest first: ``{"tool", "args", "result"}`` (redacted)
+    compensated: tuple[dict[str, Any], ...] = ()
+    #: the call that waits for a person's approval (``AWAITING_APPROVAL``): its tool, its
+    #: (redacted) arguments and the approval's id
+    pending_approval: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

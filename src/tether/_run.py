@@ -18,6 +18,7 @@ from tether._ending import Ending
 from tether._guard import Budget, Guard
 from tether._outcome import StopReason
 from tether._pricing import UnknownModelError
+from tether._rollback import Rollback
 from tether._toolcall import ToolCalls
 
 __all__ = ["Budget", "Guard", "Run"]
@@ -25,7 +26,7 @@ __all__ = ["Budget", "Guard", "Run"]
 _log = logging.getLogger("tether")
 
 
-class Run(ToolCalls, Ending):
+class Run(ToolCalls, Rollback, Ending):
     """One guarded run of an agent; see :class:`Guard`."""
 
     def __repr__(self) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from tether import telemetry
 from tether._errors import CircuitOpenError
+from tether._governance import ApprovalRecord, JournalEntry
 from tether._loops import LoopState
 from tether._outcome import Outcome, Stopped, StopReason, Usage
 from tether.clock import hung_threads
@@ -52,6 +53,10 @@ class RunState:
         self.partial: list[dict[str, Any]] = []
         self.transcript: list[dict[str, Any]] = []
         self._effects: list[tuple[str, Any, str]] = []  # (tool, args, ledger key)
+        self._tool_counts: Counter[str] = Counter()  # calls let through, per tool (policies)
+        self._journal: list[JournalEntry] = []  # completed calls that can be compensated
+        self._compensated: list[dict[str, Any]] = []  # what rollback() undid, newest first
+        self._pending: ApprovalRecord | None = None  # the call that waits for approval
         self._unconfirmed: list[str] = []  # tools whose effect may or may not have happened
         self._failures: Counter[tuple[str, str, str]] = Counter()
         self._results: OrderedDict[str, None] = OrderedDict()

@@ -6,14 +6,26 @@ import asyncio
 import functools
 import hashlib
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from tether import _governance as gov
 from tether import telemetry
 from tether._canonical import canonical_json, intent_key
 from tether._classify import Kind, classify
 from tether._errors import CircuitOpenError, DeadlineExceeded, UnknownOutcome
+from tether._governance import (
+    ApprovalRecord,
+    ApprovalRejected,
+    JournalEntry,
+    PolicyDenied,
+    approval_id,
+    check_policies,
+    needs_approval,
+    plain,
+)
 from tether._outcome import Stopped, StopReason, ToolError
 from tether._redact import redact
 from tether._retry import RetryPolicy
@@ -21,6 +33,11 @@ from tether._runstate import RunState
 from tether.clock import hung_threads
 
 __all__ = ["ToolCalls"]
+
+_log = logging.getLogger("tether")
+
+#: An intent approved and used this many times in one run asks no more (a loop).
+MAX_APPROVALS_PER_INTENT = 20
 
 UNAVAILABLE = "temporarily unavailable; try again later or continue without it"
 REJECTED = "rejected: the tool could not do this; do not call it again with the same arguments"
@@ -97,12 +114,68 @@ class ToolCalls(RunState):
     def _effect_key(self, call: _Call) -> str:
         """The ledger key of a non-idempotent call (its action hash, scoped if asked), noted
         so that the outcome can state what the ledger says was done."""
-        scope = self.guard.scope
-        key = intent_key(call.name, call.args, scope=scope) if scope else call.action
+        key = self._ledger_key(call)
         self._effects.append((call.name, call.args, key))
         return key
 
-    def _after_success(self, call: _Call, result: Any) -> Any:
+    def _ledger_key(self, call: _Call) -> str:
+        scope = self.guard.scope
+        return intent_key(call.name, call.args, scope=scope) if scope else call.action
+
+    # --- governance: policies and approvals before, the journal after ----------------------
+
+    def _govern(self, call: _Call, requires_approval: Any, compensate: Any) -> None:
+        """Policies, then the approval: either may refuse the call before anything runs."""
+        if compensate is not None and not callable(compensate):
+            raise TypeError(f"compensate of {call.name!r} must be callable, got {compensate!r}")
+        policies = self.guard.policies
+        reason = check_policies(policies, call.name, call.args, self) if policies else None
+        if reason is not None:
+            said = str(redact(reason))
+            _log.warning("tether: run %s: policy denied %s: %s", self.run_id, call.name, said)
+            telemetry.add_event("tether.policy_denied", **{"gen_ai.tool.name": call.name,
+                                                           "tether.reason": said})  # fmt: skip
+            raise self._after_failure(call, PolicyDenied(f"denied by policy: {said}"))
+        if needs_approval(requires_approval, call.args):
+            self._approval(call)
+        self._tool_counts[call.name] += 1
+
+    def _approval(self, call: _Call) -> None:
+        """Let an approved call through once; stop the run for one not decided yet; give
+        the model the approver's reason for a rejected one."""
+        approvals = self.guard._approvals()
+        now = self.clock.wall()
+        base = approval_id(self.run_id, call.action)
+        for n in range(MAX_APPROVALS_PER_INTENT):
+            record_id = base if n == 0 else f"{base}.{n}"
+            record = approvals.get(record_id)
+            if record is None or record.status == gov.PENDING:
+                break
+            if record.status == gov.APPROVED:
+                approvals.put(replace(record, status=gov.USED), now)  # it covers this one call
+                telemetry.add_event("tether.approved", **{"gen_ai.tool.name": call.name})
+                return
+            if record.status == gov.REJECTED:
+                why = f"rejected by {record.decided_by}" + (
+                    f": {record.note}" if record.note else ""
+                )
+                raise self._after_failure(call, ApprovalRejected(why))
+        else:
+            raise self._halt(
+                StopReason.AWAITING_APPROVAL, f"{call.name} asked for approval too often"
+            )
+        self._pending = ApprovalRecord(record_id, self.run_id, call.name, redact(plain(call.args)), call.action,
+                                       gov.PENDING, now, task=str(redact(self.task)))  # fmt: skip
+        raise self._halt(StopReason.AWAITING_APPROVAL, f"{call.name} needs a person's approval")
+
+    def _after_success(
+        self, call: _Call, result: Any, idempotent: bool = True, compensate: Any = None
+    ) -> Any:
+        if compensate is not None:
+            key = call.action if idempotent else self._ledger_key(call)
+            self._journal.append(
+                JournalEntry(call.name, call.args, key, result, not idempotent, compensate)
+            )
         # only completed calls count as repeats: a call that failed is the business of
         # max_identical_failures, so a model retrying a dead dependency is not a "loop"
         self._loops.record_action(call.name, call.action)
@@ -192,12 +265,19 @@ class ToolCalls(RunState):
         timeout: float | None = None,
         idempotent: bool = True,
         lookup: Callable[[str], Any] | None = None,
+        requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+        compensate: Callable[[Any], Any] | None = None,
     ) -> Any:
-        """Call a tool under every guard: loops and budgets, breaker, retries, ledger.
+        """Call a tool under every guard: policies, approval, loops and budgets, breaker,
+        retries, ledger.
 
         ``fn(**args)`` is retried on transient failures with ``timeout`` per attempt;
         a non-idempotent tool runs at most once through the guard's ledger (an attempt
         that outlives ``timeout`` is never run again: the run stops ``UNKNOWN_OUTCOME``).
+        The guard's policies may deny the call before anything runs; ``requires_approval``
+        (True, or a predicate of the arguments) stops the run ``AWAITING_APPROVAL`` until a
+        person approves this very call; ``compensate(result)`` is what ``run.rollback()``
+        runs to undo it once it completed.
         Raises :class:`tether.Stopped` when a guard ends the run (the call is not made),
         or :class:`tether.ToolError` with a short text for the model when it fails.
         """
@@ -208,6 +288,7 @@ class ToolCalls(RunState):
             )
         args = _arguments(name, args)
         call = self._before_tool(name, args, timeout, idempotent)
+        self._govern(call, requires_approval, compensate)
         attempt = _attempt_span(name, lambda: _not_awaitable(name, fn(**args)))
         run = self._effect(call, attempt, idempotent, lookup, timeout)
         with telemetry.span(
@@ -224,7 +305,7 @@ class ToolCalls(RunState):
                     waited += wait
                 except Exception as exc:
                     raise self._after_failure(call, exc) from exc
-        return self._after_success(call, result)
+        return self._after_success(call, result, idempotent, compensate)
 
     def _circuit_wait(
         self, call: _Call, exc: CircuitOpenError, timeout: float | None, waited: float
@@ -245,6 +326,8 @@ class ToolCalls(RunState):
         timeout: float | None = None,
         idempotent: bool = True,
         lookup: Callable[[str], Any] | None = None,
+        requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+        compensate: Callable[[Any], Any] | None = None,
     ) -> Any:
         """The async form of :meth:`call_tool`; a hanging attempt is cancelled.
 
@@ -253,6 +336,7 @@ class ToolCalls(RunState):
         """
         args = _arguments(name, args)
         call = self._before_tool(name, args, timeout, idempotent)
+        self._govern(call, requires_approval, compensate)
         attempt: Callable[[], Awaitable[Any]]
         if _is_async(fn):
 
@@ -286,7 +370,7 @@ class ToolCalls(RunState):
                     waited += wait
                 except Exception as exc:
                     raise self._after_failure(call, exc) from exc
-        return self._after_success(call, result)
+        return self._after_success(call, result, idempotent, compensate)
 
 
 def _is_async(fn: Any) -> bool:

@@ -1,0 +1,198 @@
+"""Governance: approvals before a call, policies on its arguments, compensations after.
+
+* An **approval** covers one intent (``intent_key``: the tool and its arguments, fresh
+  UUIDs aside) in one run, once. A call that needs one and has none stops the run
+  ``AWAITING_APPROVAL`` before anything runs; the pending call is written beside the
+  run's checkpoint, where ``guard.approve``/``guard.reject`` decide it (who, when, why)
+  and a resumed run finds the decision.
+* A **policy** is ``policy(tool, args) -> None | reason``; the first reason denies the
+  call before the breaker, the retry and the ledger. :mod:`tether.policies` has the
+  common ones.
+* A **compensation** ``compensate(result)`` undoes a completed call; ``run.rollback()``
+  runs them newest first, each at most once through the ledger (keyed by the original
+  call's key), so a second ``rollback()``, or one in a process that resumed the run,
+  finishes what is left and repeats nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from tether._errors import TetherError
+from tether._outcome import ToolError
+
+__all__ = [
+    "ApprovalError",
+    "ApprovalRecord",
+    "ApprovalRejected",
+    "Approvals",
+    "PolicyDenied",
+    "check_policies",
+    "needs_approval",
+]
+
+_log = logging.getLogger("tether")
+
+PENDING, APPROVED, REJECTED, USED = "pending", "approved", "rejected", "used"
+
+
+class ApprovalError(TetherError, ValueError):
+    """An approval that cannot be given: no such checkpoint, nothing pending, decided already."""
+
+
+class PolicyDenied(ToolError):
+    """A policy refused a call before it ran; the model reads the policy's reason."""
+
+
+class ApprovalRejected(ToolError):
+    """A person rejected the call; the model reads who and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    """One call that needs (or had) a person's decision."""
+
+    id: str
+    run_id: str
+    tool: str
+    args: Any  # redacted: what the approver sees
+    key: str  # the intent the approval covers
+    status: str
+    requested_at: float
+    checkpoint_id: str | None = None
+    task: str = ""
+    decided_by: str | None = None
+    decided_at: float | None = None
+    note: str = ""
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> ApprovalRecord:
+        return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+
+
+def approval_id(run_id: str, key: str) -> str:
+    """One approval per intent per run."""
+    return "apr_" + hashlib.sha256(f"{run_id}\x00{key}".encode()).hexdigest()[:24]
+
+
+class Approvals:
+    """Approval records in a document store (the checkpoints' store: SQLite, PostgreSQL,
+    memory), so that they survive a restart with the run they belong to."""
+
+    kind = "approval"
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def get(self, record_id: str) -> ApprovalRecord | None:
+        text = self.store.get(self.kind, record_id)
+        return None if text is None else ApprovalRecord.from_doc(json.loads(text))
+
+    def put(self, record: ApprovalRecord, at: float) -> None:
+        self.store.put(self.kind, record.id, record.to_doc(), at)
+
+    def list(self, limit: int = 50) -> list[ApprovalRecord]:
+        """The newest records first (the operator's inbox: pending ones to decide)."""
+        return [
+            ApprovalRecord.from_doc(json.loads(t)) for _, t in self.store.list(self.kind, limit)
+        ]
+
+    def decide(self, record_id: str, status: str, by: str, note: str, at: float) -> ApprovalRecord:
+        record = self.get(record_id)
+        if record is None:
+            raise ApprovalError(f"no approval {record_id!r} in this store")
+        if record.status != PENDING:
+            raise ApprovalError(
+                f"approval {record_id!r} was already {record.status}"
+                + (f" by {record.decided_by}" if record.decided_by else "")
+            )
+        decided = replace(record, status=status, decided_by=by, decided_at=at, note=note)
+        self.put(decided, at)
+        _log.info("tether: %s %s (%s) by %s", record.tool, status, record_id, by)
+        return decided
+
+
+def needs_approval(rule: bool | Callable[[Mapping[str, Any]], bool] | None, args: Any) -> bool:
+    """``requires_approval``: a bool, or a predicate of the call's arguments. A predicate
+    that raises asks for approval (a rule that cannot be read is not a yes)."""
+    if rule is None or rule is False:
+        return False
+    if rule is True:
+        return True
+    if not callable(rule):
+        raise TypeError(
+            f"requires_approval must be a bool or a predicate of the arguments, got {rule!r}"
+        )
+    try:
+        return bool(rule(args))
+    except Exception as exc:
+        _log.warning("tether: requires_approval raised %s; asking for approval", type(exc).__name__)
+        return True
+
+
+def _takes_run(policy: Callable[..., Any]) -> bool:
+    try:
+        return "run" in inspect.signature(policy).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def check_policies(
+    policies: tuple[Callable[..., Any], ...], tool: str, args: Any, run: Any
+) -> str | None:
+    """The first policy's reason to deny the call, or None. A policy that raises denies
+    (fail closed) and is logged; a policy that declares ``run`` receives the run."""
+    for policy in policies:
+        try:
+            reason = policy(tool, args, run=run) if _takes_run(policy) else policy(tool, args)
+        except Exception as exc:
+            name = getattr(policy, "__name__", type(policy).__name__)
+            _log.error("tether: policy %s raised %s on %s; the call is denied", name,
+                       type(exc).__name__, tool)  # fmt: skip
+            return f"the policy {name} could not decide ({type(exc).__name__})"
+        if reason:
+            return str(reason)
+    return None
+
+
+@dataclass(slots=True)
+class JournalEntry:
+    """A completed call with a compensation, in the order calls completed."""
+
+    tool: str
+    args: Any  # redacted in checkpoints
+    key: str  # the original call's ledger key (or its intent, for an idempotent call)
+    result: Any
+    in_ledger: bool  # the result is the ledger's record (replayable after a restart)
+    compensate: Callable[[Any], Any] | None = None
+    state: str = "done"  # "done" -> "compensated" | "unknown" | "failed"
+
+    def to_doc(self) -> dict[str, Any]:
+        from tether._redact import redact
+
+        doc = {"tool": self.tool, "args": redact(self.args), "key": self.key, "in_ledger": self.in_ledger,
+               "state": self.state}  # fmt: skip
+        if not self.in_ledger:  # only an idempotent call's result lives here, redacted
+            doc["result"] = redact(plain(self.result))
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> JournalEntry:
+        return cls(str(doc["tool"]), doc.get("args"), str(doc["key"]), doc.get("result"),
+                   bool(doc.get("in_ledger")), None, str(doc.get("state", "done")))  # fmt: skip
+
+
+def plain(value: Any) -> Any:
+    try:
+        return json.loads(json.dumps(value, default=str))
+    except (TypeError, ValueError):
+        return repr(value)

@@ -1,0 +1,174 @@
+"""Undoing what a run did: compensations newest first, each at most once."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tether import telemetry
+from tether._errors import UnknownOutcome
+from tether._governance import JournalEntry, plain
+from tether._outcome import Outcome, StopReason
+from tether._redact import redact
+from tether._runstate import RunState
+
+__all__ = ["Rollback"]
+
+_log = logging.getLogger("tether")
+
+Compensations = Mapping[str, Callable[[Any], Any]] | None
+
+
+class Rollback(RunState):
+    """``run.rollback()`` (mixed into :class:`tether.Run`)."""
+
+    def rollback(self, compensations: Compensations = None) -> tuple[dict[str, Any], ...]:
+        """Undo the run's completed calls that have a compensation, newest first.
+
+        Each compensation runs at most once, through the guard's ledger under a key made
+        from the original call's key, with the guard's retry and breaker rules: calling
+        ``rollback()`` again, or in a process that resumed the run from its checkpoint
+        (``compensations`` gives the functions by tool name there), finishes what is left
+        and repeats nothing. A compensation that fails, or whose outcome is unknown, hands
+        the run to a person with the facts (the run escalates). Returns what was undone
+        now; ``outcome.compensated`` has everything undone, newest first.
+        """
+        from tether._toolcall import _is_async
+
+        done = []
+        for index in reversed(range(len(self._journal))):
+            entry = self._journal[index]
+            fn = self._compensation(entry, compensations)
+            if fn is None:
+                continue
+            if _is_async(fn):
+                raise TypeError(f"the compensation of {entry.tool} is a coroutine function: "
+                                "use `await run.arollback()`")  # fmt: skip
+            original = self._original(entry)
+            try:
+                value = self._undo(index, entry, fn, original)
+            except Exception as exc:
+                self._undo_failed(entry, exc)
+                continue
+            done.append(self._undone(entry, original, value))
+        return self._after_rollback(done)
+
+    def _undo(
+        self, index: int, entry: JournalEntry, fn: Callable[[Any], Any], original: Any
+    ) -> Any:
+        key, ledger = self._undo_key(entry, index), self.guard.ledger
+        policy = self.guard._policy(f"undo:{entry.tool}", None, effect=True)
+        return policy.call(lambda: ledger.once(key, lambda: fn(original)))
+
+    async def arollback(self, compensations: Compensations = None) -> tuple[dict[str, Any], ...]:
+        """The async form of :meth:`rollback` (async compensations awaited, sync ones in a
+        worker thread)."""
+        done = []
+        for index in reversed(range(len(self._journal))):
+            entry = self._journal[index]
+            fn = self._compensation(entry, compensations)
+            if fn is None:
+                continue
+            original = self._original(entry)
+            try:
+                value = await self._aundo(index, entry, fn, original)
+            except Exception as exc:
+                self._undo_failed(entry, exc)
+                continue
+            done.append(self._undone(entry, original, value))
+        return self._after_rollback(done)
+
+    async def _aundo(
+        self, index: int, entry: JournalEntry, fn: Callable[[Any], Any], original: Any
+    ) -> Any:
+        import asyncio
+
+        from tether._toolcall import _is_async
+
+        key, ledger = self._undo_key(entry, index), self.guard.ledger
+        policy = self.guard._policy(f"undo:{entry.tool}", None, effect=True)
+
+        async def undo() -> Any:
+            return await fn(original)
+
+        async def attempt() -> Any:
+            if _is_async(fn):
+                return await ledger.aonce(key, undo)
+            return await asyncio.to_thread(ledger.once, key, lambda: fn(original))
+
+        return await policy.acall(attempt)
+
+    # --- the parts both shells share ----------------------------------------------------
+
+    def _compensation(
+        self, entry: JournalEntry, given: Compensations
+    ) -> Callable[[Any], Any] | None:
+        """The function that undoes ``entry``, or None when it is undone already (or was
+        tried and failed: a person has it) or nobody said how."""
+        if entry.state != "done":
+            return None
+        fn = entry.compensate or (given or {}).get(entry.tool)
+        if fn is None:
+            self._issues.append(
+                f"{entry.tool} completed and has no compensation here: undo it by hand"
+            )
+            entry.state = "failed"
+            self._escalate = True
+        return fn
+
+    def _undo_key(self, entry: JournalEntry, index: int) -> str:
+        """The ledger key of an undo: the original call's ledger key (one per intent), or for
+        an idempotent call, its intent and place in this run."""
+        return f"undo:{entry.key}" if entry.in_ledger else f"undo:{self.run_id}:{index}:{entry.key}"
+
+    def _original(self, entry: JournalEntry) -> Any:
+        """What the call returned: kept in memory, or read back from the ledger."""
+        if entry.compensate is not None or not entry.in_ledger:
+            return entry.result
+        return self.guard.ledger.result(entry.key)
+
+    def _undone(self, entry: JournalEntry, original: Any, value: Any) -> dict[str, Any]:
+        entry.state = "compensated"
+        effect = self.guard.describe_effect(entry.tool, entry.args, original) or entry.tool
+        record = {"tool": entry.tool, "args": redact(plain(entry.args)), "result": redact(plain(value)),
+                  "effect": str(redact(effect.replace(" completed", "", 1)))}  # fmt: skip
+        _log.info("tether: run %s: compensated %s", self.run_id, entry.tool)
+        telemetry.add_event("tether.compensated", **{"gen_ai.tool.name": entry.tool})
+        return record
+
+    def _undo_failed(self, entry: JournalEntry, exc: Exception) -> None:
+        """A compensation that failed (after its retries) or may have happened: a person
+        takes over, with the facts."""
+        self._escalate = True
+        self._note_error(exc)
+        if isinstance(exc, UnknownOutcome):
+            entry.state = "unknown"
+            self._unconfirmed.append(entry.tool)
+            self._issues.append(f"undoing {entry.tool} may or may not have happened: check before "
+                                "undoing it by hand")  # fmt: skip
+        else:
+            entry.state = "failed"
+            self._issues.append(f"undoing {entry.tool} failed ({type(exc).__name__}): it is still done; "
+                                "undo it by hand")  # fmt: skip
+        _log.error("tether: run %s: the compensation of %s failed: %s", self.run_id, entry.tool,
+                   redact(f"{type(exc).__name__}: {exc}"))  # fmt: skip
+
+    def _after_rollback(self, done: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+        self._compensated.extend(done)
+        if self._escalate and self._stop is None:
+            self._halt(StopReason.ESCALATED, "a compensation could not be made")
+        if self._outcome is not None and (done or self._escalate):
+            self._amend_outcome()
+        return tuple(done)
+
+    def _amend_outcome(self) -> Outcome:
+        """A rollback after the run ended: the outcome says what was undone (and escalates
+        when something could not be), with a new checkpoint."""
+        assert self._outcome is not None
+        status = "escalated" if self._escalate else self._outcome.status
+        outcome: Outcome = self._conclude(status, amend=True)  # type: ignore[attr-defined]
+        return outcome
+
+    def _roll_back(self) -> None:
+        self.rollback()
