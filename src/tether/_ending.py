@@ -150,12 +150,10 @@ class Ending(RunState):
         if status != "success":
             issues.insert(0, f"stopped: {reason.value}" + (f" ({detail})" if detail else ""))
         facts = redact(self._read_facts(issues))
-        undone = [
-            self.guard.describe_effect(c["tool"], c["args"], None) or c["tool"]
-            for c in self._compensated
-        ]
-        message = redact(self.guard.messages.render(status, facts, unconfirmed=self._unconfirmed,
-                                                    undone=[u.replace(" completed", "") for u in undone]))  # fmt: skip
+        undone = [str(c.get("effect") or c["tool"]) for c in self._compensated]
+        message = redact(
+            self.guard.messages.render(status, facts, unconfirmed=self._unconfirmed, undone=undone)
+        )
         # everything below leaves tether (the outcome's words, checkpoints, handoffs): redacted
         detail, issues, task = redact(detail), redact(issues), redact(self.task)
         usage = self.usage()

@@ -113,6 +113,10 @@ class CustomerMessages:
         "Part of your request needs a person's approval before we go on.{done} We will get "
         "back to you here as soon as it is decided."
     )
+    rolled_back: str = (
+        "We could not complete this request, so we reversed what had already been done.{done} "
+        "You can try again, or reply here for help."
+    )
     done_prefix: str = " Done: "
     undone_prefix: str = " Undone: "
 
@@ -127,6 +131,8 @@ class CustomerMessages:
             done += f"{self.undone_prefix}{'; '.join(undone)}."
         if status in ("failed", "partial") and any(True for _ in unconfirmed):
             status = "unconfirmed"
+        elif status in ("failed", "partial") and undone and not facts:
+            status = "rolled_back"
         template = getattr(self, status, self.failed)
         return str(template).format(done=done)
 

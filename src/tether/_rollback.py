@@ -31,8 +31,9 @@ class Rollback(RunState):
         ``rollback()`` again, or in a process that resumed the run from its checkpoint
         (``compensations`` gives the functions by tool name there), finishes what is left
         and repeats nothing. A compensation that fails, or whose outcome is unknown, hands
-        the run to a person with the facts (the run escalates). Returns what was undone
-        now; ``outcome.compensated`` has everything undone, newest first.
+        the run to a person with the facts (the run escalates). Returns what this call
+        confirmed undone (including what an interrupted earlier rollback had undone, read
+        from the ledger); ``outcome.compensated`` has everything undone, newest first.
         """
         from tether._toolcall import _is_async
 
