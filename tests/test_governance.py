@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -238,7 +239,11 @@ def test_policies_allow_lists_counts_and_failures() -> None:
 def test_a_policy_denial_is_logged_and_traced(caplog: pytest.LogCaptureFixture, otel: Any) -> None:
     exporter, _ = otel
     guard = Guard(policies=[policies.limit("issue_refund", "amount", 5000)])
-    with guard.start() as run, pytest.raises(ToolError):
+    with (
+        caplog.at_level(logging.WARNING, logger="tether"),
+        guard.start() as run,
+        pytest.raises(ToolError),
+    ):
         run.call_tool("issue_refund", lambda **a: a, {"order": "A-1", "amount": 9000})
     assert any("policy denied issue_refund" in r.getMessage() for r in caplog.records)
     events = [e.name for s in exporter.get_finished_spans() for e in s.events]
