@@ -393,3 +393,138 @@ def test_a_rollback_cut_by_a_dying_process_is_finished_by_the_next(tmp_path: Pat
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout) == ["A-3", "A-2", "A-1"]  # A-3 confirmed from the ledger
     assert log.read_text().split() == ["re_A-3", "re_A-2", "re_A-1"]  # each exactly once
+
+
+# --- run_agent: approval, resume, rollback through tether.Tool --------------------------------
+
+
+def test_run_agent_waits_for_approval_and_resumes_with_the_pending_call(
+    server: Any, tmp_path: Path
+) -> None:
+    import anthropic
+
+    from scripted_server import Reply
+    from tether.integrations import anthropic as t_anthropic
+
+    def reply(content: list[dict[str, Any]], stop: str = "end_turn") -> Any:
+        return Reply(200, {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-6",
+                           "content": content, "stop_reason": stop, "stop_sequence": None,
+                           "usage": {"input_tokens": 900, "output_tokens": 80}})  # fmt: skip
+
+    ask = {"type": "tool_use", "id": "tu_1", "name": "issue_refund",
+           "input": {"order": "A-1", "amount": 9000, "uuid": uuid.uuid4().hex}}  # fmt: skip
+    server.script = [reply([ask], stop="tool_use"),
+                     reply([{"type": "text", "text": "Refunded 9000."}])]  # fmt: skip
+    provider = Provider()
+    tools = [tether.Tool("issue_refund", provider.refund, idempotent=False, requires_approval=big,
+                         compensate=provider.cancel)]  # fmt: skip
+    user = [{"role": "user", "content": "refund order A-1"}]
+    with anthropic.Anthropic(api_key="test", base_url=server.url) as raw:
+        first = t_anthropic.run_agent(raw, model="claude-sonnet-4-6", messages=user, tools=tools,
+                                      guard=Guard(**stores(tmp_path)))  # fmt: skip
+        assert first.stopped_because is StopReason.AWAITING_APPROVAL and provider.refunds == []
+        guard = Guard(**stores(tmp_path))
+        guard.approve(first.checkpoint_id, by="alice")  # type: ignore[arg-type]
+        second = t_anthropic.run_agent(raw, model="claude-sonnet-4-6", messages=first.messages,
+                                       tools=tools, guard=guard, resume=first.checkpoint_id)  # fmt: skip
+    assert len(provider.refunds) == 1
+    assert second.status == "success" and second.result == "Refunded 9000."
+    assert len(server.requests) == 2  # the pending call ran without asking the model again
+    results = server.requests[1].body["messages"][-1]["content"]
+    assert results[0]["tool_use_id"] == "tu_1" and "re_1" in results[0]["content"]
+    assert second.usage.model_calls == 2  # counted across the pause
+
+
+def test_openai_pending_calls_are_the_unanswered_ones() -> None:
+    from tether.integrations.openai import _setup
+
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "a", "arguments": "{}"}},
+                   {"id": "c2", "type": "function", "function": {"name": "b", "arguments": '{"x": 1}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "done"}]  # fmt: skip
+    turns = _setup(history, [], "gpt-5", None, None, True, {})
+    assert [(u.id, u.name, u.args) for u in turns.pending()] == [("c2", "b", {"x": 1})]
+    assert _setup(history[:1], [], "gpt-5", None, None, True, {}).pending() == []
+
+
+def test_tool_rejects_bad_governance_fields() -> None:
+    with pytest.raises(TypeError, match="requires_approval"):
+        tether.Tool("t", lambda: 1, requires_approval="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="compensate"):
+        tether.Tool("t", lambda: 1, compensate="undo")  # type: ignore[arg-type]
+
+
+# --- the adapters -----------------------------------------------------------------------------
+
+
+def test_pydantic_ai_approval_then_resume(tmp_path: Path) -> None:
+    import itertools
+
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import FunctionModel
+
+    from tether.integrations import pydantic_ai as ta_pydantic
+
+    provider = Provider()
+    turn = itertools.count()
+
+    def model(messages: list[Any], info: Any) -> ModelResponse:
+        if next(turn) < 2:  # asks, and asks again after the pause (a fresh uuid)
+            args = {"order": "A-1", "amount": 9000, "uuid": uuid.uuid4().hex}
+            return ModelResponse(parts=[ToolCallPart("issue_refund", args)])
+        return ModelResponse(parts=[TextPart("Refunded.")])
+
+    agent = Agent(FunctionModel(model, model_name="scripted"))
+    agent.tool_plain(provider.refund, name="issue_refund")
+    rules = {"side_effects": ["issue_refund"], "requires_approval": {"issue_refund": big},
+             "compensate": {"issue_refund": provider.cancel}}  # fmt: skip
+    first = ta_pydantic.run_sync(agent, "refund A-1", guard=Guard(**stores(tmp_path)), **rules)
+    assert first.stopped_because is StopReason.AWAITING_APPROVAL and provider.refunds == []
+    guard = Guard(**stores(tmp_path))
+    guard.approve(first.checkpoint_id, by="alice")  # type: ignore[arg-type]
+    second = ta_pydantic.run_sync(agent, None, guard=guard, resume=first.checkpoint_id,
+                                  message_history=list(first.messages), **rules)  # fmt: skip
+    assert (
+        second.status == "success" and second.result == "Refunded." and len(provider.refunds) == 1
+    )
+
+
+def test_openai_agents_policy_and_approval(tmp_path: Path) -> None:
+    from agents import Agent, function_tool, set_tracing_disabled
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from tether.integrations import openai_agents as ta_agents
+
+    set_tracing_disabled(True)
+    provider = Provider()
+
+    @function_tool
+    def issue_refund(order: str, amount: int, uuid: str) -> str:
+        """Refund an order."""
+        return json.dumps(provider.refund(order, amount))
+
+    def ask(amount: int, i: int) -> list[Any]:
+        return [function_call("issue_refund", {"order": "A-1", "amount": amount, "uuid": uuid.uuid4().hex},
+                              call_id=f"c{i}")]  # fmt: skip
+
+    # a policy: the model is told the rule and never pays
+    denied = ScriptedModel([ask(90000, 1), [assistant_message("I cannot refund that much.")]])
+    outcome = ta_agents.run_sync(Agent(name="a", model=denied, tools=[issue_refund]), "refund",
+                                 guard=Guard(policies=[policies.limit("issue_refund", "amount", 50000)]))  # fmt: skip
+    assert provider.refunds == [] and outcome.result == "I cannot refund that much."
+    told = [m["output"] for m in outcome.messages if m.get("type") == "function_call_output"]
+    assert told == ["denied by policy: issue_refund: amount 90000 is over the limit of 50000"]
+
+    # an approval: the pause, then the re-issued call runs once
+    scripted = ScriptedModel([ask(9000, 2), ask(9000, 3), [assistant_message("Refunded.")]])
+    agent = Agent(name="a", model=scripted, tools=[issue_refund])
+    rules = {"side_effects": ["issue_refund"], "requires_approval": {"issue_refund": big}}
+    first = ta_agents.run_sync(agent, "refund A-1", guard=Guard(**stores(tmp_path)), **rules)
+    assert first.stopped_because is StopReason.AWAITING_APPROVAL and provider.refunds == []
+    guard = Guard(**stores(tmp_path))
+    guard.approve(first.checkpoint_id, by="alice")  # type: ignore[arg-type]
+    second = ta_agents.run_sync(agent, list(first.messages), guard=guard, resume=first.checkpoint_id,
+                                **rules)  # fmt: skip
+    assert second.status == "success" and len(provider.refunds) == 1

@@ -69,6 +69,9 @@ class Tool:
 
     ``idempotent=False`` runs it at most once through the guard's ledger (``lookup``
     reads the provider's records when an earlier attempt's outcome is unknown).
+    ``requires_approval`` (True, or a predicate of the arguments) stops the run for a
+    person's approval of the call before it runs; ``compensate(result)`` undoes a
+    completed call when the run is rolled back.
     """
 
     name: str
@@ -78,6 +81,8 @@ class Tool:
     idempotent: bool = True
     timeout: float | None = None
     lookup: Callable[[str], Any] | None = None
+    requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False
+    compensate: Callable[[Any], Any] | None = None
     schema: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -85,6 +90,13 @@ class Tool:
             raise ValueError("Tool name must be a non-empty string")
         if not callable(self.fn):
             raise TypeError(f"Tool {self.name!r}: fn must be callable")
+        if not isinstance(self.requires_approval, bool) and not callable(self.requires_approval):
+            raise TypeError(f"Tool {self.name!r}: requires_approval must be a bool or a predicate of the "
+                            f"arguments, got {self.requires_approval!r}")  # fmt: skip
+        if self.compensate is not None and not callable(self.compensate):
+            raise TypeError(
+                f"Tool {self.name!r}: compensate must be callable, got {self.compensate!r}"
+            )
         schema = self.input_schema if self.input_schema is not None else schema_from_hints(self.fn)
         object.__setattr__(self, "schema", schema)
         if not self.description:
@@ -115,6 +127,37 @@ def side_effect_map(side_effects: Any) -> dict[str, Callable[[str], Any] | None]
     if isinstance(side_effects, str):
         raise TypeError("side_effects must be a mapping of tool name to lookup, or a list of names")
     return dict.fromkeys(side_effects)
+
+
+class ToolRules:
+    """What an adapter knows about a framework's tools, by name: which are side effects
+    (and their ``lookup``), their timeouts, which need approval (True or a predicate of the
+    arguments) and how to undo them; as ``run.call_tool`` options."""
+
+    def __init__(
+        self,
+        side_effects: Any = None,
+        timeouts: Mapping[str, float] | None = None,
+        requires_approval: Mapping[str, Any] | None = None,
+        compensate: Mapping[str, Callable[[Any], Any]] | None = None,
+    ) -> None:
+        self.side_effects = side_effect_map(side_effects)
+        self.timeouts = dict(timeouts or {})
+        self.requires_approval = dict(requires_approval or {})
+        self.compensate = dict(compensate or {})
+        for name, fn in self.compensate.items():
+            if not callable(fn):
+                raise TypeError(f"compensate[{name!r}] must be callable, got {fn!r}")
+        for name, rule in self.requires_approval.items():
+            if not isinstance(rule, bool) and not callable(rule):
+                raise TypeError(
+                    f"requires_approval[{name!r}] must be a bool or a predicate, got {rule!r}"
+                )
+
+    def options(self, name: str, timeout: float | None = None) -> dict[str, Any]:
+        return {"timeout": self.timeouts.get(name, timeout), "idempotent": name not in self.side_effects,
+                "lookup": self.side_effects.get(name), "requires_approval": self.requires_approval.get(name, False),
+                "compensate": self.compensate.get(name)}  # fmt: skip
 
 
 def blocking(start: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -16,7 +16,7 @@ from typing import Any
 from tether._errors import CircuitOpenError
 from tether._outcome import Stopped, StopReason, ToolError
 from tether._pricing import UnknownModelError
-from tether._run import Run
+from tether._run import Guard, Run
 from tether.integrations._common import (
     Guarded,
     Tool,
@@ -85,6 +85,16 @@ class Turns(abc.ABC):
     def answer(self, results: list[tuple[ToolUse, str, bool]]) -> None:
         """Write the tool results (use, text, is_error) into the conversation."""
 
+    def pending(self) -> list[ToolUse]:
+        """The tool calls of the conversation's last reply that have no results yet (a
+        resumed run runs them before asking the model again)."""
+        return []
+
+
+def open_run(guard: Guard, resume: str | None, task: str) -> Run:
+    """The run of an agent loop: a new one, or the checkpointed one it continues."""
+    return guard.resume(resume) if resume else guard.start(task=task)
+
 
 def task_of(history: list[Any], task: str = "") -> str:
     """The run's task: the caller's, or the first user message that is text."""
@@ -118,7 +128,8 @@ def _prepare(
 def _tool_kwargs(tool: Tool | None) -> dict[str, Any]:
     if tool is None:
         return {}
-    return {"timeout": tool.timeout, "idempotent": tool.idempotent, "lookup": tool.lookup}
+    return {"timeout": tool.timeout, "idempotent": tool.idempotent, "lookup": tool.lookup,
+            "requires_approval": tool.requires_approval, "compensate": tool.compensate}  # fmt: skip
 
 
 def run_tool(run: Run, turns: Turns, use: ToolUse) -> tuple[ToolUse, str, bool]:
@@ -180,6 +191,9 @@ async def acall_model(run: Run, create: Callable[..., Awaitable[Any]], **kwargs:
 def run_loop(run: Run, turns: Turns, create: Callable[..., Any]) -> None:
     """The sync shell: ask, read, run the tools, answer, until a guard or the answer ends it."""
     run.messages = turns.history
+    pending = turns.pending()
+    if pending:
+        turns.answer([run_tool(run, turns, use) for use in pending])
     while run.proceed():
         uses = turns.read(run, call_model(run, create, **turns.request()))
         if uses:
@@ -191,6 +205,9 @@ def run_loop(run: Run, turns: Turns, create: Callable[..., Any]) -> None:
 async def arun_loop(run: Run, turns: Turns, create: Callable[..., Awaitable[Any]]) -> None:
     """The async shell of :func:`run_loop`: async tools awaited, sync tools in a thread."""
     run.messages = turns.history
+    pending = turns.pending()
+    if pending:
+        turns.answer([await arun_tool(run, turns, use) for use in pending])
     while run.proceed():
         uses = turns.read(run, await acall_model(run, create, **turns.request()))
         if uses:

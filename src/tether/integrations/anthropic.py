@@ -16,7 +16,15 @@ from tether._outcome import Outcome, StopReason
 from tether._retry import RetryPolicy
 from tether._run import Guard, Run
 from tether.integrations._common import Guarded, Tool, require_sync_tools
-from tether.integrations._loop import ToolUse, Turns, arun_loop, async_client, run_loop, task_of
+from tether.integrations._loop import (
+    ToolUse,
+    Turns,
+    arun_loop,
+    async_client,
+    open_run,
+    run_loop,
+    task_of,
+)
 
 __all__ = ["GuardedAnthropic", "Tool", "arun_agent", "guarded", "run_agent"]
 
@@ -80,9 +88,21 @@ class _Turns(Turns):
         if not uses:
             run.succeed("".join(b.get("text", "") for b in content if b.get("type") == "text"))
             return []
+        return self._uses(uses)
+
+    def pending(self) -> list[ToolUse]:
+        last = self.history[-1] if self.history else None
+        if not last or last.get("role") != "assistant" or not isinstance(last.get("content"), list):
+            return []
+        return self._uses(
+            [b for b in last["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
+        )
+
+    @staticmethod
+    def _uses(blocks: list[dict[str, Any]]) -> list[ToolUse]:
         return [ToolUse(str(b.get("id")), str(b.get("name", "")),
                         b["input"] if isinstance(b.get("input"), dict) else None, str(b.get("input")))
-                for b in uses]  # fmt: skip
+                for b in blocks]  # fmt: skip
 
     def answer(self, results: list[tuple[ToolUse, str, bool]]) -> None:
         blocks = []
@@ -118,6 +138,7 @@ def run_agent(
     system: str | None = None,
     task: str = "",
     continue_on_max_tokens: bool = True,
+    resume: str | None = None,
     **create_kwargs: Any,
 ) -> Outcome:
     """The whole tool-use loop under ``guard``, ending in an :class:`tether.Outcome`.
@@ -128,13 +149,16 @@ def run_agent(
     ``pause_turn`` continues. Tool calls go through ``run.call_tool``; their errors go
     back to the model as ``is_error`` tool results, never as raw exception text.
     ``outcome.messages`` is the whole conversation, to continue it with the next turn.
+    ``resume=outcome.checkpoint_id`` (with ``messages=outcome.messages``) continues a run
+    that stopped, e.g. for an approval: the tool calls its last reply asked for and that
+    have no results yet run first, then the loop goes on.
     """
     require_sync_tools(tools)
     turns = _setup(
         messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
     )
     guard = guard or Guard()
-    with guard.start(task=task_of(turns.history, task)) as run:
+    with open_run(guard, resume, task_of(turns.history, task)) as run:
         gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
         run_loop(run, turns, gc.messages.create)
     return run.outcome
@@ -151,6 +175,7 @@ async def arun_agent(
     system: str | None = None,
     task: str = "",
     continue_on_max_tokens: bool = True,
+    resume: str | None = None,
     **create_kwargs: Any,
 ) -> Outcome:
     """The async form of :func:`run_agent`, for ``anthropic.AsyncAnthropic``: async tools
@@ -160,6 +185,6 @@ async def arun_agent(
     )
     client = async_client(client, guarded, "anthropic.AsyncAnthropic")
     guard = guard or Guard()
-    async with guard.start(task=task_of(turns.history, task)) as run:
+    async with open_run(guard, resume, task_of(turns.history, task)) as run:
         await arun_loop(run, turns, client.bind(run).messages.create)
     return run.outcome

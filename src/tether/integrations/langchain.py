@@ -24,7 +24,7 @@ from tether._errors import require
 from tether._guard import Guard
 from tether._outcome import Outcome, Stopped, StopReason, ToolError
 from tether._run import Run
-from tether.integrations._common import result_text, side_effect_map
+from tether.integrations._common import ToolRules, result_text
 
 require("langchain", "langchain")
 
@@ -79,7 +79,9 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     state_schema = TetherState
 
     def __init__(self, guard: Guard, side_effects: Mapping[str, Callable[[str], Any] | None]
-                 | Iterable[str] | None = None, *, timeouts: Mapping[str, float] | None = None) -> None:  # fmt: skip
+                 | Iterable[str] | None = None, *, timeouts: Mapping[str, float] | None = None,
+                 requires_approval: Mapping[str, Any] | None = None,
+                 compensate: Mapping[str, Callable[[Any], Any]] | None = None) -> None:  # fmt: skip
         super().__init__()
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
@@ -87,7 +89,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         # model calls: retried at this one layer, classified by tether, within the run's time
         self._policy = guard.retry.replace(name="model")
         self._warned = False
-        self._tools = ToolGuard(side_effects, timeouts)
+        self._tools = ToolGuard(side_effects, timeouts, requires_approval, compensate)
         self.side_effects = self._tools.side_effects
         self._runs: dict[str, Run] = {}
         self._lock = threading.Lock()
@@ -232,19 +234,18 @@ class ToolGuard:
     """A LangGraph tool call (``ToolCallRequest``) through a run; what the middleware and
     ``tether.integrations.langgraph.tool_wrapper`` share."""
 
-    def __init__(
-        self, side_effects: Any = None, timeouts: Mapping[str, float] | None = None
-    ) -> None:
-        self.side_effects = side_effect_map(side_effects)
-        self.timeouts = dict(timeouts or {})
+    def __init__(self, side_effects: Any = None, timeouts: Mapping[str, float] | None = None,
+                 requires_approval: Mapping[str, Any] | None = None,
+                 compensate: Mapping[str, Callable[[Any], Any]] | None = None) -> None:  # fmt: skip
+        self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate)
+        self.side_effects = self.rules.side_effects
+        self.timeouts = self.rules.timeouts
 
     def _plan(self, request: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
         call = request.tool_call
         name = str(call.get("name", ""))
         args = call.get("args") if isinstance(call.get("args"), dict) else {}
-        options = {"timeout": self.timeouts.get(name), "idempotent": name not in self.side_effects,
-                   "lookup": self.side_effects.get(name)}  # fmt: skip
-        return name, dict(args), options
+        return name, dict(args), self.rules.options(name)
 
     def call(self, run: Run, request: Any, handler: Callable[[Any], Any]) -> Any:
         name, args, options = self._plan(request)

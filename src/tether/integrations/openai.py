@@ -15,7 +15,15 @@ from tether._outcome import Outcome, StopReason
 from tether._retry import RetryPolicy
 from tether._run import Guard, Run
 from tether.integrations._common import Guarded, Tool, require_sync_tools
-from tether.integrations._loop import ToolUse, Turns, arun_loop, async_client, run_loop, task_of
+from tether.integrations._loop import (
+    ToolUse,
+    Turns,
+    arun_loop,
+    async_client,
+    open_run,
+    run_loop,
+    task_of,
+)
 
 __all__ = ["GuardedOpenAI", "Tool", "arun_agent", "guarded", "run_agent"]
 
@@ -92,6 +100,20 @@ class _Turns(Turns):
         return [ToolUse(c.id, c.function.name, _arguments(c.function.arguments), str(c.function.arguments))
                 for c in calls]  # fmt: skip
 
+    def pending(self) -> list[ToolUse]:
+        answered: set[str] = set()
+        for message in reversed(self.history):
+            if message.get("role") == "tool":
+                answered.add(str(message.get("tool_call_id")))
+                continue
+            if message.get("role") != "assistant":
+                return []
+            calls = [c for c in message.get("tool_calls") or () if str(c.get("id")) not in answered]
+            return [ToolUse(str(c.get("id")), str(c.get("function", {}).get("name", "")),
+                            _arguments(c.get("function", {}).get("arguments")),
+                            str(c.get("function", {}).get("arguments"))) for c in calls]  # fmt: skip
+        return []
+
     def answer(self, results: list[tuple[ToolUse, str, bool]]) -> None:
         for use, text, error in results:
             self.history.append({"role": "tool", "tool_call_id": use.id,
@@ -135,6 +157,7 @@ def run_agent(
     system: str | None = None,
     task: str = "",
     continue_on_max_tokens: bool = True,
+    resume: str | None = None,
     **create_kwargs: Any,
 ) -> Outcome:
     """The chat-completions tool loop under ``guard``, ending in an :class:`tether.Outcome`.
@@ -150,7 +173,7 @@ def run_agent(
         messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
     )
     guard = guard or Guard()
-    with guard.start(task=task_of(turns.history, task)) as run:
+    with open_run(guard, resume, task_of(turns.history, task)) as run:
         gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
         run_loop(run, turns, gc.chat.completions.create)
     return run.outcome
@@ -167,6 +190,7 @@ async def arun_agent(
     system: str | None = None,
     task: str = "",
     continue_on_max_tokens: bool = True,
+    resume: str | None = None,
     **create_kwargs: Any,
 ) -> Outcome:
     """The async form of :func:`run_agent`, for ``openai.AsyncOpenAI``: async tools are
@@ -176,6 +200,6 @@ async def arun_agent(
     )
     client = async_client(client, guarded, "openai.AsyncOpenAI")
     guard = guard or Guard()
-    async with guard.start(task=task_of(turns.history, task)) as run:
+    async with open_run(guard, resume, task_of(turns.history, task)) as run:
         await arun_loop(run, turns, client.bind(run).chat.completions.create)
     return run.outcome

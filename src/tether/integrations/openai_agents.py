@@ -29,7 +29,7 @@ from tether._outcome import Outcome, Stopped, StopReason, ToolError
 from tether._pricing import UnknownModelError
 from tether._retry import RetryPolicy, _CallState
 from tether._run import Run
-from tether.integrations._common import blocking, malformed_arguments, side_effect_map
+from tether.integrations._common import ToolRules, blocking, malformed_arguments
 
 require("agents", "openai-agents")
 
@@ -172,9 +172,14 @@ def model_retry(policy: RetryPolicy | None = None, run: Run | None = None) -> Mo
 def guard_tools(
     tools: Iterable[Any],
     run: Run,
-    side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+    side_effects: Mapping[str, Callable[[str], Any] | None]
+    | Iterable[str]
+    | ToolRules
+    | None = None,
     *,
     timeouts: Mapping[str, float] | None = None,
+    requires_approval: Mapping[str, Any] | None = None,
+    compensate: Mapping[str, Callable[[Any], Any]] | None = None,
 ) -> list[Any]:
     """Copies of ``tools`` whose calls go through ``run`` (the originals are untouched).
 
@@ -182,24 +187,24 @@ def guard_tools(
     ``side_effects`` names the non-idempotent tools (a mapping of name to ``lookup``, or
     names): they run at most once per intent through the guard's ledger. A tool's own
     ``timeout_seconds`` becomes tether's timeout for it (unless ``timeouts`` names one),
-    so that one clock decides when an attempt is abandoned.
+    so that one clock decides when an attempt is abandoned. ``requires_approval`` and
+    ``compensate`` (by tool name) are the governance options of ``run.call_tool``.
     """
     if not isinstance(run, Run):
         raise TypeError(f"guard_tools needs a tether Run (guard.start()), got {run!r}")
-    effects = side_effect_map(side_effects)
-    return [_guarded(tool, run, effects, dict(timeouts or {})) for tool in tools]
+    rules = side_effects if isinstance(side_effects, ToolRules) else ToolRules(
+        side_effects, timeouts, requires_approval, compensate)  # fmt: skip
+    return [_guarded(tool, run, rules) for tool in tools]
 
 
-def _guarded(tool: Any, run: Run, effects: dict[str, Callable[[str], Any] | None],
-             timeouts: dict[str, float]) -> Any:  # fmt: skip
+def _guarded(tool: Any, run: Run, rules: ToolRules) -> Any:
     if not isinstance(tool, FunctionTool):
         return tool
     name = tool.name
     # the tool body without the SDK's failure formatter: tether must see the exception
     # (a timeout after a refund was sent is not a tool result to record)
     body = getattr(tool.on_invoke_tool, "_invoke_tool_impl", tool.on_invoke_tool)
-    options: dict[str, Any] = {"timeout": timeouts.get(name, tool.timeout_seconds),
-                               "idempotent": name not in effects, "lookup": effects.get(name)}  # fmt: skip
+    options = rules.options(name, tool.timeout_seconds)
 
     async def invoke(ctx: Any, raw: str) -> Any:
         try:
@@ -241,7 +246,7 @@ def _warn_client_retries(model: Any) -> None:
                      "with max_retries=0 so that retries happen at one layer", retries)  # fmt: skip
 
 
-def _guard_agent(agent: Agent[Any], run: Run, effects: Any, timeouts: Any, policy: RetryPolicy,
+def _guard_agent(agent: Agent[Any], run: Run, rules: ToolRules, policy: RetryPolicy,
                  seen: dict[int, Agent[Any]]) -> Agent[Any]:  # fmt: skip
     """A clone of ``agent`` (and of the agents it hands off to) with guarded tools and
     tether's model retries."""
@@ -253,12 +258,12 @@ def _guard_agent(agent: Agent[Any], run: Run, effects: Any, timeouts: Any, polic
                      "so that retries happen at one layer", agent.name)  # fmt: skip
     _warn_client_retries(agent.model)
     clone = agent.clone(
-        tools=guard_tools(agent.tools, run, effects, timeouts=timeouts),
+        tools=guard_tools(agent.tools, run, rules),
         model_settings=settings.resolve(ModelSettings(retry=model_retry(policy, run))),
     )
     seen[id(agent)] = clone
     clone.handoffs = [
-        _guard_agent(h, run, effects, timeouts, policy, seen) if isinstance(h, Agent) else h
+        _guard_agent(h, run, rules, policy, seen) if isinstance(h, Agent) else h
         for h in agent.handoffs
     ]
     return clone
@@ -295,6 +300,9 @@ async def run(
     guard: Guard,
     side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
     timeouts: Mapping[str, float] | None = None,
+    requires_approval: Mapping[str, Any] | None = None,
+    compensate: Mapping[str, Callable[[Any], Any]] | None = None,
+    resume: str | None = None,
     context: Any = None,
     max_turns: int | None = None,
     run_config: RunConfig | None = None,
@@ -304,7 +312,10 @@ async def run(
 
     ``outcome.result`` is the agent's ``final_output`` when it finished, and
     ``outcome.messages`` the conversation as the SDK's input items (the partial one when
-    a guard stopped the run). Other keyword arguments go to ``Runner.run``.
+    a guard stopped the run). ``requires_approval`` and ``compensate`` (by tool name) are
+    the governance options of ``run.call_tool``; ``resume=outcome.checkpoint_id`` continues
+    a run that stopped (for an approval: pass ``outcome.messages`` as ``input``). Other
+    keyword arguments go to ``Runner.run``.
     """
     if not isinstance(guard, Guard):
         raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
@@ -314,9 +325,10 @@ async def run(
         raise TypeError("run() owns the run hooks: subclass TetherHooks and call Runner.run "
                         "yourself (see guard_tools) to add your own")  # fmt: skip
     turns = _max_turns(guard, max_turns)
-    with guard.start(task=_task(input)) as tether_run:
+    rules = ToolRules(side_effects, timeouts, requires_approval, compensate)
+    with guard.resume(resume) if resume else guard.start(task=_task(input)) as tether_run:
         policy = guard.retry.replace(name="model", clock=tether_run.clock)
-        guarded = _guard_agent(agent, tether_run, side_effects, timeouts, policy, {})
+        guarded = _guard_agent(agent, tether_run, rules, policy, {})
         hooks = TetherHooks(tether_run, model=_model_name(agent, run_config) or None)
         try:
             result = await Runner.run(guarded, input, context=context, max_turns=turns,

@@ -31,7 +31,7 @@ from tether._outcome import Outcome, Stopped, StopReason, ToolError
 from tether._pricing import UnknownModelError
 from tether._retry import _CallState
 from tether._run import Run
-from tether.integrations._common import blocking, provider_breaker, side_effect_map
+from tether.integrations._common import ToolRules, blocking, provider_breaker
 
 require("pydantic_ai", "pydantic-ai")
 
@@ -115,12 +115,16 @@ class TetherCapability(AbstractCapability[Any]):
         side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
         *,
         timeouts: Mapping[str, float] | None = None,
+        requires_approval: Mapping[str, Any] | None = None,
+        compensate: Mapping[str, Callable[[Any], Any]] | None = None,
+        resume: str | None = None,
     ) -> None:
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
         self.guard = guard
-        self.side_effects = side_effect_map(side_effects)
-        self.timeouts = dict(timeouts or {})
+        self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate)
+        self.side_effects = self.rules.side_effects
+        self._resume = resume
         self._policy = guard.retry.replace(name="model")
         self._live: dict[str, _Live] = {}
         self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
@@ -138,7 +142,8 @@ class TetherCapability(AbstractCapability[Any]):
     # --- the run ------------------------------------------------------------------------
 
     async def wrap_run(self, ctx: Any, *, handler: Any) -> Any:
-        run = self.guard.start(task=_task(ctx.prompt))
+        resume, self._resume = self._resume, None  # a checkpoint continues one run, once
+        run = self.guard.resume(resume) if resume else self.guard.start(task=_task(ctx.prompt))
         run.__enter__()
         key = str(ctx.run_id)
         with self._lock:
@@ -292,10 +297,7 @@ class TetherCapability(AbstractCapability[Any]):
 
         arguments = dict(args) if isinstance(args, Mapping) else {"args": args}
         try:
-            return await live.run.acall_tool(
-                name, attempt, arguments, timeout=self.timeouts.get(name),
-                idempotent=name not in self.side_effects, lookup=self.side_effects.get(name),
-            )  # fmt: skip
+            return await live.run.acall_tool(name, attempt, arguments, **self.rules.options(name))
         except ToolError as exc:
             if control:
                 raise control[-1] from None
@@ -316,17 +318,24 @@ async def run(
     guard: Guard,
     side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
     timeouts: Mapping[str, float] | None = None,
+    requires_approval: Mapping[str, Any] | None = None,
+    compensate: Mapping[str, Callable[[Any], Any]] | None = None,
+    resume: str | None = None,
     **agent_options: Any,
 ) -> Outcome:
     """Run ``agent`` on ``prompt`` under ``guard``; the :class:`tether.Outcome`.
 
     ``outcome.result`` is the agent's output when it finished (validated by PydanticAI),
     ``outcome.messages`` its messages (``all_messages()``; the ones so far when a guard
-    stopped it). Other keyword arguments go to ``agent.run``.
+    stopped it). ``requires_approval`` and ``compensate`` (by tool name) are the governance
+    options of ``run.call_tool``; ``resume=outcome.checkpoint_id`` continues a run that
+    stopped (pass ``message_history=outcome.messages``). Other keyword arguments go to
+    ``agent.run``.
     """
     if not isinstance(agent, Agent):
         raise TypeError(f"agent must be a pydantic_ai.Agent, got {agent!r}")
-    capability = TetherCapability(guard, side_effects, timeouts=timeouts)
+    capability = TetherCapability(guard, side_effects, timeouts=timeouts, compensate=compensate,
+                                  requires_approval=requires_approval, resume=resume)  # fmt: skip
     extra = list(agent_options.pop("capabilities", None) or ())
     try:
         result = await agent.run(prompt, capabilities=[capability, *extra], **agent_options)
