@@ -1,6 +1,6 @@
 """tether: keep LLM agents bounded and their side effects safe."""
 
-from tether import backoff, clock, stores, telemetry
+from tether import backoff, clock, policies, stores, telemetry
 from tether._breaker import BreakerRegistry, CircuitBreaker, breakers
 from tether._budget import RetryBudget
 from tether._canonical import VOLATILE_FIELDS, canonical_json, intent_key
@@ -20,6 +20,7 @@ from tether._errors import (
     UnknownOutcome,
 )
 from tether._events import BreakerEvent, RetryEvent
+from tether._governance import ApprovalError, ApprovalRecord, ApprovalRejected, PolicyDenied
 from tether._handoff import CustomerMessages, Escalation, HandoffRecord, webhook
 from tether._limiter import AdaptiveLimiter
 from tether._loops import LoopPolicy
@@ -44,6 +45,9 @@ from tether.integrations._common import Tool
 
 __all__ = [
     "AdaptiveLimiter",
+    "ApprovalError",
+    "ApprovalRecord",
+    "ApprovalRejected",
     "BreakerEvent",
     "BreakerRegistry",
     "Budget",
@@ -73,6 +77,7 @@ __all__ = [
     "MissingExtraError",
     "Outcome",
     "PRICES",
+    "PolicyDenied",
     "Price",
     "PriceTable",
     "RedactedArguments",
@@ -105,6 +110,7 @@ __all__ = [
     "clock",
     "current_idempotency_key",
     "intent_key",
+    "policies",
     "redact",
     "register_classifier",
     "retry",
