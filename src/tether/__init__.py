@@ -34,6 +34,7 @@ from tether._persist import (
     RedactedArguments,
 )
 from tether._pricing import PRICES, Price, PriceTable, UnknownModelError
+from tether._records import Records
 from tether._redact import add_secret_names, add_secret_patterns, redact
 from tether._retry import RetryPolicy, RetryStats, retry
 from tether._run import Budget, Guard, Run
@@ -80,6 +81,7 @@ __all__ = [
     "PolicyDenied",
     "Price",
     "PriceTable",
+    "Records",
     "RedactedArguments",
     "RetryBudget",
     "RetryEvent",

@@ -179,13 +179,16 @@ class Ending(RunState):
             handoff = HandoffRecord(f"ho_{uuid.uuid4().hex[:20]}", self.run_id, task, reason, detail,
                                     tuple(redact(_jsonable(self.transcript))), tuple(facts), tuple(issues),
                                     message, self.clock.wall())  # fmt: skip
-            delivery = _Delivery(esc.sink if esc is not None else None)
-            delivery.deliver(handoff)
-            issues.extend(delivery.errors)
+            for sink in (esc.sink if esc is not None else None,
+                         self.guard.records.handoffs if self.guard.records is not None else None):  # fmt: skip
+                delivery = _Delivery(sink)
+                delivery.deliver(handoff)
+                issues.extend(delivery.errors)
         self._outcome = Outcome(status, reason, self._result, tuple(self.partial), detail, tuple(issues),
                                 usage, checkpoint_id, message, self.run_id, handoff,
                                 tuple(self.messages or ()), self._error, tuple(self._compensated),
                                 pending)  # fmt: skip
+        self._record(self._outcome, task)
         if amend:
             return self._outcome
         telemetry.end_step(self._step_span)
@@ -200,6 +203,27 @@ class Ending(RunState):
             except Exception:
                 _log.exception("tether: on_stop hook raised; ignored")
         return self._outcome
+
+    def _record(self, outcome: Outcome, task: str) -> None:
+        """File the outcome in the guard's records (what the operator page lists)."""
+        records = self.guard.records
+        if records is None:
+            return
+        usage = outcome.usage
+        doc = {"run_id": self.run_id, "task": task, "status": outcome.status, "reason": outcome.stopped_because.value,
+               "detail": outcome.detail, "usage": _usage_doc(usage), "cost_usd": usage.cost_usd,
+               "steps": usage.steps, "seconds": usage.seconds, "open_issues": list(outcome.open_issues),
+               "customer_message": outcome.customer_message, "result": redact(_jsonable(outcome.result)),
+               "partial": redact(_jsonable(self.partial)), "transcript": redact(_jsonable(self.transcript)),
+               "checkpoint_id": outcome.checkpoint_id, "error": outcome.error,
+               "handoff_id": getattr(outcome.handoff, "id", None), "compensated": list(outcome.compensated),
+               "pending_approval": outcome.pending_approval, "ended_at": self.clock.wall()}  # fmt: skip
+        try:
+            records.runs.save(doc, self.clock.wall())
+        except Exception as exc:  # a failing store never loses the outcome
+            _log.error(
+                "tether: run %s: its record could not be written: %s", self.run_id, redact(str(exc))
+            )
 
     def _roll_back(self) -> None:
         raise NotImplementedError  # the Rollback mixin of tether.Run

@@ -22,6 +22,7 @@ from tether._loops import LoopPolicy
 from tether._outcome import Outcome, StopReason, Usage
 from tether._persist import Checkpoints, DeadLetters
 from tether._pricing import PriceTable
+from tether._records import Records
 from tether._redact import redact
 from tether._retry import RetryPolicy
 from tether.clock import Clock, system_clock
@@ -124,6 +125,7 @@ class Guard:
         model_errors: tuple[type[BaseException], ...] = (ValueError,),
         policies: Iterable[Callable[..., str | None]] = (),
         rollback_on: Iterable[StopReason | str] = (),
+        records: Records | None = None,
     ) -> None:
         _expect("budget", budget, Budget, "tether.Budget(max_steps=...)")
         _expect("loops", loops, LoopPolicy, "tether.LoopPolicy(...)")
@@ -134,6 +136,12 @@ class Guard:
         _expect("escalation", escalation, Escalation, "tether.Escalation(...)")
         _expect("prices", prices, PriceTable, "tether.PriceTable({...})")
         _expect("messages", messages, CustomerMessages, "tether.CustomerMessages(...)")
+        _expect("records", records, Records, "tether.Records.sqlite(path)")
+        if records is not None:  # one database for the run's records, unless told otherwise
+            checkpoints = checkpoints if checkpoints is not None else records.checkpoints
+            dead_letters = dead_letters if dead_letters is not None else records.dead_letters
+        #: where every ended run's outcome, handoff and approval is recorded (tether serve)
+        self.records = records
         if clock is not None and not isinstance(clock, Clock):
             raise TypeError(f"clock must be a tether clock (tether.VirtualClock()), got {clock!r}")
         if breaker_threshold is not None and (

@@ -409,13 +409,52 @@ class DeadLetters(_Collection):
 
 
 class Handoffs(_Collection):
-    """A table of handoff records (a sink for :class:`tether.Escalation`)."""
+    """A table of handoff records (a sink for :class:`tether.Escalation`), each with its
+    case state: ``open`` -> ``claimed`` (by a person) -> ``resolved`` (with a note)."""
 
     kind = "handoff"
 
     def __call__(self, record: Any) -> None:
         doc = record.to_doc()
+        doc.setdefault("state", "open")
         self.store.put(self.kind, doc["id"], doc, doc["at"])
 
+    def get(self, handoff_id: str) -> dict[str, Any]:
+        text = self.store.get(self.kind, handoff_id)
+        if text is None:
+            raise KeyError(f"no handoff {handoff_id!r}")
+        doc: dict[str, Any] = json.loads(text)
+        doc.setdefault("state", "open")
+        return doc
+
     def list(self, limit: int = 50) -> list[dict[str, Any]]:
-        return [json.loads(text) for _, text in self.store.list(self.kind, limit)]
+        """Open cases first (then claimed, then resolved), newest first in each."""
+        docs = [json.loads(text) for _, text in self.store.list(self.kind, limit)]
+        order = {"open": 0, "claimed": 1, "resolved": 2}
+        for doc in docs:
+            doc.setdefault("state", "open")
+        return sorted(docs, key=lambda d: (order.get(d["state"], 3), -float(d.get("at") or 0)))
+
+    def claim(self, handoff_id: str, *, by: str, at: float) -> dict[str, Any]:
+        """A person takes the case (a resolved case cannot be claimed again)."""
+        doc = self.get(handoff_id)
+        if doc["state"] == "resolved":
+            raise ValueError(f"handoff {handoff_id} is resolved already")
+        doc.update(state="claimed", claimed_by=_who(by), claimed_at=at)
+        self.store.put(self.kind, handoff_id, doc, float(doc["at"]))
+        return doc
+
+    def resolve(self, handoff_id: str, *, by: str, note: str, at: float) -> dict[str, Any]:
+        """The case is closed, with what was done (the note is redacted)."""
+        doc = self.get(handoff_id)
+        if doc["state"] == "resolved":
+            raise ValueError(f"handoff {handoff_id} is resolved already")
+        doc.update(state="resolved", resolved_by=_who(by), resolved_at=at, resolution=redact(note))
+        self.store.put(self.kind, handoff_id, doc, float(doc["at"]))
+        return doc
+
+
+def _who(by: str) -> str:
+    if not isinstance(by, str) or not by.strip():
+        raise ValueError("by must name who acts (a non-empty string)")
+    return by.strip()[:100]

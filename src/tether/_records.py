@@ -1,0 +1,92 @@
+"""One place for a guard's records: run outcomes, checkpoints, approvals, handoffs and
+dead letters in one database (SQLite file or PostgreSQL), what ``tether serve`` shows."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tether._governance import Approvals
+from tether._persist import (
+    Checkpoints,
+    DeadLetters,
+    DocumentStore,
+    Handoffs,
+    MemoryDocuments,
+    PostgresDocuments,
+    SqliteDocuments,
+    _Collection,
+)
+
+__all__ = ["Records", "Runs"]
+
+
+class Runs(_Collection):
+    """Every ended run's outcome (status, reason, usage, cost, duration, task, open issues,
+    the customer message, its tool calls and steps), one record per run, the latest state."""
+
+    kind = "run"
+
+    def save(self, doc: dict[str, Any], at: float) -> None:
+        self.store.put(self.kind, str(doc["run_id"]), doc, at)
+
+    def get(self, run_id: str) -> dict[str, Any] | None:
+        text = self.store.get(self.kind, run_id)
+        return None if text is None else dict(json.loads(text))
+
+    def list(self, limit: int = 200) -> list[dict[str, Any]]:
+        """The newest runs first."""
+        rows = [json.loads(text) for _, text in self.store.list(self.kind, limit)]
+        return sorted(rows, key=lambda d: d.get("ended_at") or 0.0, reverse=True)
+
+
+class Records:
+    """Where a guard's runs leave their records: ``Guard(records=Records.sqlite(path))``.
+
+    One database holds the run outcomes (:attr:`runs`), :attr:`checkpoints`,
+    :attr:`approvals`, :attr:`handoffs` and :attr:`dead_letters`; a guard given records
+    uses them for whichever of ``checkpoints=``/``dead_letters=`` it was not given, and
+    files every handoff in :attr:`handoffs` (besides an escalation sink of its own).
+    ``tether serve --db`` shows the same database.
+    """
+
+    def __init__(self, store: DocumentStore) -> None:
+        self.store = store
+        self.runs = Runs(store)
+        self.checkpoints = Checkpoints(store)
+        self.approvals = Approvals(store)
+        self.handoffs = Handoffs(store)
+        self.dead_letters = DeadLetters(store)
+
+    def __repr__(self) -> str:
+        return f"Records({type(self.store).__name__})"
+
+    @classmethod
+    def memory(cls) -> Records:
+        return cls(MemoryDocuments())
+
+    @classmethod
+    def sqlite(cls, path: str) -> Records:
+        return cls(SqliteDocuments(path))
+
+    @classmethod
+    def postgres(cls, dsn: str, table: str = "tether_documents") -> Records:
+        return cls(PostgresDocuments(dsn, table))
+
+    @classmethod
+    def open(cls, where: str) -> Records:
+        """A PostgreSQL DSN (``postgresql://...``) or a SQLite path."""
+        if where.startswith(("postgres://", "postgresql://")) or (
+            "=" in where and " " in where.strip()
+        ):
+            return cls.postgres(where)
+        return cls.sqlite(where)
+
+    def close(self) -> None:
+        self.dead_letters.close()  # its replay ledger, then the shared connection
+
+    def __enter__(self) -> Records:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
