@@ -56,6 +56,23 @@ def register(sub: Any) -> None:
         action.add_argument("--db", default=argparse.SUPPRESS, help=db_help)
     dlq.set_defaults(run_command=_dlq)
 
+    serve = sub.add_parser("serve", help="the operator page: runs, inbox, dead letters, breakers")
+    serve.add_argument(
+        "--db",
+        required=True,
+        help="the records: a SQLite file or a PostgreSQL DSN (what Guard(records=...) writes)",
+    )
+    serve.add_argument("--redis", help="a Redis URL, for the breakers page")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    serve.add_argument(
+        "--token",
+        default=os.environ.get("TETHER_SERVE_TOKEN"),
+        help="require this token (default $TETHER_SERVE_TOKEN); needed off loopback",
+    )
+    serve.add_argument("--handler", help="module:function that replays dead letters")
+    serve.set_defaults(run_command=_serve)  # fmt: skip
+
 
 def _bench(args: argparse.Namespace) -> int:
     from tether import bench
@@ -148,19 +165,55 @@ def _dlq(args: argparse.Namespace) -> int:
         return _replay(letters, letter, args.handler, args.force)
 
 
-def _replay(letters: Any, letter: Any, spec: str, force: bool) -> int:
+def _import_handler(spec: str, command: str) -> Any:
+    """``module:function``, imported from the current directory as ``python -m`` would;
+    None (after saying why) when it cannot be."""
     module, _, name = spec.partition(":")
     if not module or not name:
-        print("tether dlq: --handler must be module:function", file=sys.stderr)
-        return 2
+        print(f"tether {command}: --handler must be module:function", file=sys.stderr)
+        return None
     import importlib
 
-    if os.getcwd() not in sys.path:  # import from the current directory, as python -m does
+    if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        handler = getattr(importlib.import_module(module), name)
+        return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
-        print(f"tether dlq: cannot import the handler {spec!r}: {exc}", file=sys.stderr)
+        print(f"tether {command}: cannot import the handler {spec!r}: {exc}", file=sys.stderr)
+        return None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from tether.serve import create_app, is_loopback
+
+    if not is_loopback(args.host) and not args.token:
+        print(f"tether serve: {args.host} is not a loopback address: give a token (--token or "
+              "TETHER_SERVE_TOKEN) so that only people who have it can act", file=sys.stderr)  # fmt: skip
+        return 2
+    is_dsn = args.db.startswith(("postgres://", "postgresql://")) or "=" in args.db
+    if not is_dsn and not os.path.isfile(args.db):
+        print(f"tether serve: {args.db}: no such file (give the SQLite file your "
+              "Records.sqlite(...) writes, or a PostgreSQL DSN)", file=sys.stderr)  # fmt: skip
+        return 2
+    handler = None
+    if args.handler:
+        handler = _import_handler(args.handler, "serve")
+        if handler is None:
+            return 2
+    import uvicorn
+
+    app = create_app(args.db, redis=args.redis, token=args.token, handler=handler)
+    print(
+        f"tether serve: http://{args.host}:{args.port}/"
+        + ("  (token required)" if args.token else "")
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _replay(letters: Any, letter: Any, spec: str, force: bool) -> int:
+    handler = _import_handler(spec, "dlq")
+    if handler is None:
         return 2
     again = letter.replayed and not force
     from tether._persist import RedactedArguments

@@ -600,6 +600,38 @@ class RedisStore:
             return "half_open", at
         return st, at
 
+    # --- the operator's view: every breaker, and forcing one ----------------------------
+
+    def breaker_names(self, limit: int = 1000) -> list[str]:
+        """The names of the breakers this store holds state for."""
+        head = f"{self.prefix}:breaker:"
+        names = []
+        for key in self.client.scan_iter(match=head + "*", count=500):
+            names.append(_s(key)[len(head) :])
+            if len(names) >= limit:
+                break
+        return sorted(names)
+
+    def breaker_force(self, name: str, state: str, seconds: float = 0.0) -> None:
+        """Open a breaker for ``seconds`` (an operator's decision: the dependency is down),
+        or close it; every process sees it at its next read (its cache is one ``cache_ttl``)."""
+        if state not in ("open", "closed"):
+            raise ValueError(f"state must be 'open' or 'closed', got {state!r}")
+        key = self._key("breaker", name)
+        seconds_now, micros = self.client.time()
+        now = seconds_now + micros / 1e6
+        fields: dict[str, Any] = {"state": state, "inflight": 0, "probe_ok": 0}
+        if state == "open":
+            fields.update(retry_at=now + seconds, opened_at=now, open_wait=seconds)
+        else:
+            fields.update(retry_at=0, failures=0, window="")
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(key, mapping=fields)
+        pipe.hincrby(key, "version", 1)
+        pipe.pexpire(key, self._ttl_ms)
+        pipe.execute()
+        self._breaker_cache.clear()
+
     # --- budget ---------------------------------------------------------------------
 
     def _p_budget_spend(self, name: str, capacity: float, cost: float) -> Plan[tuple[bool, float]]:

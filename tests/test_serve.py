@@ -1,0 +1,360 @@
+"""``tether serve``: every page and action over HTTP (the ASGI test client), the token and
+CSRF refusals, and a real headless Chromium resolving a case in the inbox."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+import tether
+from tether import Guard, Records, ToolError
+from tether.cli import main
+from tether.serve import create_app
+from tether.stores._redis import RedisStore
+
+SECRET = "sk-live-" + "4f9a8b7c6d5e4f3a2b1c0d9e"
+
+
+class World:
+    """Records with one run of each kind: a success, an escalation, a pending approval, a
+    dead letter; plus what the tools did."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.records = Records.sqlite(self.path)
+        self.guard = Guard(records=self.records, retry=tether.RetryPolicy(base=0.01, cap=0.02))
+        self.refunds: list[dict[str, Any]] = []
+        self.replayed: list[dict[str, Any]] = []
+        with self.guard.start(task="look up invoice 99") as run:
+            run.proceed()
+            run.record_model_call(model="claude-sonnet-4-6", input_tokens=1200, output_tokens=80)
+            run.call_tool("search", lambda q: {"hits": 1}, {"q": "invoice 99"})
+            run.succeed({"invoice": 99})
+        with self.guard.start(task="<script>alert('x')</script> angry customer") as run:
+            run.proceed()
+            run.call_tool("search", lambda q: {"hits": 0}, {"q": "order 7"})
+            run.escalate("the customer asked for a person")
+        self.escalated = run.outcome
+        with self.guard.start(task="refund order A-1") as run:
+            run.proceed()
+            self.refund(run)
+        self.awaiting = run.outcome
+        with self.guard.start(task="charge card") as run:
+
+            def charge(customer: str, api_key: str) -> None:
+                raise PermissionError("card declined")
+
+            try:
+                run.call_tool(
+                    "charge", charge, {"customer": "c_1", "api_key": SECRET}, idempotent=False
+                )
+            except ToolError:
+                pass
+            run.fail("the card was declined")
+        self.letter = self.records.dead_letters.list()[0]
+
+    def refund(self, run: tether.Run) -> Any:
+        def issue_refund(order: str, amount: int) -> dict[str, Any]:
+            self.refunds.append({"order": order, "amount": amount})
+            return {"id": f"re_{len(self.refunds)}"}
+
+        return run.call_tool("issue_refund", issue_refund, {"order": "A-1", "amount": 9000},
+                             idempotent=False, requires_approval=True)  # fmt: skip
+
+    def replay_handler(self, customer: str, api_key: str = "", redacted: Any = None) -> str:
+        self.replayed.append({"customer": customer, "redacted": redacted})
+        return "charged"
+
+    def close(self) -> None:
+        self.records.close()
+        self.guard.ledger.close()
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path / "records.db")
+    yield w
+    w.close()
+
+
+def client(world: World, **options: Any) -> TestClient:
+    options.setdefault("handler", world.replay_handler)
+    return TestClient(create_app(world.records, **options), base_url="http://127.0.0.1:8765")
+
+
+def post(c: TestClient, path: str, **form: str) -> Any:
+    c.get("/runs")  # the CSRF cookie comes with a page
+    return c.post(
+        path, data={"csrf": c.cookies.get("tether_csrf") or "", **form}, follow_redirects=False
+    )
+
+
+# --- pages --------------------------------------------------------------------------------------
+
+
+def test_every_page_renders_what_the_records_hold(world: World) -> None:
+    c = client(world)
+    runs = c.get("/runs")
+    assert runs.status_code == 200
+    for words in (
+        "look up invoice 99",
+        "refund order A-1",
+        "awaiting_approval",
+        "escalated",
+        "$0.0048",
+    ):
+        assert words in runs.text
+    assert "&lt;script&gt;" in runs.text and "<script>alert" not in runs.text  # escaped
+    only = c.get("/runs", params={"status": "escalated"}).text
+    assert "angry customer" in only and "look up invoice 99" not in only
+    assert "charge card" in c.get("/runs", params={"reason": "failed"}).text
+
+    run = c.get(f"/runs/{world.escalated.run_id}").text
+    for words in ("the customer asked for a person", "search", world.escalated.customer_message[:40],
+                  world.escalated.handoff.id):  # fmt: skip
+        assert words in run
+    assert c.get("/runs/run_nope").status_code == 404
+
+    inbox = c.get("/inbox").text
+    assert "issue_refund" in inbox and "9000" in inbox and "angry customer" in inbox
+    letters = c.get("/dead-letters").text
+    assert "charge" in letters and "card declined" in letters
+    letter = c.get(f"/dead-letters/{world.letter.id}").text
+    assert "args.api_key" in letter and SECRET not in letter
+    assert "--redis" in c.get("/breakers").text
+    assert c.get("/", follow_redirects=False).headers["location"] == "/runs"
+
+
+def test_values_are_redacted_again_when_shown(world: World) -> None:
+    doc = {"run_id": "run_old", "task": f"old record with {SECRET}", "status": "failed", "reason": "error",
+           "steps": 1, "cost_usd": 0, "seconds": 1, "open_issues": [], "ended_at": time.time(),
+           "usage": {}, "transcript": [], "partial": [], "customer_message": "", "detail": ""}  # fmt: skip
+    world.records.runs.store.put("run", "run_old", doc, time.time())  # written by an old version
+    page = client(world).get("/runs").text
+    assert "old record with" in page and SECRET not in page
+
+
+# --- actions ------------------------------------------------------------------------------------
+
+
+def test_a_case_is_claimed_then_resolved(world: World) -> None:
+    c = client(world)
+    handoff = world.escalated.handoff.id
+    assert post(c, f"/handoffs/{handoff}/claim", by="alice").status_code == 303
+    assert world.records.handoffs.get(handoff)["claimed_by"] == "alice"
+    response = post(c, f"/handoffs/{handoff}/resolve", by="alice", note="called the customer back")
+    assert response.status_code == 303
+    doc = world.records.handoffs.get(handoff)
+    assert (doc["state"], doc["resolution"]) == ("resolved", "called the customer back")
+    assert "Resolved by alice: called the customer back" in c.get("/inbox").text
+    assert post(c, f"/handoffs/{handoff}/resolve", by="bob", note="again").status_code == 400
+    assert post(c, f"/handoffs/{handoff}/claim", by="").status_code == 400
+
+
+def test_an_approval_from_the_page_lets_the_resumed_run_pay_once(world: World) -> None:
+    c = client(world)
+    pending = world.awaiting.pending_approval
+    assert post(c, f"/approvals/{pending['id']}/approve", by="alice", note="ok").status_code == 303
+    with world.guard.resume(world.awaiting.checkpoint_id) as run:
+        run.succeed(world.refund(run))
+    assert len(world.refunds) == 1 and run.outcome.status == "success"
+    assert post(c, f"/approvals/{pending['id']}/reject", by="bob").status_code == 400  # decided
+    assert "used" in c.get("/inbox").text
+
+
+def test_a_rejection_from_the_page_reaches_the_model(world: World) -> None:
+    c = client(world)
+    pending = world.awaiting.pending_approval
+    assert (
+        post(c, f"/approvals/{pending['id']}/reject", by="bob", note="too large").status_code == 303
+    )
+    with (
+        world.guard.resume(world.awaiting.checkpoint_id) as run,
+        pytest.raises(ToolError, match="too large"),
+    ):
+        world.refund(run)
+    assert world.refunds == []
+    assert post(c, f"/approvals/{pending['id']}/approve", by="").status_code == 400
+
+
+def test_a_dead_letter_is_replayed_at_most_once(world: World) -> None:
+    c = client(world)
+    path = f"/dead-letters/{world.letter.id}/replay"
+    assert post(c, path).status_code == 303
+    assert post(c, path).status_code == 303  # a second click
+    assert [r["redacted"] for r in world.replayed] == [["args.api_key"]]
+    assert "replayed" in c.get(f"/dead-letters/{world.letter.id}").text
+
+
+def test_a_handler_that_cannot_fill_redacted_fields_is_refused(world: World) -> None:
+    def careless(customer: str, api_key: str = "") -> None:
+        world.replayed.append({"customer": customer})
+
+    c = client(world, handler=careless)
+    response = post(c, f"/dead-letters/{world.letter.id}/replay")
+    assert response.status_code == 400 and "redacted" in response.text
+    assert world.replayed == []
+    no_handler = client(world, handler=None)
+    assert "Replay is off" in no_handler.get("/dead-letters").text
+    assert post(no_handler, f"/dead-letters/{world.letter.id}/replay").status_code == 400
+
+
+def test_breakers_from_redis_can_be_forced_open_and_closed(world: World, redis_url: str) -> None:
+    store = RedisStore(redis_url, prefix=f"t_{uuid.uuid4().hex[:8]}")
+    try:
+        breaker = tether.CircuitBreaker("payments", failure_threshold=2, store=store)
+        for _ in range(2):
+            with pytest.raises(ConnectionError):
+                breaker.call(lambda: (_ for _ in ()).throw(ConnectionError("down")))
+        c = client(world, redis=store)
+        page = c.get("/breakers").text
+        assert "payments" in page and 'pill open">open' in page
+        assert post(c, "/breakers/payments/close").status_code == 303
+        assert store.breaker_state("payments", time.time())[0] == "closed"
+        assert post(c, "/breakers/payments/open", seconds="120").status_code == 303
+        state, retry_at = store.breaker_state("payments", time.time())
+        assert state == "open" and 100 < retry_at - time.time() <= 120
+        assert post(c, "/breakers/payments/open", seconds="-1").status_code == 400
+    finally:
+        store.reset()
+        store.close()
+
+
+# --- safety -------------------------------------------------------------------------------------
+
+
+def test_a_token_is_required_when_configured(world: World) -> None:
+    c = client(world, token="s3cret-token")
+    assert c.get("/runs").status_code == 401
+    assert c.get("/runs", params={"token": "wrong"}).status_code == 401
+    hop = c.get("/runs", params={"token": "s3cret-token"}, follow_redirects=False)
+    assert hop.status_code == 303 and "token" not in hop.headers["location"]
+    assert c.get("/runs").status_code == 200  # the cookie carries it now
+    bearer = client(world, token="s3cret-token")
+    assert bearer.get("/inbox", headers={"authorization": "Bearer s3cret-token"}).status_code == 200
+    stranger = client(world, token="s3cret-token")
+    assert (
+        stranger.post(f"/handoffs/{world.escalated.handoff.id}/claim", data={"by": "x"}).status_code
+        == 401
+    )
+
+
+def test_state_changes_need_the_csrf_token_and_this_origin(world: World) -> None:
+    c = client(world)
+    handoff = world.escalated.handoff.id
+    c.get("/inbox")
+    assert c.post(f"/handoffs/{handoff}/claim", data={"by": "mallory"}).status_code == 403
+    assert (
+        c.post(f"/handoffs/{handoff}/claim", data={"by": "m", "csrf": "forged"}).status_code == 403
+    )
+    csrf = c.cookies.get("tether_csrf") or ""
+    cross = c.post(f"/handoffs/{handoff}/claim", data={"by": "m", "csrf": csrf},
+                   headers={"origin": "https://evil.example"})  # fmt: skip
+    assert cross.status_code == 403
+    assert c.get(f"/handoffs/{handoff}/claim").status_code == 405  # never a GET
+    assert world.records.handoffs.get(handoff)["state"] == "open"
+
+
+def test_the_command_refuses_an_open_address_without_a_token(world: World, capsys: Any) -> None:
+    assert main(["serve", "--db", world.path, "--host", "0.0.0.0"]) == 2
+    assert "not a loopback address" in capsys.readouterr().err
+    assert main(["serve", "--db", "/nonexistent/records.db"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["serve", "--db", world.path, "--handler", "nomodule"]) == 2
+
+
+def test_records_on_postgres(pg_dsn: str) -> None:
+    table = f"t_rec_{uuid.uuid4().hex[:8]}"
+    records = Records.postgres(pg_dsn, table=table)
+    try:
+        guard = Guard(records=records)
+        with guard.start(task="escalate me") as run:
+            run.escalate("needs a person")
+        page = TestClient(create_app(records)).get("/inbox").text
+        assert "escalate me" in page and "needs a person" in page
+    finally:
+        records.close()
+
+
+# --- a real browser ----------------------------------------------------------------------------
+
+CHROMIUM = os.environ.get("TETHER_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def live(world: World) -> Iterator[str]:
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(world.records, handler=world.replay_handler),
+                                           host="127.0.0.1", port=port, log_level="warning"))  # fmt: skip
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start"
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def not_blank(path: Path) -> None:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        colours = image.convert("RGB").getcolors(maxcolors=1_000_000)
+    assert colours is not None and len(colours) > 20, f"{path.name} looks blank"
+
+
+def test_a_case_resolved_in_a_real_browser(world: World, live: str, tmp_path: Path) -> None:
+    """Headless Chromium (Debian's package) driven by Playwright: every page is drawn, and
+    a case is resolved from the inbox."""
+    from playwright.sync_api import sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"Chromium is not installed at {CHROMIUM} (apt-get install chromium; "
+                    "or set TETHER_CHROMIUM)", pytrace=False)  # fmt: skip
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        for name, path in (("runs", "/runs"), ("run", f"/runs/{world.escalated.run_id}"),
+                           ("inbox", "/inbox"), ("dead-letters", "/dead-letters"),
+                           ("dead-letter", f"/dead-letters/{world.letter.id}"), ("breakers", "/breakers")):  # fmt: skip
+            page.goto(live + path)
+            page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+            not_blank(shots / f"{name}.png")
+        page.goto(live + "/inbox")
+        case = page.locator(f"#{world.escalated.handoff.id}")
+        case.locator("form[action$='/resolve'] input[name=by]").fill("alice")
+        case.locator("form[action$='/resolve'] input[name=note]").fill("refunded by hand")
+        case.locator("form[action$='/resolve'] button").click()
+        page.wait_for_url("**/inbox*")
+        text = page.locator(f"#{world.escalated.handoff.id}").inner_text()
+        assert "Resolved by alice: refunded by hand" in text
+        page.screenshot(path=str(shots / "inbox-resolved.png"), full_page=True)
+        browser.close()
+    assert world.records.handoffs.get(world.escalated.handoff.id)["state"] == "resolved"
+    target = os.environ.get("TETHER_SCREENSHOTS")  # set to docs/img to refresh the README's
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        for name in ("runs", "inbox"):
+            shutil.copy(shots / f"{name}.png", Path(target) / f"{name}.png")
