@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry import metrics, trace
@@ -92,3 +93,116 @@ def otel() -> Iterator[tuple[InMemorySpanExporter, InMemoryMetricReader]]:
     metrics._internal._METER_PROVIDER_SET_ONCE = Once()
     metrics._internal._METER_PROVIDER = None
     telemetry.reset()
+
+
+class RedisCluster:
+    """A 3-node Redis Cluster on free loopback ports, started with this machine's
+    redis-server (AOF on: the ledger refuses a server that forgets), for the tests."""
+
+    def __init__(self, root: Any) -> None:
+        import shutil
+        import socket
+        import subprocess
+
+        server = shutil.which("redis-server")
+        if server is None:
+            pytest.fail(
+                "redis-server is not installed: the Redis Cluster tests need it", pytrace=False
+            )
+        import random
+
+        def free(port: int) -> bool:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    return False
+            return True
+
+        # a node also listens on its port + 10000 (the cluster bus): stay well below 55535
+        self.ports = []
+        while len(self.ports) < 3:
+            port = random.randrange(20_000, 30_000)
+            if port not in self.ports and free(port) and free(port + 10_000):
+                self.ports.append(port)
+        self.root = root
+        self.procs: dict[int, Any] = {}
+        try:
+            for port in self.ports:
+                self.start(port)
+            nodes = [f"127.0.0.1:{p}" for p in self.ports]
+            subprocess.run(["redis-cli", "--cluster", "create", *nodes, "--cluster-replicas", "0",
+                            "--cluster-yes"], check=True, capture_output=True, timeout=60)  # fmt: skip
+            self.wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+
+    def start(self, port: int) -> None:
+        import shutil
+        import subprocess
+
+        node = self.root / str(port)
+        node.mkdir(exist_ok=True)
+        self.procs[port] = subprocess.Popen(
+            [str(shutil.which("redis-server")), "--port", str(port), "--bind", "127.0.0.1",
+             "--cluster-enabled", "yes", "--cluster-config-file", str(node / "nodes.conf"),
+             "--dir", str(node), "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--cluster-node-timeout", "2000"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        self.wait_port(port)
+
+    def wait_port(self, port: int) -> None:
+        import socket
+        import time
+
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        pytest.fail(f"a Redis Cluster node did not start on port {port}", pytrace=False)
+
+    def wait_ok(self) -> None:
+        import time
+
+        import redis
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                states = []
+                for port in self.ports:
+                    with redis.Redis(port=port) as node:
+                        info = node.cluster("info")
+                    states.append(
+                        info.get("cluster_state") if isinstance(info, dict) else str(info)
+                    )
+                if all(str(state).endswith("ok") for state in states):
+                    return
+            except Exception:
+                pass
+            time.sleep(0.1)
+        pytest.fail("the test Redis Cluster did not reach cluster_state:ok", pytrace=False)
+
+    def client(self, **kw: Any) -> Any:
+        from redis.cluster import RedisCluster as Client
+
+        return Client(host="127.0.0.1", port=self.ports[0], **kw)
+
+    def kill(self, port: int) -> None:
+        proc = self.procs.pop(port)
+        proc.kill()
+        proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        for port in list(self.procs):
+            self.kill(port)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+    yield cluster
+    cluster.stop()

@@ -33,15 +33,19 @@ class HTTPError(Exception):
         self.status_code = status
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
 def store(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "memory":
         yield MemoryStore()
         return
-    url = request.getfixturevalue("redis_url")
-    s = RedisStore(
-        url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}", cache_ttl=0.0, server_time=False
-    )
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    if request.param == "redis-cluster":
+        client = request.getfixturevalue("redis_cluster").client()
+        s = RedisStore(client=client, prefix=prefix, cache_ttl=0.0, server_time=False)
+    else:
+        s = RedisStore(
+            request.getfixturevalue("redis_url"), prefix=prefix, cache_ttl=0.0, server_time=False
+        )
     yield s
     s.reset()
     s.close()

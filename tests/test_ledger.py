@@ -26,7 +26,7 @@ from tether import (
 )
 from tether.stores._ledger_logic import State
 
-BACKENDS = ["memory", "sqlite", "redis", "postgres"]
+BACKENDS = ["memory", "sqlite", "redis", "redis-cluster", "postgres"]
 
 
 def make_ledger(
@@ -39,6 +39,9 @@ def make_ledger(
     if kind == "redis":
         url = request.getfixturevalue("redis_url")
         return Ledger.redis(url, prefix=f"tether-test-{uuid.uuid4().hex[:8]}", **settings)
+    if kind == "redis-cluster":
+        client = request.getfixturevalue("redis_cluster").client()
+        return Ledger.redis(client=client, prefix=f"tether-test-{uuid.uuid4().hex[:8]}", **settings)
     dsn = request.getfixturevalue("pg_dsn")
     return Ledger.postgres(dsn, table=f"tether_ledger_{uuid.uuid4().hex[:8]}", **settings)
 

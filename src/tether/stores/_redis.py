@@ -282,7 +282,35 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# A breaker's state and the server's clock in one round trip, on the node that holds the
+# key (a pipeline with TIME is refused by Redis Cluster clients).
+BREAKER_READ = """
+local v = redis.call('HMGET', KEYS[1], 'state', 'retry_at')
+local t = redis.call('TIME')
+return {v[1] or false, v[2] or false, t[1], t[2]}
+"""
+
+# An operator opens a breaker for ARGV[2] seconds, or closes it (ARGV[1]); the version moves
+# so that every process's cached answer is replaced at its next read.
+BREAKER_FORCE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+if ARGV[1] == 'open' then
+  local wait = tonumber(ARGV[2])
+  redis.call('HSET', KEYS[1], 'state', 'open', 'retry_at', string.format('%.6f', now + wait),
+             'opened_at', string.format('%.6f', now), 'open_wait', wait, 'inflight', 0, 'probe_ok', 0)
+else
+  redis.call('HSET', KEYS[1], 'state', 'closed', 'retry_at', 0, 'failures', 0, 'window', '',
+             'inflight', 0, 'probe_ok', 0)
+end
+redis.call('HINCRBY', KEYS[1], 'version', 1)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
 _SCRIPTS = (
+    ("breaker_read", BREAKER_READ),
+    ("breaker_force", BREAKER_FORCE),
     ("breaker_acquire", BREAKER_ACQUIRE),
     ("breaker_record", BREAKER_RECORD),
     ("budget_spend", BUDGET_SPEND),
@@ -582,19 +610,12 @@ class RedisStore:
         return await self._adrive(self._p_breaker_record(name, now, permit, failed, cfg))
 
     def breaker_state(self, name: str, now: float) -> tuple[str, float]:
-        mono = system_clock.now()
-        if self._down_until is not None and mono < self._down_until:
+        answer = self._run("breaker_read", self._key("breaker", name), [])
+        if answer is None:
             return self.fallback.breaker_state(name, now)
-        try:
-            self.round_trips += 1
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hmget(self._key("breaker", name), "state", "retry_at")
-            pipe.time()
-            (state, retry_at), (seconds, micros) = pipe.execute()
-        except self._errors:
-            return self.fallback.breaker_state(name, now)
+        state, retry_at, seconds, micros = answer
         st = _s(state) if state else "closed"
-        store_now = seconds + micros / 1e6 if self.server_time else now
+        store_now = int(seconds) + int(micros) / 1e6 if self.server_time else now
         at = self._caller_time(float(_s(retry_at)) if retry_at else 0.0, now, store_now)
         if st == "open" and now >= at:
             return "half_open", at
@@ -617,19 +638,8 @@ class RedisStore:
         or close it; every process sees it at its next read (its cache is one ``cache_ttl``)."""
         if state not in ("open", "closed"):
             raise ValueError(f"state must be 'open' or 'closed', got {state!r}")
-        key = self._key("breaker", name)
-        seconds_now, micros = self.client.time()
-        now = seconds_now + micros / 1e6
-        fields: dict[str, Any] = {"state": state, "inflight": 0, "probe_ok": 0}
-        if state == "open":
-            fields.update(retry_at=now + seconds, opened_at=now, open_wait=seconds)
-        else:
-            fields.update(retry_at=0, failures=0, window="")
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hset(key, mapping=fields)
-        pipe.hincrby(key, "version", 1)
-        pipe.pexpire(key, self._ttl_ms)
-        pipe.execute()
+        self._scripts["breaker_force"](keys=[self._key("breaker", name)],
+                                       args=[state, float(seconds), self._ttl_ms])  # fmt: skip
         self._breaker_cache.clear()
 
     # --- budget ---------------------------------------------------------------------
