@@ -120,3 +120,37 @@ def test_the_ledger_refuses_clearly_and_never_pays_twice_across_a_node_restart(
         for k in client.scan_iter(match=f"{prefix}:*"):
             client.delete(k)
         client.close()
+
+
+def test_a_cluster_url_builds_a_cluster_client(redis_cluster: Any) -> None:
+    """``redis+cluster://`` names a cluster for the store (sync and asyncio) and the ledger."""
+    import asyncio
+
+    url = f"redis+cluster://127.0.0.1:{redis_cluster.ports[1]}"
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(url, prefix=prefix, cache_ttl=0.0)
+    ledger = Ledger.redis(url, prefix=prefix)
+    try:
+        assert type(store.client).__name__ == "RedisCluster"
+        breaker = tether.CircuitBreaker("search", store=store)
+        assert breaker.call(lambda: 1) == 1
+
+        async def go() -> int:
+            result: int = await breaker.acall(asyncio.sleep, 0, 2)
+            await store.aclose()
+            return result
+
+        assert asyncio.run(go()) == 2
+        assert (
+            ledger.once("k", lambda: "done") == "done"
+            and ledger.once("k", lambda: "again") == "done"
+        )
+        with pytest.raises(ConnectionError):
+            breaker.call(lambda: (_ for _ in ()).throw(ConnectionError("down")))
+        assert store.breaker_names() == ["search"]  # a failure is written; a success is not
+    finally:
+        store.reset()
+        store.close()
+        for k in ledger.backend.client.scan_iter(match=f"{prefix}:*"):  # type: ignore[attr-defined]
+            ledger.backend.client.delete(k)  # type: ignore[attr-defined]
+        ledger.close()

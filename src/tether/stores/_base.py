@@ -78,3 +78,20 @@ def async_ops(store: Store) -> Any:
     """The store's async operations: its own (``RedisStore`` on ``redis.asyncio``), or its
     sync ones for a store whose state is in memory."""
     return store if hasattr(store, "abreaker_acquire") else _Awaitable(store)
+
+
+#: URL schemes that name a Redis Cluster: ``redis+cluster://host:port`` (any node will do).
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+
+
+def redis_client(url: str, *, asyncio: bool = False, **settings: Any) -> Any:
+    """A Redis client for ``url``: a ``RedisCluster`` for ``redis+cluster://`` (or
+    ``rediss+cluster://``), else a ``Redis``; ``asyncio`` gives the ``redis.asyncio`` twin."""
+    from tether._errors import require
+
+    module: Any = require("redis.asyncio" if asyncio else "redis", "redis")
+    if url.startswith(CLUSTER_SCHEMES):
+        cluster: Any = require("redis.asyncio.cluster" if asyncio else "redis.cluster", "redis")
+        settings.pop("health_check_interval", None)
+        return cluster.RedisCluster.from_url(url.replace("+cluster", "", 1), **settings)
+    return module.Redis.from_url(url, **settings)

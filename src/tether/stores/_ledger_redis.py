@@ -15,6 +15,7 @@ from typing import Any
 
 from tether._errors import StoreUnavailable, require
 from tether._redact import safe_url
+from tether.stores._base import redis_client
 from tether.stores._ledger_logic import Completion, Record, State
 
 __all__ = ["LedgerNotDurable", "RedisLedgerBackend"]
@@ -118,9 +119,7 @@ class RedisLedgerBackend:
         self.url = safe_url(url) if client is None else repr(client)
         self.prefix = prefix
         self._ttl_ms = int(key_ttl * 1000)
-        self.client = client or redis.Redis.from_url(  # type: ignore[attr-defined]
-            url, socket_timeout=5, socket_connect_timeout=5
-        )
+        self.client = client or redis_client(url, socket_timeout=5, socket_connect_timeout=5)
         self._errors = (redis.RedisError,)  # type: ignore[attr-defined]
         self.round_trips = 0
         self._claim = self.client.register_script(CLAIM)

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from tether._errors import require
 from tether._redact import safe_url
 from tether.clock import system_clock
+from tether.stores._base import redis_client
 from tether.stores._logic import (
     CALL,
     DENY,
@@ -361,12 +362,10 @@ class RedisStore:
             redis.RedisError,  # type: ignore[attr-defined]
             OSError,
         )
-        self.client = client or redis.Redis.from_url(  # type: ignore[attr-defined]
-            url,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_timeout,
+        self.client = client or redis_client(
+            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout,
             health_check_interval=0,
-        )
+        )  # fmt: skip
         self._scripts = {name: self.client.register_script(src) for name, src in _SCRIPTS}
         # the asyncio client: yours, or one made from url; a store built on a sync client
         # only has no asyncio twin, and runs its scripts in a worker thread under acall
@@ -452,9 +451,8 @@ class RedisStore:
 
         loop = asyncio.get_running_loop()
         if self._aloop is not loop:
-            aredis: Any = require("redis.asyncio", "redis")
-            client = self._aclient_made = self._aclient_given or aredis.Redis.from_url(
-                self._aurl, socket_timeout=self._socket_timeout,
+            client = self._aclient_made = self._aclient_given or redis_client(
+                str(self._aurl), asyncio=True, socket_timeout=self._socket_timeout,
                 socket_connect_timeout=self._socket_timeout, health_check_interval=0,
             )  # fmt: skip
             self._ascripts = {name: client.register_script(src) for name, src in _SCRIPTS}
