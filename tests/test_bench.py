@@ -162,10 +162,13 @@ def test_overhead_suite_reports_every_case() -> None:
 
     out = run_overhead(quick=True)
     assert set(out) == {"retry_success_path", "guarded_step_1kb", "intent_key_1kb", "intent_key_1mb",
-                        "breaker_success_path", "ledger_once_success_path", "detector_memory"}  # fmt: skip
+                        "breaker_success_path", "ledger_once_success_path", "detector_memory", "long_run"}  # fmt: skip
     assert {"bare", "tether", "tenacity", "stamina"} <= set(out["retry_success_path"])
     assert out["breaker_success_path"]["redis"]["round_trips_per_call"] == 0
     assert out["breaker_success_path"]["redis_exact"]["round_trips_per_call"] == 1
     assert out["ledger_once_success_path"]["postgres"]["round_trips_per_call"] == 2
     memory = out["detector_memory"]["tether"]
     assert memory["bytes_after_all_steps"] <= 1.1 * memory["bytes_after_10k_steps"]
+    bounded, unbounded = out["long_run"]["keep_last=1000"], out["long_run"]["unbounded"]
+    assert bounded["steps"] == unbounded["steps"] == 100_000
+    assert bounded["run_state_bytes"] < 5_000_000 < 50_000_000 < unbounded["run_state_bytes"]

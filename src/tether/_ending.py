@@ -161,8 +161,9 @@ class Ending(RunState):
         checkpoint_id = None
         if self.guard.checkpoints is not None:
             doc = {"run_id": self.run_id, "task": task, "status": status, "reason": reason.value,
-                   "detail": detail, "usage": _usage_doc(usage), "partial": redact(_jsonable(self.partial)),
-                   "transcript": redact(_jsonable(self.transcript)), "open_issues": issues,
+                   "detail": detail, "usage": _usage_doc(usage), "partial": redact(_jsonable(self.partial.newest())),
+                   "transcript": redact(_jsonable(self.transcript.newest())), "open_issues": issues,
+                   "omitted": {"partial": self.partial.summary(), "transcript": self.transcript.summary()},
                    "journal": [e.to_doc() for e in self._journal], "compensated": list(self._compensated),
                    "pending": pending}  # fmt: skip
             try:
@@ -177,17 +178,17 @@ class Ending(RunState):
         handoff = self._outcome.handoff if self._outcome is not None else None
         if status == "escalated" and handoff is None:
             handoff = HandoffRecord(f"ho_{uuid.uuid4().hex[:20]}", self.run_id, task, reason, detail,
-                                    tuple(redact(_jsonable(self.transcript))), tuple(facts), tuple(issues),
+                                    tuple(redact(_jsonable(self.transcript.newest()))), tuple(facts), tuple(issues),
                                     message, self.clock.wall())  # fmt: skip
             for sink in (esc.sink if esc is not None else None,
                          self.guard.records.handoffs if self.guard.records is not None else None):  # fmt: skip
                 delivery = _Delivery(sink)
                 delivery.deliver(handoff)
                 issues.extend(delivery.errors)
-        self._outcome = Outcome(status, reason, self._result, tuple(self.partial), detail, tuple(issues),
+        self._outcome = Outcome(status, reason, self._result, tuple(self.partial.newest()), detail, tuple(issues),
                                 usage, checkpoint_id, message, self.run_id, handoff,
                                 tuple(self.messages or ()), self._error, tuple(self._compensated),
-                                pending)  # fmt: skip
+                                pending, self.partial.summary()["omitted"])  # fmt: skip
         self._record(self._outcome, task)
         if amend:
             return self._outcome
@@ -214,7 +215,9 @@ class Ending(RunState):
                "detail": outcome.detail, "usage": _usage_doc(usage), "cost_usd": usage.cost_usd,
                "steps": usage.steps, "seconds": usage.seconds, "open_issues": list(outcome.open_issues),
                "customer_message": outcome.customer_message, "result": redact(_jsonable(outcome.result)),
-               "partial": redact(_jsonable(self.partial)), "transcript": redact(_jsonable(self.transcript)),
+               "partial": redact(_jsonable(self.partial.newest())),
+               "transcript": redact(_jsonable(self.transcript.newest())),
+               "partial_omitted": outcome.partial_omitted,
                "checkpoint_id": outcome.checkpoint_id, "error": outcome.error,
                "handoff_id": getattr(outcome.handoff, "id", None), "compensated": list(outcome.compensated),
                "pending_approval": outcome.pending_approval, "ended_at": self.clock.wall()}  # fmt: skip

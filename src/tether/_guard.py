@@ -126,6 +126,7 @@ class Guard:
         policies: Iterable[Callable[..., str | None]] = (),
         rollback_on: Iterable[StopReason | str] = (),
         records: Records | None = None,
+        keep_last: int | None = 1000,
     ) -> None:
         _expect("budget", budget, Budget, "tether.Budget(max_steps=...)")
         _expect("loops", loops, LoopPolicy, "tether.LoopPolicy(...)")
@@ -142,6 +143,15 @@ class Guard:
             dead_letters = dead_letters if dead_letters is not None else records.dead_letters
         #: where every ended run's outcome, handoff and approval is recorded (tether serve)
         self.records = records
+        if keep_last is not None and (
+            isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+        ):
+            raise ValueError(
+                f"keep_last must be an int >= 1 or None (keep everything), got {keep_last!r}"
+            )
+        #: how many completed tool calls (``outcome.partial``) and transcript entries a run
+        #: keeps in memory; older ones are counted (``outcome.partial_omitted``), not kept
+        self.keep_last = keep_last
         if clock is not None and not isinstance(clock, Clock):
             raise TypeError(f"clock must be a tether clock (tether.VirtualClock()), got {clock!r}")
         if breaker_threshold is not None and (
@@ -280,6 +290,19 @@ class Guard:
                 f"checkpoint {checkpoint_id!r} is corrupt: bad usage ({exc})"
             ) from exc
         run._restore(usage, list(doc["partial"]), list(doc["transcript"]))
+        omitted: Any = doc.get("omitted")
+        for name in ("partial", "transcript"):  # what the earlier part let go still counts
+            info: Any = omitted.get(name) if isinstance(omitted, Mapping) else None
+            if not isinstance(info, Mapping):
+                continue
+            tail = getattr(run, name)
+            if isinstance(info.get("omitted"), int):
+                tail.omitted += info["omitted"]
+            by_tool = info.get("by_tool")
+            if isinstance(by_tool, Mapping):
+                tail.by_tool.update(
+                    {str(k): int(v) for k, v in by_tool.items() if isinstance(v, int)}
+                )
         run._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
         return run
 

@@ -128,6 +128,8 @@ class Outcome:
     #: the call that waits for a person's approval (``AWAITING_APPROVAL``): its tool, its
     #: (redacted) arguments and the approval's id
     pending_approval: dict[str, Any] | None = None
+    #: completed tool calls older than ``partial`` holds (``Guard(keep_last=...)``)
+    partial_omitted: int = 0
 
     @property
     def ok(self) -> bool:

@@ -16,13 +16,56 @@ from tether.clock import hung_threads
 if TYPE_CHECKING:
     from tether._guard import Guard
 
-__all__ = ["RECOVERY_COOLDOWNS", "RunState"]
+__all__ = ["RECOVERY_COOLDOWNS", "RunState", "Tail"]
 
 #: How long one call may wait for an open breaker's probes, in breaker cooldowns (the
 #: probes follow the dependency, so a short outage costs a short wait).
 RECOVERY_COOLDOWNS = 3
 
 _log = logging.getLogger("tether")
+
+
+class Tail(list[dict[str, Any]]):
+    """The newest ``keep`` entries of a growing record (a run's completed tool calls, its
+    transcript), and how many older ones it let go (``omitted``, by tool in ``by_tool``).
+
+    Entries are dropped in chunks, so an append stays O(1) and the list holds between
+    ``keep`` and ``2 * keep`` entries; reading it (``list(tail)``) gives the newest ``keep``.
+    """
+
+    __slots__ = ("by_tool", "keep", "omitted")
+
+    def __init__(self, keep: int | None, entries: Any = ()) -> None:
+        super().__init__(entries)
+        self.keep = keep
+        self.omitted = 0
+        self.by_tool: Counter[str] = Counter()
+        self._trim(self.keep or 0)
+
+    def append(self, entry: dict[str, Any]) -> None:
+        super().append(entry)
+        if self.keep is not None and len(self) > 2 * self.keep:
+            self._trim(self.keep)
+
+    def _trim(self, keep: int) -> None:
+        if self.keep is None or len(self) <= keep:
+            return
+        cut = len(self) - keep
+        for entry in self[:cut]:
+            tool = entry.get("tool")
+            if isinstance(tool, str):
+                self.by_tool[tool] += 1
+        self.omitted += cut
+        del self[:cut]
+
+    def newest(self) -> list[dict[str, Any]]:
+        """The newest ``keep`` entries (all of them when unbounded)."""
+        return list(self) if self.keep is None else list(self[-self.keep :])
+
+    def summary(self) -> dict[str, Any]:
+        """What was let go, for a checkpoint and the outcome."""
+        extra = max(0, len(self) - self.keep) if self.keep is not None else 0
+        return {"omitted": self.omitted + extra, "by_tool": dict(self.by_tool)}
 
 
 class RunState:
@@ -50,8 +93,9 @@ class RunState:
         self._last_costs: list[float] = []
         self._last_tokens = 0
         self._max_steps = self.budget.max_steps
-        self.partial: list[dict[str, Any]] = []
-        self.transcript: list[dict[str, Any]] = []
+        # the newest entries in memory (Guard(keep_last=...)), totals of the rest
+        self.partial = Tail(guard.keep_last)
+        self.transcript = Tail(guard.keep_last)
         self._effects: list[tuple[str, Any, str]] = []  # (tool, args, ledger key)
         self._tool_counts: Counter[str] = Counter()  # calls let through, per tool (policies)
         self._journal: list[JournalEntry] = []  # completed calls that can be compensated
@@ -93,7 +137,8 @@ class RunState:
             usage.seconds,
         )
         self.unpriced_calls = usage.unpriced_calls
-        self.partial, self.transcript = partial, transcript
+        self.partial = Tail(self.guard.keep_last, partial)
+        self.transcript = Tail(self.guard.keep_last, transcript)
 
     @property
     def elapsed(self) -> float:

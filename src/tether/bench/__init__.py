@@ -116,11 +116,13 @@ def run(
                 },
             }
     if "fleet-live" in suites:
-        from tether.bench._live import LIVE_SCENARIOS, run_live
+        from tether.bench._live import LIVE_SCENARIOS, measure_shard, projection, run_live
 
         live = {}
         for name, outage in LIVE_SCENARIOS.items():
             live[name] = run_live(outage, seed=seed)
             note(f"fleet-live {name}", 0)
-        out["suites"]["fleet-live"] = {"scenarios": live}
+        shard = measure_shard()
+        note("fleet-live shard capacity", 0)
+        out["suites"]["fleet-live"] = {"scenarios": live, "redis_load": projection(live, shard)}
     return out

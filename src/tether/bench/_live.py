@@ -119,15 +119,120 @@ def _worker_main(redis_url: str, prefix: str, port: int, clients: int, seed: int
         finally:
             writer.close()
 
+    timeline: list[tuple[float, int]] = []  # (seconds since the start, round trips so far)
+
+    async def sample() -> None:
+        while True:
+            timeline.append((time.time() - start_at, store.round_trips))
+            await asyncio.sleep(0.25)
+
     async def main() -> None:
         await asyncio.sleep(max(0.0, start_at - time.time()))
+        sampler = asyncio.create_task(sample())
         await asyncio.gather(*(job(i) for i in range(clients)))
+        sampler.cancel()
+        timeline.append((time.time() - start_at, store.round_trips))
         await store.aclose()
 
     asyncio.run(main())
-    result_q.put(
-        {"done": done, "round_trips": store.round_trips, "scripts": dict(store.scripts_run)}
+    result_q.put({"done": done, "round_trips": store.round_trips, "scripts": dict(store.scripts_run),
+                  "timeline": timeline})  # fmt: skip
+
+
+def _at(timeline: list[tuple[float, int]], t: float) -> int:
+    """Round trips a worker had made by ``t`` seconds (its last sample at or before ``t``)."""
+    seen = 0
+    for when, count in timeline:
+        if when > t:
+            break
+        seen = count
+    return seen
+
+
+def _phases(
+    results: list[dict[str, Any]], outage: float, end: float, clients: int
+) -> dict[str, Any]:
+    """Redis round trips per second per client, during the outage and during the recovery."""
+    during = sum(_at(r["timeline"], outage) for r in results)
+    total = sum(r["round_trips"] for r in results)
+    recovery_s = max(0.25, end - outage)
+    return {"outage_rt_per_s_per_client": round(during / outage / clients, 4),
+            "recovery_rt_per_s_per_client": round((total - during) / recovery_s / clients, 4),
+            "recovery_s": round(recovery_s, 2)}  # fmt: skip
+
+
+def _shard_worker(
+    redis_url: str, prefix: str, seconds: float, start_at: float, result_q: Any
+) -> None:
+    """Hammer one breaker's acquire/record scripts (the guards' heaviest mix, no cache)."""
+    from tether.stores._logic import BreakerConfig
+    from tether.stores._redis import RedisStore
+
+    store = RedisStore(redis_url, prefix=prefix, cache_ttl=0.0, server_time=False)
+    cfg = BreakerConfig(
+        failure_threshold=5,
+        cooldown=30.0,
+        half_open_max_calls=1,
+        window=0,
+        min_calls=0,
+        failure_rate=1.0,
+        probe_interval=1.0,
     )
+    time.sleep(max(0.0, start_at - time.time()))
+    end, n = time.time() + seconds, 0
+    while time.time() < end:
+        now = time.time()
+        permit = store.breaker_acquire(f"b{n % 64}", now, cfg)[3]
+        store.breaker_record(f"b{n % 64}", now, permit, False, cfg)
+        n += 2
+    store.reset()
+    store.close()
+    result_q.put(n)
+
+
+def measure_shard(
+    redis_url: str | None = None, *, seconds: float = 3.0, procs: int = 4
+) -> dict[str, Any]:
+    """The Lua script calls per second one Redis server answers here, from ``procs``
+    processes (each one connection, one call at a time)."""
+    url = redis_url or os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
+    ctx = multiprocessing.get_context("spawn")
+    result_q = ctx.Queue()
+    start_at = time.time() + 2.0
+    prefix = f"tether-shard-{uuid.uuid4().hex[:8]}"
+    workers = [ctx.Process(target=_shard_worker, args=(url, prefix, seconds, start_at, result_q), daemon=True)
+               for _ in range(procs)]  # fmt: skip
+    for w in workers:
+        w.start()
+    calls = sum(result_q.get(timeout=seconds + 60) for _ in workers)
+    for w in workers:
+        w.join(timeout=5)
+    return {"ops_per_s": round(calls / seconds), "processes": procs, "seconds": seconds,
+            "cpus": os.cpu_count()}  # fmt: skip
+
+
+#: The fleets the bench projects the Redis load for, and the share of a shard's measured
+#: capacity a plan should use (headroom for spikes, replication, other tenants).
+FLEETS = (1_000, 10_000, 100_000)
+SHARD_HEADROOM = 0.5
+
+
+def projection(scenarios: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]:
+    """Redis ops/s of fleets of 10^3..10^5 clients during an outage and during recovery,
+    from the live runs' per-client rates, and the shards they need."""
+    import math
+
+    per_client = {
+        phase: max(e["live"][f"{phase}_rt_per_s_per_client"] for e in scenarios.values())
+        for phase in ("outage", "recovery")
+    }
+    usable = shard["ops_per_s"] * SHARD_HEADROOM
+    rows = {}
+    for n in FLEETS:
+        outage, recovery = n * per_client["outage"], n * per_client["recovery"]
+        rows[str(n)] = {"outage_ops_per_s": round(outage), "recovery_ops_per_s": round(recovery),
+                        "shards": max(1, math.ceil(max(outage, recovery) / usable))}  # fmt: skip
+    return {"per_client": per_client, "shard": shard, "headroom": SHARD_HEADROOM, "fleets": rows}
 
 
 def _commands(redis_url: str) -> int:
@@ -195,6 +300,7 @@ def run_live(outage: float, *, clients: int = 300, capacity: int = 40, workers: 
                  "peak_load_ratio": round(peak / capacity, 2),
                  "redis_round_trips": round_trips, "redis_commands": commands,
                  "round_trips_per_call": round(round_trips / max(1, total), 2),
-                 "round_trips_by_script": dict(scripts)},
+                 "round_trips_by_script": dict(scripts),
+                 **_phases(results, outage, max(done, default=time.time() - start_at), clients)},
         "simulated": sim,
     }  # fmt: skip

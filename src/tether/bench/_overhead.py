@@ -60,6 +60,33 @@ def _deep_size(obj: Any, seen: set[int] | None = None) -> int:
     return size
 
 
+RUN_STATE = ("partial", "transcript", "_effects", "_results", "_loops", "_failures", "_tool_counts",
+             "_journal")  # fmt: skip
+
+
+def _long_run(steps: int, keep: int | None) -> dict[str, Any]:
+    """One run of ``steps`` guarded steps (proceed + call_tool, ~100 B of arguments): time
+    per step and the bytes its state holds at the end."""
+    import gc
+    import time
+
+    guard = tether.Guard(loops=LoopPolicy(max_no_progress=None), keep_last=keep)
+    run = guard.start()
+    args = {"q": "x" * 64}
+    gc.collect()
+    start = time.perf_counter()
+    for i in range(steps):
+        run.proceed()
+        run.call_tool("lookup", _echo, {**args, "n": i})
+    ns = (time.perf_counter() - start) / steps * 1e9
+    held = sum(_deep_size(getattr(run, name)) for name in RUN_STATE)
+    return {"steps": steps, "ns_per_call": round(ns, 1), "run_state_bytes": held}
+
+
+def _echo(**kwargs: Any) -> int:
+    return len(kwargs)
+
+
 def _breakers(number: int) -> dict[str, dict[str, Any]]:
     """One breaker-guarded call on the success path, per store: time and round trips."""
     import os
@@ -231,6 +258,14 @@ def run_overhead(quick: bool = False) -> dict[str, dict[str, dict[str, float]]]:
 
     out["breaker_success_path"] = _breakers(number)
     out["ledger_once_success_path"] = _ledgers()
+
+    # one long run: the memory its state holds after 10^6 guarded steps, bounded (the default,
+    # Guard(keep_last=1000)) and unbounded (keep_last=None: what every run held before)
+    long_steps = 100_000 if quick else 1_000_000
+    out["long_run"] = {
+        "keep_last=1000": _long_run(long_steps, 1000),
+        "unbounded": _long_run(long_steps, None),
+    }
 
     # the detectors' memory after a long run (their containers, measured deeply)
     steps = 100_000 if quick else 1_000_000

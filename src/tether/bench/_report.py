@@ -69,6 +69,15 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
                              f"{m['round_trips_per_call']:.2f}" if "round_trips_per_call" in m else ""])  # fmt: skip
         tables[f"fleet-live ({e['clients']} clients in {e['workers']} processes, {e['capacity_rps']} req/s)"] = (
             head, rows)  # fmt: skip
+        load = suites["fleet-live"].get("redis_load")
+        if load:
+            shard = load["shard"]
+            title = (f"Redis load of a fleet (per client: {load['per_client']['outage']:.3f} round trips/s in an "
+                     f"outage, {load['per_client']['recovery']:.3f} in recovery; one shard here: "
+                     f"{shard['ops_per_s']:,} script calls/s, planned at {load['headroom']:.0%})")  # fmt: skip
+            rows = [[f"{int(n):,}", f"{m['outage_ops_per_s']:,}", f"{m['recovery_ops_per_s']:,}", str(m["shards"])]
+                    for n, m in load["fleets"].items()]  # fmt: skip
+            tables[title] = (["clients", "ops/s in an outage", "ops/s in recovery", "shards"], rows)
     if "overhead" in suites:
         head = ["case", "impl", "ns per call", "vs floor / overhead"]
         rows = []
@@ -84,6 +93,8 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
                         extra = f"+{m['overhead_ns']:.0f} ns over a bare call"
                     elif "round_trips_per_call" in m:
                         extra = f"{m['round_trips_per_call']:g} round trips per call"
+                    elif "run_state_bytes" in m:
+                        extra = f"{m['run_state_bytes'] / 1e6:.1f} MB of run state after {m['steps']:,} steps"
                     rows.append([case, impl, f"{m['ns_per_call']:.0f}", extra])
                 else:
                     rows.append([case, impl, "", f"{m['bytes_after_all_steps']} B after {m['steps']} steps "
