@@ -154,3 +154,11 @@ def test_a_cluster_url_builds_a_cluster_client(redis_cluster: Any) -> None:
         for k in ledger.backend.client.scan_iter(match=f"{prefix}:*"):  # type: ignore[attr-defined]
             ledger.backend.client.delete(k)  # type: ignore[attr-defined]
         ledger.close()
+
+
+def test_the_ledger_says_it_needs_a_sync_client() -> None:
+    import redis.asyncio
+
+    client = redis.asyncio.Redis()
+    with pytest.raises(TypeError, match="sync client"):
+        Ledger.redis(client=client)

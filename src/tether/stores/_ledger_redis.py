@@ -116,6 +116,11 @@ class RedisLedgerBackend:
         allow_lost_records: bool = False,
     ) -> None:
         redis = require("redis", "redis")
+        if client is not None and type(client).__module__.startswith("redis.asyncio"):
+            raise TypeError(
+                "Ledger.redis needs a sync client (redis.Redis or redis.cluster.RedisCluster); "
+                "its async path (Ledger.aonce) runs that client's calls in a worker thread"
+            )
         self.url = safe_url(url) if client is None else repr(client)
         self.prefix = prefix
         self._ttl_ms = int(key_ttl * 1000)
