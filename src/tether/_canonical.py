@@ -11,11 +11,11 @@ ASCII only, produced by the standard library's C encoder, where
   sort the same way whatever else the mapping holds;
 * volatile fields that a model invents on every call are left out at any depth.
 
-Plain inputs (JSON types and string keys, checked by a quick walk over the containers)
-are encoded in one C-speed pass; when anything the rules above must handle shows (a
-type JSON lacks, a key that is not a string, nesting past :data:`MAX_DEPTH`, and in the
-text a volatile or ``$`` key or a lone surrogate), the input goes through a walk that
-applies them and names the exact path of anything it cannot encode. Both paths give
+Plain inputs (JSON types, string keys, no volatile key: checked by a quick walk over
+the containers) are encoded in one C-speed pass; when anything the rules above must
+handle shows (a type JSON lacks, a key that is not a string, a volatile key, nesting past
+:data:`MAX_DEPTH`, and in the text a ``$`` key or a lone surrogate), the input goes
+through a walk that applies them and names the exact path of anything it cannot encode. Both paths give
 the same text for the same input.
 """
 
@@ -45,7 +45,6 @@ MAX_DEPTH = 64
 _PREFIX = b"tether-intent-v2\x00"
 _CHUNK = 1 << 16
 _SCALARS = frozenset({str, int, float, bool, type(None)})
-_NEEDLES: dict[frozenset[str], tuple[str, ...]] = {}
 _LONE_SURROGATE = re.compile(
     r"\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f][0-9a-f]{2})|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}"
 )
@@ -62,47 +61,34 @@ _TYPES_HINT = (
 _NESTED = frozenset({dict, list, tuple})
 
 
-def _plain(obj: Any, depth: int) -> bool:
-    """True when ``obj`` holds only JSON types, string keys and no nesting past
-    MAX_DEPTH: then the C encoder's text is canonical, but for the volatile and ``$``
-    keys, and lone surrogates, that :func:`canonical_json` looks for in the text."""
+def _plain(obj: Any, depth: int, drop: frozenset[str]) -> bool:
+    """True when ``obj`` holds only JSON types, string keys, no volatile key and no
+    nesting past MAX_DEPTH: then the C encoder's text is canonical, but for ``$`` keys
+    and lone surrogates, that :func:`canonical_json` looks for in the text."""
     kind = type(obj)
     if kind is dict:
-        if depth > MAX_DEPTH:
+        if depth > MAX_DEPTH or not drop.isdisjoint(obj):  # isdisjoint: a C loop
             return False
-        for k in obj:
+        for k, v in obj.items():  # keys and values in one pass
             if type(k) is not str:
                 return False
-        values: Any = obj.values()
-    elif kind is list or kind is tuple:
+            kind = type(v)
+            if kind in _SCALARS:
+                continue
+            if kind not in _NESTED or not _plain(v, depth + 1, drop):
+                return False
+        return True
+    if kind is list or kind is tuple:
         if depth > MAX_DEPTH:
             return False
-        values = obj
-    else:
-        return kind in _SCALARS
-    for v in values:
-        kind = type(v)
-        if kind in _SCALARS:
-            continue
-        if kind not in _NESTED or not _plain(v, depth + 1):
-            return False
-    return True
-
-
-def _volatile(text: str, drop: frozenset[str]) -> bool:
-    for needle in _needles(drop):  # noqa: SIM110 - a plain loop is faster than any()
-        if needle in text:
-            return True
-    return False
-
-
-def _needles(drop: frozenset[str]) -> tuple[str, ...]:
-    found = _NEEDLES.get(drop)
-    if found is None:
-        found = tuple(f'"{name}":' for name in drop)
-        if len(_NEEDLES) < 64:
-            _NEEDLES[drop] = found
-    return found
+        for v in obj:
+            kind = type(v)
+            if kind in _SCALARS:
+                continue
+            if kind not in _NESTED or not _plain(v, depth + 1, drop):
+                return False
+        return True
+    return kind in _SCALARS
 
 
 def _text(value: str, path: str) -> str:
@@ -224,18 +210,18 @@ def canonical_json(args: Any, *, ignore: Iterable[str] | None = None, path: str 
     '{"a":[1,2],"b":1}'
     """
     drop = VOLATILE_FIELDS if ignore is None else frozenset(ignore)
-    if _plain(args, 0):
+    if _plain(args, 0, drop):
         try:
             text = _dumps(args)
         except (ValueError, RecursionError):
             pass  # NaN, an integer too long to print: the walk names the path
         else:
             # what the walk must handle shows in the text: a "$" key (or a text starting
-            # with "$": the walk then changes nothing), a volatile field, a lone surrogate
+            # with "$": the walk then changes nothing), a lone surrogate. One-character
+            # searches first: they run at memchr speed and almost never hit
             if not (
-                '"$' in text
-                or _volatile(text, drop)
-                or ("\\ud" in text and _LONE_SURROGATE.search(text) is not None)
+                ("$" in text and '"$' in text)
+                or ("\\" in text and "\\ud" in text and _LONE_SURROGATE.search(text) is not None)
             ):
                 return text
     return _dumps(_Walk(drop)(args, path))
