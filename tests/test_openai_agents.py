@@ -363,3 +363,27 @@ def test_the_real_openai_client_429_then_answers(server: ScriptedServer) -> None
     assert outcome.result == "Invoice 99 is paid." and outcome.usage.retries == 1
     assert len(server.requests) == 2
     assert outcome.usage.cost_usd == pytest.approx((1000 * 0.25 + 200 * 2.0) / 1e6)
+
+
+def test_a_streamed_run_is_guarded_the_same_way() -> None:
+    """Runner.run_streamed with guard_tools + TetherHooks: the stop arrives while the
+    caller reads the events, with the SDK's items attached."""
+    search, searched = search_tool()
+    agent = Agent(
+        name="clerk", model=model(calls("search", {"q": "invoice 99"}, 12)), tools=[search]
+    )
+    guard = Guard()
+
+    async def main() -> tether.Outcome:
+        with guard.start(task="find invoice 99") as run:
+            streamed = Runner.run_streamed(agent.clone(tools=ta_agents.guard_tools(agent.tools, run)),
+                                           "find invoice 99", hooks=ta_agents.TetherHooks(run))  # fmt: skip
+            with pytest.raises(ta_agents.GuardStopped) as stop:
+                async for _ in streamed.stream_events():
+                    pass
+            assert stop.value.run_data is not None and len(stop.value.run_data.new_items) == 6
+        return run.outcome
+
+    outcome = asyncio.run(main())
+    assert searched == ["invoice 99", "invoice 99"] and outcome.usage.model_calls == 3
+    assert outcome.stopped_because is StopReason.REPEATED_ACTION

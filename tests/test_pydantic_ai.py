@@ -384,3 +384,36 @@ def test_the_real_openai_client_429_then_answers(server: ScriptedServer) -> None
     assert outcome.result == "Invoice 99 is paid." and outcome.usage.retries == 1
     assert len(server.requests) == 2
     assert outcome.usage.cost_usd == pytest.approx((1000 * 0.25 + 200 * 2.0) / 1e6)
+
+
+def test_a_streamed_run_is_stopped_the_same_way() -> None:
+    """agent.run_stream under the capability: RunStopped with the outcome."""
+    from pydantic_ai.models.function import DeltaToolCall
+
+    searched: list[str] = []
+
+    def respond(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart("search", {"q": "invoice 99"})], usage=USAGE)
+
+    async def stream(messages: list[Any], info: AgentInfo) -> Any:
+        yield {0: DeltaToolCall(name="search", json_args='{"q": "invoice 99"}')}
+
+    agent = Agent(FunctionModel(respond, stream_function=stream, model_name="scripted-model"),
+                  capabilities=[ta_pydantic.TetherCapability(Guard())])  # fmt: skip
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        """Search invoices."""
+        searched.append(q)
+        return "no result"
+
+    async def main() -> tether.Outcome:
+        with pytest.raises(ta_pydantic.RunStopped) as stop:
+            async with agent.run_stream("find invoice 99") as result:
+                async for _ in result.stream_output():
+                    pass
+        return stop.value.outcome
+
+    outcome = asyncio.run(main())
+    assert searched == ["invoice 99", "invoice 99"]
+    assert outcome.stopped_because is StopReason.REPEATED_ACTION
