@@ -184,3 +184,29 @@ def test_bench_lists_each_scenario_once(capsys: pytest.CaptureFixture[str]) -> N
     agents, fleet = capsys.readouterr().err.split("fleet:")
     assert agents.split(", ").count("outage") == 1
     assert fleet.strip().split(", ").count("outage") == 1
+
+
+@pytest.mark.parametrize(
+    ("module", "missing", "extra"),
+    [("tether.integrations.openai_agents", "agents", "openai-agents"),
+     ("tether.integrations.pydantic_ai", "pydantic_ai", "pydantic-ai"),
+     ("tether.serve", "jinja2", "serve")],
+)  # fmt: skip
+def test_a_missing_extra_names_the_extra_to_install(module: str, missing: str, extra: str) -> None:
+    import importlib
+    import sys
+
+    saved = {
+        k: v
+        for k, v in sys.modules.items()
+        if k in (module, missing) or k.startswith(missing + ".")
+    }
+    for name in saved:
+        del sys.modules[name]
+    sys.modules[missing] = None  # type: ignore[assignment]
+    try:
+        with pytest.raises(tether.MissingExtraError, match=f"tether\\[{extra}\\]"):
+            importlib.import_module(module)
+    finally:
+        del sys.modules[missing]
+        sys.modules.update(saved)
