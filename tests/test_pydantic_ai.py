@@ -417,3 +417,21 @@ def test_a_streamed_run_is_stopped_the_same_way() -> None:
     outcome = asyncio.run(main())
     assert searched == ["invoice 99", "invoice 99"]
     assert outcome.stopped_because is StopReason.REPEATED_ACTION
+
+
+def test_a_response_without_token_counts_is_unpriced_never_free() -> None:
+    """A provider that reports no usage (PydanticAI marks it unmeasured): the call's cost is
+    unknown, also for a model with a price, and a cost budget cannot pass over it."""
+    from tether import UnknownModelError
+
+    def respond(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("hi")], usage=RequestUsage(unmeasured_requests=1))
+
+    priced = PriceTable({"scripted-model": Price(input=10.0, output=10.0)})
+    agent = Agent(FunctionModel(respond, model_name="scripted-model"))
+    outcome = ta_pydantic.run_sync(agent, "hi", guard=Guard(prices=priced))
+    assert outcome.result == "hi" and outcome.usage.unpriced_calls == 1
+    with pytest.raises(UnknownModelError, match="no token counts"):
+        ta_pydantic.run_sync(
+            agent, "hi", guard=Guard(prices=priced, budget=Budget(max_cost_usd=1.0))
+        )

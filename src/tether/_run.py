@@ -136,6 +136,7 @@ class Run(ToolCalls, Rollback, Ending):
         cache_read_tokens: int = 0,
         cost_usd: float | None = None,
         provider: str | None = None,
+        unmeasured: bool = False,
     ) -> float | None:
         """Count one model call's usage and cost; returns the cost in USD (None: unknown).
 
@@ -143,14 +144,17 @@ class Run(ToolCalls, Rollback, Ending):
         with no price has its tokens counted and its cost unknown
         (``Usage.unpriced_calls``). Under a cost budget that raises
         :class:`tether.UnknownModelError` (call :meth:`check_model` before the request
-        to refuse it before paying).
+        to refuse it before paying). ``unmeasured=True`` says the provider reported no
+        token counts for the call: its cost is unknown too, never zero.
         """
         counts = {"input_tokens": input_tokens, "output_tokens": output_tokens,
                   "cache_write_tokens": cache_write_tokens, "cache_read_tokens": cache_read_tokens}  # fmt: skip
         for name, value in counts.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        if cost_usd is None:
+        if unmeasured:
+            cost_usd = None
+        elif cost_usd is None:
             if model:
                 cost_usd = self.guard.prices.cost(model, input_tokens, output_tokens, cache_write_tokens,
                                                   cache_read_tokens, provider=provider)  # fmt: skip
@@ -177,9 +181,9 @@ class Run(ToolCalls, Rollback, Ending):
         self.transcript.append({"step": self.steps, "model": model, "input_tokens": input_tokens,
                                 "output_tokens": output_tokens, "cost_usd": cost_usd})  # fmt: skip
         if cost_usd is None and self.budget.max_cost_usd is not None:
-            raise UnknownModelError(
-                f"{self.guard.prices.missing(model)}; the cost budget cannot count this call"
-            )
+            why = "the provider reported no token counts for this call" if unmeasured else (
+                self.guard.prices.missing(model))  # fmt: skip
+            raise UnknownModelError(f"{why}; the cost budget cannot count this call")
         return cost_usd
 
     def check_model(self, model: str, provider: str | None = None) -> None:

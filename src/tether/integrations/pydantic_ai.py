@@ -249,7 +249,7 @@ class TetherCapability(AbstractCapability[Any]):
             model=model, provider=response.provider_name or _provider(request_context.model),
             input_tokens=max(0, int(usage.input_tokens) - cache_read - cache_write),
             output_tokens=int(usage.output_tokens), cache_read_tokens=cache_read,
-            cache_write_tokens=cache_write,
+            cache_write_tokens=cache_write, unmeasured=bool(getattr(usage, "unmeasured_requests", 0)),
         )  # fmt: skip
         return response
 
