@@ -528,3 +528,27 @@ def test_openai_agents_policy_and_approval(tmp_path: Path) -> None:
     second = ta_agents.run_sync(agent, list(first.messages), guard=guard, resume=first.checkpoint_id,
                                 **rules)  # fmt: skip
     assert second.status == "success" and len(provider.refunds) == 1
+
+
+def test_a_scoped_guard_undoes_by_the_scoped_ledger_key() -> None:
+    provider = Provider()
+    guard = Guard(scope="tenant-7")
+    with guard.start() as run:
+        three_refunds(run, provider)
+        run.rollback()
+        run.fail()
+    assert provider.cancelled == ["re_3", "re_2", "re_1"]
+    key = tether.intent_key("issue_refund", {"order": "A-1", "amount": 10}, scope="tenant-7")
+    assert guard.ledger.get(f"undo:{key}") is not None
+
+
+def test_an_approvals_store_that_fails_mid_call_runs_nothing_and_says_so(tmp_path: Path) -> None:
+    provider = Provider()
+    guard = Guard(**stores(tmp_path))
+    with guard.start() as run:
+        guard.checkpoints.close()  # type: ignore[union-attr]  # the store goes away mid-run
+        with pytest.raises(tether.StoreUnavailable, match="issue_refund was not executed"):
+            refund_step(run, provider, 9000)
+        run.fail()
+    assert provider.refunds == []
+    assert any("checkpoint failed" in i for i in run.outcome.open_issues)  # the outcome still comes

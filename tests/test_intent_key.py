@@ -175,3 +175,16 @@ def test_the_fast_path_and_the_walk_give_the_same_text(args: Any) -> None:
             canonical_json(args)
         return
     assert canonical_json(args) == walked
+
+
+def test_intent_keys_match_intent_key_from_one_encoding() -> None:
+    from tether._canonical import intent_keys
+
+    args = {"order": "A-1", "amount": 10, "uuid": "fresh"}
+    assert intent_keys("refund", args, "tenant-7") == (
+        intent_key("refund", args),
+        intent_key("refund", args, scope="tenant-7"),
+    )
+    assert intent_keys("refund", args, "") == (intent_key("refund", args),) * 2
+    with pytest.raises(ValueError, match="non-empty"):
+        intent_keys("", args, "")

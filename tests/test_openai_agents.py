@@ -387,3 +387,13 @@ def test_a_streamed_run_is_guarded_the_same_way() -> None:
     outcome = asyncio.run(main())
     assert searched == ["invoice 99", "invoice 99"] and outcome.usage.model_calls == 3
     assert outcome.stopped_because is StopReason.REPEATED_ACTION
+
+
+def test_the_model_name_comes_from_a_string_a_model_object_or_the_sdk_default() -> None:
+    from agents.models import get_default_model
+
+    from tether.integrations.openai_agents import _model_name
+
+    assert _model_name(Agent(name="a", model="gpt-5-mini")) == "gpt-5-mini"
+    assert _model_name(Agent(name="a", model=model([]))) == "ScriptedModel"  # unpriced, never free
+    assert _model_name(Agent(name="a")) == get_default_model()

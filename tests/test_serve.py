@@ -358,3 +358,14 @@ def test_a_case_resolved_in_a_real_browser(world: World, live: str, tmp_path: Pa
         Path(target).mkdir(parents=True, exist_ok=True)
         for name in ("runs", "inbox"):
             shutil.copy(shots / f"{name}.png", Path(target) / f"{name}.png")
+
+
+def test_a_records_store_that_fails_at_the_end_never_loses_the_outcome(tmp_path: Path) -> None:
+    records = Records.sqlite(str(tmp_path / "r.db"))
+    guard = Guard(records=records)
+    with guard.start(task="late failure") as run:
+        run.call_tool("search", lambda q: 1, {"q": "x"})
+        records.close()  # the database goes away before the run ends
+        run.succeed(1)
+    assert run.outcome.status == "success" and run.outcome.result == 1
+    assert any("checkpoint failed" in i for i in run.outcome.open_issues)

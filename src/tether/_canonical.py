@@ -241,11 +241,28 @@ def intent_key(tool: str, args: Any, scope: str = "", ignore: Iterable[str] | No
     >>> a == b, len(a)
     (True, 64)
     """
+    _check(tool, scope)
+    return digest(tool, canonical_json(args, ignore=ignore), scope)
+
+
+def intent_keys(tool: str, args: Any, scope: str) -> tuple[str, str]:
+    """``(intent_key(tool, args), intent_key(tool, args, scope))`` from one encoding of
+    the arguments (a run needs the first for its loop checks, the second for its ledger)."""
+    _check(tool, scope)
+    text = canonical_json(args)
+    action = digest(tool, text)
+    return action, (digest(tool, text, scope) if scope else action)
+
+
+def _check(tool: str, scope: str) -> None:
     if not isinstance(tool, str) or not tool:
         raise ValueError(f"tool must be a non-empty string, got {tool!r}")
     if not isinstance(scope, str):
         raise TypeError(f'scope must be a str (use "" for none), got {scope!r}')
-    text = canonical_json(args, ignore=ignore)
+
+
+def digest(tool: str, text: str, scope: str = "") -> str:
+    """The SHA-256 hex digest of (tool, scope, the canonical text of the arguments)."""
     h = hashlib.sha256(_PREFIX)
     h.update(tool.encode("utf-8"))
     h.update(b"\x00")
@@ -257,3 +274,12 @@ def intent_key(tool: str, args: Any, scope: str = "", ignore: Iterable[str] | No
         for i in range(0, len(text), _CHUNK):
             h.update(text[i : i + _CHUNK].encode("ascii"))
     return h.hexdigest()
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON types (its canonical form; ``repr`` for what has none), for the
+    records that leave tether: checkpoints, run records, approvals, the journal."""
+    try:
+        return json.loads(canonical_json(value, ignore=()))
+    except (TypeError, ValueError):
+        return json.loads(json.dumps(value, default=repr))

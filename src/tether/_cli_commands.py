@@ -190,8 +190,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"tether serve: {args.host} is not a loopback address: give a token (--token or "
               "TETHER_SERVE_TOKEN) so that only people who have it can act", file=sys.stderr)  # fmt: skip
         return 2
-    is_dsn = args.db.startswith(("postgres://", "postgresql://")) or "=" in args.db
-    if not is_dsn and not os.path.isfile(args.db):
+    from tether._records import Records
+
+    if not Records.is_dsn(args.db) and not os.path.isfile(args.db):
         print(f"tether serve: {args.db}: no such file (give the SQLite file your "
               "Records.sqlite(...) writes, or a PostgreSQL DSN)", file=sys.stderr)  # fmt: skip
         return 2

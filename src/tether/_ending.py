@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from tether import telemetry
-from tether._canonical import canonical_json
+from tether._canonical import jsonable
 from tether._classify import classify
 from tether._handoff import HandoffRecord, _Delivery
 from tether._outcome import Outcome, Stopped, StopReason, Usage
@@ -158,12 +158,17 @@ class Ending(RunState):
         detail, issues, task = redact(detail), redact(issues), redact(self.task)
         usage = self.usage()
         pending = self._pending.to_doc() if self._pending is not None else None
+        partial, omitted = self.partial.newest(), self.partial.summary()
+        # the record of the steps, made once for the checkpoint, the handoff and the run record
+        steps = {
+            "partial": redact(jsonable(partial)),
+            "transcript": redact(jsonable(self.transcript.newest())),
+        }
         checkpoint_id = None
         if self.guard.checkpoints is not None:
             doc = {"run_id": self.run_id, "task": task, "status": status, "reason": reason.value,
-                   "detail": detail, "usage": _usage_doc(usage), "partial": redact(_jsonable(self.partial.newest())),
-                   "transcript": redact(_jsonable(self.transcript.newest())), "open_issues": issues,
-                   "omitted": {"partial": self.partial.summary(), "transcript": self.transcript.summary()},
+                   "detail": detail, "usage": _usage_doc(usage), **steps, "open_issues": issues,
+                   "omitted": {"partial": omitted, "transcript": self.transcript.summary()},
                    "journal": [e.to_doc() for e in self._journal], "compensated": list(self._compensated),
                    "pending": pending}  # fmt: skip
             try:
@@ -178,18 +183,18 @@ class Ending(RunState):
         handoff = self._outcome.handoff if self._outcome is not None else None
         if status == "escalated" and handoff is None:
             handoff = HandoffRecord(f"ho_{uuid.uuid4().hex[:20]}", self.run_id, task, reason, detail,
-                                    tuple(redact(_jsonable(self.transcript.newest()))), tuple(facts), tuple(issues),
+                                    tuple(steps["transcript"]), tuple(facts), tuple(issues),
                                     message, self.clock.wall())  # fmt: skip
             for sink in (esc.sink if esc is not None else None,
                          self.guard.records.handoffs if self.guard.records is not None else None):  # fmt: skip
                 delivery = _Delivery(sink)
                 delivery.deliver(handoff)
                 issues.extend(delivery.errors)
-        self._outcome = Outcome(status, reason, self._result, tuple(self.partial.newest()), detail, tuple(issues),
+        self._outcome = Outcome(status, reason, self._result, tuple(partial), detail, tuple(issues),
                                 usage, checkpoint_id, message, self.run_id, handoff,
                                 tuple(self.messages or ()), self._error, tuple(self._compensated),
-                                pending, self.partial.summary()["omitted"])  # fmt: skip
-        self._record(self._outcome, task)
+                                pending, omitted["omitted"])  # fmt: skip
+        self._record(self._outcome, task, steps)
         if amend:
             return self._outcome
         telemetry.end_step(self._step_span)
@@ -205,7 +210,7 @@ class Ending(RunState):
                 _log.exception("tether: on_stop hook raised; ignored")
         return self._outcome
 
-    def _record(self, outcome: Outcome, task: str) -> None:
+    def _record(self, outcome: Outcome, task: str, steps: dict[str, Any]) -> None:
         """File the outcome in the guard's records (what the operator page lists)."""
         records = self.guard.records
         if records is None:
@@ -214,10 +219,8 @@ class Ending(RunState):
         doc = {"run_id": self.run_id, "task": task, "status": outcome.status, "reason": outcome.stopped_because.value,
                "detail": outcome.detail, "usage": _usage_doc(usage), "cost_usd": usage.cost_usd,
                "steps": usage.steps, "seconds": usage.seconds, "open_issues": list(outcome.open_issues),
-               "customer_message": outcome.customer_message, "result": redact(_jsonable(outcome.result)),
-               "partial": redact(_jsonable(self.partial.newest())),
-               "transcript": redact(_jsonable(self.transcript.newest())),
-               "partial_omitted": outcome.partial_omitted,
+               "customer_message": outcome.customer_message, "result": redact(jsonable(outcome.result)),
+               **steps, "partial_omitted": outcome.partial_omitted,
                "checkpoint_id": outcome.checkpoint_id, "error": outcome.error,
                "handoff_id": getattr(outcome.handoff, "id", None), "compensated": list(outcome.compensated),
                "pending_approval": outcome.pending_approval, "ended_at": self.clock.wall()}  # fmt: skip
@@ -234,12 +237,3 @@ class Ending(RunState):
 
 def _usage_doc(usage: Usage) -> dict[str, Any]:
     return {name: getattr(usage, name) for name in Usage.__slots__}
-
-
-def _jsonable(value: Any) -> Any:
-    import json
-
-    try:
-        return json.loads(canonical_json(value, ignore=()))
-    except (TypeError, ValueError):
-        return json.loads(json.dumps(value, default=repr))

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from tether._canonical import jsonable
 from tether._errors import TetherError
 from tether._outcome import ToolError
 
@@ -139,21 +140,21 @@ def needs_approval(rule: bool | Callable[[Mapping[str, Any]], bool] | None, args
         return True
 
 
-def _takes_run(policy: Callable[..., Any]) -> bool:
+def takes_run(policy: Callable[..., Any]) -> bool:
+    """Does ``policy`` declare a ``run`` keyword (asked once, when the guard is made)?"""
     try:
         return "run" in inspect.signature(policy).parameters
     except (TypeError, ValueError):
         return False
 
 
-def check_policies(
-    policies: tuple[Callable[..., Any], ...], tool: str, args: Any, run: Any
-) -> str | None:
-    """The first policy's reason to deny the call, or None. A policy that raises denies
-    (fail closed) and is logged; a policy that declares ``run`` receives the run."""
-    for policy in policies:
+def check_policies(policies: tuple[tuple[Callable[..., Any], bool], ...], tool: str, args: Any,
+                   run: Any) -> str | None:  # fmt: skip
+    """The first policy's reason to deny the call, or None. ``policies`` pairs each policy
+    with whether it takes the run. A policy that raises denies (fail closed) and is logged."""
+    for policy, wants_run in policies:
         try:
-            reason = policy(tool, args, run=run) if _takes_run(policy) else policy(tool, args)
+            reason = policy(tool, args, run=run) if wants_run else policy(tool, args)
         except Exception as exc:
             name = getattr(policy, "__name__", type(policy).__name__)
             _log.error("tether: policy %s raised %s on %s; the call is denied", name,
@@ -182,17 +183,10 @@ class JournalEntry:
         doc = {"tool": self.tool, "args": redact(self.args), "key": self.key, "in_ledger": self.in_ledger,
                "state": self.state}  # fmt: skip
         if not self.in_ledger:  # only an idempotent call's result lives here, redacted
-            doc["result"] = redact(plain(self.result))
+            doc["result"] = redact(jsonable(self.result))
         return doc
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> JournalEntry:
         return cls(str(doc["tool"]), doc.get("args"), str(doc["key"]), doc.get("result"),
                    bool(doc.get("in_ledger")), None, str(doc.get("state", "done")))  # fmt: skip
-
-
-def plain(value: Any) -> Any:
-    try:
-        return json.loads(json.dumps(value, default=str))
-    except (TypeError, ValueError):
-        return repr(value)

@@ -16,10 +16,11 @@ from tether._governance import (
     ApprovalRecord,
     Approvals,
     JournalEntry,
+    takes_run,
 )
 from tether._handoff import CustomerMessages, Escalation
 from tether._loops import LoopPolicy
-from tether._outcome import Outcome, StopReason, Usage
+from tether._outcome import STATUSES, Outcome, StopReason, Usage
 from tether._persist import Checkpoints, DeadLetters
 from tether._pricing import PriceTable
 from tether._records import Records
@@ -201,12 +202,13 @@ class Guard:
             if not callable(policy):
                 raise TypeError(f"policies must be callables policy(tool, args) -> None | reason, "
                                 f"got {policy!r}")  # fmt: skip
+        # whether each takes the run, read from its signature once, not on every call
+        self._policy_calls = tuple((p, takes_run(p)) for p in self.policies)
         self.rollback_on = frozenset(rollback_on)
-        statuses = {"success", "partial", "failed", "escalated", "awaiting_approval"}
         for when in self.rollback_on:
-            if not isinstance(when, StopReason) and when not in statuses:
+            if not isinstance(when, StopReason) and when not in STATUSES:
                 raise ValueError(f"rollback_on takes StopReason members or statuses "
-                                 f"({', '.join(sorted(statuses))}), got {when!r}")  # fmt: skip
+                                 f"({', '.join(sorted(STATUSES))}), got {when!r}")  # fmt: skip
         #: exceptions whose (redacted) message the model may read: failures a tool raises on
         #: purpose (business rules); every other failure reaches it as a short generic text
         self.model_errors = model_errors
@@ -251,9 +253,9 @@ class Guard:
     def _decide(self, checkpoint_id: str, status: str, by: str, note: str) -> ApprovalRecord:
         if not isinstance(by, str) or not by.strip():
             raise ValueError("by must name who decides (a non-empty string)")
-        approvals = self._approvals()
-        doc = self.checkpoints.load(checkpoint_id) if self.checkpoints is not None else {}
-        pending = doc.get("pending")
+        approvals = self._approvals()  # raises when there is no checkpoints store
+        assert self.checkpoints is not None
+        pending = self.checkpoints.load(checkpoint_id).get("pending")
         if not isinstance(pending, Mapping) or not isinstance(pending.get("id"), str):
             raise ApprovalError(f"checkpoint {checkpoint_id!r} has no call waiting for approval")
         return approvals.decide(

@@ -96,6 +96,10 @@ class Usage:
         )
 
 
+#: What an outcome's ``status`` can be, in the order of how well the run went.
+STATUSES = ("success", "partial", "awaiting_approval", "escalated", "failed")
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """The end of a run: a result, or a partial result and a reason.

@@ -73,14 +73,17 @@ class Records:
     def postgres(cls, dsn: str, table: str = "tether_documents") -> Records:
         return cls(PostgresDocuments(dsn, table))
 
+    @staticmethod
+    def is_dsn(where: str) -> bool:
+        """A PostgreSQL DSN (``postgresql://...`` or ``host=... dbname=...``), not a path."""
+        return where.startswith(("postgres://", "postgresql://")) or (
+            "=" in where and " " in where.strip()
+        )
+
     @classmethod
     def open(cls, where: str) -> Records:
         """A PostgreSQL DSN (``postgresql://...``) or a SQLite path."""
-        if where.startswith(("postgres://", "postgresql://")) or (
-            "=" in where and " " in where.strip()
-        ):
-            return cls.postgres(where)
-        return cls.sqlite(where)
+        return cls.postgres(where) if cls.is_dsn(where) else cls.sqlite(where)
 
     def close(self) -> None:
         self.dead_letters.close()  # its replay ledger, then the shared connection

@@ -3,17 +3,46 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tether import telemetry
+from tether._canonical import jsonable
 from tether._errors import UnknownOutcome
-from tether._governance import JournalEntry, plain
+from tether._governance import JournalEntry
 from tether._outcome import Outcome, StopReason
 from tether._redact import redact
 from tether._runstate import RunState
 
 __all__ = ["Rollback"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Undo:
+    """One compensation to make: the call it undoes, how, under which ledger key."""
+
+    entry: JournalEntry
+    fn: Callable[[Any], Any]
+    original: Any  # what the call returned: the compensation's argument
+    key: str
+    ledger: Any
+    policy: Any
+
+    async def aattempt(self) -> Any:
+        """One attempt from async code: an async compensation awaited, a sync one in a thread."""
+        import asyncio
+
+        from tether._toolcall import _is_async
+
+        if _is_async(self.fn):
+
+            async def undo() -> Any:
+                return await self.fn(self.original)
+
+            return await self.ledger.aonce(self.key, undo)
+        return await asyncio.to_thread(self.ledger.once, self.key, lambda: self.fn(self.original))
+
 
 _log = logging.getLogger("tether")
 
@@ -38,67 +67,41 @@ class Rollback(RunState):
         from tether._toolcall import _is_async
 
         done = []
-        for index in reversed(range(len(self._journal))):
-            entry = self._journal[index]
-            fn = self._compensation(entry, compensations)
-            if fn is None:
-                continue
-            if _is_async(fn):
-                raise TypeError(f"the compensation of {entry.tool} is a coroutine function: "
+        for undo in self._undos(compensations):
+            if _is_async(undo.fn):
+                raise TypeError(f"the compensation of {undo.entry.tool} is a coroutine function: "
                                 "use `await run.arollback()`")  # fmt: skip
-            original = self._original(entry)
             try:
-                value = self._undo(index, entry, fn, original)
+                value = undo.policy.call(
+                    lambda u=undo: u.ledger.once(u.key, lambda: u.fn(u.original))
+                )
             except Exception as exc:
-                self._undo_failed(entry, exc)
+                self._undo_failed(undo.entry, exc)
                 continue
-            done.append(self._undone(entry, original, value))
+            done.append(self._undone(undo.entry, undo.original, value))
         return self._after_rollback(done)
-
-    def _undo(
-        self, index: int, entry: JournalEntry, fn: Callable[[Any], Any], original: Any
-    ) -> Any:
-        key, ledger = self._undo_key(entry, index), self.guard.ledger
-        policy = self.guard._policy(f"undo:{entry.tool}", None, effect=True)
-        return policy.call(lambda: ledger.once(key, lambda: fn(original)))
 
     async def arollback(self, compensations: Compensations = None) -> tuple[dict[str, Any], ...]:
         """The async form of :meth:`rollback` (async compensations awaited, sync ones in a
         worker thread)."""
         done = []
-        for index in reversed(range(len(self._journal))):
-            entry = self._journal[index]
-            fn = self._compensation(entry, compensations)
-            if fn is None:
-                continue
-            original = self._original(entry)
+        for undo in self._undos(compensations):
             try:
-                value = await self._aundo(index, entry, fn, original)
+                value = await undo.policy.acall(undo.aattempt)
             except Exception as exc:
-                self._undo_failed(entry, exc)
+                self._undo_failed(undo.entry, exc)
                 continue
-            done.append(self._undone(entry, original, value))
+            done.append(self._undone(undo.entry, undo.original, value))
         return self._after_rollback(done)
 
-    async def _aundo(
-        self, index: int, entry: JournalEntry, fn: Callable[[Any], Any], original: Any
-    ) -> Any:
-        import asyncio
-
-        from tether._toolcall import _is_async
-
-        key, ledger = self._undo_key(entry, index), self.guard.ledger
-        policy = self.guard._policy(f"undo:{entry.tool}", None, effect=True)
-
-        async def undo() -> Any:
-            return await fn(original)
-
-        async def attempt() -> Any:
-            if _is_async(fn):
-                return await ledger.aonce(key, undo)
-            return await asyncio.to_thread(ledger.once, key, lambda: fn(original))
-
-        return await policy.acall(attempt)
+    def _undos(self, given: Compensations) -> Iterator[_Undo]:
+        """The compensations still to make, newest first, each with what it needs."""
+        for index in reversed(range(len(self._journal))):
+            entry = self._journal[index]
+            fn = self._compensation(entry, given)
+            if fn is not None:
+                yield _Undo(entry, fn, self._original(entry), self._undo_key(entry, index), self.guard.ledger,
+                            self.guard._policy(f"undo:{entry.tool}", None, effect=True))  # fmt: skip
 
     # --- the parts both shells share ----------------------------------------------------
 
@@ -132,7 +135,7 @@ class Rollback(RunState):
     def _undone(self, entry: JournalEntry, original: Any, value: Any) -> dict[str, Any]:
         entry.state = "compensated"
         effect = self.guard.describe_effect(entry.tool, entry.args, original) or entry.tool
-        record = {"tool": entry.tool, "args": redact(plain(entry.args)), "result": redact(plain(value)),
+        record = {"tool": entry.tool, "args": redact(jsonable(entry.args)), "result": redact(jsonable(value)),
                   "effect": str(redact(effect.replace(" completed", "", 1)))}  # fmt: skip
         _log.info("tether: run %s: compensated %s", self.run_id, entry.tool)
         telemetry.add_event("tether.compensated", **{"gen_ai.tool.name": entry.tool})

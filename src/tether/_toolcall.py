@@ -13,9 +13,9 @@ from typing import Any
 
 from tether import _governance as gov
 from tether import telemetry
-from tether._canonical import canonical_json, intent_key
+from tether._canonical import canonical_json, intent_keys, jsonable
 from tether._classify import Kind, classify
-from tether._errors import CircuitOpenError, DeadlineExceeded, UnknownOutcome
+from tether._errors import CircuitOpenError, DeadlineExceeded, StoreUnavailable, UnknownOutcome
 from tether._governance import (
     ApprovalRecord,
     ApprovalRejected,
@@ -24,7 +24,6 @@ from tether._governance import (
     approval_id,
     check_policies,
     needs_approval,
-    plain,
 )
 from tether._outcome import Stopped, StopReason, ToolError
 from tether._redact import redact
@@ -56,7 +55,8 @@ class _Call:
 
     name: str
     args: Any
-    action: str
+    action: str  # the intent: what the loop checks compare
+    key: str  # the ledger's key: the intent, scoped by the guard's scope when it has one
     step: int
     policy: RetryPolicy
 
@@ -82,7 +82,7 @@ class ToolCalls(RunState):
             raise self._halt(
                 StopReason.HUNG_TOOLS, f"{hung} tool calls are still hanging in threads"
             )
-        action = intent_key(name, args)
+        action, key = intent_keys(name, args, self.guard.scope)  # one encoding for both
         loop = self._loops.check_action(name, action, self.steps)
         if loop is not None:
             raise self._halt(loop[0], f"{loop[1]} (step {self.steps})")
@@ -90,7 +90,7 @@ class ToolCalls(RunState):
         self._step_calls += 1
         if name not in self.guard.loops.allow_repeat:
             self._step_counted = True
-        return _Call(name, args, action, self.steps, policy)
+        return _Call(name, args, action, key, self.steps, policy)
 
     def _effect_timeout(self, timeout: float | None) -> float | None:
         """An effect's timeout: the tool's (or the policy's), never past the run's time."""
@@ -112,15 +112,10 @@ class ToolCalls(RunState):
                                    timeout=self._effect_timeout(timeout))  # fmt: skip
 
     def _effect_key(self, call: _Call) -> str:
-        """The ledger key of a non-idempotent call (its action hash, scoped if asked), noted
-        so that the outcome can state what the ledger says was done."""
-        key = self._ledger_key(call)
-        self._effects.append((call.name, call.args, key))
-        return key
-
-    def _ledger_key(self, call: _Call) -> str:
-        scope = self.guard.scope
-        return intent_key(call.name, call.args, scope=scope) if scope else call.action
+        """The ledger key of a non-idempotent call, noted so that the outcome can state
+        what the ledger says was done."""
+        self._effects.append((call.name, call.args, call.key))
+        return call.key
 
     # --- governance: policies and approvals before, the journal after ----------------------
 
@@ -128,7 +123,7 @@ class ToolCalls(RunState):
         """Policies, then the approval: either may refuse the call before anything runs."""
         if compensate is not None and not callable(compensate):
             raise TypeError(f"compensate of {call.name!r} must be callable, got {compensate!r}")
-        policies = self.guard.policies
+        policies = self.guard._policy_calls
         reason = check_policies(policies, call.name, call.args, self) if policies else None
         if reason is not None:
             said = str(redact(reason))
@@ -145,26 +140,27 @@ class ToolCalls(RunState):
         the model the approver's reason for a rejected one."""
         approvals = self.guard._approvals()
         now = self.clock.wall()
-        base = approval_id(self.run_id, call.action)
-        for n in range(MAX_APPROVALS_PER_INTENT):
-            record_id = base if n == 0 else f"{base}.{n}"
-            record = approvals.get(record_id)
-            if record is None or record.status == gov.PENDING:
-                break
-            if record.status == gov.APPROVED:
+        try:
+            record_id, record = _current_approval(approvals, approval_id(self.run_id, call.action))
+            if record is not None and record.status == gov.APPROVED:
                 approvals.put(replace(record, status=gov.USED), now)  # it covers this one call
-                telemetry.add_event("tether.approved", **{"gen_ai.tool.name": call.name})
-                return
-            if record.status == gov.REJECTED:
-                why = f"rejected by {record.decided_by}" + (
-                    f": {record.note}" if record.note else ""
-                )
-                raise self._after_failure(call, ApprovalRejected(why))
-        else:
+        except Exception as exc:  # our own store failed: nothing has run
+            raise StoreUnavailable(
+                f"the approvals of run {self.run_id} could not be read or written "
+                f"({type(exc).__name__}): {call.name} was not executed; try again when the "
+                "checkpoints store answers"
+            ) from exc
+        if record_id is None:
             raise self._halt(
                 StopReason.AWAITING_APPROVAL, f"{call.name} asked for approval too often"
             )
-        self._pending = ApprovalRecord(record_id, self.run_id, call.name, redact(plain(call.args)), call.action,
+        if record is not None and record.status == gov.APPROVED:
+            telemetry.add_event("tether.approved", **{"gen_ai.tool.name": call.name})
+            return
+        if record is not None and record.status == gov.REJECTED:
+            why = f"rejected by {record.decided_by}" + (f": {record.note}" if record.note else "")
+            raise self._after_failure(call, ApprovalRejected(why))
+        self._pending = ApprovalRecord(record_id, self.run_id, call.name, redact(jsonable(call.args)), call.action,
                                        gov.PENDING, now, task=str(redact(self.task)))  # fmt: skip
         raise self._halt(StopReason.AWAITING_APPROVAL, f"{call.name} needs a person's approval")
 
@@ -172,7 +168,7 @@ class ToolCalls(RunState):
         self, call: _Call, result: Any, idempotent: bool = True, compensate: Any = None
     ) -> Any:
         if compensate is not None:
-            key = call.action if idempotent else self._ledger_key(call)
+            key = call.action if idempotent else call.key
             self._journal.append(
                 JournalEntry(call.name, call.args, key, result, not idempotent, compensate)
             )
@@ -371,6 +367,17 @@ class ToolCalls(RunState):
                 except Exception as exc:
                     raise self._after_failure(call, exc) from exc
         return self._after_success(call, result, idempotent, compensate)
+
+
+def _current_approval(approvals: Any, base: str) -> tuple[str | None, ApprovalRecord | None]:
+    """The record that decides this intent's next call: the first not used up (None: not
+    asked yet); ``(None, None)`` when MAX_APPROVALS_PER_INTENT were used."""
+    for n in range(MAX_APPROVALS_PER_INTENT):
+        record_id = base if n == 0 else f"{base}.{n}"
+        record = approvals.get(record_id)
+        if record is None or record.status != gov.USED:
+            return record_id, record
+    return None, None
 
 
 def _is_async(fn: Any) -> bool:

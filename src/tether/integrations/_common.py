@@ -14,7 +14,7 @@ from typing import Any, ClassVar, TypeVar
 
 from tether import telemetry
 from tether._breaker import breakers
-from tether._retry import RetryPolicy
+from tether._retry import RetryPolicy, _CallState
 from tether._run import Run
 
 __all__ = ["AsyncGuardedStream", "Guarded", "GuardedStream", "Tool", "schema_from_hints"]
@@ -158,6 +158,39 @@ class ToolRules:
         return {"timeout": self.timeouts.get(name, timeout), "idempotent": name not in self.side_effects,
                 "lookup": self.side_effects.get(name), "requires_approval": self.requires_approval.get(name, False),
                 "compensate": self.compensate.get(name)}  # fmt: skip
+
+
+class ModelRetries:
+    """Tether's retry decisions for a framework that makes a model request's attempts
+    itself (the Agents SDK's runner, PydanticAI's ``RetryModelRequest``): the guard's
+    classification, its two-tier backoff and ``Retry-After``, its attempts, and never a
+    wait past the run's time budget. Each retry is counted in the run's usage."""
+
+    def __init__(self, policy: RetryPolicy, run: Run | None) -> None:
+        self.policy = policy
+        self.run = run
+        self._state = _CallState(0.0, None, policy.base)
+
+    def wait(self, verdict: Any, attempt: int) -> float | None:
+        """The wait before the next attempt after attempt ``attempt`` failed with
+        ``verdict``; None when there is none (not retryable, no attempts or time left)."""
+        if attempt <= 1:
+            self._state = _CallState(0.0, None, self.policy.base)  # a new request: fresh tiers
+        run = self.run
+        if not verdict.retryable or attempt >= self.policy.max_attempts:
+            return None
+        if run is not None and run.stopped is not None:
+            return None
+        delay = self.policy._delay(self._state, verdict)
+        left = None if run is None else run._time_left()
+        if left is not None and delay >= left:
+            return None
+        if run is not None:
+            run.retries += 1
+        _log.info(
+            "tether: model call failed (%s); retry %d in %.2f s", verdict.reason, attempt, delay
+        )
+        return delay
 
 
 def blocking(start: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -27,9 +27,9 @@ from tether._errors import require
 from tether._guard import Guard
 from tether._outcome import Outcome, Stopped, StopReason, ToolError
 from tether._pricing import UnknownModelError
-from tether._retry import RetryPolicy, _CallState
+from tether._retry import RetryPolicy
 from tether._run import Run
-from tether.integrations._common import ToolRules, blocking, malformed_arguments
+from tether.integrations._common import ModelRetries, ToolRules, blocking, malformed_arguments
 
 require("agents", "openai-agents")
 
@@ -51,13 +51,11 @@ from agents.exceptions import (  # noqa: E402
 )
 from agents.items import ItemHelpers, ModelResponse  # noqa: E402
 from agents.retry import ModelRetrySettings, RetryDecision, RetryPolicyContext  # noqa: E402
+from agents.run import DEFAULT_MAX_TURNS  # noqa: E402 - the SDK's own, when nothing sets one
 
 __all__ = ["GuardStopped", "TetherHooks", "guard_tools", "model_retry", "run", "run_sync"]
 
 _log = logging.getLogger("tether")
-
-#: The SDK's own default, used when neither the caller nor the guard's budget sets one.
-DEFAULT_MAX_TURNS = 10
 
 
 class GuardStopped(AgentsException):
@@ -125,35 +123,17 @@ class TetherHooks(RunHooks[Any]):
         )
 
 
-class _ModelRetries:
-    """The SDK runner's model-retry policy, decided by tether: its classification, its
-    backoff (two tiers, jitter) and ``Retry-After``, never past the run's time budget."""
-
-    def __init__(self, policy: RetryPolicy, run: Run | None) -> None:
-        self.policy = policy
-        self.run = run
-        self._state = _CallState(0.0, None, policy.base)
+class _ModelRetries(ModelRetries):
+    """The SDK runner's model-retry policy, decided by tether."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _ModelRetries:
         return self  # the SDK copies model settings; the run they count into is one
 
     def __call__(self, context: RetryPolicyContext) -> RetryDecision:
-        if context.attempt <= 1:
-            self._state = _CallState(0.0, None, self.policy.base)
         verdict = self.policy.classifier(context.error)
-        if not verdict.retryable:
+        delay = self.wait(verdict, context.attempt)
+        if delay is None:
             return RetryDecision(retry=False, reason=verdict.reason)
-        run = self.run
-        delay = self.policy._delay(self._state, verdict)
-        left = None if run is None else run._time_left()
-        if run is not None and run.stopped is not None:
-            return RetryDecision(retry=False, reason="the run has stopped")
-        if left is not None and delay >= left:
-            return RetryDecision(retry=False, reason="the run's time budget would run out")
-        if run is not None:
-            run.retries += 1
-        _log.info("tether: model call failed (%s); retry %d in %.2f s", verdict.reason,
-                  context.attempt, delay)  # fmt: skip
         return RetryDecision(retry=True, delay=delay, reason=verdict.reason)
 
 

@@ -29,9 +29,9 @@ from tether._errors import CircuitOpenError, require
 from tether._guard import Guard
 from tether._outcome import Outcome, Stopped, StopReason, ToolError
 from tether._pricing import UnknownModelError
-from tether._retry import _CallState
+from tether._retry import RetryPolicy
 from tether._run import Run
-from tether.integrations._common import ToolRules, blocking, provider_breaker
+from tether.integrations._common import ModelRetries, ToolRules, blocking, provider_breaker
 
 require("pydantic_ai", "pydantic-ai")
 
@@ -71,13 +71,14 @@ class RunStopped(Exception):
 class _Live:
     """One agent run's tether state."""
 
-    __slots__ = ("messages", "permit", "retry_state", "run")
+    __slots__ = ("messages", "permit", "retries", "run")
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, policy: RetryPolicy) -> None:
         self.run = run
         self.messages: list[Any] = []  # the run's history (the list the graph appends to)
-        self.permit: str | None = None
-        self.retry_state = _CallState(0.0, None, run.guard.retry.base)
+        # the breaker asked before the attempt in flight, and its permit
+        self.permit: tuple[Any, str] | None = None
+        self.retries = ModelRetries(policy, run)
 
 
 def _limit_reason(exc: UsageLimitExceeded) -> StopReason:
@@ -147,7 +148,7 @@ class TetherCapability(AbstractCapability[Any]):
         run.__enter__()
         key = str(ctx.run_id)
         with self._lock:
-            self._live[key] = _Live(run)
+            self._live[key] = _Live(run, self._policy)
         try:
             result = await handler()
         except BaseException:  # on_run_error ended it; else a cancellation: the run ends too
@@ -216,13 +217,11 @@ class TetherCapability(AbstractCapability[Any]):
         live = self._state(ctx)
         if live is None:
             return request_context
-        if request_context.attempt <= 1:
-            live.retry_state = _CallState(0.0, None, self._policy.base)
         breaker = self._breaker(request_context.model)
         waited = 0.0
         while True:
             try:
-                live.permit = await breaker._aacquire()
+                live.permit = (breaker, await breaker._aacquire())
                 return request_context
             except CircuitOpenError as exc:
                 wait = live.run._probe_wait(exc, None, waited)
@@ -239,9 +238,7 @@ class TetherCapability(AbstractCapability[Any]):
         live = self._state(ctx)
         if live is None:
             return response
-        if live.permit is not None:
-            await self._breaker(request_context.model)._arecord(live.permit, None)
-            live.permit = None
+        await self._settle(live, None)
         usage = response.usage
         cache_read, cache_write = int(usage.cache_read_tokens), int(usage.cache_write_tokens)
         model = response.model_name or str(getattr(request_context.model, "model_name", ""))
@@ -259,23 +256,21 @@ class TetherCapability(AbstractCapability[Any]):
         live = self._state(ctx)
         if live is None:
             raise error
-        policy = self._policy
-        verdict = policy.classifier(error)
-        if live.permit is not None:
-            await self._breaker(request_context.model)._arecord(live.permit, verdict)
-            live.permit = None
-        run = live.run
-        if not verdict.retryable or request_context.attempt >= policy.max_attempts:
+        verdict = self._policy.classifier(error)
+        await self._settle(live, verdict)
+        delay = live.retries.wait(verdict, request_context.attempt)
+        if delay is None:
             raise error
-        delay = policy._delay(live.retry_state, verdict)
-        left = run._time_left()
-        if left is not None and delay >= left:
-            raise error
-        run.retries += 1
-        _log.info("tether: model request failed (%s); retry %d in %.2f s", verdict.reason,
-                  request_context.attempt, delay)  # fmt: skip
-        await run.clock.asleep(delay)
+        await live.run.clock.asleep(delay)
         raise RetryModelRequest()
+
+    @staticmethod
+    async def _settle(live: _Live, verdict: Any) -> None:
+        """Tell the breaker asked before this attempt how it went (None: a success)."""
+        if live.permit is not None:
+            breaker, permit = live.permit
+            live.permit = None
+            await breaker._arecord(permit, verdict)
 
     # --- tools --------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from tether._errors import require
 from tether._governance import APPROVED, PENDING, REJECTED, ApprovalError
-from tether._outcome import StopReason
+from tether._outcome import STATUSES, StopReason
 from tether._persist import RedactedArguments
 from tether._records import Records
 from tether._redact import redact
@@ -76,7 +76,9 @@ def _environment() -> jinja2.Environment:
 def _pretty(value: Any) -> str:
     import json
 
-    return str(redact(json.dumps(redact(value), indent=2, default=str, ensure_ascii=False)))
+    return json.dumps(
+        redact(value), indent=2, default=str, ensure_ascii=False
+    )  # finalize redacts it again
 
 
 def _when(value: Any) -> str:
@@ -184,7 +186,7 @@ class App:
         shown = [r for r in runs if (not status or r.get("status") == status)
                  and (not reason or r.get("reason") == reason)]  # fmt: skip
         return "runs.html", {"runs": shown, "status": status, "reason": reason, "total": len(runs),
-                             "statuses": ["success", "partial", "failed", "escalated", "awaiting_approval"],
+                             "statuses": STATUSES,
                              "reasons": [r.value for r in StopReason]}  # fmt: skip
 
     async def run(self, request: Request) -> tuple[str, dict[str, Any]]:
