@@ -212,6 +212,9 @@ def test_redis_passwords_stay_out_of_logs_reprs_and_errors(
         ),
         ("order 1234567890123 ok", "order 1234567890123 ok"),  # not a Luhn number
         ("4242 4242 4242 4242", "[redacted]"),
+        ("paid with 4242424242424242.", "paid with [redacted]."),
+        # ids whose hex holds a Luhn-valid digit run are not cards (a handoff id once was)
+        ("handoff ho_00dc9935611846658d95", "handoff ho_00dc9935611846658d95"),
         ("max_tokens=1024 input_tokens: 10", "max_tokens=1024 input_tokens: 10"),
         ("refund rejected: order older than 90 days", "refund rejected: order older than 90 days"),
     ],

@@ -65,7 +65,8 @@ _KEY_SHAPES = [
 _URL_CREDENTIALS = re.compile(r"(?<=://)[^/\s@:]*:[^/\s@]*@[^/\s?#]*")
 _URL_USER = re.compile(r"(?<=://)[^/@\s]*@")
 _AUTH_SCHEME = re.compile(r"(?i)\b(bearer|basic|digest|token)(\s+)[A-Za-z0-9._~+/=-]{6,}")
-_CARD = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])")
+# a whole token: an id whose hex holds a Luhn-valid digit run (ho_00dc99356118...) is no card
+_CARD = re.compile(r"(?<![\w-])\d(?:[ -]?\d){12,18}(?![\w-])")
 
 
 def _normalise(name: str) -> str:
