@@ -36,14 +36,43 @@ def test_tool_and_scope_separate_keys() -> None:
 @pytest.mark.parametrize(
     "field", ["idempotency_key", "request_id", "client_request_id", "nonce", "uuid", "trace_id"]
 )
-def test_volatile_fields_are_dropped_at_any_depth(field: str) -> None:
-    """The fresh UUID a model invents on every call does not change the key."""
-    a = {"amount": 10, "meta": {"items": [{"sku": "x", field: "one"}]}, field: "one"}
-    b = {"amount": 10, "meta": {"items": [{"sku": "x", field: "two"}]}, field: "two"}
-    assert intent_key("refund", a) == intent_key("refund", b)
-    assert intent_key("refund", a) == intent_key(
-        "refund", {"amount": 10, "meta": {"items": [{"sku": "x"}]}}
+def test_volatile_fields_are_dropped_at_the_top_level_only(field: str) -> None:
+    """The fresh request id a model invents on every call does not change the key; a field
+    of that name deeper down is data (a payee's uuid) and does."""
+    a = {"amount": 10, "to": {"account": "x", field: "acct-1"}, field: "one"}
+    b = {"amount": 10, "to": {"account": "x", field: "acct-1"}, field: "two"}
+    c = {"amount": 10, "to": {"account": "x", field: "acct-2"}, field: "one"}
+    assert intent_key("pay", a) == intent_key("pay", b)
+    assert intent_key("pay", a) == intent_key("pay", {k: v for k, v in a.items() if k != field})
+    assert intent_key("pay", a) != intent_key("pay", c)
+    deep = {"items": [{"sku": "x", field: "1"}]}
+    assert intent_key("pay", deep) != intent_key("pay", {"items": [{"sku": "x", field: "2"}]})
+
+
+def test_declared_paths_are_dropped_too() -> None:
+    """A tool declares where else its request ids live: dotted paths, * for every item."""
+    ignore = ["uuid", "meta.nonce", "items.*.request_id", ("a.b", "c")]
+    a = {"meta": {"nonce": "1", "x": 1}, "items": [{"request_id": "r1", "sku": "s"}],
+         "a.b": {"c": 1, "d": 2}, "uuid": "u1"}  # fmt: skip
+    b = {"meta": {"nonce": "2", "x": 1}, "items": [{"request_id": "r2", "sku": "s"}],
+         "a.b": {"c": 9, "d": 2}, "uuid": "u2"}  # fmt: skip
+    assert intent_key("t", a, ignore=ignore) == intent_key("t", b, ignore=ignore)
+    assert (
+        canonical_json(a, ignore=ignore) == '{"a.b":{"d":2},"items":[{"sku":"s"}],"meta":{"x":1}}'
     )
+    assert a["meta"] == {"nonce": "1", "x": 1}  # the caller's arguments are left as they were
+    changed = {**b, "meta": {"nonce": "2", "x": 2}}
+    assert intent_key("t", a, ignore=ignore) != intent_key("t", changed, ignore=ignore)
+    assert canonical_json({"meta": 3}, ignore=ignore) == '{"meta":3}'  # no such path: kept
+
+
+@pytest.mark.parametrize("bad", ["", "a..b", ("a", ""), ("a", 1)])
+def test_a_malformed_path_is_refused_naming_it(bad: Any) -> None:
+    """A path that names nothing is an error, not a silent no-op."""
+    with pytest.raises(ValueError, match="volatile path"):
+        canonical_json({"a": 1}, ignore=[bad])
+    with pytest.raises(TypeError, match="list of field names"):
+        canonical_json({"a": 1}, ignore="uuid")
 
 
 def test_ignore_replaces_the_volatile_set() -> None:
@@ -51,6 +80,18 @@ def test_ignore_replaces_the_volatile_set() -> None:
     a, b = {"uuid": "1", "ts": 1}, {"uuid": "2", "ts": 2}
     assert intent_key("t", a, ignore=()) != intent_key("t", b, ignore=())
     assert intent_key("t", a, ignore=["uuid", "ts"]) == intent_key("t", b, ignore=["uuid", "ts"])
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [({"amount": 9000.0}, {"amount": "9000"}), ({"ok": True}, {"ok": 1}),
+     ({"m": {1: "x"}}, {"m": {"1": "x"}}), ({"to": {"uuid": "acct-1"}}, {"to": {"uuid": "acct-2"}}),
+     ({"to": {"nonce": "a"}}, {"to": {"nonce": "b"}}),
+     ({"to": {"idempotency_key": "a"}}, {"to": {"idempotency_key": "b"}})],
+)  # fmt: skip
+def test_another_value_is_another_intent(a: Any, b: Any) -> None:
+    """Values that differ in type or in a nested field are different intents."""
+    assert intent_key("pay", a) != intent_key("pay", b)
 
 
 class Color(enum.Enum):
@@ -137,10 +178,14 @@ json_values = st.recursive(
 
 @given(json_values)
 def test_fast_and_slow_paths_agree(value: object) -> None:
-    """The C-speed path and the stripping walk give the same key for the same intent."""
-    wrapped = {"v": value, "nested": [{"uuid": "drop-me", "v": value}]}
-    stripped = {"v": value, "nested": [{"v": value}]}
+    """The C-speed path and the walk give the same key for the same intent."""
+    wrapped = {"v": value, "nested": [{"uuid": "kept", "v": value}], "uuid": "drop-me"}
+    stripped = {"v": value, "nested": [{"uuid": "kept", "v": value}]}
     assert intent_key("t", wrapped) == intent_key("t", stripped)
+    declared = ["nested.*.uuid"]
+    assert intent_key("t", wrapped, ignore=declared) == intent_key(
+        "t", {"v": value, "nested": [{"v": value}], "uuid": "drop-me"}, ignore=declared
+    )
 
 
 def test_tool_must_be_named() -> None:
@@ -168,8 +213,13 @@ def test_the_fast_path_and_the_walk_give_the_same_text(args: Any) -> None:
     """Plain inputs take the C encoder; the rest the walk: one text either way."""
     from tether._canonical import VOLATILE_FIELDS, _dumps, _Walk
 
+    top = (
+        {k: v for k, v in args.items() if k not in VOLATILE_FIELDS}
+        if isinstance(args, dict)
+        else args
+    )
     try:
-        walked = _dumps(_Walk(VOLATILE_FIELDS)(args, "args"))
+        walked = _dumps(_Walk()(top, "args"))
     except ValueError:  # a lone surrogate: both paths refuse it
         with pytest.raises(ValueError):
             canonical_json(args)

@@ -90,11 +90,14 @@ def test_model_reissue_with_fresh_uuid_is_deduplicated_by_the_ledger(
     ledger = tether.Ledger.memory()
     wrapped = tether.wrap(client(server), connector="stripe", retryable=["refunds.create"],
                           ledger=ledger, policy=RetryPolicy(max_attempts=3, clock=VirtualClock()))  # fmt: skip
-    first = wrapped.v1.refunds.create(params={"charge": "ch_1", "metadata": {"uuid": "a1"}})
-    second = wrapped.v1.refunds.create(params={"charge": "ch_1", "metadata": {"uuid": "b2"}})
+    first = wrapped.v1.refunds.create(params={"charge": "ch_1", "uuid": "a1"})
+    second = wrapped.v1.refunds.create(params={"charge": "ch_1", "uuid": "b2"})
     assert len(fake.refunds) == 1
     assert len(fake.keys) == 1
     assert second["id"] == first.id
+    # a field deeper in the request is data: another metadata id is another refund
+    wrapped.v1.refunds.create(params={"charge": "ch_1", "metadata": {"uuid": "order-9"}})
+    assert len(fake.refunds) == 2
 
 
 def test_unknown_connector_is_a_clear_error() -> None:

@@ -9,14 +9,17 @@ ASCII only, produced by the standard library's C encoder, where
 * a mapping with any key that is not a string is written as ``{"$map": [[k, v], ...]}``
   sorted by the encoded pair, so ``{1: "a"}`` and ``{"1": "a"}`` differ and int keys
   sort the same way whatever else the mapping holds;
-* volatile fields that a model invents on every call are left out at any depth.
+* the request identifiers a model invents on every call are left out, at the top level of
+  the arguments only (:data:`VOLATILE_FIELDS`), and at the paths a tool declares
+  (``"meta.nonce"``, ``"items.*.request_id"``): a field of that name deeper down is data
+  (``to.uuid`` names a payee) and stays part of the intent.
 
-Plain inputs (JSON types, string keys, no volatile key: checked by a quick walk over
-the containers) are encoded in one C-speed pass; when anything the rules above must
-handle shows (a type JSON lacks, a key that is not a string, a volatile key, nesting past
-:data:`MAX_DEPTH`, and in the text a ``$`` key or a lone surrogate), the input goes
-through a walk that applies them and names the exact path of anything it cannot encode. Both paths give
-the same text for the same input.
+Plain inputs (JSON types, string keys: checked by a quick walk over the containers) are
+encoded in one C-speed pass; when anything the rules above must handle shows (a type
+JSON lacks, a key that is not a string, nesting past :data:`MAX_DEPTH`, and in the text a
+``$`` key or a lone surrogate), the input goes through a walk that applies them and names
+the exact path of anything it cannot encode. Both paths give the same text for the same
+input.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import dataclasses
 import datetime as _dt
 import decimal
 import enum
+import functools
 import hashlib
 import json
 import math
@@ -36,7 +40,8 @@ from typing import Any
 
 __all__ = ["MAX_DEPTH", "VOLATILE_FIELDS", "canonical_json", "intent_key"]
 
-#: Fields a model (or an SDK) invents anew on every call: never part of an intent.
+#: Request identifiers a model (or an SDK) invents anew on every call: left out of an
+#: intent at the top level of the arguments (deeper down, only at paths a tool declares).
 VOLATILE_FIELDS: frozenset[str] = frozenset(
     {"idempotency_key", "request_id", "client_request_id", "nonce", "uuid", "trace_id"}
 )
@@ -61,13 +66,13 @@ _TYPES_HINT = (
 _NESTED = frozenset({dict, list, tuple})
 
 
-def _plain(obj: Any, depth: int, drop: frozenset[str]) -> bool:
-    """True when ``obj`` holds only JSON types, string keys, no volatile key and no
-    nesting past MAX_DEPTH: then the C encoder's text is canonical, but for ``$`` keys
-    and lone surrogates, that :func:`canonical_json` looks for in the text."""
+def _plain(obj: Any, depth: int) -> bool:
+    """True when ``obj`` holds only JSON types, string keys and no nesting past MAX_DEPTH:
+    then the C encoder's text is canonical, but for ``$`` keys and lone surrogates, that
+    :func:`canonical_json` looks for in the text."""
     kind = type(obj)
     if kind is dict:
-        if depth > MAX_DEPTH or not drop.isdisjoint(obj):  # isdisjoint: a C loop
+        if depth > MAX_DEPTH:
             return False
         for k, v in obj.items():  # keys and values in one pass
             if type(k) is not str:
@@ -75,7 +80,7 @@ def _plain(obj: Any, depth: int, drop: frozenset[str]) -> bool:
             kind = type(v)
             if kind in _SCALARS:
                 continue
-            if kind not in _NESTED or not _plain(v, depth + 1, drop):
+            if kind not in _NESTED or not _plain(v, depth + 1):
                 return False
         return True
     if kind is list or kind is tuple:
@@ -85,7 +90,7 @@ def _plain(obj: Any, depth: int, drop: frozenset[str]) -> bool:
             kind = type(v)
             if kind in _SCALARS:
                 continue
-            if kind not in _NESTED or not _plain(v, depth + 1, drop):
+            if kind not in _NESTED or not _plain(v, depth + 1):
                 return False
         return True
     return kind in _SCALARS
@@ -109,8 +114,7 @@ def _key(k: str, path: str) -> str:
 class _Walk:
     """The canonical form of a value, in JSON types; errors name the path."""
 
-    def __init__(self, drop: frozenset[str]) -> None:
-        self.drop = drop
+    def __init__(self) -> None:
         self.seen: set[int] = set()
 
     def __call__(self, obj: Any, path: str, depth: int = 0) -> Any:
@@ -149,11 +153,9 @@ class _Walk:
     def _mapping(self, obj: Mapping[Any, Any], path: str, depth: int) -> Any:
         if all(isinstance(k, str) for k in obj):
             return {_key(k, f"{path}.{k}"): self(v, f"{path}.{k}", depth + 1)
-                    for k, v in obj.items() if k not in self.drop}  # fmt: skip
+                    for k, v in obj.items()}  # fmt: skip
         pairs = []
         for k, v in obj.items():
-            if isinstance(k, str) and k in self.drop:
-                continue
             if k is not None and not isinstance(k, str | int | float | bool):
                 raise TypeError(f"{path}: dict key {k!r} is a {type(k).__name__}; use str keys")
             sub = f"{path}[{k!r}]"
@@ -203,14 +205,87 @@ def _fields(obj: Any) -> Mapping[str, Any] | None:
     return None
 
 
-def canonical_json(args: Any, *, ignore: Iterable[str] | None = None, path: str = "args") -> str:
-    """The canonical JSON text of ``args``, without the ``ignore`` fields at any depth.
+Paths = Iterable[str | tuple[str, ...]]
+
+
+@functools.lru_cache(maxsize=256)
+def _rules(
+    ignore: tuple[str | tuple[str, ...], ...],
+) -> tuple[frozenset[str], tuple[tuple[str, ...], ...]]:
+    """``ignore`` as (the top-level names, the deeper paths); checked once per set."""
+    top: set[str] = set()
+    deep: list[tuple[str, ...]] = []
+    for entry in ignore:
+        parts = tuple(entry.split(".")) if isinstance(entry, str) else tuple(entry)
+        if not parts or not all(isinstance(p, str) and p for p in parts):
+            raise ValueError(
+                f"a volatile path is a field name or dotted path such as 'meta.nonce' or "
+                f"'items.*.request_id', got {entry!r}"
+            )
+        if len(parts) == 1 and parts[0] != "*":
+            top.add(parts[0])
+        else:
+            deep.append(parts)
+    return frozenset(top), tuple(deep)
+
+
+_DEFAULT_RULES = (VOLATILE_FIELDS, ())
+
+
+def rules(ignore: Paths | None) -> tuple[frozenset[str], tuple[tuple[str, ...], ...]]:
+    """The fields left out of an intent: the default top-level request ids for None."""
+    if ignore is None:
+        return _DEFAULT_RULES
+    if isinstance(ignore, str):
+        raise TypeError(f"ignore takes a list of field names or paths, got the string {ignore!r}")
+    return _rules(tuple(ignore))
+
+
+def _without(obj: Any, parts: tuple[str, ...]) -> Any:
+    """``obj`` without the value at ``parts`` ("*": every key or item); containers on the
+    way are copied, everything else is shared; unchanged (the same object) if nothing is
+    there."""
+    head, rest = parts[0], parts[1:]
+    if isinstance(obj, Mapping):
+        names = list(obj) if head == "*" else [head] if head in obj else []
+        if not names:
+            return obj
+        out = dict(obj)
+        for name in names:
+            if not rest:
+                del out[name]
+            else:
+                out[name] = _without(obj[name], rest)
+        return out
+    if head == "*" and isinstance(obj, list | tuple):
+        if not rest:
+            return []
+        items = [_without(v, rest) for v in obj]
+        return items if any(a is not b for a, b in zip(items, obj, strict=True)) else obj
+    return obj
+
+
+def canonical_json(args: Any, *, ignore: Paths | None = None, path: str = "args") -> str:
+    """The canonical JSON text of ``args``, without the ``ignore`` fields.
+
+    ``ignore`` names fields of the top level of ``args`` (``"request_id"``) or dotted
+    paths into it (``"meta.nonce"``, ``"items.*.uuid"``; a tuple of keys for a key that
+    holds a dot); None means :data:`VOLATILE_FIELDS` at the top level, ``()`` keeps
+    everything.
 
     >>> canonical_json({"b": 1, "a": [1, 2], "request_id": "r-77"})
     '{"a":[1,2],"b":1}'
+    >>> canonical_json({"to": {"uuid": "acct-1"}, "request_id": "r-77"})
+    '{"to":{"uuid":"acct-1"}}'
     """
-    drop = VOLATILE_FIELDS if ignore is None else frozenset(ignore)
-    if _plain(args, 0, drop):
+    top, deep = rules(ignore)
+    if top and type(args) is dict and not top.isdisjoint(args):  # isdisjoint: a C loop
+        args = {k: v for k, v in args.items() if k not in top}
+    elif top and isinstance(args, Mapping) and type(args) is not dict:
+        args = {k: v for k, v in args.items() if not (isinstance(k, str) and k in top)}
+    for parts in deep:
+        args = _without(args, parts)
+    if _plain(args, 0):
         try:
             text = _dumps(args)
         except (ValueError, RecursionError):
@@ -224,17 +299,19 @@ def canonical_json(args: Any, *, ignore: Iterable[str] | None = None, path: str 
                 or ("\\" in text and "\\ud" in text and _LONE_SURROGATE.search(text) is not None)
             ):
                 return text
-    return _dumps(_Walk(drop)(args, path))
+    return _dumps(_Walk()(args, path))
 
 
-def intent_key(tool: str, args: Any, scope: str = "", ignore: Iterable[str] | None = None) -> str:
+def intent_key(tool: str, args: Any, scope: str = "", ignore: Paths | None = None) -> str:
     """A stable SHA-256 hex digest of (tool, scope, canonical arguments).
 
-    Key order never matters, list order does, and the volatile fields a model invents
-    on every call (``idempotency_key``, ``request_id``, ``client_request_id``,
-    ``nonce``, ``uuid``, ``trace_id``) are left out at any depth: the same refund
-    re-issued with a fresh UUID has the same key. Pass ``ignore`` to replace that set
-    (``ignore=()`` keeps every field). ``scope`` separates runs, customers or tickets.
+    Key order never matters, list order does, and the request ids a model invents on
+    every call (``idempotency_key``, ``request_id``, ``client_request_id``, ``nonce``,
+    ``uuid``, ``trace_id``) are left out at the top level of ``args``: the same refund
+    re-issued with a fresh UUID has the same key, while ``{"to": {"uuid": "acct-2"}}``
+    names another payee than ``acct-1``. Pass ``ignore`` to replace that set (field
+    names and dotted paths such as ``"meta.nonce"``; ``ignore=()`` keeps every field).
+    ``scope`` separates runs, customers or tickets.
 
     >>> a = intent_key("refund", {"order": "A-1", "amount": 10, "uuid": "1f0c"})
     >>> b = intent_key("refund", {"amount": 10, "order": "A-1", "uuid": "9d2e"})
@@ -245,11 +322,12 @@ def intent_key(tool: str, args: Any, scope: str = "", ignore: Iterable[str] | No
     return digest(tool, canonical_json(args, ignore=ignore), scope)
 
 
-def intent_keys(tool: str, args: Any, scope: str) -> tuple[str, str]:
+def intent_keys(tool: str, args: Any, scope: str, ignore: Paths | None = None) -> tuple[str, str]:
     """``(intent_key(tool, args), intent_key(tool, args, scope))`` from one encoding of
-    the arguments (a run needs the first for its loop checks, the second for its ledger)."""
+    the arguments (a run needs the first for its loop checks and approvals, the second
+    for its ledger)."""
     _check(tool, scope)
-    text = canonical_json(args)
+    text = canonical_json(args, ignore=ignore)
     action = digest(tool, text)
     return action, (digest(tool, text, scope) if scope else action)
 

@@ -103,7 +103,8 @@ def _payload_hash(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     if not args and not kwargs:
         return None
     try:
-        text = canonical_json([list(args), kwargs])  # the volatile fields are not the intent
+        # the request ids of each argument (at its top level) are not the intent
+        text = f"[[{','.join(canonical_json(a) for a in args)}],{canonical_json(kwargs)}]"
     except (TypeError, ValueError):
         return None  # arguments that are objects (clients, sessions): no payload check
     return hashlib.sha256(text.encode("ascii")).hexdigest()

@@ -75,6 +75,8 @@ class RunState:
         self.guard = guard
         self.task = task
         self.run_id = run_id
+        #: the ledger scope of this run's effects: the guard's scope (and, later, the request)
+        self._scope = guard.scope
         self.clock = guard.clock
         self.budget = guard.budget
         self._loops = LoopState(guard.loops)

@@ -7,13 +7,13 @@ import functools
 import hashlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from tether import _governance as gov
 from tether import telemetry
-from tether._canonical import canonical_json, intent_keys, jsonable
+from tether._canonical import VOLATILE_FIELDS, canonical_json, intent_keys, jsonable
 from tether._classify import Kind, classify
 from tether._errors import CircuitOpenError, DeadlineExceeded, StoreUnavailable, UnknownOutcome
 from tether._governance import (
@@ -64,7 +64,8 @@ class _Call:
 class ToolCalls(RunState):
     """Calls a tool under every guard (mixed into :class:`tether.Run`)."""
 
-    def _before_tool(self, name: str, args: Any, timeout: float | None, idempotent: bool) -> _Call:
+    def _before_tool(self, name: str, args: Any, timeout: float | None, idempotent: bool,
+                     volatile: tuple[str, ...] = ()) -> _Call:  # fmt: skip
         if self._stop is not None:
             raise self._halt(*self._stop)
         b = self.budget
@@ -82,7 +83,8 @@ class ToolCalls(RunState):
             raise self._halt(
                 StopReason.HUNG_TOOLS, f"{hung} tool calls are still hanging in threads"
             )
-        action, key = intent_keys(name, args, self.guard.scope)  # one encoding for both
+        ignore = (*VOLATILE_FIELDS, *volatile) if volatile else None
+        action, key = intent_keys(name, args, self._scope, ignore)  # one encoding for both
         loop = self._loops.check_action(name, action, self.steps)
         if loop is not None:
             raise self._halt(loop[0], f"{loop[1]} (step {self.steps})")
@@ -263,6 +265,7 @@ class ToolCalls(RunState):
         lookup: Callable[[str], Any] | None = None,
         requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
         compensate: Callable[[Any], Any] | None = None,
+        volatile: Iterable[str] = (),
     ) -> Any:
         """Call a tool under every guard: policies, approval, loops and budgets, breaker,
         retries, ledger.
@@ -273,7 +276,10 @@ class ToolCalls(RunState):
         The guard's policies may deny the call before anything runs; ``requires_approval``
         (True, or a predicate of the arguments) stops the run ``AWAITING_APPROVAL`` until a
         person approves this very call; ``compensate(result)`` is what ``run.rollback()``
-        runs to undo it once it completed.
+        runs to undo it once it completed. ``volatile`` names argument paths that the
+        model fills anew on every call (``"meta.nonce"``, ``"items.*.request_id"``), left
+        out of the call's identity besides the top-level request ids
+        (:data:`tether.VOLATILE_FIELDS`); every other field, at any depth, is the intent.
         Raises :class:`tether.Stopped` when a guard ends the run (the call is not made),
         or :class:`tether.ToolError` with a short text for the model when it fails.
         """
@@ -283,7 +289,7 @@ class ToolCalls(RunState):
                 " (call_tool would never await it, and the tool would never run)"
             )
         args = _arguments(name, args)
-        call = self._before_tool(name, args, timeout, idempotent)
+        call = self._before_tool(name, args, timeout, idempotent, _paths(name, volatile))
         self._govern(call, requires_approval, compensate)
         attempt = _attempt_span(name, lambda: _not_awaitable(name, fn(**args)))
         run = self._effect(call, attempt, idempotent, lookup, timeout)
@@ -324,6 +330,7 @@ class ToolCalls(RunState):
         lookup: Callable[[str], Any] | None = None,
         requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
         compensate: Callable[[Any], Any] | None = None,
+        volatile: Iterable[str] = (),
     ) -> Any:
         """The async form of :meth:`call_tool`; a hanging attempt is cancelled.
 
@@ -331,7 +338,7 @@ class ToolCalls(RunState):
         worker thread, so that it does not block the event loop).
         """
         args = _arguments(name, args)
-        call = self._before_tool(name, args, timeout, idempotent)
+        call = self._before_tool(name, args, timeout, idempotent, _paths(name, volatile))
         self._govern(call, requires_approval, compensate)
         attempt: Callable[[], Awaitable[Any]]
         if _is_async(fn):
@@ -397,6 +404,17 @@ def _not_awaitable(name: str, result: Any) -> Any:
             f"tool {name!r} returned an awaitable: call it with `await run.acall_tool(...)`"
         )
     return result
+
+
+def _paths(name: str, volatile: Any) -> tuple[str, ...]:
+    """A tool's declared volatile paths, as a tuple (a single string is refused: it would
+    read as its letters)."""
+    if not volatile:
+        return ()
+    if isinstance(volatile, str):
+        raise TypeError(f"volatile of tool {name!r} takes a list of paths, e.g. "
+                        f"volatile=[{volatile!r}], got the string {volatile!r}")  # fmt: skip
+    return tuple(volatile)
 
 
 def _arguments(name: str, args: Any) -> dict[str, Any]:

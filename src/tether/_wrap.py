@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tether._canonical import intent_key
+from tether._canonical import VOLATILE_FIELDS, intent_key
 from tether._retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -25,6 +25,16 @@ if TYPE_CHECKING:
     from tether._effects import Ledger
 
 __all__ = ["CONNECTORS", "CallMeta", "Connector", "ResponseStatusError", "wrap"]
+
+
+#: A method call's request ids: at the top level of the request, that is of its keyword
+#: arguments, of a body passed as ``params=``/``json=``/``data=`` (Stripe, httpx) and of each
+#: positional mapping; a field deeper down (``destination={"uuid": ...}``) is data.
+_CALL_VOLATILE = tuple(
+    f"{where}.{f}"
+    for where in ("kwargs", "kwargs.params", "kwargs.json", "kwargs.data", "args.*")
+    for f in sorted(VOLATILE_FIELDS)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +182,8 @@ class _Wrap:
         if not self._match(path):
             return fn(*args, **kwargs)
         if self.ledger is not None:
-            key = intent_key(
-                f"{self.connector.name}:{path}", {"args": list(args), "kwargs": kwargs}
-            )
+            key = intent_key(f"{self.connector.name}:{path}", {"args": list(args), "kwargs": kwargs},
+                             ignore=_CALL_VOLATILE)  # fmt: skip
         else:
             key = uuid.uuid4().hex
         send_kwargs = dict(kwargs)

@@ -71,7 +71,8 @@ class Tool:
     reads the provider's records when an earlier attempt's outcome is unknown).
     ``requires_approval`` (True, or a predicate of the arguments) stops the run for a
     person's approval of the call before it runs; ``compensate(result)`` undoes a
-    completed call when the run is rolled back.
+    completed call when the run is rolled back. ``volatile`` names argument paths the
+    model fills anew on every call (``"meta.nonce"``), left out of the call's identity.
     """
 
     name: str
@@ -83,6 +84,7 @@ class Tool:
     lookup: Callable[[str], Any] | None = None
     requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False
     compensate: Callable[[Any], Any] | None = None
+    volatile: tuple[str, ...] = ()
     schema: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -97,6 +99,13 @@ class Tool:
             raise TypeError(
                 f"Tool {self.name!r}: compensate must be callable, got {self.compensate!r}"
             )
+        if isinstance(self.volatile, str):
+            raise TypeError(f"Tool {self.name!r}: volatile takes a list of paths, e.g. "
+                            f"volatile=[{self.volatile!r}]")  # fmt: skip
+        from tether._canonical import rules
+
+        object.__setattr__(self, "volatile", tuple(self.volatile))
+        rules(self.volatile)  # a malformed path fails here, naming it
         schema = self.input_schema if self.input_schema is not None else schema_from_hints(self.fn)
         object.__setattr__(self, "schema", schema)
         if not self.description:

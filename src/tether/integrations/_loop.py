@@ -129,7 +129,8 @@ def _tool_kwargs(tool: Tool | None) -> dict[str, Any]:
     if tool is None:
         return {}
     return {"timeout": tool.timeout, "idempotent": tool.idempotent, "lookup": tool.lookup,
-            "requires_approval": tool.requires_approval, "compensate": tool.compensate}  # fmt: skip
+            "requires_approval": tool.requires_approval, "compensate": tool.compensate,
+            "volatile": tool.volatile}  # fmt: skip
 
 
 def run_tool(run: Run, turns: Turns, use: ToolUse) -> tuple[ToolUse, str, bool]:
