@@ -3,15 +3,17 @@ CSRF refusals, and a real headless Chromium resolving a case in the inbox."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from starlette.testclient import TestClient
@@ -265,6 +267,219 @@ def test_state_changes_need_the_csrf_token_and_this_origin(world: World) -> None
     assert world.records.handoffs.get(handoff)["state"] == "open"
 
 
+def test_a_foreign_host_is_refused_over_asgi(world: World) -> None:
+    """DNS rebinding: a page reached through another name gets nothing, not even a CSRF token."""
+    pending = world.awaiting.pending_approval["id"]
+    for base in ("http://rebound.example:8765", "http://127.0.0.1.nip.io:8765", "http://evil"):
+        c = TestClient(create_app(world.records), base_url=base)
+        for path in ("/", "/runs", "/inbox", f"/runs/{world.escalated.run_id}", "/dead-letters"):
+            page = c.get(path, follow_redirects=False)
+            assert page.status_code == 400 and "tether_csrf" not in page.headers.get(
+                "set-cookie", ""
+            )
+        c.cookies.set("tether_csrf", "x")
+        forged = c.post(f"/approvals/{pending}/approve", data={"by": "attacker", "csrf": "x"})
+        assert forged.status_code == 400
+    assert world.records.approvals.get(pending).status == "pending"
+    for base in ("http://127.0.0.1:8765", "http://localhost:8765", "http://[::1]:8765"):
+        assert TestClient(create_app(world.records), base_url=base).get("/runs").status_code == 200
+
+
+def test_with_a_token_only_the_allowed_hosts_are_served(world: World) -> None:
+    app = create_app(world.records, token="s3cret-token", allowed_hosts=["Ops.Example.com"])
+    ops = TestClient(app, base_url="https://ops.example.com")
+    assert ops.get("/runs", headers={"authorization": "Bearer s3cret-token"}).status_code == 200
+    other = TestClient(app, base_url="https://rebound.example")
+    assert other.get("/runs", headers={"authorization": "Bearer s3cret-token"}).status_code == 400
+    assert other.get("/runs", params={"token": "s3cret-token"}).status_code == 400  # no hop either
+    hop = ops.get(
+        "/runs", params={"token": "s3cret-token", "status": "failed"}, follow_redirects=False
+    )
+    assert hop.status_code == 303 and hop.headers["location"] == "/runs?status=failed"  # relative
+    with pytest.raises(ValueError, match="needs a token"):
+        create_app(world.records, allowed_hosts=["ops.example.com"])
+    for bad in ("*", "*.example.com", "ops.example.com:8765", "https://ops.example.com", "a b"):
+        with pytest.raises(ValueError, match="allowed host"):
+            create_app(world.records, token="t", allowed_hosts=[bad])
+
+
+def test_the_origin_is_checked_against_the_allowed_hosts_not_the_host(world: World) -> None:
+    handoff = world.escalated.handoff.id
+    c = client(world)
+    c.get("/inbox")
+    csrf = c.cookies.get("tether_csrf") or ""
+    path = f"/handoffs/{handoff}/claim"
+    for origin in ("http://rebound.example:8765", "null", "http://127.0.0.1.evil.example"):
+        refused = c.post(path, data={"by": "m", "csrf": csrf}, headers={"origin": origin})
+        assert refused.status_code == 403, origin
+    assert world.records.handoffs.get(handoff)["state"] == "open"
+    # another loopback name than the Host is still this page (a Host header is never trusted)
+    ok = c.post(
+        path,
+        data={"by": "alice", "csrf": csrf},
+        headers={"origin": "http://localhost:8765"},
+        follow_redirects=False,
+    )
+    assert ok.status_code == 303 and world.records.handoffs.get(handoff)["claimed_by"] == "alice"
+
+
+def raw_http(port: int, request: bytes) -> bytes:
+    """One request as bytes on a socket (``Connection: close``: read to the end)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_foreign_host_is_refused_over_raw_http(world: World, live: str) -> None:
+    """The attack as a rebound browser sends it: a real uvicorn, a foreign Host header."""
+    port = int(live.rsplit(":", 1)[1])
+    foreign = raw_http(
+        port,
+        f"GET /inbox HTTP/1.1\r\nHost: rebound.example:{port}\r\n"
+        "Connection: close\r\n\r\n".encode(),
+    )
+    assert foreign.startswith(b"HTTP/1.1 400") and b"issue_refund" not in foreign
+    assert b"tether_csrf" not in foreign
+    pending = world.awaiting.pending_approval["id"]
+    body = b"by=attacker&csrf=x"
+    approve = raw_http(
+        port,
+        f"POST /approvals/{pending}/approve HTTP/1.1\r\n"
+        f"Host: rebound.example:{port}\r\nOrigin: http://rebound.example:{port}\r\n"
+        "Cookie: tether_csrf=x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body,
+    )
+    assert approve.startswith(b"HTTP/1.1 400")
+    assert world.records.approvals.get(pending).status == "pending"
+    ours = raw_http(
+        port, f"GET /inbox HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode()
+    )
+    assert ours.startswith(b"HTTP/1.1 200") and b"issue_refund" in ours
+
+
+def test_a_connection_that_sends_no_request_head_is_closed(world: World) -> None:
+    """Half-open connections (nothing, or a partial head) are dropped after the header
+    deadline; the page still answers meanwhile and afterwards."""
+    with serving(world, header_timeout=0.5) as base:
+        port = int(base.rsplit(":", 1)[1])
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(10)]
+        partial = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(10)]
+        for s in partial:
+            s.sendall(b"GET /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        import httpx
+
+        assert httpx.get(base + "/runs").status_code == 200
+        time.sleep(1.0)
+        for s in partial:
+            s.sendall(b"1")  # too late: the server closed it
+        for s in idle + partial:
+            assert s.recv(1024) == b"", "the server still holds a connection with no request head"
+            s.close()
+        assert httpx.get(base + "/runs").status_code == 200
+
+
+class Gate:
+    """A pause inside the page's work: ``entered`` once it waits, ``release()`` to go on."""
+
+    def __init__(self) -> None:
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def wait(self) -> None:
+        self.entered.set()
+        assert self.go.wait(20), "the gate was never released"
+
+    def release(self) -> None:
+        self.go.set()
+
+
+def answers_while(base: str, gate: Gate, slow: Callable[[], Any]) -> None:
+    """Start ``slow`` (it stops at the gate); /runs must answer meanwhile."""
+    import httpx
+
+    worker = threading.Thread(target=slow, daemon=True)
+    worker.start()
+    try:
+        assert gate.entered.wait(10), "the slow request never reached the gate"
+        assert httpx.get(base + "/runs", timeout=5).status_code == 200
+        assert worker.is_alive()  # the slow one still waits: /runs did not queue behind it
+    finally:
+        gate.release()
+        worker.join(10)
+
+
+def test_a_slow_database_read_never_blocks_the_other_requests(world: World) -> None:
+    """Database reads run in worker threads: while one page waits on the database, /runs answers."""
+    import httpx
+
+    gate, store = Gate(), world.records.store
+    plain_get = store.get
+
+    def slow_get(kind: str, doc_id: str) -> str | None:
+        if doc_id == world.escalated.run_id:
+            gate.wait()
+        return plain_get(kind, doc_id)
+
+    store.get = slow_get  # type: ignore[method-assign]
+    try:
+        with serving(world) as base:
+            answers_while(
+                base, gate, lambda: httpx.get(f"{base}/runs/{world.escalated.run_id}", timeout=30)
+            )
+    finally:
+        store.get = plain_get  # type: ignore[method-assign]
+
+
+def test_a_slow_replay_handler_never_blocks_the_other_requests(world: World) -> None:
+    import httpx
+
+    gate = Gate()
+
+    def slow_handler(customer: str, api_key: str = "", redacted: Any = None) -> str:
+        gate.wait()
+        return "charged"
+
+    with serving(world, handler=slow_handler) as base, httpx.Client(base_url=base, timeout=30) as c:
+        c.get("/inbox")
+        csrf = c.cookies.get("tether_csrf") or ""
+        answers_while(
+            base,
+            gate,
+            lambda: c.post(f"/dead-letters/{world.letter.id}/replay", data={"csrf": csrf}),
+        )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["a/b", "line\r\nSet-Cookie: x=1", "<script>alert(1)</script>", "", " x", "x" * 129, "../etc"],
+)
+def test_run_ids_are_checked_where_they_enter(world: World, bad: str) -> None:
+    with pytest.raises(ValueError, match="run_id must be 1 to 128 letters, digits"):
+        world.guard.start(task="t", run_id=bad)
+    with pytest.raises(ValueError, match="checkpoint_id must be 1 to 128"):
+        world.guard.resume(bad)
+    if bad and "/" not in bad:
+        page = client(world).get("/runs/" + quote(bad, safe=""))
+        assert page.status_code == 400 and "letters, digits" in page.text
+
+
+def test_a_valid_run_id_is_kept_and_shown(world: World) -> None:
+    with world.guard.start(task="ticket", run_id="ticket-42:turn.3_a") as run:
+        run.succeed(1)
+    assert client(world).get("/runs/ticket-42:turn.3_a").status_code == 200
+
+
+def test_a_checkpoint_with_a_bad_run_id_is_corrupt(world: World) -> None:
+    checkpoints = world.records.checkpoints
+    doc = {"run_id": "a/b", "task": "t", "usage": {}, "partial": [], "transcript": []}
+    checkpoint_id = checkpoints.save(doc, time.time())
+    with pytest.raises(tether.CheckpointError, match="run_id must be 1 to 128"):
+        world.guard.resume(checkpoint_id)
+
+
 def test_the_command_refuses_an_open_address_without_a_token(world: World, capsys: Any) -> None:
     assert main(["serve", "--db", world.path, "--host", "0.0.0.0"]) == 2
     assert "not a loopback address" in capsys.readouterr().err
@@ -280,7 +495,7 @@ def test_records_on_postgres(pg_dsn: str) -> None:
         guard = Guard(records=records)
         with guard.start(task="escalate me") as run:
             run.escalate("needs a person")
-        page = TestClient(create_app(records)).get("/inbox").text
+        page = TestClient(create_app(records), base_url="http://localhost").get("/inbox").text
         assert "escalate me" in page and "needs a person" in page
     finally:
         records.close()
@@ -297,22 +512,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def live(world: World) -> Iterator[str]:
+@contextlib.contextmanager
+def serving(world: World, **options: Any) -> Iterator[str]:
+    """The page under a real uvicorn (the limits ``tether serve`` sets) on a free port."""
     import uvicorn
 
+    from tether.serve._server import server_config
+
+    timeout = options.pop("header_timeout", 10.0)
+    app = create_app(world.records, **{"handler": world.replay_handler, **options})
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(world.records, handler=world.replay_handler),
-                                           host="127.0.0.1", port=port, log_level="warning"))  # fmt: skip
+    server = uvicorn.Server(server_config(app, port=port, header_timeout=timeout))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def live(world: World) -> Iterator[str]:
+    with serving(world) as base:
+        yield base
 
 
 def not_blank(path: Path) -> None:

@@ -71,7 +71,15 @@ def register(sub: Any) -> None:
         help="require this token (default $TETHER_SERVE_TOKEN); needed off loopback",
     )
     serve.add_argument("--handler", help="module:function that replays dead letters")
-    serve.set_defaults(run_command=_serve)  # fmt: skip
+    serve.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name browsers use to reach the page (repeatable; needs a token); "
+        "without a token only 127.0.0.1, localhost and [::1] are served",
+    )
+    serve.set_defaults(run_command=_serve)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -184,12 +192,30 @@ def _import_handler(spec: str, command: str) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from tether.serve import create_app, is_loopback
+    from tether.serve import create_app, host_name, is_loopback
 
     if not is_loopback(args.host) and not args.token:
         print(f"tether serve: {args.host} is not a loopback address: give a token (--token or "
               "TETHER_SERVE_TOKEN) so that only people who have it can act", file=sys.stderr)  # fmt: skip
         return 2
+    if args.allowed_host and not args.token:
+        return _refused(
+            "--allowed-host needs a token (--token or TETHER_SERVE_TOKEN); without "
+            "one only 127.0.0.1, localhost and [::1] are served"
+        )
+    allowed = list(args.allowed_host)
+    if not is_loopback(args.host):
+        if args.host not in ("0.0.0.0", "::", ""):  # a browser may use the address itself
+            allowed.append(args.host)
+        elif not allowed:
+            return _refused(
+                f"binding {args.host or 'every address'} needs --allowed-host NAME: "
+                "the names browsers use to reach the page (any other Host is refused)"
+            )
+    try:
+        allowed = [host_name(name) for name in allowed]
+    except ValueError as exc:
+        return _refused(f"--allowed-host: {exc}")
     from tether._records import Records
 
     if not Records.is_dsn(args.db) and not os.path.isfile(args.db):
@@ -203,13 +229,22 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
     import uvicorn
 
-    app = create_app(args.db, redis=args.redis, token=args.token, handler=handler)
+    from tether.serve._server import server_config
+
+    app = create_app(
+        args.db, redis=args.redis, token=args.token, handler=handler, allowed_hosts=allowed
+    )
     print(
         f"tether serve: http://{args.host}:{args.port}/"
         + ("  (token required)" if args.token else "")
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.Server(server_config(app, host=args.host, port=args.port)).run()
     return 0
+
+
+def _refused(why: str) -> int:
+    print(f"tether serve: {why}", file=sys.stderr)
+    return 2
 
 
 def _replay(letters: Any, letter: Any, spec: str, force: bool) -> int:

@@ -21,7 +21,7 @@ from tether._governance import (
 from tether._handoff import CustomerMessages, Escalation
 from tether._loops import LoopPolicy
 from tether._outcome import STATUSES, Outcome, StopReason, Usage
-from tether._persist import Checkpoints, DeadLetters
+from tether._persist import Checkpoints, DeadLetters, check_run_id
 from tether._pricing import PriceTable
 from tether._records import Records
 from tether._redact import redact
@@ -235,10 +235,12 @@ class Guard:
         return policy
 
     def start(self, task: str = "", *, run_id: str | None = None) -> Run:
-        """Open a run (use it as a context manager)."""
+        """Open a run (use it as a context manager). ``run_id``, when given, must follow
+        :data:`tether._persist.RUN_ID_RULE` (it appears in URLs and logs)."""
         from tether._run import Run
 
-        return Run(self, task, run_id or f"run_{uuid.uuid4().hex[:16]}")
+        run_id = check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex[:16]}"
+        return Run(self, task, run_id)
 
     # --- approvals ------------------------------------------------------------------------
 
@@ -281,7 +283,7 @@ class Guard:
             raise ValueError("this guard has no checkpoints store: pass checkpoints= to Guard")
         from tether._run import Run
 
-        doc = self.checkpoints.load(checkpoint_id)
+        doc = self.checkpoints.load(check_run_id(checkpoint_id, "checkpoint_id"))
         run = Run(self, str(doc["task"]), str(doc.get("run_id") or checkpoint_id))
         try:
             usage = Usage(**doc["usage"])

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from tether._effects import Ledger
 
 __all__ = [
+    "RUN_ID_RULE",
     "CheckpointError",
     "Checkpoints",
     "DeadLetter",
@@ -30,10 +31,22 @@ __all__ = [
     "DocumentStore",
     "Handoffs",
     "RedactedArguments",
+    "check_run_id",
     "redact",
 ]
 
 CHECKPOINT_FORMAT = "tether.checkpoint/1"
+
+#: what a run id (and every record id) may be: it appears in URLs, logs and file names
+RUN_ID_RULE = "1 to 128 letters, digits, '.', '_', ':' or '-', starting with a letter or a digit"
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def check_run_id(value: object, name: str = "run_id") -> str:
+    """``value`` if it is a valid run id (:data:`RUN_ID_RULE`); else a ValueError naming the rule."""
+    if not isinstance(value, str) or not _RUN_ID.fullmatch(value):
+        raise ValueError(f"{name} must be {RUN_ID_RULE}; got {value!r:.80}")
+    return value
 
 
 class CheckpointError(TetherError, ValueError):
@@ -253,8 +266,10 @@ def _check_shape(checkpoint_id: str, doc: dict[str, Any]) -> None:
             raise corrupt(field, "is missing")
     if not isinstance(doc["task"], str):
         raise corrupt("task", f"must be a string, got {doc['task']!r:.60}")
-    if doc.get("run_id") is not None and not isinstance(doc["run_id"], str):
-        raise corrupt("run_id", f"must be a string, got {doc['run_id']!r:.60}")
+    if doc.get("run_id") is not None and (
+        not isinstance(doc["run_id"], str) or not _RUN_ID.fullmatch(doc["run_id"])
+    ):
+        raise corrupt("run_id", f"must be {RUN_ID_RULE}, got {doc['run_id']!r:.60}")
     for field in ("partial", "transcript"):
         value = doc[field]
         if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
