@@ -1,0 +1,375 @@
+"""DBOS workflows under tether: at most once where a recovery gives at least once.
+
+DBOS checkpoints a step's output once the step returns; a process that dies after the
+step's effect and before that checkpoint re-runs the step when the workflow recovers,
+and the effect happens twice. Two thin layers close that gap:
+
+* :func:`step`: a DBOS step whose body runs through tether's ledger, keyed by the
+  workflow id, the step id and the intent (the step's name and exact arguments). A
+  recovered step returns the recorded result, reconciles through ``lookup`` when the
+  dead process was mid-effect, or raises :class:`tether.UnknownOutcome`. With
+  ``retries_allowed=True`` DBOS's retry is the one layer and tether's verdict decides
+  what it retries (:func:`should_retry`).
+* :func:`run` / :func:`arun`: a guarded run inside a workflow. Each *phase* of the run
+  (from ``guard.start`` or ``guard.resume`` to its stop) is one DBOS step, so the
+  workflow's own code reads no tether state and replays the same way every time; a phase
+  interrupted by a crash runs again in the recovering process, where the ledger replays
+  what the dead one did: its effects (non-idempotent tools) and its model calls (made
+  through a :func:`step`) happen once, and the fresh run counts each model call and its
+  cost once. A run that stops for an approval waits durably for it (a DBOS message, or
+  the operator's decision read from the guard's records every ``approval_poll`` seconds),
+  then resumes in a new phase.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
+
+from tether import telemetry
+from tether._canonical import intent_key
+from tether._classify import classify
+from tether._effects import Ledger
+from tether._errors import (
+    CircuitOpenError,
+    EffectInProgress,
+    EffectNotRecorded,
+    IdempotencyConflict,
+    StoreUnavailable,
+    UnknownOutcome,
+    require,
+)
+from tether._governance import PENDING, ApprovalRecord
+from tether._guard import Guard
+from tether._outcome import Outcome
+from tether._run import Run
+
+require("dbos", "dbos")
+
+from dbos import DBOS  # noqa: E402 - after the extra check
+
+__all__ = [
+    "APPROVAL_TOPIC",
+    "RetryLayersWarning",
+    "approve",
+    "arun",
+    "notify",
+    "reject",
+    "run",
+    "should_retry",
+    "step",
+    "step_key",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+Lookup = Callable[[str], Any]
+
+#: The topic of the DBOS message that wakes a workflow waiting for an approval
+#: (``APPROVAL_TOPIC + approval id``).
+APPROVAL_TOPIC = "tether.approval:"
+
+
+class RetryLayersWarning(UserWarning):
+    """A tether RetryPolicy retried inside a DBOS step that DBOS retries too."""
+
+
+# --- the guarded step --------------------------------------------------------------------
+
+
+def step_key(name: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> str:
+    """The ledger key of step ``name`` called with ``args`` in the running workflow:
+    ``dbos:<workflow id>/<step id>`` and the exact arguments (outside a workflow, the
+    arguments alone)."""
+    workflow_id, step_id = DBOS.workflow_id, DBOS.step_id
+    scope = f"dbos:{workflow_id}/{step_id}" if workflow_id is not None else "dbos"
+    return intent_key(
+        name, {"args": list(args), "kwargs": dict(kwargs or {})}, scope=scope, ignore=()
+    )
+
+
+def should_retry(exc: BaseException) -> bool:
+    """DBOS's ``should_retry`` from tether's verdict: retry what may clear (a 503, a 429,
+    a claim another process still holds, our own store down), never a permanent failure
+    nor an effect whose outcome is unknown."""
+    if isinstance(exc, UnknownOutcome | EffectNotRecorded | IdempotencyConflict):
+        return False
+    if isinstance(exc, EffectInProgress | CircuitOpenError | StoreUnavailable):
+        return True
+    return classify(exc).retryable
+
+
+def step(
+    ledger: Ledger | None = None,
+    *,
+    lookup: Lookup | None = None,
+    name: str | None = None,
+    lease: float | None = None,
+    **options: Any,
+) -> Callable[[F], F]:
+    """A DBOS step (``@DBOS.step(**options)``) whose body runs at most once per workflow
+    step, sync or async.
+
+    ``ledger`` keeps the record across processes (``Ledger.postgres(dsn)``; give it
+    ``wait=`` longer than ``lease`` so that a recovering process waits out the lease of
+    the process that died, then asks ``lookup``). ``lookup(key)`` reads the provider's
+    records (None: :class:`tether.UnknownOutcome`). With ``retries_allowed=True`` and no
+    ``should_retry`` of your own, DBOS retries what :func:`should_retry` allows.
+    """
+    if ledger is not None and not isinstance(ledger, Ledger):
+        raise TypeError(
+            f"ledger must be a tether.Ledger (e.g. tether.Ledger.postgres(dsn)), got {ledger!r}"
+        )
+    if lookup is not None and not callable(lookup):
+        raise TypeError(f"lookup must be a callable lookup(key) -> result | None, got {lookup!r}")
+    if lease is not None and (
+        isinstance(lease, bool) or not isinstance(lease, int | float) or lease <= 0
+    ):
+        raise ValueError(f"lease must be a number > 0 or None, got {lease!r}")
+    if options.get("retries_allowed"):
+        options.setdefault("should_retry", should_retry)
+
+    def decorate(fn: F) -> F:
+        tool: str = name or str(
+            getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "step")
+        )
+        held = lease if lease is not None else (ledger.lease if ledger is not None else 60.0)
+        body: Callable[..., Any]
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def abody(*args: Any, **kwargs: Any) -> Any:
+                if ledger is None:
+                    return await fn(*args, **kwargs)
+                key = step_key(tool, args, kwargs)
+                return await ledger.aonce(key, fn, *args, lookup=lookup, lease=held, **kwargs)
+
+            body = abody
+        else:
+
+            @functools.wraps(fn)
+            def sbody(*args: Any, **kwargs: Any) -> Any:
+                if ledger is None:
+                    return fn(*args, **kwargs)
+                key = step_key(tool, args, kwargs)
+                return ledger.once(key, fn, *args, lookup=lookup, lease=held, **kwargs)
+
+            body = sbody
+        return cast(F, DBOS.step(name=tool, **options)(body))
+
+    return decorate
+
+
+@telemetry.on_retry
+def _warn_two_layers(event: Any) -> None:
+    """A tether RetryPolicy retried inside a step that DBOS retries too."""
+    status = DBOS.step_status
+    if status is None or not status.max_attempts or status.max_attempts <= 1:
+        return
+    warnings.warn(
+        f"tether retried {event.name!r} inside a DBOS step that DBOS retries too "
+        f"(max_attempts={status.max_attempts}): the attempts multiply. Keep one layer: "
+        "RetryPolicy(max_attempts=1) inside the step, or retries_allowed=False",
+        RetryLayersWarning,
+        stacklevel=2,
+    )
+
+
+# --- the guarded run ----------------------------------------------------------------------
+
+
+def _workflow_id() -> str:
+    workflow_id = DBOS.workflow_id
+    if workflow_id is None or DBOS.step_id is not None:
+        raise RuntimeError(
+            "tether.integrations.dbos.run must be called in a @DBOS.workflow function (not in a "
+            "step): each phase of the run is a step of that workflow"
+        )
+    return workflow_id
+
+
+def _open(guard: Guard, task: str, workflow_id: str, checkpoint_id: str | None) -> Run:
+    """The phase's run: the checkpointed one, or a new one named after the workflow and
+    the phase's step (the same names when a crashed phase runs again)."""
+    if checkpoint_id is not None:
+        return guard.resume(checkpoint_id)
+    run_id = f"dbos_{workflow_id}_{DBOS.step_id}"
+    if _takes_key(guard):  # the run serves the workflow's request: effects once across phases
+        return guard.start(task, run_id=run_id, key=workflow_id)  # type: ignore[call-arg]
+    return guard.start(task, run_id=run_id)
+
+
+def _takes_key(guard: Guard) -> bool:
+    """Does this tether's ``guard.start`` take the run's request ``key``?"""
+    return "key" in inspect.signature(guard.start).parameters
+
+
+def _phase(
+    guard: Guard,
+    agent: Callable[[Run], Any],
+    task: str,
+    workflow_id: str,
+    checkpoint_id: str | None,
+) -> Outcome:
+    run = _open(guard, task, workflow_id, checkpoint_id)
+    with run:
+        agent(run)
+    return run.outcome
+
+
+async def _aphase(
+    guard: Guard,
+    agent: Callable[[Run], Awaitable[Any]],
+    task: str,
+    workflow_id: str,
+    checkpoint_id: str | None,
+) -> Outcome:
+    run = _open(guard, task, workflow_id, checkpoint_id)
+    async with run:
+        await agent(run)
+    return run.outcome
+
+
+def _approval_status(guard: Guard, approval_id: str) -> str:
+    """The decision on ``approval_id`` as the guard's records hold it (the operator page's
+    or ``guard.approve``'s)."""
+    if guard.records is not None:
+        record = guard.records.approvals.get(approval_id)
+        return record.status if record is not None else PENDING
+    for found in guard.approvals(limit=1000):
+        if found.id == approval_id:
+            return found.status
+    return PENDING
+
+
+def _waits(outcome: Outcome) -> str | None:
+    """The approval a phase stopped for, when the run can resume after it."""
+    pending = outcome.pending_approval
+    if outcome.status != "awaiting_approval" or outcome.checkpoint_id is None or not pending:
+        return None
+    approval_id = pending.get("id") if isinstance(pending, dict) else None
+    return approval_id if isinstance(approval_id, str) else None
+
+
+def _polls(approval_poll: float, approval_timeout: float | None) -> int | None:
+    if (
+        isinstance(approval_poll, bool)
+        or not isinstance(approval_poll, int | float)
+        or approval_poll <= 0
+    ):
+        raise ValueError(f"approval_poll must be a number of seconds > 0, got {approval_poll!r}")
+    if approval_timeout is None:
+        return None
+    if (
+        isinstance(approval_timeout, bool)
+        or not isinstance(approval_timeout, int | float)
+        or approval_timeout < 0
+    ):
+        raise ValueError(
+            f"approval_timeout must be a number of seconds >= 0 or None, got {approval_timeout!r}"
+        )
+    return max(1, int(-(-approval_timeout // approval_poll)))
+
+
+def run(
+    guard: Guard,
+    agent: Callable[[Run], Any],
+    *,
+    task: str = "",
+    approval_poll: float = 30.0,
+    approval_timeout: float | None = None,
+) -> Outcome:
+    """Run ``agent(run)`` as a guarded run of the calling DBOS workflow; its Outcome.
+
+    ``agent`` is the loop (``while run.proceed(): ...``); make its model calls through a
+    :func:`step` (the recovering process replays their replies from the ledger) and its
+    effects non-idempotent tool calls (``run.call_tool(..., idempotent=False)``) on a
+    durable ledger. A run that stops ``AWAITING_APPROVAL`` waits for the decision (a
+    message from :func:`approve`/:func:`notify`, or the records read every
+    ``approval_poll`` seconds) at most ``approval_timeout`` seconds (None: as long as it
+    takes), then resumes; past the timeout the awaiting outcome is returned.
+    """
+    if not isinstance(guard, Guard):
+        raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+    polls = _polls(approval_poll, approval_timeout)
+    workflow_id = _workflow_id()
+    checkpoint_id: str | None = None
+    while True:
+        outcome: Outcome = DBOS.run_step(
+            {"name": "tether.run"}, _phase, guard, agent, task, workflow_id, checkpoint_id
+        )
+        approval_id = _waits(outcome)
+        if approval_id is None:
+            return outcome
+        waited = 0
+        while (
+            DBOS.run_step({"name": "tether.approval"}, _approval_status, guard, approval_id)
+            == PENDING
+        ):
+            if polls is not None and waited >= polls:
+                return outcome
+            DBOS.recv(APPROVAL_TOPIC + approval_id, timeout_seconds=approval_poll)
+            waited += 1
+        checkpoint_id = outcome.checkpoint_id
+
+
+async def arun(
+    guard: Guard,
+    agent: Callable[[Run], Awaitable[Any]],
+    *,
+    task: str = "",
+    approval_poll: float = 30.0,
+    approval_timeout: float | None = None,
+) -> Outcome:
+    """The async form of :func:`run`: ``await agent(run)`` in an async workflow."""
+    if not isinstance(guard, Guard):
+        raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+    polls = _polls(approval_poll, approval_timeout)
+    workflow_id = _workflow_id()
+    checkpoint_id: str | None = None
+    while True:
+        outcome: Outcome = await DBOS.run_step_async(
+            {"name": "tether.run"}, _aphase, guard, agent, task, workflow_id, checkpoint_id
+        )
+        approval_id = _waits(outcome)
+        if approval_id is None:
+            return outcome
+        waited = 0
+        while (
+            await DBOS.run_step_async(
+                {"name": "tether.approval"}, _approval_status, guard, approval_id
+            )
+        ) == PENDING:
+            if polls is not None and waited >= polls:
+                return outcome
+            await DBOS.recv_async(APPROVAL_TOPIC + approval_id, timeout_seconds=approval_poll)
+            waited += 1
+        checkpoint_id = outcome.checkpoint_id
+
+
+# --- approvals from outside the workflow ------------------------------------------------------
+
+
+def notify(workflow_id: str, approval_id: str) -> None:
+    """Wake the workflow waiting for ``approval_id`` (it reads the decision at once)."""
+    DBOS.send(workflow_id, approval_id, APPROVAL_TOPIC + approval_id)
+
+
+def approve(
+    guard: Guard, checkpoint_id: str, *, workflow_id: str, by: str, note: str = ""
+) -> ApprovalRecord:
+    """``guard.approve(...)``, then wake the workflow that waits for it."""
+    record = guard.approve(checkpoint_id, by=by, note=note)
+    notify(workflow_id, record.id)
+    return record
+
+
+def reject(
+    guard: Guard, checkpoint_id: str, *, workflow_id: str, by: str, reason: str = ""
+) -> ApprovalRecord:
+    """``guard.reject(...)``, then wake the workflow that waits for it."""
+    record = guard.reject(checkpoint_id, by=by, reason=reason)
+    notify(workflow_id, record.id)
+    return record
