@@ -353,25 +353,36 @@ def flaky(kind: str) -> str:
     raise Busy("503") if kind == "busy" else ValueError("no such order")
 
 
+@DBOS.step(retries_allowed=True, max_attempts=3, interval_seconds=0.01)
+def plain_flaky(kind: str) -> str:
+    CALLS[kind] = CALLS.get(kind, 0) + 1
+    raise Busy("503") if kind == "busy" else ValueError("no such order")
+
+
 @DBOS.workflow()
-def retry_workflow(kind: str) -> str:
+def retry_workflow(kind: str, guarded: bool) -> str:
     try:
-        return flaky(kind)
+        return flaky(kind) if guarded else plain_flaky(kind)
     except Exception as exc:
         return type(exc).__name__
 
 
 @pytest.mark.parametrize(
-    ("kind", "calls", "raised"),
-    [("busy", 3, "DBOSMaxStepRetriesExceeded"), ("bad", 1, "ValueError")],
+    ("kind", "guarded", "calls", "raised"),
+    [
+        ("busy", True, 3, "DBOSMaxStepRetriesExceeded"),
+        ("bad", True, 1, "ValueError"),
+        ("busy", False, 3, "DBOSMaxStepRetriesExceeded"),
+        ("bad", False, 3, "DBOSMaxStepRetriesExceeded"),  # DBOS alone retries a 400 too
+    ],
 )
 def test_dbos_retries_what_tether_calls_retryable(
-    launched: None, kind: str, calls: int, raised: str
+    launched: None, kind: str, guarded: bool, calls: int, raised: str
 ) -> None:
     """retries_allowed=True: DBOS's retry is the one layer; a permanent failure is tried once."""
     CALLS.clear()
     with SetWorkflowID(f"retry-{uuid.uuid4().hex[:8]}"):
-        assert DBOS.start_workflow(retry_workflow, kind).get_result() == raised
+        assert DBOS.start_workflow(retry_workflow, kind, guarded).get_result() == raised
     assert {kind: calls} == CALLS
 
 

@@ -24,6 +24,7 @@ and the effect happens twice. Two thin layers close that gap:
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import warnings
 from collections.abc import Awaitable, Callable
@@ -45,6 +46,7 @@ from tether._errors import (
 from tether._governance import PENDING, ApprovalRecord
 from tether._guard import Guard
 from tether._outcome import Outcome
+from tether._persist import check_run_id
 from tether._run import Run
 
 require("dbos", "dbos")
@@ -196,6 +198,10 @@ def _open(guard: Guard, task: str, workflow_id: str, checkpoint_id: str | None) 
     if checkpoint_id is not None:
         return guard.resume(checkpoint_id)
     run_id = f"dbos_{workflow_id}_{DBOS.step_id}"
+    try:
+        check_run_id(run_id)
+    except ValueError:  # a workflow id with characters a run id may not have
+        run_id = f"dbos_{hashlib.sha256(workflow_id.encode()).hexdigest()[:32]}_{DBOS.step_id}"
     if _takes_key(guard):  # the run serves the workflow's request: effects once across phases
         return guard.start(task, run_id=run_id, key=workflow_id)  # type: ignore[call-arg]
     return guard.start(task, run_id=run_id)
