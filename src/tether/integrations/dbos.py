@@ -202,14 +202,11 @@ def _open(guard: Guard, task: str, workflow_id: str, checkpoint_id: str | None) 
         check_run_id(run_id)
     except ValueError:  # a workflow id with characters a run id may not have
         run_id = f"dbos_{hashlib.sha256(workflow_id.encode()).hexdigest()[:32]}_{DBOS.step_id}"
-    if _takes_key(guard):  # the run serves the workflow's request: effects once across phases
-        return guard.start(task, run_id=run_id, key=workflow_id)  # type: ignore[call-arg]
-    return guard.start(task, run_id=run_id)
-
-
-def _takes_key(guard: Guard) -> bool:
-    """Does this tether's ``guard.start`` take the run's request ``key``?"""
-    return "key" in inspect.signature(guard.start).parameters
+    start: Callable[..., Run] = guard.start
+    if "key" in inspect.signature(start).parameters:
+        # the run serves the workflow's request: its effects once across its phases
+        return start(task, run_id=run_id, key=workflow_id)
+    return start(task, run_id=run_id)
 
 
 def _phase(

@@ -128,7 +128,8 @@ def identity() -> str:
             f"temporal:{info.workflow_namespace or info.namespace}/{info.workflow_id}/"
             f"{info.workflow_run_id}/{info.activity_id}"
         )
-    return f"temporal:{info.namespace}/activity/{info.activity_id}/{info.activity_run_id or ''}"
+    run_id = getattr(info, "activity_run_id", None) or ""
+    return f"temporal:{info.namespace}/activity/{info.activity_id}/{run_id}"
 
 
 def activity_key(
