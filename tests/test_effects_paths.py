@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import decimal
+import json
 import socket
 import threading
 import time
@@ -140,7 +141,7 @@ def test_effect_that_outlives_its_timeout_is_never_run_again() -> None:
         return pay.refund(order)
 
     guard = Guard(retry=RetryPolicy(max_attempts=5, base=0.01, cap=0.02))
-    with guard.start(task="refund A-1") as run:
+    with guard.start(task="refund A-1", key="ticket-1") as run:
         run.proceed()
         run.call_tool("issue_refund", refund, {"order": "A-1"}, idempotent=False, timeout=0.3)
     out = run.outcome
@@ -148,12 +149,12 @@ def test_effect_that_outlives_its_timeout_is_never_run_again() -> None:
     assert any("issue_refund may have happened" in issue for issue in out.open_issues)
     assert "could not complete" not in out.customer_message
     assert "do not repeat" in out.customer_message
-    key = tether.intent_key("issue_refund", {"order": "A-1"})
+    key = tether.intent_key("issue_refund", {"order": "A-1"}, scope=run._scope)
     assert guard.ledger.get(key).state is State.UNKNOWN  # type: ignore[union-attr]
     time.sleep(1.3)  # the abandoned attempt finishes and records what it did
     assert pay.paid == ["A-1"]
     assert guard.ledger.get(key).state is State.DONE  # type: ignore[union-attr]
-    with guard.start() as again:  # the same intent later: replayed, not paid again
+    with guard.start(key="ticket-1") as again:  # the same request again: replayed, not paid
         again.proceed()
         assert (
             again.call_tool("issue_refund", refund, {"order": "A-1"}, idempotent=False)["id"]
@@ -184,7 +185,8 @@ def test_async_effect_that_outlives_its_timeout_is_unknown_not_failed() -> None:
     out = asyncio.run(main())
     assert pay.paid == ["A-1"]
     assert out.stopped_because is StopReason.UNKNOWN_OUTCOME
-    record = guard.ledger.get(tether.intent_key("issue_refund", {"order": "A-1"}))
+    scope = json.dumps(["", f"run:{out.run_id}"])  # the guard's scope and the run's request
+    record = guard.ledger.get(tether.intent_key("issue_refund", {"order": "A-1"}, scope=scope))
     assert record is not None and record.state is State.UNKNOWN
 
 
@@ -311,7 +313,7 @@ def test_call_tool_lease_covers_its_timeout() -> None:
         run.call_tool(
             "pay", lambda order: {"ok": True}, {"order": "A"}, idempotent=False, timeout=5.0
         )
-        record = guard.ledger.get(tether.intent_key("pay", {"order": "A"}))
+        record = guard.ledger.get(tether.intent_key("pay", {"order": "A"}, scope=run._scope))
         assert record is not None and record.lease_until - record.created_at >= 10.0
         run.succeed()
 

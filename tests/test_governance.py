@@ -538,7 +538,8 @@ def test_a_scoped_guard_undoes_by_the_scoped_ledger_key() -> None:
         run.rollback()
         run.fail()
     assert provider.cancelled == ["re_3", "re_2", "re_1"]
-    key = tether.intent_key("issue_refund", {"order": "A-1", "amount": 10}, scope="tenant-7")
+    scope = json.dumps(["tenant-7", f"run:{run.run_id}"])  # the guard's scope and the request
+    key = tether.intent_key("issue_refund", {"order": "A-1", "amount": 10}, scope=scope)
     assert guard.ledger.get(f"undo:{key}") is not None
 
 

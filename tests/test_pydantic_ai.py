@@ -139,11 +139,12 @@ def test_a_refund_settled_by_its_lookup_is_replayed() -> None:
 
 
 def test_the_same_guard_twice_never_pays_twice() -> None:
-    """A caller that runs the agent again after the unknown outcome: the ledger remembers."""
+    """A caller that runs the same request again after the unknown outcome (key=): the
+    ledger remembers."""
     agent, provider = refund_agent()
     guard = Guard(**FAST)
     for _ in range(2):
-        ta_pydantic.run_sync(agent, "refund order A-1", guard=guard,
+        ta_pydantic.run_sync(agent, "refund order A-1", guard=guard, key="ticket-1",
                              side_effects={"issue_refund": None})  # fmt: skip
     assert len(provider) == 1
 

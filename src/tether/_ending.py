@@ -166,7 +166,8 @@ class Ending(RunState):
         }
         checkpoint_id = None
         if self.guard.checkpoints is not None:
-            doc = {"run_id": self.run_id, "task": task, "status": status, "reason": reason.value,
+            doc = {"run_id": self.run_id, "key": self.key, "request": self._request,
+                   "task": task, "status": status, "reason": reason.value,
                    "detail": detail, "usage": _usage_doc(usage), **steps, "open_issues": issues,
                    "omitted": {"partial": omitted, "transcript": self.transcript.summary()},
                    "journal": [e.to_doc() for e in self._journal], "compensated": list(self._compensated),

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from tether._run import Run
     from tether.stores._base import Store
 
-__all__ = ["Budget", "Guard"]
+__all__ = ["Budget", "Guard", "request_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,13 +234,22 @@ class Guard:
             self._policies[(tool, timeout, effect)] = policy
         return policy
 
-    def start(self, task: str = "", *, run_id: str | None = None) -> Run:
-        """Open a run (use it as a context manager). ``run_id``, when given, must follow
-        :data:`tether._persist.RUN_ID_RULE` (it appears in URLs and logs)."""
+    def start(self, task: str = "", key: str | None = None, *, run_id: str | None = None) -> Run:
+        """Open a run (use it as a context manager).
+
+        ``key`` names the request the run serves (a ticket, a conversation turn: like an
+        Idempotency-Key): runs started with the same key are one request, and their
+        effects happen at most once across them (a caller re-running a request after a
+        crash pays nothing twice). Without a key the run is its own request: a second
+        conversation that asks for the same thing gets it done. ``run_id``, when given,
+        must follow :data:`tether._persist.RUN_ID_RULE` (it appears in URLs and logs).
+        """
         from tether._run import Run
 
+        if key is not None and (not isinstance(key, str) or not key.strip()):
+            raise ValueError(f"key must be a non-empty string (a request id) or None, got {key!r}")
         run_id = check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex[:16]}"
-        return Run(self, task, run_id)
+        return Run(self, task, run_id, key=key, request=request_of(key, run_id))
 
     # --- approvals ------------------------------------------------------------------------
 
@@ -284,7 +293,10 @@ class Guard:
         from tether._run import Run
 
         doc = self.checkpoints.load(check_run_id(checkpoint_id, "checkpoint_id"))
-        run = Run(self, str(doc["task"]), str(doc.get("run_id") or checkpoint_id))
+        key, request = doc.get("key"), doc.get("request")  # the run keeps its request
+        run = Run(self, str(doc["task"]), str(doc.get("run_id") or checkpoint_id),
+                  key=key if isinstance(key, str) else None,
+                  request=request if isinstance(request, str) else None)  # fmt: skip
         try:
             usage = Usage(**doc["usage"])
         except TypeError as exc:
@@ -309,6 +321,11 @@ class Guard:
                 )
         run._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
         return run
+
+
+def request_of(key: str | None, run_id: str) -> str:
+    """The request a run serves: the caller's key, or the run itself."""
+    return f"key:{key}" if key is not None else f"run:{run_id}"
 
 
 def _expect(name: str, value: object, kind: type, example: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -71,12 +72,22 @@ class Tail(list[dict[str, Any]]):
 class RunState:
     """What a run counts and remembers; the parts of :class:`tether.Run` share it."""
 
-    def __init__(self, guard: Guard, task: str, run_id: str) -> None:
+    def __init__(self, guard: Guard, task: str, run_id: str, *, key: str | None = None,
+                 request: str | None = None) -> None:  # fmt: skip
         self.guard = guard
         self.task = task
         self.run_id = run_id
-        #: the ledger scope of this run's effects: the guard's scope (and, later, the request)
-        self._scope = guard.scope
+        #: the request key the run was started with (``guard.start(task, key=...)``), or None
+        self.key = key
+        # the request this run serves; its effects are at most once within it. None: a
+        # checkpoint written before requests existed, whose effects were scoped by the
+        # guard's scope alone (kept, so that resuming it repeats nothing)
+        self._request = request
+        self._scope = (
+            guard.scope
+            if request is None
+            else json.dumps([guard.scope, request], ensure_ascii=False)
+        )
         self.clock = guard.clock
         self.budget = guard.budget
         self._loops = LoopState(guard.loops)

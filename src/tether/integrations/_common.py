@@ -8,7 +8,7 @@ import json
 import logging
 import typing
 import uuid
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -114,6 +114,18 @@ class Tool:
             )
 
 
+def require_a_place_to_wait(guard: Any, needing: Iterable[str]) -> None:
+    """Tools that may need a person's approval, and a guard with nowhere to wait for one:
+    refused before the first (paid) request, naming the tools and the fix."""
+    names = sorted(set(needing))
+    if names and guard.checkpoints is None:
+        raise ValueError(
+            f"{', '.join(names)} may require approval, and this guard has nowhere to wait for "
+            "one: pass checkpoints= (or records=) to Guard, e.g. "
+            "tether.Checkpoints.sqlite(path); no request was sent"
+        )
+
+
 def require_sync_tools(tools: Sequence[Tool]) -> None:
     """A sync agent loop cannot await a tool: say so before the first (paid) request."""
     from tether._toolcall import _is_async
@@ -162,6 +174,10 @@ class ToolRules:
                 raise TypeError(
                     f"requires_approval[{name!r}] must be a bool or a predicate, got {rule!r}"
                 )
+
+    def needing_approval(self) -> list[str]:
+        """The tools that may need a person's approval."""
+        return [name for name, rule in self.requires_approval.items() if rule is not False]
 
     def options(self, name: str, timeout: float | None = None) -> dict[str, Any]:
         return {"timeout": self.timeouts.get(name, timeout), "idempotent": name not in self.side_effects,

@@ -21,6 +21,7 @@ from tether.integrations._common import (
     Guarded,
     Tool,
     malformed_arguments,
+    require_a_place_to_wait,
     result_text,
     unknown_tool,
 )
@@ -91,9 +92,13 @@ class Turns(abc.ABC):
         return []
 
 
-def open_run(guard: Guard, resume: str | None, task: str) -> Run:
-    """The run of an agent loop: a new one, or the checkpointed one it continues."""
-    return guard.resume(resume) if resume else guard.start(task=task)
+def open_run(guard: Guard, resume: str | None, task: str, key: str | None = None,
+             tools: Sequence[Tool] = ()) -> Run:  # fmt: skip
+    """The run of an agent loop: a new one (serving request ``key``), or the checkpointed
+    one it continues; refused before any request when a tool may need an approval the guard
+    has nowhere to wait for."""
+    require_a_place_to_wait(guard, (t.name for t in tools if t.requires_approval is not False))
+    return guard.resume(resume) if resume else guard.start(task=task, key=key)
 
 
 def task_of(history: list[Any], task: str = "") -> str:

@@ -139,6 +139,7 @@ def run_agent(
     task: str = "",
     continue_on_max_tokens: bool = True,
     resume: str | None = None,
+    key: str | None = None,
     **create_kwargs: Any,
 ) -> Outcome:
     """The whole tool-use loop under ``guard``, ending in an :class:`tether.Outcome`.
@@ -151,14 +152,15 @@ def run_agent(
     ``outcome.messages`` is the whole conversation, to continue it with the next turn.
     ``resume=outcome.checkpoint_id`` (with ``messages=outcome.messages``) continues a run
     that stopped, e.g. for an approval: the tool calls its last reply asked for and that
-    have no results yet run first, then the loop goes on.
+    have no results yet run first, then the loop goes on. ``key`` names the request the run
+    serves (``guard.start(task, key=...)``): runs with one key do their effects once.
     """
     require_sync_tools(tools)
     turns = _setup(
         messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
     )
     guard = guard or Guard()
-    with open_run(guard, resume, task_of(turns.history, task)) as run:
+    with open_run(guard, resume, task_of(turns.history, task), key, tools) as run:
         gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
         run_loop(run, turns, gc.messages.create)
     return run.outcome
@@ -176,6 +178,7 @@ async def arun_agent(
     task: str = "",
     continue_on_max_tokens: bool = True,
     resume: str | None = None,
+    key: str | None = None,
     **create_kwargs: Any,
 ) -> Outcome:
     """The async form of :func:`run_agent`, for ``anthropic.AsyncAnthropic``: async tools
@@ -185,6 +188,6 @@ async def arun_agent(
     )
     client = async_client(client, guarded, "anthropic.AsyncAnthropic")
     guard = guard or Guard()
-    async with open_run(guard, resume, task_of(turns.history, task)) as run:
+    async with open_run(guard, resume, task_of(turns.history, task), key, tools) as run:
         await arun_loop(run, turns, client.bind(run).messages.create)
     return run.outcome

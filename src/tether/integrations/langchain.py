@@ -24,7 +24,7 @@ from tether._errors import require
 from tether._guard import Guard
 from tether._outcome import Outcome, Stopped, StopReason, ToolError
 from tether._run import Run
-from tether.integrations._common import ToolRules, result_text
+from tether.integrations._common import ToolRules, require_a_place_to_wait, result_text
 
 require("langchain", "langchain")
 
@@ -90,6 +90,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         self._policy = guard.retry.replace(name="model")
         self._warned = False
         self._tools = ToolGuard(side_effects, timeouts, requires_approval, compensate)
+        require_a_place_to_wait(guard, self._tools.rules.needing_approval())
         self.side_effects = self._tools.side_effects
         self._runs: dict[str, Run] = {}
         self._lock = threading.Lock()

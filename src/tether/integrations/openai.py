@@ -158,6 +158,7 @@ def run_agent(
     task: str = "",
     continue_on_max_tokens: bool = True,
     resume: str | None = None,
+    key: str | None = None,
     **create_kwargs: Any,
 ) -> Outcome:
     """The chat-completions tool loop under ``guard``, ending in an :class:`tether.Outcome`.
@@ -173,7 +174,7 @@ def run_agent(
         messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
     )
     guard = guard or Guard()
-    with open_run(guard, resume, task_of(turns.history, task)) as run:
+    with open_run(guard, resume, task_of(turns.history, task), key, tools) as run:
         gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
         run_loop(run, turns, gc.chat.completions.create)
     return run.outcome
@@ -191,6 +192,7 @@ async def arun_agent(
     task: str = "",
     continue_on_max_tokens: bool = True,
     resume: str | None = None,
+    key: str | None = None,
     **create_kwargs: Any,
 ) -> Outcome:
     """The async form of :func:`run_agent`, for ``openai.AsyncOpenAI``: async tools are
@@ -200,6 +202,6 @@ async def arun_agent(
     )
     client = async_client(client, guarded, "openai.AsyncOpenAI")
     guard = guard or Guard()
-    async with open_run(guard, resume, task_of(turns.history, task)) as run:
+    async with open_run(guard, resume, task_of(turns.history, task), key, tools) as run:
         await arun_loop(run, turns, client.bind(run).chat.completions.create)
     return run.outcome

@@ -29,7 +29,13 @@ from tether._outcome import Outcome, Stopped, StopReason, ToolError
 from tether._pricing import UnknownModelError
 from tether._retry import RetryPolicy
 from tether._run import Run
-from tether.integrations._common import ModelRetries, ToolRules, blocking, malformed_arguments
+from tether.integrations._common import (
+    ModelRetries,
+    ToolRules,
+    blocking,
+    malformed_arguments,
+    require_a_place_to_wait,
+)
 
 require("agents", "openai-agents")
 
@@ -174,6 +180,7 @@ def guard_tools(
         raise TypeError(f"guard_tools needs a tether Run (guard.start()), got {run!r}")
     rules = side_effects if isinstance(side_effects, ToolRules) else ToolRules(
         side_effects, timeouts, requires_approval, compensate)  # fmt: skip
+    require_a_place_to_wait(run.guard, rules.needing_approval())
     return [_guarded(tool, run, rules) for tool in tools]
 
 
@@ -283,6 +290,7 @@ async def run(
     requires_approval: Mapping[str, Any] | None = None,
     compensate: Mapping[str, Callable[[Any], Any]] | None = None,
     resume: str | None = None,
+    key: str | None = None,
     context: Any = None,
     max_turns: int | None = None,
     run_config: RunConfig | None = None,
@@ -294,8 +302,9 @@ async def run(
     ``outcome.messages`` the conversation as the SDK's input items (the partial one when
     a guard stopped the run). ``requires_approval`` and ``compensate`` (by tool name) are
     the governance options of ``run.call_tool``; ``resume=outcome.checkpoint_id`` continues
-    a run that stopped (for an approval: pass ``outcome.messages`` as ``input``). Other
-    keyword arguments go to ``Runner.run``.
+    a run that stopped (for an approval: pass ``outcome.messages`` as ``input``); ``key``
+    names the request the run serves (``guard.start(task, key=...)``). Other keyword
+    arguments go to ``Runner.run``.
     """
     if not isinstance(guard, Guard):
         raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
@@ -306,7 +315,8 @@ async def run(
                         "yourself (see guard_tools) to add your own")  # fmt: skip
     turns = _max_turns(guard, max_turns)
     rules = ToolRules(side_effects, timeouts, requires_approval, compensate)
-    with guard.resume(resume) if resume else guard.start(task=_task(input)) as tether_run:
+    require_a_place_to_wait(guard, rules.needing_approval())
+    with guard.resume(resume) if resume else guard.start(task=_task(input), key=key) as tether_run:
         policy = guard.retry.replace(name="model", clock=tether_run.clock)
         guarded = _guard_agent(agent, tether_run, rules, policy, {})
         hooks = TetherHooks(tether_run, model=_model_name(agent, run_config) or None)

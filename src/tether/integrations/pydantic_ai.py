@@ -31,7 +31,13 @@ from tether._outcome import Outcome, Stopped, StopReason, ToolError
 from tether._pricing import UnknownModelError
 from tether._retry import RetryPolicy
 from tether._run import Run
-from tether.integrations._common import ModelRetries, ToolRules, blocking, provider_breaker
+from tether.integrations._common import (
+    ModelRetries,
+    ToolRules,
+    blocking,
+    provider_breaker,
+    require_a_place_to_wait,
+)
 
 require("pydantic_ai", "pydantic-ai")
 
@@ -119,13 +125,16 @@ class TetherCapability(AbstractCapability[Any]):
         requires_approval: Mapping[str, Any] | None = None,
         compensate: Mapping[str, Callable[[Any], Any]] | None = None,
         resume: str | None = None,
+        key: str | None = None,
     ) -> None:
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
         self.guard = guard
         self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate)
+        require_a_place_to_wait(guard, self.rules.needing_approval())
         self.side_effects = self.rules.side_effects
         self._resume = resume
+        self._key = key
         self._policy = guard.retry.replace(name="model")
         self._live: dict[str, _Live] = {}
         self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
@@ -144,7 +153,12 @@ class TetherCapability(AbstractCapability[Any]):
 
     async def wrap_run(self, ctx: Any, *, handler: Any) -> Any:
         resume, self._resume = self._resume, None  # a checkpoint continues one run, once
-        run = self.guard.resume(resume) if resume else self.guard.start(task=_task(ctx.prompt))
+        key, self._key = self._key, None  # and a request key names the next run
+        run = (
+            self.guard.resume(resume)
+            if resume
+            else self.guard.start(task=_task(ctx.prompt), key=key)
+        )
         run.__enter__()
         key = str(ctx.run_id)
         with self._lock:
@@ -316,6 +330,7 @@ async def run(
     requires_approval: Mapping[str, Any] | None = None,
     compensate: Mapping[str, Callable[[Any], Any]] | None = None,
     resume: str | None = None,
+    key: str | None = None,
     **agent_options: Any,
 ) -> Outcome:
     """Run ``agent`` on ``prompt`` under ``guard``; the :class:`tether.Outcome`.
@@ -324,13 +339,13 @@ async def run(
     ``outcome.messages`` its messages (``all_messages()``; the ones so far when a guard
     stopped it). ``requires_approval`` and ``compensate`` (by tool name) are the governance
     options of ``run.call_tool``; ``resume=outcome.checkpoint_id`` continues a run that
-    stopped (pass ``message_history=outcome.messages``). Other keyword arguments go to
-    ``agent.run``.
+    stopped (pass ``message_history=outcome.messages``); ``key`` names the request the run
+    serves (``guard.start(task, key=...)``). Other keyword arguments go to ``agent.run``.
     """
     if not isinstance(agent, Agent):
         raise TypeError(f"agent must be a pydantic_ai.Agent, got {agent!r}")
     capability = TetherCapability(guard, side_effects, timeouts=timeouts, compensate=compensate,
-                                  requires_approval=requires_approval, resume=resume)  # fmt: skip
+                                  requires_approval=requires_approval, resume=resume, key=key)  # fmt: skip
     extra = list(agent_options.pop("capabilities", None) or ())
     try:
         result = await agent.run(prompt, capabilities=[capability, *extra], **agent_options)
