@@ -11,6 +11,7 @@ the workflow the killed process left, and prints its result as JSON.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -115,6 +116,16 @@ def tether_workflow(order: str) -> dict[str, Any]:
     return guarded_refund(order, 10)
 
 
+@tether_dbos.step(ledger, lookup=lookup_refund if LOOKUP else None, name="guarded_refund")
+async def aguarded_refund(order: str, amount: int) -> dict[str, Any]:
+    return await asyncio.to_thread(refund_effect, order, amount)
+
+
+@DBOS.workflow()
+async def atether_workflow(order: str) -> dict[str, Any]:
+    return await aguarded_refund(order, 10)
+
+
 # --- a guarded run: two model calls and a refund ----------------------------------------
 
 
@@ -208,9 +219,31 @@ def engine_run_workflow(order: str) -> dict[str, Any]:
     }
 
 
+def approval_agent(run: tether.Run) -> None:
+    while run.proceed():
+        refund = run.call_tool(
+            "refund",
+            refund_effect,
+            {"order": "A-1", "amount": 10},
+            idempotent=False,
+            requires_approval=True,
+            lookup=lookup_refund,
+        )
+        run.succeed(refund)
+
+
+@DBOS.workflow()
+def approval_workflow(order: str) -> dict[str, Any]:
+    return outcome_doc(
+        tether_dbos.run(guard, approval_agent, task=f"refund {order}", approval_poll=0.2)
+    )
+
+
 WORKFLOWS = {
     "engine": engine_workflow,
     "tether": tether_workflow,
+    "atether": atether_workflow,
+    "approval": approval_workflow,
     "run": run_workflow,
     "engine_run": engine_run_workflow,
 }
