@@ -193,8 +193,9 @@ def _workflow_id() -> str:
 
 
 def _open(guard: Guard, task: str, workflow_id: str, checkpoint_id: str | None) -> Run:
-    """The phase's run: the checkpointed one, or a new one named after the workflow and
-    the phase's step (the same names when a crashed phase runs again)."""
+    """The phase's run: the checkpointed one, or a new one serving the workflow's request
+    (``key=`` the workflow id), named after the workflow and the phase's step (the same
+    names when a crashed phase runs again)."""
     if checkpoint_id is not None:
         return guard.resume(checkpoint_id)
     run_id = f"dbos_{workflow_id}_{DBOS.step_id}"
@@ -202,11 +203,8 @@ def _open(guard: Guard, task: str, workflow_id: str, checkpoint_id: str | None) 
         check_run_id(run_id)
     except ValueError:  # a workflow id with characters a run id may not have
         run_id = f"dbos_{hashlib.sha256(workflow_id.encode()).hexdigest()[:32]}_{DBOS.step_id}"
-    start: Callable[..., Run] = guard.start
-    if "key" in inspect.signature(start).parameters:
-        # the run serves the workflow's request: its effects once across its phases
-        return start(task, run_id=run_id, key=workflow_id)
-    return start(task, run_id=run_id)
+    # the run serves the workflow's request: its effects happen once across its phases
+    return guard.start(task, key=workflow_id, run_id=run_id)
 
 
 def _phase(
