@@ -424,9 +424,11 @@ def test_an_approval_that_does_not_come_in_time_returns_the_awaiting_outcome(
 
 
 def test_the_async_shell(guard: tether.Guard) -> None:
-    """arun in an async workflow: the same run, the same counts."""
-    with SetWorkflowID(f"async-{uuid.uuid4().hex[:8]}"):
+    """arun in an async workflow: the same run, the same counts (a workflow id with
+    characters a run id may not have gives a hashed run id)."""
+    with SetWorkflowID(f"ticket 1001/async {uuid.uuid4().hex[:8]}"):
         outcome = DBOS.start_workflow(async_workflow).get_result()
+    assert outcome.run_id.startswith("dbos_") and " " not in outcome.run_id
     assert (outcome.status, outcome.usage.model_calls, outcome.usage.cost_usd) == (
         "success",
         2,
