@@ -297,14 +297,6 @@ def test_a_clock_ahead_cannot_take_over_early(
     ledger.close()
 
 
-def test_ttl_must_cover_the_lease() -> None:
-    """ttl shorter than the lease fails at construction; a longer lease fails at the call."""
-    with pytest.raises(ValueError, match=r"ttl \(10 s\) must be >= lease \(60 s\)"):
-        Ledger.memory(ttl=10.0)
-    with pytest.raises(ValueError, match="must be <= the ledger's ttl"):
-        Ledger.memory(ttl=30.0, lease=5.0).once("k", lambda: 1, lease=31.0)
-
-
 def test_call_tool_lease_covers_its_timeout() -> None:
     """A guarded call's lease is at least its timeout (twice it), whatever the default."""
     guard = Guard(ledger=Ledger.memory(lease=1.0))

@@ -20,6 +20,14 @@ did; until then its record is UNKNOWN and nobody can take it over. The owner tok
 also a fence: a worker that lost its claim cannot record anything over the new owner's
 record (:class:`tether.EffectNotRecorded` tells it so).
 
+A record lives ``ttl`` seconds past its lease while it is live, and ``ttl`` seconds past
+the moment it was settled: never ``ttl`` after the claim.
+
+Cancelling :meth:`Ledger.aonce` never cuts a store step in half: a step already sent
+to the store is waited for, then a claim whose effect never started is released (and
+a takeover's record is left UNKNOWN again), so nothing blocks the next call; an
+effect cancelled while it ran is recorded UNKNOWN.
+
 Two workers racing one key: both ``claim``; the backend lets exactly one insert (a
 primary key, ``SET NX`` semantics inside a Lua script, ``INSERT ... ON CONFLICT``); the
 other sees PENDING and waits (``wait=``) or gets :class:`tether.EffectInProgress`.
@@ -141,10 +149,8 @@ class Ledger:
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
         if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
             raise ValueError(f"wait must be a number >= 0, got {wait!r}")
-        if ttl < lease:
-            raise ValueError(
-                f"ttl ({ttl:g} s) must be >= lease ({lease:g} s): a record must outlive its claim"
-            )
+        # any ttl works with any lease: a record lives ttl past its lease, and ttl past the
+        # moment it was settled (see the module docstring)
         self.backend = backend
         self.ttl = float(ttl)
         self.lease = float(lease)
@@ -155,7 +161,7 @@ class Ledger:
         # a virtual clock drives leases itself (tests, the bench); any real clock defers to
         # the store's own clock, so that one fleet measures leases on one clock
         self._virtual = isinstance(self.clock, VirtualClock)
-        self._heartbeat = None if self._virtual else _Heartbeat(backend)
+        self._heartbeat = None if self._virtual else _Heartbeat(backend, self.ttl)
         self._errors: OrderedDict[str, BaseException] = OrderedDict()
 
     def __repr__(self) -> str:
@@ -225,42 +231,85 @@ class Ledger:
     def _now(self) -> float | None:
         return self.clock.wall() if self._virtual else None
 
+    def _try_claim(
+        self, key: str, payload: str | None, lease: float, last: bool
+    ) -> tuple[str, Record | None, Any] | None:
+        """One claim attempt: (owner, previous record of a takeover, a replay or _NOT_FOUND),
+        or None while another worker holds the key (ask again, unless ``last``)."""
+        owner = uuid.uuid4().hex
+        try:
+            claimed, record = self.backend.claim(
+                Record.claim_of(key, payload, owner, lease, self.ttl), self._now()
+            )
+        except StoreUnavailable as exc:
+            raise StoreUnavailable(
+                f"{exc}; nothing was executed: retry when the ledger's store answers"
+            ) from exc
+        if claimed:
+            return owner, record, _NOT_FOUND
+        assert record is not None
+        if payload and record.payload_hash and record.payload_hash != payload:
+            raise IdempotencyConflict(
+                f"intent key {key[:16]}… was used before with different arguments; "
+                "an idempotency key names one request: derive it with tether.intent_key"
+            )
+        if record.state is State.DONE:
+            return owner, None, self._replay(record)
+        if record.state is State.FAILED:
+            raise self._replay_error(record)
+        if not last:
+            return None
+        if record.state is State.UNKNOWN:
+            raise UnknownOutcome(key, record.detail or "an attempt may still be running")
+        raise EffectInProgress(key, record.lease_until)
+
     def _claim(self, key: str, payload: str | None, lease: float) -> tuple[str, Record | None, Any]:
-        """Claim ``key``: (owner, previous record of a takeover, a replay or _NOT_FOUND)."""
+        """Claim ``key``, waiting up to ``wait`` seconds for another worker's claim to end."""
         deadline = self.clock.now() + self.wait
         while True:
-            owner = uuid.uuid4().hex
-            try:
-                claimed, record = self.backend.claim(
-                    Record.claim_of(key, payload, owner, lease, self.ttl), self._now()
-                )
-            except StoreUnavailable as exc:
-                raise StoreUnavailable(
-                    f"{exc}; nothing was executed: retry when the ledger's store answers"
-                ) from exc
-            if claimed:
-                return owner, record, _NOT_FOUND
-            assert record is not None
-            if payload and record.payload_hash and record.payload_hash != payload:
-                raise IdempotencyConflict(
-                    f"intent key {key[:16]}… was used before with different arguments; "
-                    "an idempotency key names one request: derive it with tether.intent_key"
-                )
-            if record.state is State.DONE:
-                return owner, None, self._replay(record)
-            if record.state is State.FAILED:
-                raise self._replay_error(record)
-            if self.clock.now() >= deadline:
-                if record.state is State.UNKNOWN:
-                    raise UnknownOutcome(key, record.detail or "an attempt may still be running")
-                raise EffectInProgress(key, record.lease_until)
+            claimed = self._try_claim(key, payload, lease, self.clock.now() >= deadline)
+            if claimed is not None:
+                return claimed
             self.clock.sleep(min(self.poll_interval, max(0.0, deadline - self.clock.now())))
 
-    def _check_lease(self, lease: float) -> float:
+    async def _aclaim(
+        self, key: str, payload: str | None, lease: float
+    ) -> tuple[str, Record | None, Any]:
+        """The async form of :meth:`_claim`: it waits on the event loop, not in a thread."""
+        deadline = self.clock.now() + self.wait
+
+        def unclaim(claimed: tuple[str, Record | None, Any] | None) -> None:
+            if claimed is not None and claimed[2] is _NOT_FOUND:
+                self._unclaim(key, claimed[0], claimed[1])
+
+        while True:
+            last = self.clock.now() >= deadline
+            claimed = await self._off_loop(self._try_claim, key, payload, lease, last, undo=unclaim)
+            if claimed is not None:
+                return claimed
+            await self.clock.asleep(min(self.poll_interval, max(0.0, deadline - self.clock.now())))
+
+    def _unclaim(self, key: str, owner: str, previous: Record | None) -> None:
+        """Give a claim back before its effect started (the caller was cancelled): delete
+        a fresh one; leave a takeover's record UNKNOWN again, as it was."""
+        try:
+            if previous is None:
+                self.backend.release(key, owner)
+            else:
+                self.backend.mark_unknown(key, owner, _why(previous), self._now(), self.ttl)
+        except Exception as exc:  # the claim stays pending until its lease runs out
+            _log.error("tether: effect %s…: its claim could not be given back: %s", key[:16], exc)
+
+    def _check_call(self, key: str, lease: float, timeout: float | None) -> float:
+        """The arguments :meth:`once` and :meth:`aonce` check alike; the lease, as a float."""
+        if not key or not isinstance(key, str):
+            raise ValueError("key must be a non-empty string")
         if isinstance(lease, bool) or not isinstance(lease, int | float) or not lease > 0:
             raise ValueError(f"lease must be > 0, got {lease!r}")
-        if lease > self.ttl:
-            raise ValueError(f"lease ({lease:g} s) must be <= the ledger's ttl ({self.ttl:g} s)")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+        ):
+            raise ValueError(f"timeout must be > 0 or None, got {timeout!r}")
         return float(lease)
 
     def once(
@@ -282,11 +331,7 @@ class Ledger:
         bounds the call: past it the call is abandoned (it keeps its claim until it
         really ends) and :class:`tether.UnknownOutcome` is raised.
         """
-        if not key or not isinstance(key, str):
-            raise ValueError("key must be a non-empty string")
-        lease = self._check_lease(lease)
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 or None, got {timeout!r}")
+        lease = self._check_call(key, lease, timeout)
         payload = _payload_hash(args, kwargs)
         owner, previous, replay = self._claim(key, payload, lease)
         if replay is not _NOT_FOUND:
@@ -310,17 +355,29 @@ class Ledger:
         """The async form of :meth:`once`: ``fn`` is a coroutine function, awaited here.
 
         A timed-out or cancelled attempt is cancelled and its record becomes unknown
-        (the effect may have been sent), never failed.
+        (the effect may have been sent), never failed. Cancelled before ``fn`` started,
+        the claim is given back: nothing waits for its lease.
         """
-        if not key or not isinstance(key, str):
-            raise ValueError("key must be a non-empty string")
-        lease = self._check_lease(lease)
+        lease = self._check_call(key, lease, timeout)
         payload = _payload_hash(args, kwargs)
-        owner, previous, replay = await self._off_loop(self._claim, key, payload, lease)
+        owner, previous, replay = await self._aclaim(key, payload, lease)
         if replay is not _NOT_FOUND:
             return replay  # type: ignore[no-any-return]
         if previous is not None:
-            found = await self._off_loop(self._reconcile, key, owner, previous, lookup)
+
+            def give_back(found: Any) -> None:  # lookup said not done, and fn did not run
+                if found is _NOT_FOUND:
+                    self._unclaim(key, owner, None)
+
+            found = await self._off_loop(
+                self._reconcile,
+                key,
+                owner,
+                previous,
+                lookup,
+                undo=give_back,
+                skipped=lambda: self._unclaim(key, owner, previous),
+            )
             if found is not _NOT_FOUND:
                 return found  # type: ignore[no-any-return]
         if self._heartbeat is not None:
@@ -334,10 +391,10 @@ class Ledger:
         except BaseException as exc:
             if isinstance(exc, TimeoutError) and timeout is not None:
                 detail = f"cancelled after {timeout:g} s; it may have happened"
-                await self._off_loop(self._mark_unknown, key, owner, detail)
+                await self._settle(self._mark_unknown, key, owner, detail)
                 raise UnknownOutcome(key, detail) from exc
             if isinstance(exc, Exception):
-                await self._off_loop(self._record_failure, key, owner, exc)
+                await self._settle(self._record_failure, key, owner, exc)
             else:  # cancelled (also at loop shutdown): record it unknown before leaving
                 self._record_failure(key, owner, exc)
             raise
@@ -345,24 +402,49 @@ class Ledger:
             _current_key.reset(token)
             if self._heartbeat is not None:
                 self._heartbeat.remove(key, owner)
-        await self._off_loop(self._record_done, key, owner, result)
+        await self._settle(self._record_done, key, owner, result)
         return result
 
-    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _off_loop(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        undo: Callable[[T], None] | None = None,
+        skipped: Callable[[], object] | None = None,
+    ) -> T:
         """A ledger step from async code: in a worker thread when the backend does I/O,
-        directly when it is this process's memory (no thread hop on the success path)."""
+        directly when it is this process's memory (no thread hop on the success path).
+
+        A cancellation never cuts the step in half: a step its thread began is waited for
+        (one store round trip) and ``undo`` gets what it returned; a step its thread had
+        not begun never runs, and ``skipped`` is called instead. Both run before the
+        cancellation goes on, on the event loop's thread (rarely: only when cancelled).
+        """
         if getattr(self.backend, "in_memory", False):
             return fn(*args)
-        return await asyncio.to_thread(fn, *args)
+        step = _Step(fn, args)
+        try:
+            return await asyncio.to_thread(step)
+        except asyncio.CancelledError:
+            if not step.abandon():
+                if skipped is not None:
+                    try:
+                        skipped()
+                    except Exception:  # logged where it failed; the cancellation goes on
+                        pass
+            elif step.error is None and undo is not None:
+                undo(step.result)
+            raise
+
+    async def _settle(self, fn: Callable[..., object], *args: Any) -> None:
+        """A step that records an effect's outcome: a cancellation never leaves it unwritten
+        (a step its thread had not begun runs here, before the cancellation goes on)."""
+        await self._off_loop(fn, *args, skipped=lambda: fn(*args))
 
     def _reconcile(
         self, key: str, owner: str, previous: Record, lookup: Callable[[str], Any] | None
     ) -> Any:
-        why = previous.detail or (
-            "a worker's claim expired before it recorded an outcome"
-            if previous.state is State.PENDING
-            else "an earlier attempt's outcome is unknown"
-        )
+        why = _why(previous)
         if lookup is None:
             self._mark_unknown(key, owner, why)
             raise UnknownOutcome(key, why)
@@ -420,13 +502,15 @@ class Ledger:
 
     def _mark_unknown(self, key: str, owner: str, detail: str, *, keep_lease: bool = False) -> None:
         try:
-            self.backend.mark_unknown(key, owner, detail, self._now(), keep_lease)
+            self.backend.mark_unknown(key, owner, detail, self._now(), self.ttl, keep_lease)
         except Exception as exc:  # the record stays PENDING: its lease runs out, then unknown
             _log.error("tether: effect %s…: could not mark it unknown: %s", key[:16], exc)
 
     def _record_done(self, key: str, owner: str, result: Any) -> None:
         try:
-            verdict = self.backend.complete(key, owner, State.DONE, self._encode(result), None)
+            verdict = self.backend.complete(
+                key, owner, State.DONE, self._encode(result), None, self._now(), self.ttl
+            )
         except Exception as exc:
             raise self._not_recorded(
                 key, result, f"the ledger's store failed ({redact_text(str(exc))})"
@@ -450,8 +534,8 @@ class Ledger:
         through ``lookup`` instead of running the effect again."""
         try:
             self.backend.claim(Record.claim_of(key, None, owner, 60.0, self.ttl), self._now())
-            self.backend.mark_unknown(key, owner, "the store lost this record after the effect "
-                                      "ran; check the provider's records", self._now())  # fmt: skip
+            why = "the store lost this record after the effect ran; check the provider's records"
+            self.backend.mark_unknown(key, owner, why, self._now(), self.ttl)
         except Exception as exc:
             _log.error(
                 "tether: effect %s…: its lost record could not be restored: %s", key[:16], exc
@@ -470,7 +554,9 @@ class Ledger:
             verdict = classify(exc)
             if verdict.kind is Kind.PERMANENT and not verdict.outcome_unknown:
                 self._remember_error(key, exc)
-                self.backend.complete(key, owner, State.FAILED, None, _encode_error(exc))
+                self.backend.complete(
+                    key, owner, State.FAILED, None, _encode_error(exc), self._now(), self.ttl
+                )
             elif verdict.outcome_unknown:
                 self._mark_unknown(
                     key, owner, redact_text(f"{type(exc).__name__}: {verdict.reason}")
@@ -556,8 +642,9 @@ class _Heartbeat:
     result will be refused when it tries to record it.
     """
 
-    def __init__(self, backend: LedgerBackend) -> None:
+    def __init__(self, backend: LedgerBackend, ttl: float) -> None:
         self._backend = backend
+        self._ttl = ttl
         self._active: dict[tuple[str, str], tuple[float, float]] = {}  # -> (lease, next due)
         self._cond = threading.Condition()
         self._running = False
@@ -597,7 +684,7 @@ class _Heartbeat:
 
     def _renew(self, key: str, owner: str, lease: float) -> None:
         try:
-            kept = self._backend.renew(key, owner, lease, None)
+            kept = self._backend.renew(key, owner, lease, None, self._ttl)
         except Exception as exc:  # try again at the next beat
             _log.warning("tether: effect %s…: lease renewal failed: %s", key[:16], exc)
             return
@@ -605,6 +692,57 @@ class _Heartbeat:
             _log.error("tether: effect %s…: lost its claim while running (another worker "
                        "took it over, or the store forgot it)", key[:16])  # fmt: skip
             self.remove(key, owner)
+
+
+def _why(previous: Record) -> str:
+    """Why a record taken over needs reconciling, in words."""
+    return previous.detail or (
+        "a worker's claim expired before it recorded an outcome"
+        if previous.state is State.PENDING
+        else "an earlier attempt's outcome is unknown"
+    )
+
+
+class _Step:
+    """One blocking ledger step for a worker thread, that a cancellation cannot cut in half.
+
+    Once the thread began the step, a cancelled caller waits for its end (:meth:`abandon`)
+    and learns what it did; a step the thread had not begun yet never runs.
+    """
+
+    __slots__ = ("_args", "_began", "_ended", "_fn", "_lock", "_off", "error", "result")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self._fn, self._args = fn, args
+        self._lock = threading.Lock()
+        self._ended = threading.Event()
+        self._began = self._off = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def __call__(self) -> Any:
+        with self._lock:
+            if self._off:
+                return None
+            self._began = True
+        try:
+            self.result = self._fn(*self._args)
+            return self.result
+        except BaseException as exc:
+            self.error = exc
+            raise
+        finally:
+            self._ended.set()
+
+    def abandon(self) -> bool:
+        """The caller gives up: True once the step that began has ended, False if it never
+        began (and never will)."""
+        with self._lock:
+            self._off = True
+            began = self._began
+        if began:
+            self._ended.wait()
+        return began
 
 
 class _Missing:

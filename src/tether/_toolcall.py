@@ -7,6 +7,7 @@ import functools
 import hashlib
 import inspect
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -246,6 +247,26 @@ class ToolCalls(RunState):
             return ToolError(call.name, QUOTA_REACHED, cause_kind="quota")
         return ToolError(call.name, REJECTED, cause_kind="rejected")
 
+    def _interrupted(
+        self, call: _Call, progress: _Progress | None, idempotent: bool, compensate: Any
+    ) -> None:
+        """What a cancelled (or interrupted) call leaves behind, before the cancellation goes
+        on: the result it returned is kept; an effect that may have started stops the run
+        UNKNOWN_OUTCOME; one that cannot have started leaves nothing (the ledger gave its
+        claim back)."""
+        if progress is None:
+            return
+        progress.give_up()
+        if progress.returned:
+            try:
+                self._after_success(call, progress.result, idempotent, compensate)
+            except Stopped:
+                pass  # the cancellation is what the caller gets
+        elif progress.running:
+            self._after_failure(
+                call, UnknownOutcome(call.key, "cancelled while it ran: it may have happened")
+            )
+
     def _park(self, call: _Call, exc: BaseException) -> None:
         letters = self.guard.dead_letters
         if letters is None:
@@ -293,6 +314,9 @@ class ToolCalls(RunState):
         self._govern(call, requires_approval, compensate)
         attempt = _attempt_span(name, lambda: _not_awaitable(name, fn(**args)))
         run = self._effect(call, attempt, idempotent, lookup, timeout)
+        progress = None if idempotent else _Progress()
+        if progress is not None:
+            run = functools.partial(progress.run, run)
         with telemetry.span(
             "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
         ):
@@ -307,6 +331,9 @@ class ToolCalls(RunState):
                     waited += wait
                 except Exception as exc:
                     raise self._after_failure(call, exc) from exc
+                except BaseException:  # KeyboardInterrupt, SystemExit
+                    self._interrupted(call, progress, idempotent, compensate)
+                    raise
         return self._after_success(call, result, idempotent, compensate)
 
     def _circuit_wait(
@@ -341,20 +368,23 @@ class ToolCalls(RunState):
         call = self._before_tool(name, args, timeout, idempotent, _paths(name, volatile))
         self._govern(call, requires_approval, compensate)
         attempt: Callable[[], Awaitable[Any]]
+        progress = None if idempotent else _Progress()
         if _is_async(fn):
 
             async def attempt() -> Any:
                 return await fn(**args)
 
-            if not idempotent:
+            if progress is not None:
                 ledger, key, lease = self.guard.ledger, self._effect_key(call), self._lease(timeout)
-                coro = attempt
+                coro = functools.partial(progress.arun, attempt)  # what the ledger runs
 
                 async def attempt() -> Any:
                     return await ledger.aonce(key, coro, lookup=lookup, lease=lease,
                                               timeout=self._effect_timeout(timeout))  # fmt: skip
         else:
             sync = self._effect(call, lambda: fn(**args), idempotent, lookup, timeout)
+            if progress is not None:
+                sync = functools.partial(progress.run, sync)
 
             async def attempt() -> Any:
                 return await asyncio.to_thread(sync)
@@ -373,7 +403,55 @@ class ToolCalls(RunState):
                     waited += wait
                 except Exception as exc:
                     raise self._after_failure(call, exc) from exc
+                except BaseException:  # cancelled
+                    self._interrupted(call, progress, idempotent, compensate)
+                    raise
         return self._after_success(call, result, idempotent, compensate)
+
+
+class _Progress:
+    """How far one non-idempotent call got, for a cancellation to tell.
+
+    ``running`` while an attempt of the effect is under way (the effect itself, or, run
+    in a worker thread, the whole ledger call, which goes on to its end once it began);
+    ``returned`` once one gave a result. An attempt that raised is settled by the ledger
+    (released, failed or unknown) and is no longer running. Once the caller gave up, a
+    worker thread that had not begun yet never does.
+    """
+
+    __slots__ = ("_lock", "_off", "result", "returned", "running")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._off = self.running = self.returned = False
+        self.result: Any = None
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        with self._lock:
+            if self._off:
+                return None  # the caller was cancelled before this thread began
+            self.running = True
+        try:
+            result = fn()
+        except Exception:
+            self.running = False
+            raise
+        self.result, self.returned, self.running = result, True, False
+        return result
+
+    async def arun(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        self.running = True
+        try:
+            result = await fn()
+        except Exception:
+            self.running = False
+            raise
+        self.result, self.returned, self.running = result, True, False
+        return result
+
+    def give_up(self) -> None:
+        with self._lock:
+            self._off = True
 
 
 def _current_approval(approvals: Any, base: str) -> tuple[str | None, ApprovalRecord | None]:

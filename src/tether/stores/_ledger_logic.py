@@ -28,6 +28,9 @@ __all__ = [
     "decide_claim",
     "decide_complete",
     "may_renew",
+    "renewed",
+    "settled",
+    "unknown_at",
 ]
 
 
@@ -96,8 +99,9 @@ class Record:
     @classmethod
     def claim_of(cls, key: str, payload_hash: str | None, owner: str, lease: float,
                  ttl: float) -> Record:  # fmt: skip
-        """A new claim, its times relative to the moment the backend stores it."""
-        return cls(key, State.PENDING, payload_hash, owner, lease, ttl, 0.0)
+        """A new claim, its times relative to the moment the backend stores it: its lease
+        runs ``lease`` seconds and the record lives ``ttl`` seconds past that."""
+        return cls(key, State.PENDING, payload_hash, owner, lease, lease + ttl, 0.0)
 
     def at(self, now: float) -> Record:
         """This claim with its relative times made absolute at ``now``."""
@@ -145,6 +149,30 @@ def may_renew(existing: Record | None, owner: str) -> bool:
     return existing is not None and existing.state in LIVE and existing.owner == owner
 
 
+def renewed(existing: Record, now: float, lease: float, ttl: float) -> Record:
+    """The owner's record with its lease renewed to ``now + lease`` (never shortened);
+    the record lives ``ttl`` past the new lease."""
+    until = max(existing.lease_until, now + lease)
+    return replace(existing, lease_until=until, expires_at=max(existing.expires_at, until + ttl))
+
+
+def settled(
+    existing: Record, state: State, result: str | None, error: str | None, now: float, ttl: float
+) -> Record:
+    """The record DONE or FAILED at ``now``: remembered ``ttl`` from now on."""
+    return replace(existing, state=state, result=result, error=error, expires_at=now + ttl)
+
+
+def unknown_at(existing: Record, detail: str, now: float, ttl: float, keep_lease: bool) -> Record:
+    """The record UNKNOWN at ``now``: its lease released (ends now) unless ``keep_lease``
+    (an abandoned attempt still running renews it); remembered ``ttl`` past its lease."""
+    until = existing.lease_until if keep_lease else min(existing.lease_until, now)
+    expires = max(until, now) + ttl
+    return replace(
+        existing, state=State.UNKNOWN, detail=detail, lease_until=until, expires_at=expires
+    )
+
+
 def may_release(existing: Record | None, owner: str) -> bool:
     """A PENDING claim is deleted by its owner when the effect provably did not happen."""
     return existing is not None and existing.state is State.PENDING and existing.owner == owner
@@ -165,20 +193,36 @@ class LedgerBackend(Protocol):
 
     def get(self, key: str) -> Record | None: ...
 
-    def renew(self, key: str, owner: str, lease: float, now: float | None) -> bool:
-        """Extend the owner's lease to ``now + lease``; False if the owner lost its claim."""
+    def renew(self, key: str, owner: str, lease: float, now: float | None, ttl: float) -> bool:
+        """Extend the owner's lease to ``now + lease`` (:func:`renewed`); False if the owner
+        lost its claim."""
         ...
 
-    def complete(self, key: str, owner: str, state: State, result: str | None,
-                 error: str | None) -> Completion:  # fmt: skip
-        """Set DONE or FAILED, if ``owner`` still holds the claim (see :func:`decide_complete`)."""
+    def complete(
+        self,
+        key: str,
+        owner: str,
+        state: State,
+        result: str | None,
+        error: str | None,
+        now: float | None,
+        ttl: float,
+    ) -> Completion:
+        """Set DONE or FAILED (:func:`settled`), if ``owner`` still holds the claim (see
+        :func:`decide_complete`)."""
         ...
 
     def mark_unknown(
-        self, key: str, owner: str, detail: str, now: float | None, keep_lease: bool = False
+        self,
+        key: str,
+        owner: str,
+        detail: str,
+        now: float | None,
+        ttl: float,
+        keep_lease: bool = False,
     ) -> None:
-        """PENDING -> UNKNOWN, if ``owner`` still holds the claim; its lease is released
-        (ends ``now``) unless ``keep_lease`` (an abandoned attempt that is still running)."""
+        """PENDING -> UNKNOWN (:func:`unknown_at`), if ``owner`` still holds the claim; its
+        lease is released unless ``keep_lease`` (an abandoned attempt that is still running)."""
         ...
 
     def release(self, key: str, owner: str) -> None:

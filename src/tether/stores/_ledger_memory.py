@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 
 from tether.clock import system_clock
 from tether.stores._ledger_logic import (
@@ -15,21 +14,36 @@ from tether.stores._ledger_logic import (
     decide_complete,
     may_release,
     may_renew,
+    renewed,
+    settled,
+    unknown_at,
 )
 
 __all__ = ["MemoryLedgerBackend"]
 
 
 class MemoryLedgerBackend:
+    """Records in a dict under one lock.
+
+    Leases and expiries are measured on the monotonic clock, read as seconds since the
+    epoch from the moment the backend was made: stepping the system clock (NTP, a
+    suspended laptop) never ends a lease early or keeps a record late, and the records'
+    times still read as dates.
+    """
+
     #: no I/O: async callers use it directly, not through a worker thread
     in_memory = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: dict[str, Record] = {}
+        self._epoch = system_clock.wall() - system_clock.now()
+
+    def _time(self, now: float | None) -> float:
+        return self._epoch + system_clock.now() if now is None else now
 
     def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
-        now = system_clock.wall() if now is None else now
+        now = self._time(now)
         new = record.at(now)
         with self._lock:
             claimed, previous = decide_claim(self._records.get(new.key), new, now)
@@ -41,36 +55,49 @@ class MemoryLedgerBackend:
         with self._lock:
             return self._records.get(key)
 
-    def renew(self, key: str, owner: str, lease: float, now: float | None) -> bool:
-        now = system_clock.wall() if now is None else now
+    def renew(self, key: str, owner: str, lease: float, now: float | None, ttl: float) -> bool:
+        now = self._time(now)
         with self._lock:
             rec = self._records.get(key)
             if not may_renew(rec, owner):
                 return False
             assert rec is not None
-            self._records[key] = replace(rec, lease_until=max(rec.lease_until, now + lease))
+            self._records[key] = renewed(rec, now, lease, ttl)
             return True
 
-    def complete(self, key: str, owner: str, state: State, result: str | None,
-                 error: str | None) -> Completion:  # fmt: skip
+    def complete(
+        self,
+        key: str,
+        owner: str,
+        state: State,
+        result: str | None,
+        error: str | None,
+        now: float | None,
+        ttl: float,
+    ) -> Completion:
+        now = self._time(now)
         with self._lock:
             rec = self._records.get(key)
             verdict = decide_complete(rec, owner)
             if verdict is Completion.RECORDED:
                 assert rec is not None
-                self._records[key] = replace(rec, state=state, result=result, error=error)
+                self._records[key] = settled(rec, state, result, error, now, ttl)
             return verdict
 
     def mark_unknown(
-        self, key: str, owner: str, detail: str, now: float | None, keep_lease: bool = False
+        self,
+        key: str,
+        owner: str,
+        detail: str,
+        now: float | None,
+        ttl: float,
+        keep_lease: bool = False,
     ) -> None:
-        now = system_clock.wall() if now is None else now
+        now = self._time(now)
         with self._lock:
             rec = self._records.get(key)
             if rec is not None and rec.state is State.PENDING and rec.owner == owner:
-                until = rec.lease_until if keep_lease else min(rec.lease_until, now)
-                self._records[key] = replace(rec, state=State.UNKNOWN, detail=detail,
-                                             lease_until=until)  # fmt: skip
+                self._records[key] = unknown_at(rec, detail, now, ttl, keep_lease)
 
     def release(self, key: str, owner: str) -> None:
         with self._lock:

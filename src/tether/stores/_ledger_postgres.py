@@ -144,24 +144,34 @@ class PostgresLedgerBackend:
             )
         )
 
-    def renew(self, key: str, owner: str, lease: float, now: float | None) -> bool:
-        cur = self._exec(
+    def renew(self, key: str, owner: str, lease: float, now: float | None, ttl: float) -> bool:
+        cur = self._exec(  # the rule of renewed (SET reads the row's old values)
             lambda c: c.execute(
-                f"UPDATE {self.table} SET lease_until = GREATEST(lease_until, "
-                f"COALESCE(%s::float8, {_EPOCH}) + %s) "
+                f"UPDATE {self.table} SET lease_until = GREATEST(lease_until, n + %s), "
+                "expires_at = GREATEST(expires_at, GREATEST(lease_until, n + %s) + %s) "
+                f"FROM (SELECT COALESCE(%s::float8, {_EPOCH}) AS n) AS t "
                 "WHERE key = %s AND owner = %s AND state IN ('pending', 'unknown')",
-                (now, lease, key, owner),
+                (lease, lease, ttl, now, key, owner),
             )
         )
         return bool(cur.rowcount == 1)
 
-    def complete(self, key: str, owner: str, state: State, result: str | None,
-                 error: str | None) -> Completion:  # fmt: skip
+    def complete(
+        self,
+        key: str,
+        owner: str,
+        state: State,
+        result: str | None,
+        error: str | None,
+        now: float | None,
+        ttl: float,
+    ) -> Completion:
         def run(conn: Any) -> Completion:
             done = conn.execute(
-                f"UPDATE {self.table} SET state = %s, result = %s, error = %s "
+                f"UPDATE {self.table} SET state = %s, result = %s, error = %s, "
+                f"expires_at = COALESCE(%s::float8, {_EPOCH}) + %s "
                 "WHERE key = %s AND owner = %s AND state IN ('pending', 'unknown') RETURNING key",
-                (state.value, result, error, key, owner),
+                (state.value, result, error, now, ttl, key, owner),
             ).fetchone()
             if done:
                 return Completion.RECORDED
@@ -173,14 +183,22 @@ class PostgresLedgerBackend:
         return verdict
 
     def mark_unknown(
-        self, key: str, owner: str, detail: str, now: float | None, keep_lease: bool = False
+        self,
+        key: str,
+        owner: str,
+        detail: str,
+        now: float | None,
+        ttl: float,
+        keep_lease: bool = False,
     ) -> None:
-        self._exec(
+        self._exec(  # the rule of unknown_at
             lambda c: c.execute(
                 f"UPDATE {self.table} SET state = 'unknown', detail = %s, lease_until = CASE "
-                f"WHEN %s THEN lease_until ELSE LEAST(lease_until, COALESCE(%s::float8, {_EPOCH})) END "
+                "WHEN %s THEN lease_until ELSE LEAST(lease_until, n) END, "
+                "expires_at = CASE WHEN %s THEN GREATEST(lease_until, n) ELSE n END + %s "
+                f"FROM (SELECT COALESCE(%s::float8, {_EPOCH}) AS n) AS t "
                 "WHERE key = %s AND state = 'pending' AND owner = %s",
-                (detail, keep_lease, now, key, owner),
+                (detail, keep_lease, keep_lease, ttl, now, key, owner),
             )
         )
 

@@ -28,7 +28,16 @@ if not now then
 end
 """
 
-# KEYS: the record. ARGV: claim JSON (relative times), now or '', key ttl in ms.
+# The Redis key lives as long as the record it holds (its expires_at, on the clock the
+# script measures with), plus this grace; the record's own expires_at is what counts.
+_PUT = """
+local function put(rec)
+  local ms = math.ceil((tonumber(rec.expires_at) - now) * 1000) + tonumber(ARGV[3])
+  redis.call('SET', k, cjson.encode(rec), 'PX', math.max(1, ms))
+end
+"""
+
+# KEYS: the record. ARGV: claim JSON (relative times), now or '', grace in ms.
 # Returns {claimed, previous-or-current JSON or ''}. Twin of decide_claim.
 CLAIM = (
     """
@@ -36,13 +45,11 @@ local k = KEYS[1]
 local new = cjson.decode(ARGV[1])
 """
     + _NOW
+    + _PUT
     + """
 new.lease_until = now + tonumber(new.lease_until)
 new.expires_at = now + tonumber(new.expires_at)
 new.created_at = now
-local function put(rec)
-  redis.call('SET', k, cjson.encode(rec), 'PX', tonumber(ARGV[3]))
-end
 local raw = redis.call('GET', k)
 if not raw then put(new); return {1, ''} end
 local cur = cjson.decode(raw)
@@ -60,16 +67,17 @@ return {0, raw}
 """
 )
 
-# KEYS: the record. ARGV: mode, now or '', owner, then per mode. Twins of decide_complete,
-# may_renew, may_release and the mark_unknown rule.
+# KEYS: the record. ARGV: mode, now or '', grace in ms, owner, ttl, then per mode. Twins of
+# decide_complete, may_renew, may_release, renewed, settled and unknown_at.
 UPDATE = (
     """
 local k = KEYS[1]
 local mode = ARGV[1]
 """
     + _NOW
+    + _PUT
     + """
-local owner = ARGV[3]
+local owner, ttl = ARGV[4], tonumber(ARGV[5])
 local raw = redis.call('GET', k)
 if not raw then return 'missing' end
 local cur = cjson.decode(raw)
@@ -77,24 +85,27 @@ local live = cur.state == 'pending' or cur.state == 'unknown'
 if mode == 'complete' then
   if cur.owner ~= owner then return 'lost' end
   if not live then return 'final' end
-  local extra = cjson.decode(ARGV[5])
-  cur.state = ARGV[4]
+  local extra = cjson.decode(ARGV[7])
+  cur.state = ARGV[6]
   cur.result = extra.result
   cur.error = extra.error
+  cur.expires_at = now + ttl
 elseif mode == 'renew' then
   if not live or cur.owner ~= owner then return 'lost' end
-  cur.lease_until = math.max(tonumber(cur.lease_until), now + tonumber(ARGV[4]))
+  cur.lease_until = math.max(tonumber(cur.lease_until), now + tonumber(ARGV[6]))
+  cur.expires_at = math.max(tonumber(cur.expires_at), cur.lease_until + ttl)
 elseif mode == 'unknown' then
   if cur.state ~= 'pending' or cur.owner ~= owner then return 'lost' end
   cur.state = 'unknown'
-  cur.detail = ARGV[4]
-  if ARGV[5] ~= '1' then cur.lease_until = math.min(tonumber(cur.lease_until), now) end
+  cur.detail = ARGV[6]
+  if ARGV[7] ~= '1' then cur.lease_until = math.min(tonumber(cur.lease_until), now) end
+  cur.expires_at = math.max(tonumber(cur.lease_until), now) + ttl
 elseif mode == 'release' then
   if cur.state ~= 'pending' or cur.owner ~= owner then return 'lost' end
   redis.call('DEL', k)
   return 'recorded'
 end
-redis.call('SET', k, cjson.encode(cur), 'KEEPTTL')
+put(cur)
 return 'recorded'
 """
 )
@@ -111,7 +122,7 @@ class RedisLedgerBackend:
         *,
         client: Any = None,
         prefix: str = "tether",
-        key_ttl: float = 7 * 86_400.0,
+        grace: float = 3600.0,
         assume_durable: bool = False,
         allow_lost_records: bool = False,
     ) -> None:
@@ -123,7 +134,7 @@ class RedisLedgerBackend:
             )
         self.url = safe_url(url) if client is None else repr(client)
         self.prefix = prefix
-        self._ttl_ms = int(key_ttl * 1000)
+        self._grace_ms = int(grace * 1000)  # how long a key outlives its record
         self.client = client or redis_client(url, socket_timeout=5, socket_connect_timeout=5)
         self._errors = (redis.RedisError,)  # type: ignore[attr-defined]
         self.round_trips = 0
@@ -187,33 +198,48 @@ class RedisLedgerBackend:
 
     def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
         claimed, raw = self._call(self._claim, keys=[self._key(record.key)],
-                                  args=[json.dumps(record.to_row()), self._now(now), self._ttl_ms])  # fmt: skip
+                                  args=[json.dumps(record.to_row()), self._now(now), self._grace_ms])  # fmt: skip
         return bool(int(claimed)), self._decode(raw)
 
     def get(self, key: str) -> Record | None:
         return self._decode(self._call(self.client.get, self._key(key)))
 
-    def _run(self, key: str, mode: str, now: float | None, owner: str, *rest: Any) -> str:
-        answer = self._call(
-            self._update, keys=[self._key(key)], args=[mode, self._now(now), owner, *rest]
-        )
+    def _run(
+        self, key: str, mode: str, now: float | None, owner: str, ttl: float, *rest: Any
+    ) -> str:
+        args = [mode, self._now(now), self._grace_ms, owner, repr(float(ttl)), *rest]
+        answer = self._call(self._update, keys=[self._key(key)], args=args)
         return answer.decode() if isinstance(answer, bytes) else str(answer)
 
-    def renew(self, key: str, owner: str, lease: float, now: float | None) -> bool:
-        return self._run(key, "renew", now, owner, repr(lease)) == "recorded"
+    def renew(self, key: str, owner: str, lease: float, now: float | None, ttl: float) -> bool:
+        return self._run(key, "renew", now, owner, ttl, repr(float(lease))) == "recorded"
 
-    def complete(self, key: str, owner: str, state: State, result: str | None,
-                 error: str | None) -> Completion:  # fmt: skip
+    def complete(
+        self,
+        key: str,
+        owner: str,
+        state: State,
+        result: str | None,
+        error: str | None,
+        now: float | None,
+        ttl: float,
+    ) -> Completion:
         extra = json.dumps({"result": result, "error": error})
-        return Completion(self._run(key, "complete", None, owner, state.value, extra))
+        return Completion(self._run(key, "complete", now, owner, ttl, state.value, extra))
 
     def mark_unknown(
-        self, key: str, owner: str, detail: str, now: float | None, keep_lease: bool = False
+        self,
+        key: str,
+        owner: str,
+        detail: str,
+        now: float | None,
+        ttl: float,
+        keep_lease: bool = False,
     ) -> None:
-        self._run(key, "unknown", now, owner, detail, "1" if keep_lease else "0")
+        self._run(key, "unknown", now, owner, ttl, detail, "1" if keep_lease else "0")
 
     def release(self, key: str, owner: str) -> None:
-        self._run(key, "release", None, owner)
+        self._run(key, "release", None, owner, 0.0)
 
     def forget(self, key: str) -> None:
         self._call(self.client.delete, self._key(key))

@@ -110,39 +110,58 @@ class SqliteLedgerBackend:
         with self._lock:
             return self._select(key)
 
-    def renew(self, key: str, owner: str, lease: float, now: float | None) -> bool:
-        now = system_clock.wall() if now is None else now
+    def renew(self, key: str, owner: str, lease: float, now: float | None, ttl: float) -> bool:
+        until = (system_clock.wall() if now is None else now) + lease
         with self._lock:
             cur = self._db.execute(
-                "UPDATE tether_ledger SET lease_until = MAX(lease_until, ?) "
+                "UPDATE tether_ledger SET lease_until = MAX(lease_until, ?), "
+                "expires_at = MAX(expires_at, MAX(lease_until, ?) + ?) "
                 "WHERE key = ? AND owner = ? AND state IN ('pending', 'unknown')",
-                (now + lease, key, owner),
+                (until, until, ttl, key, owner),
             )
             return cur.rowcount == 1
 
-    def complete(self, key: str, owner: str, state: State, result: str | None,
-                 error: str | None) -> Completion:  # fmt: skip
+    def complete(
+        self,
+        key: str,
+        owner: str,
+        state: State,
+        result: str | None,
+        error: str | None,
+        now: float | None,
+        ttl: float,
+    ) -> Completion:
+        expires = (system_clock.wall() if now is None else now) + ttl
+
         def decide(existing: Record | None) -> Completion:
             verdict = decide_complete(existing, owner)
             if verdict is Completion.RECORDED:
                 self._db.execute(
-                    "UPDATE tether_ledger SET state = ?, result = ?, error = ? WHERE key = ?",
-                    (state.value, result, error, key),
+                    "UPDATE tether_ledger SET state = ?, result = ?, error = ?, expires_at = ? "
+                    "WHERE key = ?",
+                    (state.value, result, error, expires, key),
                 )
             return verdict
 
         return self._decided(key, decide)
 
     def mark_unknown(
-        self, key: str, owner: str, detail: str, now: float | None, keep_lease: bool = False
+        self,
+        key: str,
+        owner: str,
+        detail: str,
+        now: float | None,
+        ttl: float,
+        keep_lease: bool = False,
     ) -> None:
         now = system_clock.wall() if now is None else now
-        with self._lock:
+        with self._lock:  # the rule of unknown_at
             self._db.execute(
                 "UPDATE tether_ledger SET state = 'unknown', detail = ?, "
-                "lease_until = CASE WHEN ? THEN lease_until ELSE MIN(lease_until, ?) END "
+                "lease_until = CASE WHEN ? THEN lease_until ELSE MIN(lease_until, ?) END, "
+                "expires_at = CASE WHEN ? THEN MAX(lease_until, ?) ELSE ? END + ? "
                 "WHERE key = ? AND state = 'pending' AND owner = ?",
-                (detail, keep_lease, now, key, owner),
+                (detail, keep_lease, now, keep_lease, now, now, ttl, key, owner),
             )
 
     def release(self, key: str, owner: str) -> None:
