@@ -353,3 +353,340 @@ def test_the_adapters_refuse_an_approval_they_cannot_wait_for_at_construction() 
     # a guard with somewhere to wait is fine, and a rule that is False needs nothing
     t_pydantic.TetherCapability(Guard(checkpoints=Checkpoints.memory()), requires_approval=rule)
     t_pydantic.TetherCapability(Guard(), requires_approval={"issue_refund": False})
+
+
+# --- cases 3 and 4: one dead letter per intent, replayed once through the ledger ------------
+
+
+def open_records(kind: str, where: str, table: str = "tether_documents") -> tether.Records:
+    """The records of one database, as a new process opens them."""
+    return (
+        tether.Records.sqlite(where) if kind == "sqlite" else tether.Records.postgres(where, table)
+    )
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """(kind, where, table) of one records database: a SQLite file, or tables in PostgreSQL."""
+    if request.param == "sqlite":
+        return "sqlite", str(tmp_path / "records.db"), "tether_documents"
+    return "postgres", request.getfixturevalue("pg_dsn"), f"t_{uuid.uuid4().hex[:10]}"
+
+
+refunds_made: list[str] = []
+
+
+def fixed_refund(order: str, amount: int, uuid: str) -> dict[str, Any]:
+    refunds_made.append(order)
+    return {"id": f"re_{len(refunds_made)}"}
+
+
+def broken_refund(order: str, amount: int, uuid: str) -> dict[str, Any]:
+    raise TypeError("refund() got an unexpected keyword argument 'uuid'")
+
+
+def fail_a_refund_three_times(guard: Guard) -> tether.Outcome:
+    """The refund fails with a business error; the model re-asks twice with fresh uuids."""
+
+    def refund(order: str, amount: int, uuid: str) -> Any:
+        raise ValueError("the order is locked")
+
+    with guard.start(task="refund A-1") as run:
+        while run.proceed():
+            try:
+                run.call_tool("refund", refund, {"order": "A-1", "amount": 10, "uuid": uuid.uuid4().hex},
+                              idempotent=False)  # fmt: skip
+            except ToolError:
+                pass
+    return run.outcome
+
+
+def test_one_failed_refund_is_one_letter_and_replaying_every_letter_pays_once(
+    database: Any,
+) -> None:
+    """Three asks, one letter; replaying it from the page's logic and the CLI, from two
+    processes' connections, twice each: one refund."""
+    from tether.cli import main
+
+    kind, where, table = database
+    records = open_records(kind, where, table)
+    outcome = fail_a_refund_three_times(Guard(records=records))
+    letters = records.dead_letters.list()
+    assert len(letters) == 1 and letters[0].asked == 3  # was 3 letters
+    assert sum("dead letter" in issue for issue in outcome.open_issues) == 1
+    refunds_made.clear()
+    other = open_records(kind, where, table)
+    try:
+        for letters_of in (records.dead_letters, other.dead_letters):
+            for letter in letters_of.list():
+                assert letters_of.replay(letter.id, fixed_refund) == {"id": "re_1"}
+        if kind == "sqlite":
+            assert main(["dlq", "--db", where, "replay", letters[0].id, "--handler",
+                         "test_identity:fixed_refund"]) == 0  # fmt: skip
+    finally:
+        other.close()
+        records.close()
+    assert refunds_made == ["A-1"]  # was 3 refunds
+
+
+def test_a_failed_replay_can_be_replayed_once_fixed(
+    database: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The handler raised: the next replay calls the fixed one (no --force); then it is done."""
+    from tether.cli import main
+
+    kind, where, table = database
+    records = open_records(kind, where, table)
+    fail_a_refund_three_times(Guard(records=records))
+    letter = records.dead_letters.list()[0]
+    refunds_made.clear()
+    try:
+        with pytest.raises(TypeError, match="unexpected keyword"):
+            records.dead_letters.replay(letter.id, broken_refund)
+        assert records.dead_letters.replay(letter.id, fixed_refund) == {"id": "re_1"}
+        assert records.dead_letters.replay(letter.id, fixed_refund) == {"id": "re_1"}
+        assert records.dead_letters.get(letter.id).replayed
+    finally:
+        records.close()
+    assert refunds_made == ["A-1"]
+    if kind == "sqlite":  # the command line: broken, then fixed, then done
+        fail_a_refund_three_times(
+            Guard(records=open_records(kind, str(Path(where).with_name("cli.db"))))
+        )
+        db = str(Path(where).with_name("cli.db"))
+        letter_id = tether.Records.sqlite(db).dead_letters.list()[0].id
+        replay = ["dlq", "--db", db, "replay", letter_id, "--handler"]
+        assert main([*replay, "test_identity:broken_refund"]) == 1
+        assert main([*replay, "test_identity:fixed_refund"]) == 0
+        assert main([*replay, "test_identity:fixed_refund"]) == 0
+        assert "replayed before" in capsys.readouterr().out
+        assert refunds_made == ["A-1", "A-1"]  # one per database
+
+
+def test_a_replay_whose_outcome_is_unknown_goes_through_lookup(tmp_path: Path) -> None:
+    """A replay that timed out after sending: the next one asks lookup, never runs blindly."""
+    records = tether.Records.sqlite(str(tmp_path / "r.db"))
+    fail_a_refund_three_times(Guard(records=records))
+    letter = records.dead_letters.list()[0]
+    sent: list[str] = []
+
+    def lost_response(order: str, amount: int, uuid: str) -> Any:
+        sent.append(order)
+        raise TimeoutError("read timed out")
+
+    with pytest.raises(TimeoutError):
+        records.dead_letters.replay(letter.id, lost_response)
+    with pytest.raises(tether.UnknownOutcome):
+        records.dead_letters.replay(letter.id, fixed_refund)
+    found = records.dead_letters.replay(
+        letter.id, fixed_refund, lookup=lambda key: {"id": "re_sent"}
+    )
+    assert found == {"id": "re_sent"} and sent == ["A-1"]
+    assert records.dead_letters.replay(letter.id, fixed_refund) == {"id": "re_sent"}
+    records.close()
+
+
+# --- cases 5 and 6: concurrent and redelivered resumes of one approved checkpoint ----------
+
+
+class SlowRefunds:
+    """A provider whose refunds take a moment; every refund is a line in a file (shared by
+    threads and processes)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def refund(self, order: str, amount: int, uuid: str = "") -> dict[str, Any]:
+        import time
+
+        time.sleep(0.3)
+        with open(self.path, "a") as f:
+            f.write(order + "\n")
+        return {"id": "re_1", "order": order}
+
+    def made(self) -> int:
+        return len(Path(self.path).read_text().splitlines()) if Path(self.path).exists() else 0
+
+
+REFUND = {"order": "A-1", "amount": 9000}
+
+
+def ask_refund(run: tether.Run, refunds: SlowRefunds, idempotent: bool) -> Any:
+    return run.call_tool("issue_refund", refunds.refund, {**REFUND, "uuid": uuid.uuid4().hex},
+                         idempotent=idempotent, requires_approval=True)  # fmt: skip
+
+
+def approved_checkpoint(
+    kind: str, where: str, table: str, refunds: SlowRefunds, idempotent: bool
+) -> str:
+    records = open_records(kind, where, table)
+    guard = Guard(records=records)
+    with guard.start(task="refund A-1") as run:
+        ask_refund(run, refunds, idempotent)
+    guard.approve(str(run.outcome.checkpoint_id), by="alice")
+    records.close()
+    return str(run.outcome.checkpoint_id)
+
+
+def resume_and_refund(kind: str, where: str, table: str, checkpoint_id: str, path: str,
+                      idempotent: bool) -> dict[str, Any]:  # fmt: skip
+    """One worker (a thread, or a process of its own): resume the checkpoint, ask again."""
+    records = open_records(kind, where, table)
+    try:
+        with Guard(records=records).resume(checkpoint_id) as run:
+            try:
+                run.succeed(ask_refund(run, SlowRefunds(path), idempotent))
+            except ToolError:
+                pass
+        out = run.outcome
+        return {"status": out.status, "reason": out.stopped_because.value, "result": out.result,
+                "message": out.customer_message, "issues": list(out.open_issues)}  # fmt: skip
+    finally:
+        records.close()
+
+
+def _process_worker(args: tuple[Any, ...], queue: Any) -> None:
+    queue.put(resume_and_refund(*args))
+
+
+def in_processes(n: int, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    workers = [ctx.Process(target=_process_worker, args=(args, queue)) for _ in range(n)]
+    for w in workers:
+        w.start()
+    outs = [queue.get(timeout=120) for _ in workers]
+    for w in workers:
+        w.join(timeout=60)
+    return outs
+
+
+def in_threads(n: int, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: resume_and_refund(*args), range(n)))
+
+
+def pending_approvals(kind: str, where: str, table: str) -> list[Any]:
+    with open_records(kind, where, table) as records:
+        return [a for a in records.approvals.list(200) if a.status == "pending"]
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+def test_concurrent_resumes_of_one_approved_checkpoint_refund_once_and_say_so_honestly(
+    database: Any, tmp_path: Path, workers: str, idempotent: bool
+) -> None:
+    """8 threads (or 4 processes) resume one approved refund: one execution; every other
+    run has the recorded result or says another worker is doing it; nothing new to approve."""
+    kind, where, table = database
+    refunds = SlowRefunds(str(tmp_path / "refunds.txt"))
+    cid = approved_checkpoint(kind, where, table, refunds, idempotent)
+    args = (kind, where, table, cid, refunds.path, idempotent)
+    outs = in_threads(8, args) if workers == "threads" else in_processes(4, args)
+    assert refunds.made() == 1  # one approval, one execution (5 with idempotent=True before)
+    for out in outs:
+        assert out["status"] != "failed", out
+        if out["status"] == "success":
+            assert out["result"] == {"id": "re_1", "order": "A-1"}
+        else:
+            assert (out["status"], out["reason"]) == ("partial", "in_progress"), out
+            assert "being completed" in out["message"]
+            assert any("being done by another worker" in i for i in out["issues"])
+    assert any(out["status"] == "success" for out in outs)
+    assert pending_approvals(kind, where, table) == []  # a used approval never turns pending
+
+
+def test_a_redelivered_resume_after_the_run_ended_pays_nothing_and_files_nothing_older(
+    database: Any, tmp_path: Path
+) -> None:
+    """The approved refund ran and the run ended; the same checkpoint resumed again (a retried
+    job, in another process) ends with the recorded outcome: no refund, no new approval."""
+    kind, where, table = database
+    refunds = SlowRefunds(str(tmp_path / "refunds.txt"))
+    cid = approved_checkpoint(kind, where, table, refunds, False)
+    first = in_processes(1, (kind, where, table, cid, refunds.path, False))[0]
+    again = in_processes(1, (kind, where, table, cid, refunds.path, False))[0]
+    assert refunds.made() == 1  # was 2: the redelivery filed a new approval that paid again
+    assert first["status"] == again["status"] == "success"
+    assert again["result"] == {"id": "re_1", "order": "A-1"}
+    assert pending_approvals(kind, where, table) == []
+    with open_records(kind, where, table) as records:
+        run_id = records.checkpoints.load(cid)["run_id"]
+        assert records.runs.get(run_id)["status"] == "success"  # not filed as awaiting approval
+        with pytest.raises(tether.ApprovalError):  # there is nothing left to approve there
+            Guard(records=records).approve(cid, by="bob")
+        guard = Guard(records=records)
+        assert type(guard.ledger.backend).__name__ != "MemoryLedgerBackend"  # durable, beside
+
+
+# --- case 7: rollback by several workers --------------------------------------------------------
+
+
+def slow_cancel(refund: dict[str, Any]) -> str:
+    import os
+    import time
+
+    time.sleep(0.3)
+    with open(os.environ["TETHER_TEST_CANCELS"], "a") as f:
+        f.write(refund["id"] + "\n")
+    return f"cancelled {refund['id']}"
+
+
+def roll_back(kind: str, where: str, table: str, checkpoint_id: str) -> dict[str, Any]:
+    records = open_records(kind, where, table)
+    try:
+        run = Guard(records=records).resume(checkpoint_id)
+        run.rollback(compensations={"issue_refund": slow_cancel})
+        out = run.outcome  # a rollback-only resume ends with an outcome
+        return {
+            "status": out.status,
+            "issues": list(out.open_issues),
+            "compensated": len(out.compensated),
+        }
+    finally:
+        records.close()
+
+
+def _rollback_worker(args: tuple[Any, ...], queue: Any) -> None:
+    queue.put(roll_back(*args))
+
+
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+def test_rollback_by_several_workers_undoes_once_and_reports_the_one_in_progress(
+    database: Any, tmp_path: Path, workers: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """4 workers roll back one run: one cancellation; the others say another worker is doing
+    it (not "undo it by hand"); each rollback-only resume has an outcome."""
+    import multiprocessing
+    from concurrent.futures import ThreadPoolExecutor
+
+    kind, where, table = database
+    cancels = tmp_path / "cancels.txt"
+    monkeypatch.setenv("TETHER_TEST_CANCELS", str(cancels))
+    records = open_records(kind, where, table)
+    with Guard(records=records).start(task="refund") as run:
+        run.succeed(run.call_tool("issue_refund", lambda order: {"id": "re_1"}, {"order": "A-1"},
+                                  idempotent=False, compensate=slow_cancel))  # fmt: skip
+    records.close()
+    args = (kind, where, table, str(run.outcome.checkpoint_id))
+    if workers == "threads":
+        with ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda _: roll_back(*args), range(4)))
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_rollback_worker, args=(args, queue)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        outs = [queue.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+    assert cancels.read_text().splitlines() == ["re_1"]  # each compensation once
+    for out in outs:
+        assert not any("by hand" in i for i in out["issues"]), out
+        assert out["status"] != "escalated", out
+        assert out["compensated"] == 1 or any("another worker" in i for i in out["issues"]), out

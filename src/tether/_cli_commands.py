@@ -50,6 +50,11 @@ def register(sub: Any) -> None:
         "--handler", required=True, help="module:function to call with the arguments"
     )
     replay.add_argument(
+        "--lookup",
+        help="module:function that reads your records when a replay's outcome is "
+        "unknown (returns the result if it happened, else None)",
+    )
+    replay.add_argument(
         "--force", action="store_true", help="run the handler again for a letter replayed before"
     )
     for action in (listing, show, replay):  # --db before or after the action
@@ -160,7 +165,10 @@ def _dlq(args: argparse.Namespace) -> int:
         if args.dlq_command == "list":
             for letter in letters.list(limit=1000):
                 mark = " (replayed)" if letter.replayed else ""
-                print(f"{letter.id}  {letter.tool}  {letter.error_type}: {letter.error[:60]}{mark}")
+                asked = f" (asked {letter.asked} times)" if letter.asked > 1 else ""
+                print(
+                    f"{letter.id}  {letter.tool}  {letter.error_type}: {letter.error[:60]}{asked}{mark}"
+                )
             return 0
         try:
             letter = letters.get(args.id)
@@ -170,7 +178,7 @@ def _dlq(args: argparse.Namespace) -> int:
         if args.dlq_command == "show":
             print(json.dumps(letter.to_doc(), indent=2, default=str))
             return 0
-        return _replay(letters, letter, args.handler, args.force)
+        return _replay(letters, letter, args.handler, args.force, args.lookup)
 
 
 def _import_handler(spec: str, command: str) -> Any:
@@ -247,18 +255,25 @@ def _refused(why: str) -> int:
     return 2
 
 
-def _replay(letters: Any, letter: Any, spec: str, force: bool) -> int:
+def _replay(letters: Any, letter: Any, spec: str, force: bool, lookup_spec: str | None) -> int:
     handler = _import_handler(spec, "dlq")
-    if handler is None:
+    lookup = _import_handler(lookup_spec, "dlq") if lookup_spec else None
+    if handler is None or (lookup_spec and lookup is None):
         return 2
     again = letter.replayed and not force
+    from tether._errors import UnknownOutcome
     from tether._persist import RedactedArguments
 
     try:
-        result = letters.replay(letter.id, handler, force=force)
+        result = letters.replay(letter.id, handler, force=force, lookup=lookup)
     except RedactedArguments as exc:
         print(f"tether dlq: {exc}", file=sys.stderr)
         return 2
+    except UnknownOutcome as exc:
+        print(f"tether dlq: an earlier replay of {letter.id} may have happened ({exc}); the "
+              "handler was not called. Give --lookup module:function to check your records",
+              file=sys.stderr)  # fmt: skip
+        return 1
     except Exception as exc:
         print(f"tether dlq: the handler failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, Self
@@ -113,6 +114,8 @@ class Ending(RunState):
             return "success"
         if reason is StopReason.AWAITING_APPROVAL and not self._escalate:
             return "awaiting_approval"
+        if reason is StopReason.IN_PROGRESS and not self._escalate:
+            return "partial"  # another worker of this request is doing the rest
         # a handoff is made when the code asks for one, when a trigger fires, or, for any
         # run that did not reach its goal, when a sink is configured to receive it
         if self._escalate or (esc is not None and (reason in esc.on or esc.sink is not None)):
@@ -151,8 +154,9 @@ class Ending(RunState):
             issues.insert(0, f"stopped: {reason.value}" + (f" ({detail})" if detail else ""))
         facts = redact(self._read_facts(issues))
         undone = [str(c.get("effect") or c["tool"]) for c in self._compensated]
+        said = "in_progress" if reason is StopReason.IN_PROGRESS and status == "partial" else status
         message = redact(
-            self.guard.messages.render(status, facts, unconfirmed=self._unconfirmed, undone=undone)
+            self.guard.messages.render(said, facts, unconfirmed=self._unconfirmed, undone=undone)
         )
         # everything below leaves tether (the outcome's words, checkpoints, handoffs): redacted
         detail, issues, task = redact(detail), redact(issues), redact(self.task)
@@ -211,10 +215,50 @@ class Ending(RunState):
                 _log.exception("tether: on_stop hook raised; ignored")
         return self._outcome
 
+    def _ended_as(self, record: Mapping[str, Any]) -> None:
+        """This run was resumed from a checkpoint it has moved past (a redelivered job, a
+        second worker, after the run ended): it ends at once with the outcome it was
+        recorded with, so that nothing is done, asked or filed again from the older state."""
+        try:
+            reason = StopReason(record["reason"])
+            usage = Usage(**record["usage"])
+            status = str(record["status"])
+        except (KeyError, TypeError, ValueError):
+            return  # a record we cannot read: the run resumes as before
+        detail = str(record.get("detail") or "")
+        self._stop, self._result = (reason, detail), record.get("result")
+        self._outcome = Outcome(status, reason, self._result, tuple(record.get("partial") or ()), detail,
+                                tuple(record.get("open_issues") or ()), usage, record.get("checkpoint_id"),
+                                str(record.get("customer_message") or ""), self.run_id, None, (),
+                                record.get("error"), tuple(record.get("compensated") or ()),
+                                record.get("pending_approval"), int(record.get("partial_omitted") or 0))  # fmt: skip
+        _log.info("tether: run %s was resumed from checkpoint %s, which it has moved past: its "
+                  "recorded outcome (%s) stands", self.run_id, self._resumed_from, status)  # fmt: skip
+
+    def _overtaken(self) -> bool:
+        """Another worker that resumed the same checkpoint ended the run first: this ending
+        is not filed over its record (nor over a later one)."""
+        records = self.guard.records
+        if records is None or self._resumed_from is None:
+            return False
+        try:
+            current = records.runs.get(self.run_id)
+        except Exception:
+            return False
+        return current is not None and current.get("checkpoint_id") not in (
+            self._resumed_from,
+            *self._filed,
+        )
+
     def _record(self, outcome: Outcome, task: str, steps: dict[str, Any]) -> None:
         """File the outcome in the guard's records (what the operator page lists)."""
         records = self.guard.records
         if records is None:
+            return
+        if self._overtaken():
+            _log.info(
+                "tether: run %s: another worker ended it first; its record stands", self.run_id
+            )
             return
         usage = outcome.usage
         doc = {"run_id": self.run_id, "task": task, "status": outcome.status, "reason": outcome.stopped_because.value,
@@ -227,6 +271,7 @@ class Ending(RunState):
                "pending_approval": outcome.pending_approval, "ended_at": self.clock.wall()}  # fmt: skip
         try:
             records.runs.save(doc, self.clock.wall())
+            self._filed.add(outcome.checkpoint_id)
         except Exception as exc:  # a failing store never loses the outcome
             _log.error(
                 "tether: run %s: its record could not be written: %s", self.run_id, redact(str(exc))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from tether._governance import (
 from tether._handoff import CustomerMessages, Escalation
 from tether._loops import LoopPolicy
 from tether._outcome import STATUSES, Outcome, StopReason, Usage
-from tether._persist import Checkpoints, DeadLetters, check_run_id
+from tether._persist import CheckpointError, Checkpoints, DeadLetters, check_run_id
 from tether._pricing import PriceTable
 from tether._records import Records
 from tether._redact import redact
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from tether.stores._base import Store
 
 __all__ = ["Budget", "Guard", "request_of"]
+
+_log = logging.getLogger("tether")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +179,13 @@ class Guard:
         # every guard has a ledger: a non-idempotent tool is never re-executed blindly. The
         # default lives in this process; a durable one (SQLite, Redis, PostgreSQL) survives
         # a restart
-        self.ledger = ledger if ledger is not None else Ledger.memory(clock=self.clock)
+        # records= brings a durable one in the same database, unless a ledger is given
+        if ledger is not None:
+            self.ledger = ledger
+        elif records is not None:
+            self.ledger = records.ledger(clock=self.clock)
+        else:
+            self.ledger = Ledger.memory(clock=self.clock)
         self.checkpoints = checkpoints
         self.dead_letters = dead_letters
         self.retry = (retry or RetryPolicy()).replace(clock=self.clock)
@@ -293,6 +302,13 @@ class Guard:
         from tether._run import Run
 
         doc = self.checkpoints.load(check_run_id(checkpoint_id, "checkpoint_id"))
+        run_id = str(doc.get("run_id") or checkpoint_id)
+        ended = self._moved_past(run_id, checkpoint_id)
+        if ended is not None:  # continue from the run's newest state, which has ended
+            try:
+                doc = self.checkpoints.load(str(ended["checkpoint_id"]))
+            except CheckpointError:
+                pass
         key, request = doc.get("key"), doc.get("request")  # the run keeps its request
         run = Run(self, str(doc["task"]), str(doc.get("run_id") or checkpoint_id),
                   key=key if isinstance(key, str) else None,
@@ -300,8 +316,6 @@ class Guard:
         try:
             usage = Usage(**doc["usage"])
         except TypeError as exc:
-            from tether._persist import CheckpointError
-
             raise CheckpointError(
                 f"checkpoint {checkpoint_id!r} is corrupt: bad usage ({exc})"
             ) from exc
@@ -320,7 +334,30 @@ class Guard:
                     {str(k): int(v) for k, v in by_tool.items() if isinstance(v, int)}
                 )
         run._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
+        run._resumed_from = str(doc.get("id") or checkpoint_id)
+        try:
+            run._resumed_stop = (StopReason(doc.get("reason")), str(doc.get("detail") or ""))
+        except ValueError:
+            run._resumed_stop = None
+        if ended is not None:
+            run._ended_as(ended)
         return run
+
+    def _moved_past(self, run_id: str, checkpoint_id: str) -> dict[str, Any] | None:
+        """The run's record when the run has ended again since ``checkpoint_id`` (it was
+        resumed from there and went on), else None."""
+        if self.records is None:
+            return None
+        try:
+            record = self.records.runs.get(run_id)
+        except Exception as exc:  # the records cannot be read: resume as before
+            _log.warning(
+                "tether: run %s: its record could not be read (%s)", run_id, type(exc).__name__
+            )
+            return None
+        if record is None or record.get("checkpoint_id") in (None, checkpoint_id):
+            return None
+        return record
 
 
 def request_of(key: str | None, run_id: str) -> str:

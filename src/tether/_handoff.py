@@ -117,6 +117,10 @@ class CustomerMessages:
         "We could not complete this request, so we reversed what had already been done.{done} "
         "You can try again, or reply here for help."
     )
+    in_progress: str = (
+        "Your request is being completed.{done} We will confirm here as soon as it is done; "
+        "there is no need to ask again."
+    )
     done_prefix: str = " Done: "
     undone_prefix: str = " Undone: "
 

@@ -37,6 +37,7 @@ class StopReason(enum.Enum):
     ERROR = "error"
     FAILED = "failed"  # the agent's code said so: run.fail(...)
     AWAITING_APPROVAL = "awaiting_approval"  # a call needs a person's approval first
+    IN_PROGRESS = "in_progress"  # another worker is doing this call (one request, two runs)
 
 
 class Stopped(TetherError):

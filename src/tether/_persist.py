@@ -7,13 +7,14 @@ corrupt or foreign document is a :class:`CheckpointError` that says what is wron
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sqlite3
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tether._errors import StoreUnavailable, TetherError, require
@@ -36,6 +37,8 @@ __all__ = [
 ]
 
 CHECKPOINT_FORMAT = "tether.checkpoint/1"
+#: How long a replay's record is kept: a letter replayed once stays replayed.
+REPLAY_TTL = 400 * 86_400.0
 
 #: what a run id (and every record id) may be: it appears in URLs, logs and file names
 RUN_ID_RULE = "1 to 128 letters, digits, '.', '_', ':' or '-', starting with a letter or a digit"
@@ -290,7 +293,8 @@ def _check_shape(checkpoint_id: str, doc: dict[str, Any]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """A permanent failure parked for a person to fix and replay."""
+    """A permanent failure parked for a person to fix and replay: one per intent (the same
+    call asked again, with a fresh request id, joins it: ``asked`` counts the asks)."""
 
     id: str
     tool: str
@@ -303,11 +307,17 @@ class DeadLetter:
     replayed: bool = False
     #: the argument paths whose values were redacted before the letter was stored
     redacted: tuple[str, ...] = ()
+    #: the intent's ledger key (tool, arguments, request): what a replay runs under
+    key: str = ""
+    #: how many times the call failed so (re-asks of the same intent join one letter)
+    asked: int = 1
+    last_at: float | None = None
 
     def to_doc(self) -> dict[str, Any]:
         return {"id": self.id, "tool": self.tool, "args": self.args, "error_type": self.error_type,
                 "error": self.error, "run_id": self.run_id, "task": self.task, "at": self.at,
-                "replayed": self.replayed, "redacted": list(self.redacted)}  # fmt: skip
+                "replayed": self.replayed, "redacted": list(self.redacted), "key": self.key,
+                "asked": self.asked, "last_at": self.last_at}  # fmt: skip
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> DeadLetter:
@@ -347,14 +357,32 @@ class DeadLetters(_Collection):
         self._ledger: Ledger | None = None
 
     def park(
-        self, *, tool: str, args: Any, error: BaseException, run_id: str, task: str, at: float
-    ) -> DeadLetter:
+        self, *, tool: str, args: Any, error: BaseException, run_id: str, task: str, at: float,
+        key: str = "",
+    ) -> DeadLetter:  # fmt: skip
+        """File a permanent failure. ``key`` is the call's intent (its ledger key): a call
+        of the same intent parked again joins its letter (``asked`` grows, the newest error
+        is kept) instead of filing another one that a person could replay again."""
+        error_text = redact(str(error), extra=self.extra)
+        letter_id = (
+            f"dl_{hashlib.sha256(key.encode()).hexdigest()[:20]}"
+            if key
+            else f"dl_{uuid.uuid4().hex[:20]}"
+        )
+        if key:
+            found = self.store.get(self.kind, letter_id)
+            if found is not None:
+                old = DeadLetter.from_doc(json.loads(found))
+                joined = replace(old, asked=old.asked + 1, last_at=at, error_type=type(error).__name__,
+                                 error=error_text)  # fmt: skip
+                self.store.put(self.kind, letter_id, joined.to_doc(), old.at)
+                return joined
         stored = redact(args, extra=self.extra)
         letter = DeadLetter(
-            id=f"dl_{uuid.uuid4().hex[:20]}", tool=tool, args=stored,
-            error_type=type(error).__name__, error=redact(str(error), extra=self.extra),
+            id=letter_id, tool=tool, args=stored,
+            error_type=type(error).__name__, error=error_text,
             run_id=run_id, task=redact(task, extra=self.extra), at=at,
-            redacted=tuple(redacted_paths(stored)),
+            redacted=tuple(redacted_paths(stored)), key=key,
         )  # fmt: skip
         self.store.put(self.kind, letter.id, letter.to_doc(), at)
         return letter
@@ -372,14 +400,19 @@ class DeadLetters(_Collection):
 
     def replay(
         self, letter_id: str, handler: Callable[..., Any], *, force: bool = False,
-        ledger: Ledger | None = None,
+        ledger: Ledger | None = None, lookup: Callable[[str], Any] | None = None,
     ) -> Any:  # fmt: skip
-        """Call ``handler(**args)`` (or ``handler(args)``) at most once per letter.
+        """Call ``handler(**args)`` (or ``handler(args)``) at most once per intent.
 
-        The call goes through a ledger keyed by the letter (by default one beside the
-        letters: the same SQLite file or PostgreSQL database), so replaying a letter
-        twice, from two terminals or after a crash, runs the handler once; the second
-        replay returns the first one's result. ``force=True`` runs the handler again.
+        The call goes through a ledger under the letter's intent (by default a ledger
+        beside the letters: the same SQLite file or PostgreSQL database), so replaying a
+        letter twice, from two terminals, after a crash, or another letter of the same
+        intent, runs the handler once; a later replay returns the first one's result.
+        A replay whose handler raised is remembered as failed, and the next replay (once
+        the handler is fixed) calls it again; one whose outcome is unknown (a timeout) goes
+        through ``lookup(key)`` (your records: the result if it happened, else None), and
+        without one raises :class:`tether.UnknownOutcome`. ``force=True`` runs the handler
+        again whatever happened before.
 
         A letter stores its arguments redacted. When some were, the handler must take a
         ``redacted`` keyword (the list of redacted paths, e.g. ``["args.api_key"]``) and
@@ -393,14 +426,15 @@ class DeadLetters(_Collection):
                 raise RedactedArguments(letter)
             extra["redacted"] = list(letter.redacted)
         ledger = ledger or self._replay_ledger()
-        key = f"dead-letter:{letter.id}" + (f":forced:{uuid.uuid4().hex}" if force else "")
+        base = f"dead-letter:{letter.key or letter.id}"
+        key = f"{base}:forced:{uuid.uuid4().hex}" if force else _next_replay(ledger, base)
 
         def call() -> Any:
             if isinstance(letter.args, dict):
                 return handler(**letter.args, **extra)
             return handler(letter.args, **extra)
 
-        result = ledger.once(key, call)
+        result = ledger.once(key, call, lookup=lookup)
         done = DeadLetter.from_doc({**letter.to_doc(), "replayed": True})
         self.store.put(self.kind, letter.id, done.to_doc(), letter.at)
         return result
@@ -410,17 +444,34 @@ class DeadLetters(_Collection):
 
         if self._ledger is None:
             if isinstance(self.store, SqliteDocuments):
-                self._ledger = Ledger.sqlite(self.store.path)
+                self._ledger = Ledger.sqlite(self.store.path, ttl=REPLAY_TTL)
             elif isinstance(self.store, PostgresDocuments):
-                self._ledger = Ledger.postgres(self.store.dsn, table="tether_replays")
+                self._ledger = Ledger.postgres(
+                    self.store.dsn, table="tether_replays", ttl=REPLAY_TTL
+                )
             else:
-                self._ledger = Ledger.memory()
+                self._ledger = Ledger.memory(ttl=REPLAY_TTL)
         return self._ledger
 
     def close(self) -> None:
         if self._ledger is not None:
             self._ledger.close()
         super().close()
+
+
+def _next_replay(ledger: Ledger, base: str) -> str:
+    """The ledger key of a letter's next replay: the first attempt that did not fail (one
+    that succeeded replays its result; one in flight or unknown is reconciled, never run
+    beside it); a failed attempt leaves the next one free to call the fixed handler."""
+    from tether._effects import State
+
+    n = 0
+    while True:
+        key = base if n == 0 else f"{base}:again:{n}"
+        record = ledger.get(key)
+        if record is None or record.state is not State.FAILED:
+            return key
+        n += 1
 
 
 class Handoffs(_Collection):

@@ -4,7 +4,7 @@ dead letters in one database (SQLite file or PostgreSQL), what ``tether serve`` 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether._governance import Approvals
 from tether._persist import (
@@ -17,6 +17,10 @@ from tether._persist import (
     SqliteDocuments,
     _Collection,
 )
+
+if TYPE_CHECKING:
+    from tether._effects import Ledger
+    from tether.clock import Clock
 
 __all__ = ["Records", "Runs"]
 
@@ -57,6 +61,7 @@ class Records:
         self.approvals = Approvals(store)
         self.handoffs = Handoffs(store)
         self.dead_letters = DeadLetters(store)
+        self._ledgers: list[Ledger] = []
 
     def __repr__(self) -> str:
         return f"Records({type(self.store).__name__})"
@@ -85,7 +90,29 @@ class Records:
         """A PostgreSQL DSN (``postgresql://...``) or a SQLite path."""
         return cls.postgres(where) if cls.is_dsn(where) else cls.sqlite(where)
 
+    def ledger(self, *, clock: Clock | None = None) -> Ledger:
+        """A ledger in this database (the same SQLite file or PostgreSQL database; memory
+        for memory records): what a guard given these records and no ``ledger=`` uses, so
+        that every worker on the database runs each effect once. Closed with the records."""
+        from tether._effects import Ledger
+
+        settings: dict[str, Any] = {} if clock is None else {"clock": clock}
+        store = self.store
+        if isinstance(store, SqliteDocuments):
+            made = Ledger.sqlite(store.path, **settings)
+        elif isinstance(store, PostgresDocuments):
+            table = (
+                "tether_ledger" if store.table == "tether_documents" else f"{store.table}_ledger"
+            )
+            made = Ledger.postgres(store.dsn, table=table, **settings)
+        else:
+            made = Ledger.memory(**settings)
+        self._ledgers.append(made)
+        return made
+
     def close(self) -> None:
+        for ledger in self._ledgers:
+            ledger.close()
         self.dead_letters.close()  # its replay ledger, then the shared connection
 
     def __enter__(self) -> Records:

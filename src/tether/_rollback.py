@@ -9,7 +9,7 @@ from typing import Any
 
 from tether import telemetry
 from tether._canonical import jsonable
-from tether._errors import UnknownOutcome
+from tether._errors import EffectInProgress, UnknownOutcome
 from tether._governance import JournalEntry
 from tether._outcome import Outcome, StopReason
 from tether._redact import redact
@@ -75,6 +75,9 @@ class Rollback(RunState):
                 value = undo.policy.call(
                     lambda u=undo: u.ledger.once(u.key, lambda: u.fn(u.original))
                 )
+            except EffectInProgress as exc:
+                self._undo_elsewhere(undo.entry, exc)
+                continue
             except Exception as exc:
                 self._undo_failed(undo.entry, exc)
                 continue
@@ -88,6 +91,9 @@ class Rollback(RunState):
         for undo in self._undos(compensations):
             try:
                 value = await undo.policy.acall(undo.aattempt)
+            except EffectInProgress as exc:
+                self._undo_elsewhere(undo.entry, exc)
+                continue
             except Exception as exc:
                 self._undo_failed(undo.entry, exc)
                 continue
@@ -141,6 +147,14 @@ class Rollback(RunState):
         telemetry.add_event("tether.compensated", **{"gen_ai.tool.name": entry.tool})
         return record
 
+    def _undo_elsewhere(self, entry: JournalEntry, exc: EffectInProgress) -> None:
+        """Another worker holds this compensation's claim: it is being done there (or, if
+        that worker died, it is taken over once its lease ends). Nothing for a person yet."""
+        self._issues.append(f"undoing {entry.tool} is being done by another worker (it holds the claim "
+                            "until its lease ends): roll back again after that to confirm it")  # fmt: skip
+        _log.info("tether: run %s: the compensation of %s is being done by another worker",
+                  self.run_id, entry.tool)  # fmt: skip
+
     def _undo_failed(self, entry: JournalEntry, exc: Exception) -> None:
         """A compensation that failed (after its retries) or may have happened: a person
         takes over, with the facts."""
@@ -162,6 +176,11 @@ class Rollback(RunState):
         self._compensated.extend(done)
         if self._escalate and self._stop is None:
             self._halt(StopReason.ESCALATED, "a compensation could not be made")
+        if self._stop is None and not self._began and self._resumed_stop is not None:
+            # a run resumed only to roll back ends as its checkpoint had, with what was undone
+            self._halt(*self._resumed_stop)
+            self.finish()  # type: ignore[attr-defined]
+            return tuple(done)
         if self._outcome is not None and (done or self._escalate):
             self._amend_outcome()
         return tuple(done)

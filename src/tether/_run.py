@@ -40,6 +40,7 @@ class Run(ToolCalls, Rollback, Ending):
         """Start the next step if every guard allows it; False once a stop condition holds."""
         if self._stop is not None:
             return False
+        self._began = True
         if self.steps and not self._end_step():
             return False
         reason = self._budget_stop()

@@ -127,6 +127,12 @@ class RunState:
         self._outcome: Outcome | None = None
         self._issues: list[str] = []
         self._span_cm: Any = None
+        # a resumed run: the checkpoint it continues and how that checkpoint had stopped;
+        # whether this part of the run began (a step, a tool call) or only rolls back
+        self._resumed_from: str | None = None
+        self._resumed_stop: tuple[StopReason, str] | None = None
+        self._began = False
+        self._filed: set[str | None] = set()  # checkpoints of this run object's records
         self._step_span: telemetry.StepSpan | None = None
 
     # --- bookkeeping ------------------------------------------------------------------

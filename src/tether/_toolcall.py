@@ -16,7 +16,13 @@ from tether import _governance as gov
 from tether import telemetry
 from tether._canonical import VOLATILE_FIELDS, canonical_json, intent_keys, jsonable
 from tether._classify import Kind, classify
-from tether._errors import CircuitOpenError, DeadlineExceeded, StoreUnavailable, UnknownOutcome
+from tether._errors import (
+    CircuitOpenError,
+    DeadlineExceeded,
+    EffectInProgress,
+    StoreUnavailable,
+    UnknownOutcome,
+)
 from tether._governance import (
     ApprovalRecord,
     ApprovalRejected,
@@ -69,6 +75,7 @@ class ToolCalls(RunState):
                      volatile: tuple[str, ...] = ()) -> _Call:  # fmt: skip
         if self._stop is not None:
             raise self._halt(*self._stop)
+        self._began = True
         b = self.budget
         if b.max_tool_calls is not None and self.tool_calls >= b.max_tool_calls:
             raise self._halt(
@@ -122,8 +129,12 @@ class ToolCalls(RunState):
 
     # --- governance: policies and approvals before, the journal after ----------------------
 
-    def _govern(self, call: _Call, requires_approval: Any, compensate: Any) -> None:
-        """Policies, then the approval: either may refuse the call before anything runs."""
+    def _govern(
+        self, call: _Call, requires_approval: Any, compensate: Any
+    ) -> Callable[[], None] | None:
+        """Policies, then the approval: either may refuse the call before anything runs.
+        Returns None for a call no approval governs; else what to do once the ledger's
+        claim on the call is won (mark the approval used)."""
         if compensate is not None and not callable(compensate):
             raise TypeError(f"compensate of {call.name!r} must be callable, got {compensate!r}")
         policies = self.guard._policy_calls
@@ -134,38 +145,64 @@ class ToolCalls(RunState):
             telemetry.add_event("tether.policy_denied", **{"gen_ai.tool.name": call.name,
                                                            "tether.reason": said})  # fmt: skip
             raise self._after_failure(call, PolicyDenied(f"denied by policy: {said}"))
-        if needs_approval(requires_approval, call.args):
-            self._approval(call)
+        gate = self._approval(call) if needs_approval(requires_approval, call.args) else None
         self._tool_counts[call.name] += 1
+        return gate
 
-    def _approval(self, call: _Call) -> None:
+    def _approval(self, call: _Call) -> Callable[[], None]:
         """Let an approved call through once; stop the run for one not decided yet; give
-        the model the approver's reason for a rejected one."""
+        the model the approver's reason for a rejected one.
+
+        An approval authorises one execution: the call runs through the ledger under its
+        intent in this request, and the approval is marked used once the ledger's claim is
+        won (so a worker that finds it used finds the claim too). A call the ledger already
+        knows (done, failed, being done by another worker) asks no new approval: the ledger
+        replays it, or says who is doing it, and nothing runs again.
+        """
         approvals = self.guard._approvals()
-        now = self.clock.wall()
         try:
             record_id, record = _current_approval(approvals, approval_id(self.run_id, call.action))
-            if record is not None and record.status == gov.APPROVED:
-                approvals.put(replace(record, status=gov.USED), now)  # it covers this one call
+            approved = record is not None and record.status == gov.APPROVED
+            known = None if approved else self.guard.ledger.get(call.key)
         except Exception as exc:  # our own store failed: nothing has run
             raise StoreUnavailable(
-                f"the approvals of run {self.run_id} could not be read or written "
-                f"({type(exc).__name__}): {call.name} was not executed; try again when the "
-                "checkpoints store answers"
+                f"the approvals of run {self.run_id} could not be read ({type(exc).__name__}): "
+                f"{call.name} was not executed; try again when the checkpoints store and the "
+                "ledger answer"
             ) from exc
+        if approved:
+            assert record is not None
+            telemetry.add_event("tether.approved", **{"gen_ai.tool.name": call.name})
+            return functools.partial(self._use_approval, approvals, record)
+        if known is not None:
+            return _already_claimed
         if record_id is None:
             raise self._halt(
                 StopReason.AWAITING_APPROVAL, f"{call.name} asked for approval too often"
             )
-        if record is not None and record.status == gov.APPROVED:
-            telemetry.add_event("tether.approved", **{"gen_ai.tool.name": call.name})
-            return
+        now = self.clock.wall()
         if record is not None and record.status == gov.REJECTED:
             why = f"rejected by {record.decided_by}" + (f": {record.note}" if record.note else "")
             raise self._after_failure(call, ApprovalRejected(why))
         self._pending = ApprovalRecord(record_id, self.run_id, call.name, redact(jsonable(call.args)), call.action,
                                        gov.PENDING, now, task=str(redact(self.task)))  # fmt: skip
         raise self._halt(StopReason.AWAITING_APPROVAL, f"{call.name} needs a person's approval")
+
+    def _use_approval(self, approvals: Any, record: ApprovalRecord) -> None:
+        """Mark an approval used: it covered this one execution (a failure to say so is
+        logged; the ledger's claim is what keeps the call once)."""
+        try:
+            approvals.put(replace(record, status=gov.USED), self.clock.wall())
+        except Exception as exc:
+            _log.error("tether: run %s: approval %s could not be marked used (%s); the ledger "
+                       "still runs %s once", self.run_id, record.id, type(exc).__name__, record.tool)  # fmt: skip
+
+    def _gated(self, call: _Call, gate: Callable[[], None] | None, idempotent: bool,
+               timeout: float | None) -> tuple[_Call, bool]:  # fmt: skip
+        """A call under an approval runs through the ledger whatever ``idempotent`` says."""
+        if gate is None or not idempotent:
+            return call, idempotent
+        return replace(call, policy=self.guard._policy(call.name, timeout, effect=True)), False
 
     def _after_success(
         self, call: _Call, result: Any, idempotent: bool = True, compensate: Any = None
@@ -212,6 +249,15 @@ class ToolCalls(RunState):
         if isinstance(exc, CircuitOpenError):
             return self._halt(
                 StopReason.CIRCUIT_OPEN, f"{call.name}: its dependency is down (circuit open)"
+            )
+        if isinstance(exc, EffectInProgress):  # one request, two runs: the other one has it
+            self._issues.append(
+                f"{call.name} is being done by another worker of this request (it holds the "
+                f"claim until its lease ends); its result will be in the ledger (key "
+                f"{exc.key[:16]}…): do not do it again"
+            )
+            return self._halt(
+                StopReason.IN_PROGRESS, f"{call.name} is being done by another worker"
             )
         if isinstance(exc, UnknownOutcome):
             self._unconfirmed.append(call.name)
@@ -272,8 +318,10 @@ class ToolCalls(RunState):
         if letters is None:
             return
         letter = letters.park(tool=call.name, args=call.args, error=exc, run_id=self.run_id,
-                              task=self.task, at=self.clock.wall())  # fmt: skip
-        self._issues.append(f"{call.name} failed permanently; dead letter {letter.id}")
+                              task=self.task, at=self.clock.wall(), key=call.key)  # fmt: skip
+        issue = f"{call.name} failed permanently; dead letter {letter.id}"
+        if issue not in self._issues:  # the model asking again joins the same letter
+            self._issues.append(issue)
 
     def call_tool(
         self,
@@ -311,8 +359,17 @@ class ToolCalls(RunState):
             )
         args = _arguments(name, args)
         call = self._before_tool(name, args, timeout, idempotent, _paths(name, volatile))
-        self._govern(call, requires_approval, compensate)
-        attempt = _attempt_span(name, lambda: _not_awaitable(name, fn(**args)))
+        gate = self._govern(call, requires_approval, compensate)
+        call, idempotent = self._gated(call, gate, idempotent, timeout)
+        if gate is None:
+            attempt = _attempt_span(name, lambda: _not_awaitable(name, fn(**args)))
+        else:
+
+            def approved() -> Any:  # runs once the ledger's claim is won
+                gate()
+                return _not_awaitable(name, fn(**args))
+
+            attempt = _attempt_span(name, approved)
         run = self._effect(call, attempt, idempotent, lookup, timeout)
         progress = None if idempotent else _Progress()
         if progress is not None:
@@ -366,12 +423,15 @@ class ToolCalls(RunState):
         """
         args = _arguments(name, args)
         call = self._before_tool(name, args, timeout, idempotent, _paths(name, volatile))
-        self._govern(call, requires_approval, compensate)
+        gate = self._govern(call, requires_approval, compensate)
+        call, idempotent = self._gated(call, gate, idempotent, timeout)
         attempt: Callable[[], Awaitable[Any]]
         progress = None if idempotent else _Progress()
         if _is_async(fn):
 
             async def attempt() -> Any:
+                if gate is not None:
+                    gate()  # the ledger's claim is won
                 return await fn(**args)
 
             if progress is not None:
@@ -382,7 +442,13 @@ class ToolCalls(RunState):
                     return await ledger.aonce(key, coro, lookup=lookup, lease=lease,
                                               timeout=self._effect_timeout(timeout))  # fmt: skip
         else:
-            sync = self._effect(call, lambda: fn(**args), idempotent, lookup, timeout)
+
+            def body() -> Any:
+                if gate is not None:
+                    gate()
+                return fn(**args)
+
+            sync = self._effect(call, body, idempotent, lookup, timeout)
             if progress is not None:
                 sync = functools.partial(progress.run, sync)
 
@@ -452,6 +518,10 @@ class _Progress:
     def give_up(self) -> None:
         with self._lock:
             self._off = True
+
+
+def _already_claimed() -> None:
+    """A call the ledger knows already: no approval to mark (the ledger replays it)."""
 
 
 def _current_approval(approvals: Any, base: str) -> tuple[str | None, ApprovalRecord | None]:
