@@ -141,9 +141,14 @@ def test_values_are_redacted_again_when_shown(world: World) -> None:
     doc = {"run_id": "run_old", "task": f"old record with {SECRET}", "status": "failed", "reason": "error",
            "steps": 1, "cost_usd": 0, "seconds": 1, "open_issues": [], "ended_at": time.time(),
            "usage": {}, "transcript": [], "partial": [], "customer_message": "", "detail": ""}  # fmt: skip
-    world.records.runs.store.put("run", "run_old", doc, time.time())  # written by an old version
-    page = client(world).get("/runs").text
-    assert "old record with" in page and SECRET not in page
+    world.records.store.put("run", "run_old", doc, time.time())  # written by an old version
+    old = Records.sqlite(world.path)  # opening the database indexes the runs it finds
+    try:
+        page = TestClient(create_app(old), base_url="http://127.0.0.1").get("/runs").text
+        assert "old record with" in page and SECRET not in page
+        assert SECRET not in client(world).get("/runs/run_old").text
+    finally:
+        old.close()
 
 
 # --- actions ------------------------------------------------------------------------------------
@@ -596,3 +601,237 @@ def test_a_records_store_that_fails_at_the_end_never_loses_the_outcome(tmp_path:
         run.succeed(1)
     assert run.outcome.status == "success" and run.outcome.result == 1
     assert any("checkpoint failed" in i for i in run.outcome.open_issues)
+
+
+# --- at scale: filters, search, pages and counts in SQL ------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def records(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Records]:
+    """Empty records on SQLite, then on PostgreSQL (a table set of its own)."""
+    if request.param == "sqlite":
+        found = Records.sqlite(str(tmp_path / "records.db"))
+    else:
+        dsn = request.getfixturevalue("pg_dsn")
+        found = Records.postgres(dsn, table=f"t_rec_{uuid.uuid4().hex[:8]}")
+    yield found
+    if request.param == "postgres":
+        t = found.tables
+        with found.store.sql(write=True) as sql:
+            for table in (t.docs, t.runs, t.tools, t.decisions):
+                sql.run(f"DROP TABLE IF EXISTS {table}")
+    found.close()
+
+
+def file_runs(
+    records: Records, n: int, *, start: float = 1_750_000_000.0, every: float = 3600.0
+) -> list[str]:
+    """``n`` real runs (every 7th escalated, every 5th with a failing charge), one an hour."""
+    clock = tether.VirtualClock(wall_start=start)
+    guard = Guard(records=records, clock=clock, retry=tether.RetryPolicy(max_attempts=1))
+    ids = []
+
+    def declined(order: str) -> None:
+        raise PermissionError("card declined")
+
+    for i in range(n):
+        clock.advance(every)
+        with guard.start(
+            task=f"refund order A-{i} for {'alice' if i % 2 else 'bob'} 50%_off"
+        ) as run:
+            run.proceed()
+            run.record_model_call(model="claude-sonnet-4-6", input_tokens=1000, output_tokens=100)
+            run.call_tool("lookup", lambda order: {"order": order}, {"order": f"A-{i}"})
+            if i % 7 == 0:
+                run.escalate("asked for a person")
+            elif i % 5 == 0:
+                with contextlib.suppress(ToolError):
+                    run.call_tool("charge", declined, {"order": f"A-{i}"}, idempotent=False)
+                run.fail("declined")
+            else:
+                run.succeed(i)
+        ids.append(run.run_id)
+    return ids
+
+
+def walk(c: TestClient, url: str) -> tuple[list[str], str]:
+    """Every run linked from the pages of /runs, following 'older' to the end."""
+    import re
+
+    seen, first = [], ""
+    while url:
+        page = c.get(url)
+        assert page.status_code == 200
+        first = first or page.text
+        seen += re.findall(r'<td><a href="/runs/([^"]+)">', page.text)
+        more = re.search(r'<a href="([^"]+)" rel="next">', page.text)
+        url = more.group(1).replace("&amp;", "&") if more else ""
+    return seen, first
+
+
+def test_600_runs_are_all_reachable_and_filters_count_them_all(records: Records) -> None:
+    """With 600 runs the page said "500 of 500"; filters applied after the cap."""
+    ids = file_runs(records, 600)
+    c = TestClient(create_app(records), base_url="http://127.0.0.1")
+    seen, first = walk(c, "/runs")
+    assert sorted(seen) == sorted(ids) and len(seen) == 600  # each once, none missing
+    assert "600 matches" in first and "page 1 of 12" in first
+    escalated = [ids[i] for i in range(600) if i % 7 == 0]
+    seen, first = walk(c, "/runs?status=escalated")
+    assert sorted(seen) == sorted(escalated)
+    assert f"{len(escalated)} matches" in first and f"escalated {len(escalated)}" in first
+    assert f"failed {sum(1 for i in range(600) if i % 7 and i % 5 == 0)}" in first  # counts beside
+
+
+def test_runs_are_searched_in_sql(records: Records) -> None:
+    ids = file_runs(records, 40)
+    runs = records.runs
+    assert runs.search(status="escalated").total == 6  # 0, 7, ..., 35
+    assert runs.search(reason="goal_reached").total == 40 - 6 - 6  # 5, 10, 15, 20, 25, 30 failed
+    charged = runs.search(tool="charge")
+    assert {r["run_id"] for r in charged.runs} == {ids[i] for i in (5, 10, 15, 20, 25, 30)}
+    assert (
+        runs.search(text="ALICE").total == 20 and runs.search(text="order a-3 ").total == 11
+    )  # 3, 30..39
+    assert runs.search(text=ids[17][:14]).runs[0]["run_id"] == ids[17]  # the start of a run id
+    assert (
+        runs.search(text="%").total == 40 and runs.search(text="5_%").total == 0
+    )  # literal, not wildcards
+    assert runs.search(text="50%_off").total == 40
+    start = 1_750_000_000.0
+    window = runs.search(
+        since=start + 10 * 3600, until=start + 20 * 3600
+    )  # runs 9 .. 18 ended inside
+    assert window.total == 10 and {r["run_id"] for r in window.runs} == set(ids[9:19])
+    page = runs.search(limit=15, offset=30)
+    assert [r["run_id"] for r in page.runs] == ids[::-1][30:40][:15] and page.total == 40
+    assert runs.search(status="escalated", tool="charge").total == 0
+    assert runs.tool_names() == ["charge", "lookup"]
+    with pytest.raises(ValueError, match="limit must be"):
+        runs.search(limit=0)
+
+
+def test_the_page_searches_by_every_filter(records: Records) -> None:
+    file_runs(records, 40)
+    c = TestClient(create_app(records), base_url="http://127.0.0.1")
+    page = c.get(
+        "/runs",
+        params={"q": "alice", "tool": "charge", "since": "2025-06-15", "until": "2025-06-16"},
+    )
+    assert page.status_code == 200
+    import re
+
+    tasks = re.findall(r'<td><a href="/runs/[^"]+">([^<]+)</a>', page.text)
+    assert tasks and all("alice" in t for t in tasks)
+    assert c.get("/runs", params={"since": "tomorrow"}).status_code == 400
+    assert "since must be a date" in c.get("/runs", params={"since": "tomorrow"}).text
+    assert c.get("/runs", params={"page": "0"}).status_code == 400
+    assert "No run matches these filters" in c.get("/runs", params={"q": "nobody"}).text
+
+
+def test_the_overview_draws_what_the_records_hold(records: Records) -> None:
+    file_runs(records, 48, start=time.time() - 3 * 86_400, every=1800)  # the last three days
+    view = records.runs.overview(since=time.time() - 5 * 86_400, until=time.time() + 60)
+    assert sum(sum(v.values()) for v in view.by_status.values()) == 48
+    assert sum(v.get("escalated", 0) for v in view.by_status.values()) == 7
+    assert view.failing_tools == (("charge", 8, 8),)  # 5, 10, ..., 45 without 35
+    assert round(sum(view.cost_usd.values()), 4) == round(48 * 0.0045, 4)
+    page = TestClient(create_app(records), base_url="http://127.0.0.1").get("/overview").text
+    for words in (
+        "Runs per day, by status",
+        "by stop reason",
+        "Cost per day",
+        "8 of 8 calls failed",
+        "escalated 7",
+        "<svg",
+    ):
+        assert words in page
+    assert "<script" not in page.split("</head>")[1]  # drawn on the server
+
+
+def test_the_inbox_refreshes_itself(world: World) -> None:
+    c = client(world)
+    inbox = c.get("/inbox").text
+    assert (
+        'id="live" data-src="/inbox/live"' in inbox and '<script src="/static/tether.js"' in inbox
+    )
+    script = c.get("/static/tether.js")
+    assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+    assert "default-src 'self'" in script.headers["content-security-policy"]
+    before = c.get("/inbox/live").text
+    with world.guard.start(task="refund order B-2") as run:
+        run.call_tool(
+            "issue_refund",
+            lambda order, amount: None,
+            {"order": "B-2", "amount": 7000},
+            idempotent=False,
+            requires_approval=True,
+        )
+    after = c.get("/inbox/live").text
+    assert "B-2" not in before and "B-2" in after and "<html" not in after
+    assert "(2 to approve" in after
+
+
+def test_a_large_value_is_cut_with_a_link_to_the_whole(world: World) -> None:
+    """A 5 MB tool result: the page shows a preview and links to the whole value; both redacted."""
+    head = "x" * 1990 + f" api_key={SECRET} "  # a secret across the preview's cut
+    blob = head + ("invoice line: 90.00 EUR\n" * 210_000) + f"token={SECRET}\n"
+    with world.guard.start(task="export invoices") as run:
+        run.call_tool("export", lambda: {"csv": blob}, {})
+        run.succeed("exported")
+    c = client(world)
+    page = c.get(f"/runs/{run.run_id}")
+    assert page.status_code == 200 and len(page.text) < 100_000
+    assert (
+        "the whole value" in page.text and SECRET not in page.text and SECRET[:12] not in page.text
+    )
+    import re
+
+    link = re.search(r'<a href="(/values/run/[^"]+)">the whole value', page.text)
+    assert link is not None
+    whole = c.get(link.group(1).replace("&amp;", "&"))
+    assert whole.status_code == 200 and whole.headers["content-type"].startswith("application/json")
+    assert (
+        len(whole.text) > 5_000_000
+        and SECRET not in whole.text
+        and whole.text.count("[redacted]") == 2
+    )
+    assert c.get(f"/values/run/{run.run_id}", params={"at": "partial.9.result"}).status_code == 404
+    assert c.get(f"/values/nothing/{run.run_id}").status_code == 404
+
+
+def test_an_unknown_outcome_case_shows_the_tool_its_arguments_and_the_ledger_key(
+    tmp_path: Path,
+) -> None:
+    """The case said "check the provider's records" but showed neither the call nor its key."""
+    records = Records.sqlite(str(tmp_path / "r.db"))
+    guard = Guard(
+        records=records,
+        escalation=tether.Escalation(),
+        retry=tether.RetryPolicy(base=0.01, cap=0.02),
+    )
+
+    def charge(customer: str, amount: int, api_key: str) -> None:
+        time.sleep(0.5)  # outlives its timeout: it may have charged
+
+    try:
+        with guard.start(task="charge the customer") as run:
+            run.call_tool(
+                "charge",
+                charge,
+                {"customer": "c_9", "amount": 4200, "api_key": SECRET},
+                idempotent=False,
+                timeout=0.05,
+            )
+        assert run.outcome.stopped_because is tether.StopReason.UNKNOWN_OUTCOME
+        entry = next(e for e in records.runs.get(run.run_id)["transcript"] if e.get("key"))
+        key = entry["key"]
+        assert guard.ledger.get(key).state.value == "unknown"  # the ledger's own key for it
+        inbox = TestClient(create_app(records), base_url="http://127.0.0.1").get("/inbox").text
+        case = inbox[inbox.index(run.outcome.handoff.id) :]
+        assert "Outcome unknown: charge" in case and "4200" in case and "c_9" in case
+        assert key in case
+        assert SECRET not in inbox and "[redacted]" in case
+    finally:
+        records.close()
+        guard.ledger.close()

@@ -176,6 +176,8 @@ class Ending(RunState):
                    "omitted": {"partial": omitted, "transcript": self.transcript.summary()},
                    "journal": [e.to_doc() for e in self._journal], "compensated": list(self._compensated),
                    "pending": pending}  # fmt: skip
+            if self.messages is not None:  # a worker in another process resumes the conversation
+                doc["messages"] = redact(jsonable(self.messages))
             try:
                 checkpoint_id = self.guard.checkpoints.save(doc, self.clock.wall())
                 if self._pending is not None and not amend:

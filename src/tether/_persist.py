@@ -13,12 +13,13 @@ import re
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tether._errors import StoreUnavailable, TetherError, require
-from tether._redact import redact, redacted_paths
+from tether._redact import redact, redacted_paths, safe_url
 
 if TYPE_CHECKING:
     from tether._effects import Ledger
@@ -32,6 +33,7 @@ __all__ = [
     "DocumentStore",
     "Handoffs",
     "RedactedArguments",
+    "Sql",
     "check_run_id",
     "redact",
 ]
@@ -87,7 +89,40 @@ class MemoryDocuments:
             self._docs.pop((kind, doc_id), None)
 
 
+class Sql:
+    """One connection's statements, with ``?`` placeholders on every dialect (what the
+    queries of :class:`tether.Records` use: runs, decisions, prune)."""
+
+    def __init__(self, conn: Any, dialect: str) -> None:
+        self._conn = conn
+        self._pg = dialect == "postgres"
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", "%s") if self._pg else sql
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return list(self._conn.execute(self._sql(sql), tuple(params)).fetchall())
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Execute; the number of rows it changed."""
+        return int(self._conn.execute(self._sql(sql), tuple(params)).rowcount)
+
+    def many(self, sql: str, seq: Iterable[Sequence[Any]]) -> None:
+        rows = [tuple(p) for p in seq]
+        if not rows:
+            return
+        if self._pg:
+            with self._conn.cursor() as cursor:
+                cursor.executemany(self._sql(sql), rows)
+        else:
+            self._conn.executemany(sql, rows)
+
+
 class SqliteDocuments:
+    #: the SQL dialect and documents table, for the queries of :class:`tether.Records`
+    dialect = "sqlite"
+    table = "tether_documents"
+
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
@@ -131,62 +166,102 @@ class SqliteDocuments:
                 "DELETE FROM tether_documents WHERE kind = ? AND id = ?", (kind, doc_id)
             )
 
+    @contextmanager
+    def sql(self, *, write: bool = False) -> Iterator[Sql]:
+        """This database's connection, held; ``write=True``: one transaction."""
+        with self._lock:
+            if not write:
+                yield Sql(self._db, self.dialect)
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield Sql(self._db, self.dialect)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
 
 class PostgresDocuments:
-    def __init__(self, dsn: str, table: str = "tether_documents") -> None:
+    """Documents in a PostgreSQL table, over a small pool of connections (a page that
+    reads a large record never holds up the others)."""
+
+    dialect = "postgres"
+
+    def __init__(self, dsn: str, table: str = "tether_documents", *, pool_size: int = 4) -> None:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", table):
             raise ValueError(f"table must be a plain SQL identifier, got {table!r}")
-        psycopg: Any = require("psycopg", "postgres")
+        require("psycopg", "postgres")
+        pool_mod: Any = require("psycopg_pool", "postgres")
         self.dsn = dsn
         self.table = table
-        self._lock = threading.Lock()
-        try:
-            self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-        except psycopg.OperationalError as exc:
-            raise StoreUnavailable(
-                f"cannot connect to PostgreSQL for tether documents: {exc}"
-            ) from exc
-        self._conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {table} (kind TEXT NOT NULL, id TEXT NOT NULL, "
-            "created_at DOUBLE PRECISION NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, id))"
+        self._pool = pool_mod.ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            name=f"tether-documents-{table}",
+            timeout=10.0,
+            kwargs={"autocommit": True, "connect_timeout": 10},
+            check=pool_mod.ConnectionPool.check_connection,
         )
+        try:
+            self._pool.open(wait=True, timeout=10.0)
+        except (pool_mod.PoolTimeout, pool_mod.PoolClosed) as exc:
+            self._pool.close()
+            raise StoreUnavailable(
+                f"cannot connect to PostgreSQL for tether documents at {safe_url(dsn)}: {exc}"
+            ) from exc
+        with self._pool.connection() as conn:
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {table} (kind TEXT NOT NULL, id TEXT NOT NULL, "
+                "created_at DOUBLE PRECISION NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, id))"
+            )
 
     def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
-        with self._lock:
-            self._conn.execute(
+        body = json.dumps(doc, default=str)
+        with self._pool.connection() as conn:
+            conn.execute(
                 f"INSERT INTO {self.table} VALUES (%s, %s, %s, %s) ON CONFLICT (kind, id) "
                 "DO UPDATE SET body = EXCLUDED.body",
-                (kind, doc_id, created_at, json.dumps(doc, default=str)),
+                (kind, doc_id, created_at, body),
             )
 
     def get(self, kind: str, doc_id: str) -> str | None:
-        with self._lock:
-            row = self._conn.execute(
+        with self._pool.connection() as conn:
+            row = conn.execute(
                 f"SELECT body FROM {self.table} WHERE kind = %s AND id = %s", (kind, doc_id)
             ).fetchone()
         return None if row is None else str(row[0])
 
     def list(self, kind: str, limit: int) -> list[tuple[str, str]]:
-        with self._lock:
-            rows = self._conn.execute(
+        with self._pool.connection() as conn:
+            rows = conn.execute(
                 f"SELECT id, body FROM {self.table} WHERE kind = %s ORDER BY created_at DESC LIMIT %s",
                 (kind, limit),
             ).fetchall()
         return [(str(r[0]), str(r[1])) for r in reversed(rows)]
 
     def delete(self, kind: str, doc_id: str) -> None:
-        with self._lock:
-            self._conn.execute(
-                f"DELETE FROM {self.table} WHERE kind = %s AND id = %s", (kind, doc_id)
-            )
+        with self._pool.connection() as conn:
+            conn.execute(f"DELETE FROM {self.table} WHERE kind = %s AND id = %s", (kind, doc_id))
+
+    @contextmanager
+    def sql(self, *, write: bool = False) -> Iterator[Sql]:
+        """A connection of the pool; ``write=True``: one transaction."""
+        with self._pool.connection() as conn:
+            if not write:
+                yield Sql(conn, self.dialect)
+                return
+            with conn.transaction():
+                yield Sql(conn, self.dialect)
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        self._pool.close()
 
 
 class _Collection:
@@ -439,11 +514,33 @@ class DeadLetters(_Collection):
         self.store.put(self.kind, letter.id, done.to_doc(), letter.at)
         return result
 
+    def last_replay(self, letter_id: str) -> dict[str, Any] | None:
+        """The letter's latest replay, as its ledger records it: ``{"state": "done",
+        "result": ...}`` (or ``"failed"`` with the ``error``, or ``"pending"``/``"unknown"``);
+        None before any replay (what the operator page shows)."""
+        letter = self.get(letter_id)
+        ledger = self._replay_ledger()
+        base = f"dead-letter:{letter.key or letter.id}"
+        found: dict[str, Any] | None = None
+        n = 0
+        while True:
+            key = base if n == 0 else f"{base}:again:{n}"
+            record = ledger.get(key)
+            if record is None:
+                return found
+            state = record.state.value
+            found = {"state": state, "at": record.created_at}
+            if state == "done":
+                found["result"] = redact(ledger.result(key))
+            elif record.error:
+                found["error"] = redact(json.loads(record.error).get("message", ""))
+            n += 1
+
     def _replay_ledger(self) -> Ledger:
         from tether._effects import Ledger
 
         if self._ledger is None:
-            if isinstance(self.store, SqliteDocuments):
+            if isinstance(self.store, SqliteDocuments) and self.store.path != ":memory:":
                 self._ledger = Ledger.sqlite(self.store.path, ttl=REPLAY_TTL)
             elif isinstance(self.store, PostgresDocuments):
                 self._ledger = Ledger.postgres(

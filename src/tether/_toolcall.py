@@ -241,9 +241,10 @@ class ToolCalls(RunState):
     def _after_failure(self, call: _Call, exc: Exception) -> BaseException:
         """The exception to raise for a failed tool call (Stopped or ToolError)."""
         self.retries += call.policy.statistics.retries
-        self.transcript.append(
-            {"step": call.step, "tool": call.name, "ok": False, "error": type(exc).__name__}
-        )
+        entry = {"step": call.step, "tool": call.name, "ok": False, "error": type(exc).__name__}
+        if isinstance(exc, UnknownOutcome):  # what a person must check (the case shows it)
+            entry.update(args=redact(jsonable(call.args)), key=exc.key)
+        self.transcript.append(entry)
         if isinstance(exc, Stopped):
             return exc
         if isinstance(exc, CircuitOpenError):

@@ -19,37 +19,46 @@ never on the event loop.
 
 from __future__ import annotations
 
+import datetime
 import hmac
 import ipaddress
+import json
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from tether._errors import require
-from tether._governance import APPROVED, PENDING, REJECTED, ApprovalError
+from tether._governance import APPROVED, PENDING, REJECTED, USED, ApprovalError
 from tether._outcome import STATUSES, StopReason
 from tether._persist import RedactedArguments, check_run_id
-from tether._records import Records
+from tether._records import DAY, Records
 from tether._redact import redact
 
 require("starlette", "serve")
 require("jinja2", "serve")
 
 import jinja2  # noqa: E402 - after the extra check
+from markupsafe import Markup  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 from starlette.concurrency import run_in_threadpool  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 from starlette.middleware.trustedhost import TrustedHostMiddleware  # noqa: E402
 from starlette.requests import Request  # noqa: E402
-from starlette.responses import HTMLResponse, RedirectResponse, Response  # noqa: E402
+from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response  # noqa: E402
 from starlette.routing import Route  # noqa: E402
+
+from tether.serve._charts import failing_tools, stacked_days  # noqa: E402
+from tether.serve._values import at_path, preview, redact_whole, run_view, short, shown  # noqa: E402
 
 __all__ = ["LOOPBACK_NAMES", "create_app", "is_loopback"]
 
 TEMPLATES = Path(__file__).parent / "templates"
+STATIC = Path(__file__).parent / "static"
+#: runs on a page of /runs; approvals and cases the inbox shows at once (oldest first)
+PAGE, INBOX = 50, 200
 CSRF_COOKIE, TOKEN_COOKIE = "tether_csrf", "tether_token"
 #: the host names served without a token (a browser on this machine)
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -90,36 +99,57 @@ def host_name(name: str) -> str:
 
 def _shown(value: Any) -> Any:
     """Every value a page shows, redacted once more (records are redacted when written;
-    this catches anything a store holds from before, or a pattern added since)."""
+    this catches anything a store holds from before, or a pattern added since). Markup is
+    what this page drew itself (a chart), from values redacted already."""
+    if isinstance(value, Markup):
+        return value
     return redact(value) if isinstance(value, str) else value
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             finalize=_shown, undefined=jinja2.StrictUndefined)  # fmt: skip
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=True,
+        finalize=_shown,
+        undefined=jinja2.StrictUndefined,
+    )
     env.filters["money"] = lambda v: f"${float(v or 0):.4f}"
     env.filters["secs"] = lambda v: f"{float(v or 0):.1f} s"
-    env.filters["json"] = _pretty
+    env.filters["preview"] = preview
     env.filters["when"] = _when
+    env.filters["kb"] = lambda n: (
+        f"{int(n) / 1024:,.0f} KB" if n >= 1024 else f"{int(n)} characters"
+    )
     return env
 
 
-def _pretty(value: Any) -> str:
-    import json
-
-    return json.dumps(
-        redact(value), indent=2, default=str, ensure_ascii=False
-    )  # finalize redacts it again
-
-
 def _when(value: Any) -> str:
-    import datetime
-
     if not value:
         return ""
     return datetime.datetime.fromtimestamp(float(value), tz=datetime.UTC).strftime(
         "%Y-%m-%d %H:%M:%S UTC"
     )
+
+
+def _date(request: Request, name: str, *, end: bool = False) -> float | None:
+    """A ``YYYY-MM-DD`` query parameter as epoch seconds (UTC; ``end``: the day after)."""
+    text = request.query_params.get(name) or ""
+    if not text:
+        return None
+    try:
+        day = datetime.datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=datetime.UTC)
+    except ValueError:
+        raise ValueError(f"{name} must be a date like 2026-01-31, got {text[:40]!r}") from None
+    return day.timestamp() + (DAY if end else 0.0)
+
+
+def _number(request: Request, name: str, default: int, low: int, high: int) -> int:
+    text = request.query_params.get(name) or ""
+    if not text:
+        return default
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise ValueError(f"{name} must be a whole number from {low} to {high}, got {text[:20]!r}")
+    return int(text)
 
 
 class App:
@@ -134,6 +164,7 @@ class App:
         handler: Callable[..., Any] | None = None,
         clock: Callable[[], float] | None = None,
         allowed_hosts: Iterable[str] = (),
+        refresh: float = 5.0,
     ) -> None:
         import time
 
@@ -151,6 +182,10 @@ class App:
             )
         #: the Host names served (as a Host header carries them)
         self.hosts = tuple(dict.fromkeys([*LOOPBACK_NAMES, *extra]))
+        if not refresh > 0:
+            raise ValueError(f"refresh must be > 0 seconds, got {refresh!r}")
+        #: seconds between the inbox's refreshes
+        self.refresh = float(refresh)
 
     # --- the gate: host, token, CSRF, origin --------------------------------------------
 
@@ -190,12 +225,12 @@ class App:
                 return self._refuse(401, "This page needs the token: open it with ?token=... once.")
             csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
             try:
-                html = await run_in_threadpool(self._render_page, fn, request, csrf)
+                result = await run_in_threadpool(self._render_page, fn, request, csrf)
             except LookupError as exc:
                 return self._refuse(404, str(exc.args[0] if exc.args else exc))
             except ValueError as exc:
                 return self._refuse(400, str(exc.args[0] if exc.args else exc))
-            response = _secured(HTMLResponse(html))
+            response = _secured(result if isinstance(result, Response) else HTMLResponse(result))
             response.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict")
             return response
 
@@ -203,8 +238,11 @@ class App:
 
     def _render_page(
         self, fn: Callable[[Request], tuple[str, dict[str, Any]]], request: Request, csrf: str
-    ) -> str:
+    ) -> str | Response:
         template, context = fn(request)
+        if template == "":
+            response: Response = context["response"]
+            return response
         return self.env.get_template(template).render(
             csrf=csrf, path=request.url.path, redis=self.redis is not None, **context
         )
@@ -243,57 +281,175 @@ class App:
     # --- pages ---------------------------------------------------------------------------
 
     def runs(self, request: Request) -> tuple[str, dict[str, Any]]:
-        status = request.query_params.get("status") or ""
-        reason = request.query_params.get("reason") or ""
-        runs = self.records.runs.list(limit=500)
-        shown = [
-            r
-            for r in runs
-            if (not status or r.get("status") == status)
-            and (not reason or r.get("reason") == reason)
-        ]
+        """Every run, newest first, filtered, searched and paged in SQL."""
+        q = request.query_params
+        filters: dict[str, Any] = {
+            "status": q.get("status") or None,
+            "reason": q.get("reason") or None,
+            "tool": (q.get("tool") or "").strip()[:200] or None,
+            "text": (q.get("q") or "").strip()[:200] or None,
+            "since": _date(request, "since"),
+            "until": _date(request, "until", end=True),
+        }
+        number = _number(request, "page", 1, 1, 10**7)
+        found = self.records.runs.search(**filters, limit=PAGE, offset=(number - 1) * PAGE)
+        pages = max(1, -(-found.total // PAGE))
+        keep = [(k, v) for k, v in q.multi_items() if k not in ("page", "token") and v]
         return "runs.html", {
-            "runs": shown,
-            "status": status,
-            "reason": reason,
-            "total": len(runs),
+            "found": found,
+            "filtered": any(v is not None for v in filters.values()),
+            "runs": [short(r) for r in found.runs],
+            "number": number,
+            "pages": pages,
+            "link": lambda n: "/runs?" + urlencode([*keep, ("page", str(n))]),
+            "status_link": lambda s: (
+                "/runs?"
+                + urlencode(
+                    [*(kv for kv in keep if kv[0] != "status"), *([("status", s)] if s else [])]
+                )
+            ),
+            "q": q.get("q") or "",
+            "tool": q.get("tool") or "",
+            "since": q.get("since") or "",
+            "until": q.get("until") or "",
+            "status": q.get("status") or "",
+            "reason": q.get("reason") or "",
+            "tools": self.records.runs.tool_names(),
             "statuses": STATUSES,
             "reasons": [r.value for r in StopReason],
         }
 
     def run(self, request: Request) -> tuple[str, dict[str, Any]]:
         run_id = check_run_id(request.path_params["run_id"])
-        run = self.records.runs.get(run_id)
-        if run is None:
+        text = self.records.store.get("run", run_id)
+        if text is None:
             raise LookupError(f"no run {run_id!r} in these records")
+        view = run_view(text)
+        run = view["run"]
         handoff = None
         if run.get("handoff_id"):
             try:
-                handoff = self.records.handoffs.get(str(run["handoff_id"]))
+                handoff = short(self.records.handoffs.get(str(run["handoff_id"])))
             except KeyError:
                 handoff = None
-        return "run.html", {"run": run, "handoff": handoff}
+        usage = run.get("usage") if isinstance(run.get("usage"), dict) else {}
+        run["usage"] = {
+            k: usage.get(k, 0) for k in ("model_calls", "tool_calls", "retries", "unpriced_calls")
+        }
+        for name in ("transcript", "open_issues", "compensated"):
+            run[name] = run.get(name) if isinstance(run.get(name), list) else []
+        for name in (
+            "task",
+            "status",
+            "reason",
+            "detail",
+            "checkpoint_id",
+            "error",
+            "customer_message",
+        ):
+            run.setdefault(name, "")
+        for name in ("steps", "cost_usd", "seconds", "ended_at"):
+            run.setdefault(name, 0)
+        partial = [
+            dict(p, args=shown(p["args"]), result=shown(p["result"])) for p in view["partial"]
+        ]
+        values = {
+            "result": shown(view["result"]),
+            "pending": shown(view["pending"]) if view["pending"] is not None else None,
+        }
+        return "run.html", {"run": run, "partial": partial, "values": values, "handoff": handoff}
+
+    def value(self, request: Request) -> tuple[str, dict[str, Any]]:
+        """A whole value of a record (what a page cut), as JSON, redacted."""
+        kind = request.path_params["kind"]
+        if kind not in VALUE_KINDS:
+            raise LookupError(f"no such kind of record: {kind!r}")
+        doc_id = check_run_id(request.path_params["doc_id"], "a record id")
+        text = self.records.store.get(VALUE_KINDS[kind], doc_id)
+        if text is None:
+            raise LookupError(f"no {kind} {doc_id!r} in these records")
+        value = redact_whole(at_path(json.loads(text), request.query_params.get("at") or ""))
+        body = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+        return "", {"response": Response(body, media_type="application/json")}
 
     def inbox(self, request: Request) -> tuple[str, dict[str, Any]]:
-        approvals = self.records.approvals.list(limit=500)
-        pending = [a for a in approvals if a.status == PENDING]
-        decided = [a for a in approvals if a.status != PENDING][:20]
-        handoffs = self.records.handoffs.list(limit=500)
-        return "inbox.html", {
-            "pending": pending,
-            "decided": decided,
-            "handoffs": handoffs,
-            "open": sum(1 for h in handoffs if h["state"] != "resolved"),
+        return "inbox.html", self._inbox()
+
+    def inbox_live(self, request: Request) -> tuple[str, dict[str, Any]]:
+        """The inbox's lists alone, for the page to refresh itself."""
+        return "inbox_live.html", self._inbox()
+
+    def _inbox(self) -> dict[str, Any]:
+        records = self.records
+        pending, waiting = records.pending("approval", (PENDING,), limit=INBOX)
+        cases, open_cases = records.pending("handoff", ("open", "claimed"), limit=INBOX)
+        cases.sort(key=lambda h: 0 if h.get("state", "open") == "open" else 1)
+        resolved = records.recent("handoff", ("resolved",), limit=20)
+        decided = records.recent("approval", (APPROVED, REJECTED, USED), limit=20)
+        taken = records.resumptions([d["id"] for d in decided])
+        runs = {d["run_id"]: records.runs.get(d["run_id"]) for d in decided if d.get("run_id")}
+        return {
+            "pending": [dict(short(a), args=preview(a.get("args"))) for a in pending],
+            "waiting": waiting,
+            "handoffs": [_case(h) for h in cases + resolved],
+            "open": open_cases,
+            "decided": [
+                _decided(d, taken.get(d["id"]), runs.get(d.get("run_id"))) for d in decided
+            ],
+            "refresh": self.refresh,
+        }
+
+    def overview(self, request: Request) -> tuple[str, dict[str, Any]]:
+        days = _number(request, "days", 30, 1, 366)
+        today = (self.clock() // DAY) * DAY
+        since, until = today - (days - 1) * DAY, today + DAY
+        view = self.records.runs.overview(since=since, until=until)
+        statuses = [s for s in STATUSES if any(s in v for v in view.by_status.values())]
+        reasons = sorted({r for v in view.by_reason.values() for r in v})
+        totals = {s: sum(v.get(s, 0) for v in view.by_status.values()) for s in statuses}
+        return "overview.html", {
+            "days": days,
+            "view": view,
+            "totals": totals,
+            "cost": sum(view.cost_usd.values()),
+            "runs_chart": stacked_days(
+                view.days, view.by_status, keys=statuses, title="Runs per day, by status"
+            ),
+            "reasons_chart": stacked_days(
+                view.days,
+                view.by_reason,
+                keys=reasons,
+                title="Runs that did not succeed, per day, by stop reason",
+            ),
+            "cost_chart": stacked_days(
+                view.days,
+                {d: {"cost": c} for d, c in view.cost_usd.items()},
+                keys=["cost"],
+                title="Cost per day (USD)",
+                fmt=lambda v: f"${v:,.2f}",
+            ),
+            "tools_chart": failing_tools(view.failing_tools, title="The tools that fail most"),
         }
 
     def letters(self, request: Request) -> tuple[str, dict[str, Any]]:
         letters = sorted(self.records.dead_letters.list(limit=500), key=lambda d: -d.at)
-        return "dead_letters.html", {"letters": letters, "can_replay": self.handler is not None}
+        return "dead_letters.html", {
+            "letters": [short(letter.to_doc()) for letter in letters],
+            "can_replay": self.handler is not None,
+        }
 
     def letter(self, request: Request) -> tuple[str, dict[str, Any]]:
         letter_id = check_run_id(request.path_params["letter_id"], "a dead letter id")
         letter = self.records.dead_letters.get(letter_id)
-        return "dead_letter.html", {"letter": letter, "can_replay": self.handler is not None}
+        replay = self.records.dead_letters.last_replay(letter_id)
+        if replay is not None and "result" in replay:
+            replay["result"] = preview(replay["result"])
+        return "dead_letter.html", {
+            "letter": short(letter.to_doc()),
+            "args": preview(letter.args),
+            "replay": short(replay) if replay is not None else None,
+            "can_replay": self.handler is not None,
+        }
 
     def breakers(self, request: Request) -> tuple[str, dict[str, Any]]:
         rows = []
@@ -349,12 +505,19 @@ class App:
     async def home(self, request: Request) -> Response:
         return RedirectResponse("/runs", 303)
 
+    async def script(self, request: Request) -> Response:
+        return _secured(FileResponse(STATIC / "tether.js", media_type="text/javascript"))
+
     def routes(self) -> list[Route]:
         return [
             Route("/", self.home),
+            Route("/static/tether.js", self.script),
             Route("/runs", self.page(self.runs)),
             Route("/runs/{run_id}", self.page(self.run)),
+            Route("/values/{kind}/{doc_id}", self.page(self.value)),
+            Route("/overview", self.page(self.overview)),
             Route("/inbox", self.page(self.inbox)),
+            Route("/inbox/live", self.page(self.inbox_live)),
             Route("/handoffs/{handoff_id}/claim", self.action(self.claim), methods=["POST"]),
             Route("/handoffs/{handoff_id}/resolve", self.action(self.resolve), methods=["POST"]),
             Route(
@@ -366,6 +529,47 @@ class App:
             Route("/breakers", self.page(self.breakers)),
             Route("/breakers/{name}/{state:str}", self.action(self.force), methods=["POST"]),
         ]
+
+
+#: the records whose values /values/{kind}/{id} serves whole
+VALUE_KINDS = {
+    "run": "run",
+    "dead-letter": "dead_letter",
+    "approval": "approval",
+    "handoff": "handoff",
+}
+
+
+def _case(doc: dict[str, Any]) -> dict[str, Any]:
+    """A handoff as the inbox shows it, with what a person must check for each effect whose
+    outcome is unknown (the tool, its redacted arguments, the ledger key)."""
+    case: dict[str, Any] = short({k: v for k, v in doc.items() if k != "history"})
+    case.setdefault("state", "open")
+    case["unknown"] = [
+        {"tool": short(e.get("tool")), "args": preview(e.get("args")), "key": short(e.get("key"))}
+        for e in doc.get("history") or ()
+        if isinstance(e, dict) and e.get("key") and not e.get("ok")
+    ]
+    return case
+
+
+def _decided(
+    doc: dict[str, Any], taken: dict[str, Any] | None, run: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A decided approval with what became of its run: waiting for a worker, taken by one,
+    or resumed and ended (how)."""
+    out: dict[str, Any] = short(doc)
+    decided_at = float(doc.get("decided_at") or 0.0)
+    ended_after = run is not None and float(run.get("ended_at") or 0.0) > decided_at
+    if ended_after and run is not None and (taken is None or taken.get("done_at") is not None):
+        out["resumed"] = "resumed" + (f" by {taken['worker']}" if taken else "")
+        out["ended"] = f"{run.get('status')} ({run.get('reason')})"
+    elif taken is not None:
+        out["resumed"] = f"taken by {taken['worker']} at {_when(taken['taken_at'])}, resuming"
+        out["ended"] = ""
+    else:
+        out["resumed"], out["ended"] = "not yet: waiting for a worker (records.decisions())", ""
+    return out
 
 
 def _without_token(request: Request) -> str:

@@ -1,0 +1,159 @@
+"""Retention of a records database: what :meth:`tether.Records.prune` removes and keeps.
+
+A record older than the cutoff goes once nobody needs it: a run record once no pending
+approval, undone decision, open case or unreplayed dead letter points at its run; a
+checkpoint unless such a run (or approval) resumes from it; an approval once used or
+resumed; a case once resolved; a dead letter once replayed; a ledger record once past its
+ttl (the ledger treats it as absent already).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from tether._governance import APPROVED, PENDING, REJECTED
+
+if TYPE_CHECKING:
+    from tether._persist import Sql
+    from tether._records import Pruned, Records
+
+__all__ = ["prune"]
+
+#: ledger tables a records database may hold (the guard's durable ledger, replays)
+LEDGER_TABLES = ("tether_ledger", "tether_replays")
+
+
+def prune(records: Records, older_than: timedelta, now: float, vacuum: bool) -> Pruned:
+    from tether._records import Pruned
+
+    if not isinstance(older_than, timedelta):
+        raise TypeError(
+            f"older_than must be a datetime.timedelta (e.g. timedelta(days=30)), got {older_than!r}"
+        )
+    if older_than < timedelta(0):
+        raise ValueError(f"older_than must be >= 0, got {older_than!r}")
+    cutoff = now - older_than.total_seconds()
+    t = records.tables
+    with records.store.sql() as sql:
+        keep_runs, keep_checkpoints, old_approvals = _kept(records, sql, now, cutoff)
+        old_runs = [
+            str(r[0])
+            for r in sql.rows(f"SELECT run_id FROM {t.runs} WHERE ended_at < ?", (cutoff,))
+        ]
+        latest = sql.rows(
+            f"SELECT checkpoint_id FROM {t.runs} WHERE checkpoint_id IS NOT NULL AND run_id IN "
+            f"(SELECT run_id FROM {t.runs} WHERE ended_at >= ?)",
+            (cutoff,),
+        )
+        keep_checkpoints.update(str(r[0]) for r in latest)
+        for run_id in keep_runs:
+            row = sql.rows(f"SELECT checkpoint_id FROM {t.runs} WHERE run_id = ?", (run_id,))
+            keep_checkpoints.update(str(r[0]) for r in row if r[0])
+        checkpoints = _old(sql, t.docs, "checkpoint", cutoff)
+        handoffs = [
+            i for i, d in _old_docs(sql, t.docs, "handoff", cutoff) if d.get("state") == "resolved"
+        ]
+        letters = [
+            i for i, d in _old_docs(sql, t.docs, "dead_letter", cutoff) if d.get("replayed") is True
+        ]
+        ledgers = [name for name in LEDGER_TABLES if _has_table(sql, t.dialect, name)]
+    runs = [r for r in old_runs if r not in keep_runs]
+    checkpoints = [c for c in checkpoints if c not in keep_checkpoints]
+    ledger = 0
+    with records.store.sql(write=True) as sql:
+        for start in range(0, len(runs), 500):
+            chunk = runs[start : start + 500]
+            marks = ", ".join("?" * len(chunk))
+            sql.run(f"DELETE FROM {t.docs} WHERE kind = 'run' AND id IN ({marks})", chunk)
+            sql.run(f"DELETE FROM {t.tools} WHERE run_id IN ({marks})", chunk)
+            sql.run(f"DELETE FROM {t.runs} WHERE run_id IN ({marks})", chunk)
+        for kind, ids in (
+            ("checkpoint", checkpoints),
+            ("approval", old_approvals),
+            ("handoff", handoffs),
+            ("dead_letter", letters),
+        ):
+            _delete(sql, t.docs, kind, ids)
+        sql.many(f"DELETE FROM {t.decisions} WHERE approval_id = ?", [(a,) for a in old_approvals])
+        for name in ledgers:  # past their ttl: the ledger reads them as absent already
+            ledger += sql.run(
+                f"DELETE FROM {name} WHERE expires_at <= ? AND created_at < ?", (now, cutoff)
+            )
+    if vacuum and t.dialect == "sqlite":
+        with records.store.sql() as sql:
+            sql.run("VACUUM")
+            sql.rows("PRAGMA wal_checkpoint(TRUNCATE)")
+    return Pruned(
+        len(runs), len(checkpoints), len(old_approvals), len(handoffs), len(letters), ledger
+    )
+
+
+def _kept(
+    records: Records, sql: Sql, now: float, cutoff: float
+) -> tuple[set[str], set[str], list[str]]:
+    """The runs and checkpoints that must stay, and the old approvals that may go."""
+    t = records.tables
+    keep_runs: set[str] = set()
+    keep_checkpoints: set[str] = set()
+    done = {
+        str(r[0])
+        for r in sql.rows(f"SELECT approval_id FROM {t.decisions} WHERE done_at IS NOT NULL")
+    }
+    ended = dict(
+        sql.rows(
+            f"SELECT run_id, ended_at FROM {t.runs} WHERE run_id IN "
+            f"(SELECT {t.field('run_id')} FROM {t.docs} WHERE kind = 'approval')"
+        )
+    )
+    removable: list[str] = []
+    for doc_id, doc, at in _docs(sql, t.docs, "approval"):
+        status, run_id = doc.get("status"), str(doc.get("run_id") or "")
+        resumed = doc_id in done or float(ended.get(run_id) or 0.0) > float(
+            doc.get("decided_at") or now
+        )
+        if status == PENDING or (status in (APPROVED, REJECTED) and not resumed):
+            keep_runs.add(run_id)
+            keep_checkpoints.add(str(doc.get("checkpoint_id") or ""))
+        elif at < cutoff:
+            removable.append(doc_id)
+    for _, doc, _ in _docs(sql, t.docs, "handoff"):
+        if doc.get("state", "open") != "resolved":
+            keep_runs.add(str(doc.get("run_id") or ""))
+    for _, doc, _ in _docs(sql, t.docs, "dead_letter"):
+        if doc.get("replayed") is not True:
+            keep_runs.add(str(doc.get("run_id") or ""))
+    return keep_runs, keep_checkpoints, removable
+
+
+def _docs(sql: Sql, table: str, kind: str) -> Iterable[tuple[str, dict[str, Any], float]]:
+    for doc_id, body, at in sql.rows(
+        f"SELECT id, body, created_at FROM {table} WHERE kind = ?", (kind,)
+    ):
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            yield str(doc_id), doc, float(at)
+
+
+def _old(sql: Sql, table: str, kind: str, cutoff: float) -> list[str]:
+    rows = sql.rows(f"SELECT id FROM {table} WHERE kind = ? AND created_at < ?", (kind, cutoff))
+    return [str(r[0]) for r in rows]
+
+
+def _old_docs(sql: Sql, table: str, kind: str, cutoff: float) -> list[tuple[str, dict[str, Any]]]:
+    return [(i, d) for i, d, at in _docs(sql, table, kind) if at < cutoff]
+
+
+def _delete(sql: Sql, table: str, kind: str, ids: list[str]) -> None:
+    sql.many(f"DELETE FROM {table} WHERE kind = ? AND id = ?", [(kind, i) for i in ids])
+
+
+def _has_table(sql: Sql, dialect: str, name: str) -> bool:
+    if dialect == "postgres":
+        return bool(sql.rows("SELECT to_regclass(?) IS NOT NULL", (name,))[0][0])
+    return bool(sql.rows("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)))
