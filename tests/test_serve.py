@@ -200,7 +200,26 @@ def test_a_dead_letter_is_replayed_at_most_once(world: World) -> None:
     assert post(c, path).status_code == 303
     assert post(c, path).status_code == 303  # a second click
     assert [r["redacted"] for r in world.replayed] == [["args.api_key"]]
-    assert "replayed" in c.get(f"/dead-letters/{world.letter.id}").text
+    page = c.get(f"/dead-letters/{world.letter.id}").text
+    assert "replayed" in page and "The handler returned" in page and "charged" in page
+
+
+def test_a_failed_replay_shows_its_error_and_can_be_replayed_once_fixed(world: World) -> None:
+    calls = []
+
+    def broken(customer: str, api_key: str = "", redacted: Any = None) -> str:
+        calls.append("broken")
+        raise RuntimeError("the payment service said no")
+
+    path = f"/dead-letters/{world.letter.id}"
+    c = client(world, handler=broken)
+    assert post(c, path + "/replay").status_code == 303 and calls == ["broken"]
+    page = c.get(path).text
+    assert "The handler failed" in page and "the payment service said no" in page
+    assert "Replay once" in page  # a failed replay can be replayed again
+    fixed = client(world)
+    assert post(fixed, path + "/replay").status_code == 303
+    assert "The handler returned" in fixed.get(path).text and len(world.replayed) == 1
 
 
 def test_a_handler_that_cannot_fill_redacted_fields_is_refused(world: World) -> None:

@@ -23,6 +23,7 @@ import datetime
 import hmac
 import ipaddress
 import json
+import logging
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
@@ -55,6 +56,7 @@ from tether.serve._values import at_path, preview, redact_whole, run_view, short
 
 __all__ = ["LOOPBACK_NAMES", "create_app", "is_loopback"]
 
+_log = logging.getLogger("tether")
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
 #: runs on a page of /runs; approvals and cases the inbox shows at once (oldest first)
@@ -489,8 +491,15 @@ class App:
         letter_id = check_run_id(request.path_params["letter_id"], "a dead letter id")
         if self.handler is None:
             raise ValueError("no replay handler: start tether serve with --handler module:function")
-        self.records.dead_letters.replay(letter_id, self.handler)  # at most once per letter
-        return f"/dead-letters/{letter_id}"
+        letters = self.records.dead_letters
+        letters.get(letter_id)  # a KeyError (404) for no such letter, before anything runs
+        try:
+            letters.replay(letter_id, self.handler)  # at most once per intent, via the ledger
+        except RedactedArguments:
+            raise
+        except Exception as exc:  # the handler's failure: the letter's page shows it
+            _log.warning("tether serve: the replay of %s failed: %s", letter_id, type(exc).__name__)
+        return f"/dead-letters/{letter_id}#replay"
 
     def force(self, request: Request, form: dict[str, str]) -> str:
         if self.redis is None:
