@@ -158,6 +158,12 @@ class RunState:
         self.unpriced_calls = usage.unpriced_calls
         self.partial = Tail(self.guard.keep_last, partial)
         self.transcript = Tail(self.guard.keep_last, transcript)
+        # the calls let through before the checkpoint still count (policies.max_calls)
+        self._tool_counts.update(
+            str(e["tool"])
+            for e in transcript
+            if "tool" in e and e.get("error") not in ("PolicyDenied", "ApprovalRejected")
+        )
 
     @property
     def elapsed(self) -> float:
