@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -12,8 +13,8 @@ from tether._errors import CircuitOpenError
 from tether._events import BreakerEvent
 from tether._telemetry_hooks import emit_breaker, safe_call
 from tether.clock import Clock, system_clock
-from tether.stores._base import async_ops
-from tether.stores._logic import DENY, PROBE, BreakerConfig
+from tether.stores._base import async_ops, bind_name
+from tether.stores._logic import DENY, PROBE, BreakerConfig, config_text
 from tether.stores._memory import MemoryStore, default_store
 
 if TYPE_CHECKING:
@@ -47,7 +48,9 @@ class CircuitBreaker:
     While open, :class:`tether.CircuitOpenError` is raised without calling it.
 
     State lives in ``store`` (default: this process's memory); breakers with the same
-    name and the same :class:`~tether.stores.RedisStore` are one breaker.
+    name and the same :class:`~tether.stores.RedisStore` are one breaker. A breaker made
+    with a name the store already holds with other settings is refused (ValueError
+    naming both): one name, one breaker, one configuration.
     """
 
     def __init__(
@@ -66,35 +69,20 @@ class CircuitBreaker:
         on_change: BreakerHook | None = None,
         classifier: Callable[[BaseException], Verdict] | None = None,
     ) -> None:
-        if not name:
-            raise ValueError("name must be a non-empty string")
-        if failure_threshold < 1:
-            raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
-        if cooldown < 0:
-            raise ValueError(f"cooldown must be >= 0, got {cooldown!r}")
-        if half_open_max_calls < 1:
-            raise ValueError(f"half_open_max_calls must be >= 1, got {half_open_max_calls!r}")
-        if window < 0:
-            raise ValueError(f"window must be >= 0, got {window!r}")
-        if window and not 1 <= min_calls <= window:
-            raise ValueError(
-                f"min_calls must be between 1 and window ({window}), got {min_calls!r}"
-            )
-        if not 0.0 < failure_rate <= 1.0:
-            raise ValueError(f"failure_rate must be in (0, 1], got {failure_rate!r}")
-        if probe_interval is not None and not probe_interval > 0:
-            raise ValueError(f"probe_interval must be > 0 or None, got {probe_interval!r}")
+        if not name or not isinstance(name, str):
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
         self.name = name
-        self.config = BreakerConfig(
-            failure_threshold,
-            float(cooldown),
-            half_open_max_calls,
-            window,
-            min_calls,
-            failure_rate,
-            0.0 if probe_interval is None else min(float(probe_interval), float(cooldown)),
+        self.config = breaker_config(
+            failure_threshold=failure_threshold,
+            cooldown=cooldown,
+            half_open_max_calls=half_open_max_calls,
+            window=window,
+            min_calls=min_calls,
+            failure_rate=failure_rate,
+            probe_interval=probe_interval,
         )
         self.store: Store = store if store is not None else default_store
+        bind_name(self.store, "breaker", name, self.config)
         self.clock: Clock = clock or system_clock
         self.on_change = on_change
         self.classifier = classifier or classify
@@ -240,7 +228,49 @@ class CircuitBreaker:
     def reset(self) -> None:
         """Forget this breaker's state (closed, no failures)."""
         self.store.reset(self.name)
+        bind_name(self.store, "breaker", self.name, self.config)
         self._local = threading.local()
+
+
+def breaker_config(
+    *,
+    failure_threshold: int = 5,
+    cooldown: float = 30.0,
+    half_open_max_calls: int = 1,
+    window: int = 0,
+    min_calls: int = 10,
+    failure_rate: float = 0.5,
+    probe_interval: float | None = 1.0,
+) -> BreakerConfig:
+    """A breaker's settings, checked (ValueError naming the field)."""
+    if failure_threshold < 1:
+        raise ValueError(f"failure_threshold must be >= 1, got {failure_threshold!r}")
+    if cooldown < 0:
+        raise ValueError(f"cooldown must be >= 0, got {cooldown!r}")
+    if half_open_max_calls < 1:
+        raise ValueError(f"half_open_max_calls must be >= 1, got {half_open_max_calls!r}")
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window!r}")
+    if window and not 1 <= min_calls <= window:
+        raise ValueError(f"min_calls must be between 1 and window ({window}), got {min_calls!r}")
+    if not 0.0 < failure_rate <= 1.0:
+        raise ValueError(f"failure_rate must be in (0, 1], got {failure_rate!r}")
+    if probe_interval is not None and not probe_interval > 0:
+        raise ValueError(f"probe_interval must be > 0 or None, got {probe_interval!r}")
+    return BreakerConfig(
+        failure_threshold,
+        float(cooldown),
+        half_open_max_calls,
+        window,
+        min_calls,
+        failure_rate,
+        0.0 if probe_interval is None else min(float(probe_interval), float(cooldown)),
+    )
+
+
+#: The settings of ``CircuitBreaker`` that make its configuration (the rest: where its
+#: state lives, its clock, its hooks).
+_CONFIG_SETTINGS = frozenset(inspect.signature(breaker_config).parameters)
 
 
 class BreakerRegistry:
@@ -251,12 +281,22 @@ class BreakerRegistry:
         self._breakers: dict[str, CircuitBreaker] = {}
 
     def get(self, name: str, **settings: object) -> CircuitBreaker:
-        """The breaker of ``name``, created with ``settings`` on first use."""
+        """The breaker of ``name``, created with ``settings`` on first use; asked again with
+        other settings, it refuses (ValueError naming both) rather than ignore them."""
         with self._lock:
             breaker = self._breakers.get(name)
             if breaker is None:
                 breaker = CircuitBreaker(name, **settings)  # type: ignore[arg-type]
                 self._breakers[name] = breaker
+            elif settings.keys() & _CONFIG_SETTINGS:
+                asked = {k: v for k, v in settings.items() if k in _CONFIG_SETTINGS}
+                wanted = breaker_config(**asked)  # type: ignore[arg-type]
+                if wanted != breaker.config:
+                    raise ValueError(
+                        f"tether.breakers[{name!r}] exists with {config_text(breaker.config)}; "
+                        f"this asks {config_text(wanted)}: give it another name, or the same "
+                        "settings"
+                    )
             return breaker
 
     __getitem__ = get

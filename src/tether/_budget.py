@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING
 
 from tether._telemetry_hooks import logger
-from tether.stores._base import async_ops
+from tether.stores._base import async_ops, bind_name
+from tether.stores._logic import BudgetConfig
 from tether.stores._memory import default_store
 
 if TYPE_CHECKING:
     from tether.stores._base import Store
 
 __all__ = ["RetryBudget"]
+
+
+class _Unnamed(str):
+    """The default name: it reads "default", and stands for a budget nobody named."""
+
+    __slots__ = ()
+
+
+#: A budget left unnamed has a pot of its own; a budget shared (by objects, by processes
+#: on one RedisStore) is one given a name.
+UNNAMED = _Unnamed("default")
 
 
 class RetryBudget:
@@ -28,11 +41,16 @@ class RetryBudget:
     (True, True, False)
     >>> budget.on_success(); budget.tokens
     1.0
+
+    Budgets with one name in one store are one budget (a fleet on one
+    :class:`~tether.stores.RedisStore` shares it); a budget made with a name the store holds
+    with other settings is refused (ValueError naming both). A budget left unnamed has a
+    pot of its own: two unnamed budgets never share one.
     """
 
     def __init__(
         self,
-        name: str = "default",
+        name: str = UNNAMED,
         capacity: float = 500,
         retry_cost: float = 5,
         timeout_cost: float = 10,
@@ -48,12 +66,17 @@ class RetryBudget:
                 raise ValueError(f"{field} must be <= capacity ({capacity!r}), got {value!r}")
         if refund < 0:
             raise ValueError(f"refund must be >= 0, got {refund!r}")
-        self.name = name
+        if not name or not isinstance(name, str):
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
+        # an unnamed budget's pot is its own (its name says so in logs and in the store)
+        self.name = f"unnamed-{uuid.uuid4().hex[:12]}" if name is UNNAMED else str(name)
         self.capacity = float(capacity)
         self.retry_cost = float(retry_cost)
         self.timeout_cost = float(timeout_cost)
         self.refund = float(refund)
+        self.config = BudgetConfig(self.capacity, self.retry_cost, self.timeout_cost, self.refund)
         self.store: Store = store if store is not None else default_store
+        bind_name(self.store, "budget", self.name, self.config)
         self.refused = 0
 
     def __repr__(self) -> str:
@@ -99,4 +122,6 @@ class RetryBudget:
             await async_ops(self.store).abudget_refund(self.name, self.capacity, self.refund)
 
     def reset(self) -> None:
+        """Refill this budget (forget its state)."""
         self.store.reset(self.name)
+        bind_name(self.store, "budget", self.name, self.config)

@@ -225,10 +225,15 @@ class Guard:
         self._policies: dict[tuple[str, float | None, bool], RetryPolicy] = {}
 
     def breaker(self, tool: str) -> CircuitBreaker:
-        """The breaker that guards ``tool`` (one per tool name, shared by this guard's runs)."""
+        """The breaker that guards ``tool`` (one per tool name, shared by this guard's runs
+        and by every guard with the same breaker settings and store; a guard with other
+        settings has breakers of its own, named with them)."""
         breaker = self._breakers.get(tool)
         if breaker is None:
-            breaker = CircuitBreaker(f"tool:{tool}", failure_threshold=self.breaker_threshold,
+            name = f"tool:{tool}"
+            if (self.breaker_threshold, self.breaker_cooldown) != (10, 30.0):  # not the usual
+                name += f"[failure_threshold={self.breaker_threshold}, cooldown={self.breaker_cooldown:g}]"
+            breaker = CircuitBreaker(name, failure_threshold=self.breaker_threshold,
                                      cooldown=self.breaker_cooldown, store=self.store, clock=self.clock)  # fmt: skip
             self._breakers[tool] = breaker
         return breaker

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from tether._classify import Kind, Verdict
 from tether.clock import Clock, system_clock
-from tether.stores._base import async_ops
+from tether.stores._base import async_ops, bind_name
 from tether.stores._logic import LimiterConfig
 from tether.stores._memory import default_store
 
@@ -35,7 +35,8 @@ class AdaptiveLimiter:
       slow-start threshold, so recovery ramps up exponentially.
 
     The reference is the AWS SDKs' adaptive retry mode (there per client; here shared
-    through the store, so the fleet adapts as one).
+    through the store, so the fleet adapts as one). A limiter made with a name the store
+    holds with other settings is refused (ValueError naming both).
     """
 
     def __init__(
@@ -53,8 +54,8 @@ class AdaptiveLimiter:
         increase: float = 0.1,
         decrease_interval: float = 1.0,
     ) -> None:
-        if not name:
-            raise ValueError("name must be a non-empty string")
+        if not name or not isinstance(name, str):
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
         if min_rate <= 0:
             raise ValueError(f"min_rate must be > 0, got {min_rate!r}")
         if max_rate < min_rate:
@@ -87,6 +88,7 @@ class AdaptiveLimiter:
             decrease_interval=float(decrease_interval),
         )
         self.rate = float(initial_rate)
+        bind_name(self.store, "limiter", name, self.config)
 
     def __repr__(self) -> str:
         return f"AdaptiveLimiter({self.name!r}, rate={self.rate:.2f}/s)"
@@ -137,7 +139,9 @@ class AdaptiveLimiter:
         )
 
     def reset(self) -> None:
+        """Forget this limiter's state (back to its initial rate)."""
         self.store.reset(self.name)
+        bind_name(self.store, "limiter", self.name, self.config)
 
 
 def _outcome(verdict: Verdict | None) -> str:

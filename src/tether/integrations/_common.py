@@ -252,9 +252,12 @@ def result_text(value: Any) -> str:
 
 def provider_breaker(provider: str, base_url: str, attempts: int) -> Any:
     """The process's breaker of a model provider at a base URL; its threshold is twice a
-    call's attempts, so one call's own retries never open it and two failed calls do."""
+    call's attempts, so one call's own retries never open it and two failed calls do
+    (a policy with other than five attempts has a breaker of its own, named with it)."""
     base_url = base_url.rstrip("/")
     name = f"{provider}:{base_url}" if base_url else provider
+    if attempts != 5:
+        name += f"[failure_threshold={2 * attempts}]"
     return breakers.get(name, failure_threshold=2 * attempts)
 
 

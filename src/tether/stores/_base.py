@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from tether.stores._logic import BreakerConfig, LimiterConfig
+from tether.stores._logic import BreakerConfig, BudgetConfig, LimiterConfig, config_text
 
-__all__ = ["Store", "async_ops"]
+__all__ = ["Store", "async_ops", "bind_name"]
 
 
 @runtime_checkable
@@ -36,6 +36,30 @@ class Store(Protocol):
     ) -> float: ...
 
     def reset(self, name: str | None = None) -> None: ...
+
+
+def bind_name(
+    store: Store, kind: str, name: str, cfg: BreakerConfig | BudgetConfig | LimiterConfig
+) -> None:
+    """Claim ``name`` in ``store`` for an object of this configuration: the first object
+    stores its configuration beside the state, later ones must agree with it.
+
+    Raises ValueError naming both configurations when they differ. A store without
+    ``bind`` (one written before names were checked) accepts every object.
+    """
+    bind = getattr(store, "bind", None)
+    if bind is None:
+        return
+    wanted = config_text(cfg)
+    known = bind(kind, name, wanted)
+    if known is not None:
+        what = {"breaker": "circuit breaker", "budget": "retry budget"}.get(kind, kind)
+        raise ValueError(
+            f"a {what} named {name!r} already exists in {store!r} with {known}; this one asks "
+            f"{wanted}. One name is one {what}, shared by every object and process that uses "
+            f"this store: give this one another name, or the same settings (or forget the old "
+            f"one's state first: store.reset({name!r}))"
+        )
 
 
 class _Awaitable:

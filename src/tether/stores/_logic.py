@@ -6,11 +6,16 @@ every behaviour against both so that they cannot drift.
 
 Times are wall-clock seconds (``clock.wall()``): state shared by processes on
 several machines cannot use a per-process monotonic clock.
+
+A name is one breaker (budget, limiter) in a store, shared by every object and process
+that uses it; its configuration is stored beside its state (:func:`config_text`), and an
+object made with the same name and another configuration is refused.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, fields
 from typing import Any
 
 __all__ = [
@@ -18,12 +23,14 @@ __all__ = [
     "DENY",
     "PROBE",
     "BreakerConfig",
+    "BudgetConfig",
     "LimiterConfig",
     "breaker_acquire",
     "breaker_record",
     "next_probe_wait",
     "budget_refund",
     "budget_spend",
+    "config_text",
     "limiter_acquire",
     "limiter_feedback",
 ]
@@ -81,6 +88,21 @@ class LimiterConfig:
     beta: float  # multiplicative decrease
     increase: float  # additive increase, as a fraction of the rate per second
     decrease_interval: float
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetConfig:
+    capacity: float
+    retry_cost: float
+    timeout_cost: float
+    refund: float
+
+
+@functools.lru_cache(maxsize=256)
+def config_text(cfg: BreakerConfig | BudgetConfig | LimiterConfig) -> str:
+    """A configuration as one line of text, the same in every process: what a store keeps
+    beside a name's state, and what an error shows when a name is reused differently."""
+    return ", ".join(f"{f.name}={getattr(cfg, f.name)!r}" for f in fields(cfg))
 
 
 def _breaker_defaults(f: Fields) -> None:

@@ -17,9 +17,16 @@ class MemoryStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._data: dict[str, dict[str, Any]] = {}
+        self._configs: dict[str, str] = {}  # "kind:name" -> its configuration (see bind)
 
     def _fields(self, kind: str, name: str) -> dict[str, Any]:
         return self._data.setdefault(f"{kind}:{name}", {})
+
+    def bind(self, kind: str, name: str, config: str) -> str | None:
+        """Keep ``config`` for ``kind:name`` if it has none; the other one if it differs."""
+        with self._lock:
+            known = self._configs.setdefault(f"{kind}:{name}", config)
+        return None if known == config else known
 
     def breaker_acquire(
         self, name: str, now: float, cfg: BreakerConfig
@@ -78,9 +85,11 @@ class MemoryStore:
         with self._lock:
             if name is None:
                 self._data.clear()
+                self._configs.clear()
             else:
                 for kind in ("breaker", "budget", "limiter"):
                     self._data.pop(f"{kind}:{name}", None)
+                    self._configs.pop(f"{kind}:{name}", None)
 
     def __repr__(self) -> str:
         return "MemoryStore()"

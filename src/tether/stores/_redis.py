@@ -309,7 +309,21 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 """
 
+# The configuration of a name, kept beside its state: stored by the first object, returned
+# ('' when the same) so that an object with another configuration is refused.
+BIND = """
+local cur = redis.call('HGET', KEYS[1], 'cfg')
+if cur then
+  if cur == ARGV[1] then return '' end
+  return cur
+end
+redis.call('HSET', KEYS[1], 'cfg', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return ''
+"""
+
 _SCRIPTS = (
+    ("bind", BIND),
     ("breaker_read", BREAKER_READ),
     ("breaker_force", BREAKER_FORCE),
     ("breaker_acquire", BREAKER_ACQUIRE),
@@ -481,6 +495,21 @@ class RedisStore:
     def degraded(self) -> bool:
         """True while Redis is unreachable and the local fallback is in use."""
         return self._down_until is not None
+
+    def bind(self, kind: str, name: str, config: str) -> str | None:
+        """Keep ``config`` beside the state of ``kind:name`` if it has none; the other one if
+        it differs (this process's memory while Redis is unreachable)."""
+        if not self.degraded:
+            self.round_trips += 1
+            self.scripts_run["bind"] += 1
+            try:
+                key = self._key(kind, name)
+                answer = self._scripts["bind"](keys=[key], args=[config, self._ttl_ms])
+            except self._errors:
+                pass  # checked here only: the store's first call will say that Redis is down
+            else:
+                return _s(answer) or None
+        return self.fallback.bind(kind, name, config)
 
     # --- breaker --------------------------------------------------------------------
 
