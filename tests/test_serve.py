@@ -854,3 +854,339 @@ def test_an_unknown_outcome_case_shows_the_tool_its_arguments_and_the_ledger_key
     finally:
         records.close()
         guard.ledger.close()
+
+
+# --- approve, and the run continues: records.decisions() -----------------------------------------
+
+WORKER = """
+import sys
+import tether
+
+records = tether.Records.sqlite(sys.argv[1])
+guard = tether.Guard(records=records)
+
+def issue_refund(order: str, amount: int) -> dict:
+    with open(sys.argv[2], "a") as log:          # the effect: one line per refund made
+        log.write(f"{order} {amount}\\n")
+    return {"id": "re_1"}
+
+for decision in records.decisions(worker=sys.argv[3]):    # the documented worker loop
+    with guard.resume(decision.checkpoint_id) as run:
+        try:                                     # the agent's turn again, as before the stop
+            refund = run.call_tool("issue_refund", issue_refund, {"order": "A-1", "amount": 9000},
+                                   idempotent=False, requires_approval=True)
+            run.succeed(refund)
+        except tether.ToolError as rejected:     # a rejection reaches the model
+            run.fail(rejected.model_message)
+    print(decision.approval_id, decision.approved, run.outcome.status)
+records.close()
+"""
+
+
+def resume_in_another_process(tmp_path: Path, db: str, worker: str) -> list[str]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, str(script), db, str(tmp_path / "refunds.log"), worker],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("\n")[:-1]
+
+
+def test_an_approval_from_the_page_resumes_in_a_second_process_and_pays_once(
+    world: World, tmp_path: Path
+) -> None:
+    """The operator approves on the page; the agent's own worker, another process, takes the
+    decision from records.decisions(), resumes the run and pays once; the page shows it."""
+    pending = world.awaiting.pending_approval["id"]
+    c = client(world)
+    assert "not yet: waiting for a worker" not in c.get("/inbox").text
+    assert post(c, f"/approvals/{pending}/approve", by="alice", note="ok").status_code == 303
+    assert "not yet: waiting for a worker" in c.get("/inbox").text
+    assert resume_in_another_process(tmp_path, world.path, "billing-1") == [
+        f"{pending} True success"
+    ]
+    assert resume_in_another_process(tmp_path, world.path, "billing-2") == []  # once each
+    assert (tmp_path / "refunds.log").read_text() == "A-1 9000\n"  # paid once
+    inbox = c.get("/inbox").text
+    row = inbox[inbox.index(f'<tr id="{pending}">') :]
+    assert "resumed by billing-1" in row and "success (goal_reached)" in row
+    assert world.records.runs.get(world.awaiting.run_id)["status"] == "success"
+
+
+def test_a_rejection_reaches_the_resumed_run_in_a_second_process(
+    world: World, tmp_path: Path
+) -> None:
+    pending = world.awaiting.pending_approval["id"]
+    c = client(world)
+    assert post(c, f"/approvals/{pending}/reject", by="bob", note="too large").status_code == 303
+    assert resume_in_another_process(tmp_path, world.path, "w") == [f"{pending} False failed"]
+    assert not (tmp_path / "refunds.log").exists()
+    assert "too large" in (world.records.runs.get(world.awaiting.run_id)["detail"] or "")
+    assert resume_in_another_process(tmp_path, world.path, "w") == []
+
+
+def awaiting(records: Records, n: int) -> list[str]:
+    """``n`` runs stopped for approval, each decided (approved) at once."""
+    guard = Guard(records=records)
+    ids = []
+    for i in range(n):
+        with guard.start(task=f"refund {i}") as run:
+            run.call_tool(
+                "issue_refund",
+                lambda order: None,
+                {"order": f"A-{i}"},
+                idempotent=False,
+                requires_approval=True,
+            )
+        guard.approve(run.outcome.checkpoint_id, by="alice")
+        ids.append(run.outcome.pending_approval["id"])
+    return ids
+
+
+def test_each_decision_goes_to_one_worker_of_many(records: Records) -> None:
+    """8 workers iterate at once (threads, each with its own connection): every decision is
+    taken once, atomically in SQL."""
+    ids = awaiting(records, 6)
+    where = records.store.path if records.tables.dialect == "sqlite" else records.store.dsn  # type: ignore[union-attr]
+    table = records.tables.docs
+    taken: list[tuple[str, str]] = []
+    lock, start = threading.Lock(), threading.Barrier(8)
+
+    def worker(n: int) -> None:
+        mine = (
+            Records.sqlite(where)
+            if records.tables.dialect == "sqlite"
+            else Records.postgres(where, table=table)
+        )
+        try:
+            start.wait()
+            for decision in mine.decisions(worker=f"w{n}", limit=2):
+                with lock:
+                    taken.append((decision.approval_id, decision.worker))
+        finally:
+            mine.close()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(a for a, _ in taken) == sorted(ids)  # each once, none lost
+    assert list(records.decisions()) == []  # taken, and held by their workers' leases
+
+
+def test_a_decision_whose_worker_died_goes_to_the_next_after_the_lease(records: Records) -> None:
+    (approval,) = awaiting(records, 1)
+    first = next(records.decisions(worker="dies", lease=0.3))
+    assert first.approval_id == approval and first.approved and first.checkpoint_id
+    assert list(records.decisions(worker="other")) == []  # held
+    time.sleep(0.4)
+    again = next(records.decisions(worker="next"))  # the lease ran out: redelivered
+    assert again.approval_id == approval and again.worker == "next"
+    guard = Guard(records=records)
+    with guard.resume(again.checkpoint_id) as run:
+        run.call_tool(
+            "issue_refund",
+            lambda order: None,
+            {"order": "A-0"},
+            idempotent=False,
+            requires_approval=True,
+        )
+        run.succeed()
+    time.sleep(0.4)
+    assert list(records.decisions(worker="late", lease=0.1)) == []  # done once its run ended
+    with pytest.raises(ValueError, match="lease must be"):
+        next(records.decisions(lease=0))
+
+
+# --- retention: Records.prune and tether records prune -------------------------------------------
+
+DAY_S = 86_400.0
+
+
+class Aged:
+    """Records with every kind of record, 40 days old, and a few of today."""
+
+    def __init__(self, records: Records) -> None:
+        from datetime import timedelta
+
+        self.records = records
+        old = tether.VirtualClock(wall_start=time.time() - 40 * DAY_S)
+        guard = Guard(records=records, clock=old, escalation=tether.Escalation(on=[]))
+        self.old_success = []
+        for i in range(200):  # the bulk: old runs that are done with
+            with guard.start(task=f"old lookup {i} " + "padding " * 60) as run:
+                run.call_tool("lookup", lambda q: {"rows": ["x" * 200] * 5}, {"q": i})
+                run.succeed(i)
+            self.old_success.append(run.run_id)
+        with guard.start(task="waits for approval") as run:
+            run.call_tool(
+                "pay", lambda to: None, {"to": "acct-1"}, idempotent=False, requires_approval=True
+            )
+        self.pending = run.outcome
+        with guard.start(task="approved, not resumed yet") as run:
+            run.call_tool(
+                "pay", lambda to: None, {"to": "acct-2"}, idempotent=False, requires_approval=True
+            )
+        self.decided = run.outcome
+        guard.approve(self.decided.checkpoint_id, by="alice")
+        with guard.start(task="an open case") as run:
+            run.escalate("needs a person")
+        self.open_case = run.outcome
+        with guard.start(task="a resolved case") as run:
+            run.escalate("needs a person")
+        self.resolved_case = run.outcome
+        records.handoffs.resolve(run.outcome.handoff.id, by="alice", note="done", at=old.wall())
+
+        def declined(order: str) -> None:
+            raise PermissionError("card declined")
+
+        with guard.start(task="a letter not replayed") as run:
+            with contextlib.suppress(ToolError):
+                run.call_tool("charge", declined, {"order": "A-1"}, idempotent=False)
+            run.fail("declined")
+        self.letter_run = run.run_id
+        self.ledger = Ledger_of(records, old)
+        now = Guard(records=records)
+        with now.start(task="today") as run:
+            run.succeed(1)
+        self.today = run.run_id
+        self.timedelta = timedelta
+
+
+def Ledger_of(records: Records, clock: Any) -> dict[str, str]:
+    """Two old effects in the records' own ledger: one past its ttl, one inside it."""
+    short = records.ledger(clock=clock)
+    short.once("expired-effect", lambda: 1)
+    long = (
+        tether.Ledger.sqlite(records.store.path, ttl=100 * DAY_S, clock=clock)
+        if records.tables.dialect == "sqlite"
+        else tether.Ledger.postgres(
+            records.store.dsn, table=records.tables.ledgers[0], ttl=100 * DAY_S, clock=clock
+        )
+    )  # type: ignore[union-attr]
+    long.once("long-lived-effect", lambda: 2)
+    long.close()
+    return {"expired": "expired-effect", "kept": "long-lived-effect"}
+
+
+def test_prune_keeps_what_must_stay_and_removes_the_rest(records: Records) -> None:
+    from datetime import timedelta
+
+    aged = Aged(records)
+    pruned = records.prune(older_than=timedelta(days=30))
+    assert pruned.runs == 200 + 1  # the old successes and the resolved case's run
+    assert pruned.handoffs == 1 and pruned.ledger >= 1
+    runs = records.runs
+    for kept in (
+        aged.pending.run_id,
+        aged.decided.run_id,
+        aged.open_case.run_id,
+        aged.letter_run,
+        aged.today,
+    ):
+        assert runs.get(kept) is not None, kept
+    assert all(runs.get(r) is None for r in aged.old_success[:5]) and runs.search().total == 5
+    assert runs.get(aged.resolved_case.run_id) is None
+    assert records.approvals.get(aged.pending.pending_approval["id"]).status == "pending"
+    assert records.handoffs.get(aged.open_case.handoff.id)["state"] == "open"
+    with pytest.raises(KeyError):
+        records.handoffs.get(aged.resolved_case.handoff.id)
+    assert len(records.dead_letters.list()) == 1
+    ledger = records.ledger()
+    assert ledger.get("long-lived-effect") is not None  # inside its ttl
+    assert ledger.get("expired-effect") is None
+    # what stayed still works: the approved call resumes from its checkpoint, once
+    decision = next(records.decisions(worker="w"))
+    assert decision.approval_id == aged.decided.pending_approval["id"]
+    paid = []
+    with Guard(records=records).resume(decision.checkpoint_id) as run:
+        run.call_tool(
+            "pay",
+            lambda to: paid.append(to),
+            {"to": "acct-2"},
+            idempotent=False,
+            requires_approval=True,
+        )
+        run.succeed()
+    assert paid == ["acct-2"] and run.outcome.status == "success"
+    assert records.prune(older_than=timedelta(days=30)).runs == 0  # nothing more to remove
+
+
+def test_prune_shrinks_the_sqlite_file(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    path = tmp_path / "records.db"
+    records = Records.sqlite(str(path))
+    try:
+        Aged(records)
+        with records.store.sql() as sql:
+            sql.run("VACUUM")
+        before = path.stat().st_size
+        pruned = records.prune(older_than=timedelta(days=30), vacuum=True)
+        after = path.stat().st_size
+        assert pruned.runs == 201 and after < before / 2, (before, after)
+    finally:
+        records.close()
+
+
+def test_prune_refuses_what_is_not_a_duration(records: Records) -> None:
+    with pytest.raises(TypeError, match="timedelta"):
+        records.prune(older_than=30)  # type: ignore[arg-type]
+    from datetime import timedelta
+
+    with pytest.raises(ValueError, match=">= 0"):
+        records.prune(older_than=timedelta(days=-1))
+    assert records.prune().total == 0  # the default: 30 days; nothing that old here
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """What ``--db`` takes: a SQLite path, or a DSN whose tables live in a schema of their own."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "records.db")
+        return
+    import psycopg
+
+    dsn, schema = request.getfixturevalue("pg_dsn"), f"t_cli_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield dsn + ("&" if "?" in dsn else "?") + f"options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_the_command_prunes_sqlite_and_postgres(where: str, capsys: Any) -> None:
+    records = Records.open(where)
+    try:
+        aged = Aged(records)
+    finally:
+        records.close()
+    assert main(["records", "prune", "--db", where, "--older-than", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "removed 201 runs" in out and "1 resolved case" in out
+    assert "kept" in out and "pending approvals" in out
+    records = Records.open(where)
+    try:
+        assert records.runs.get(aged.pending.run_id) is not None and records.runs.get(aged.today)
+    finally:
+        records.close()
+    assert main(["records", "prune", "--db", where]) == 0  # the default: 30 days
+    assert "removed 0 runs" in capsys.readouterr().out
+
+
+def test_the_command_refuses_bad_arguments(tmp_path: Path, capsys: Any) -> None:
+    assert main(["records", "prune", "--db", str(tmp_path / "none.db"), "--older-than", "3"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    Records.sqlite(str(tmp_path / "r.db")).close()
+    assert main(["records", "prune", "--db", str(tmp_path / "r.db"), "--older-than", "-3"]) == 2
+    assert "--older-than" in capsys.readouterr().err

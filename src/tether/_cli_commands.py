@@ -86,6 +86,26 @@ def register(sub: Any) -> None:
     )
     serve.set_defaults(run_command=_serve)
 
+    records = sub.add_parser("records", help="the records a guard files: prune the old ones")
+    records_sub = records.add_subparsers(dest="records_command", required=True, metavar="ACTION")
+    prune = records_sub.add_parser(
+        "prune",
+        help="remove records older than DAYS that nothing waits for",
+        description="Remove run records, checkpoints, used or resumed approvals, resolved "
+        "cases, replayed dead letters and expired ledger records older than DAYS. Pending "
+        "approvals, decisions not yet resumed, open cases, unreplayed dead letters (and their "
+        "runs), and ledger records inside their ttl stay. A SQLite file is vacuumed after.",
+    )
+    prune.add_argument("--db", required=True, help="the records: a SQLite file or a PostgreSQL DSN")
+    prune.add_argument(
+        "--older-than",
+        type=float,
+        default=30.0,
+        metavar="DAYS",
+        help="how old a record must be (default 30)",
+    )
+    records.set_defaults(run_command=_records)
+
 
 def _bench(args: argparse.Namespace) -> int:
     from tether import bench
@@ -247,6 +267,38 @@ def _serve(args: argparse.Namespace) -> int:
         + ("  (token required)" if args.token else "")
     )
     uvicorn.Server(server_config(app, host=args.host, port=args.port)).run()
+    return 0
+
+
+def _records(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from tether._records import Records
+
+    def refused(why: str) -> int:
+        print(f"tether records prune: {why}", file=sys.stderr)
+        return 2
+
+    if not args.older_than >= 0:
+        return refused(f"--older-than must be a number of days >= 0, got {args.older_than:g}")
+    if not Records.is_dsn(args.db) and not os.path.isfile(args.db):
+        return refused(
+            f"{args.db}: no such file (give the SQLite file your Records.sqlite(...) "
+            "writes, or a PostgreSQL DSN)"
+        )
+    with Records.open(args.db) as records:
+        before = os.path.getsize(args.db) if not Records.is_dsn(args.db) else None
+        pruned = records.prune(timedelta(days=args.older_than), vacuum=True)
+    print(
+        f"tether records prune: removed {pruned.runs} runs, {pruned.checkpoints} checkpoints, "
+        f"{pruned.approvals} approvals, {pruned.handoffs} resolved cases, {pruned.dead_letters} "
+        f"replayed dead letters and {pruned.ledger} expired ledger records older than "
+        f"{args.older_than:g} days; kept pending approvals, decisions not yet resumed, open "
+        "cases, dead letters not yet replayed, their runs, and ledger records inside their ttl"
+    )
+    if before is not None:
+        after = os.path.getsize(args.db)
+        print(f"{args.db}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
     return 0
 
 

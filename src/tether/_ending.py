@@ -14,6 +14,7 @@ from tether._canonical import jsonable
 from tether._classify import classify
 from tether._handoff import HandoffRecord, _Delivery
 from tether._outcome import Outcome, Stopped, StopReason, Usage
+from tether._records import portable
 from tether._redact import redact
 from tether._runstate import RunState
 
@@ -177,7 +178,7 @@ class Ending(RunState):
                    "journal": [e.to_doc() for e in self._journal], "compensated": list(self._compensated),
                    "pending": pending}  # fmt: skip
             if self.messages is not None:  # a worker in another process resumes the conversation
-                doc["messages"] = redact(jsonable(self.messages))
+                doc["messages"] = redact(portable(self.messages))
             try:
                 checkpoint_id = self.guard.checkpoints.save(doc, self.clock.wall())
                 if self._pending is not None and not amend:

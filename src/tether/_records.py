@@ -32,7 +32,16 @@ if TYPE_CHECKING:
     from tether._effects import Ledger
     from tether.clock import Clock
 
-__all__ = ["DEFAULT_RETENTION", "Decision", "Overview", "Pruned", "RunPage", "Records", "Runs"]
+__all__ = [
+    "DEFAULT_RETENTION",
+    "Decision",
+    "Overview",
+    "Pruned",
+    "RunPage",
+    "Records",
+    "Runs",
+    "portable",
+]
 
 #: how old a record must be before ``Records.prune()`` (and ``tether records prune``) removes it
 DEFAULT_RETENTION = timedelta(days=30)
@@ -71,6 +80,14 @@ class Tables:
         return cls(
             docs, f"{prefix}runs", f"{prefix}run_tools", f"{prefix}decisions", str(store.dialect)
         )
+
+    @property
+    def ledgers(self) -> tuple[str, ...]:
+        """The ledger tables this database may hold: the guard's (``Records.ledger()``) and
+        the dead letters' replays."""
+        if self.dialect == "postgres":
+            return (self.runs.removesuffix("runs") + "ledger", "tether_replays")
+        return ("tether_ledger",)
 
     def field(self, name: str) -> str:
         """A document's top-level JSON field, as text (``name`` is one of ours, never input)."""
@@ -130,6 +147,26 @@ class Overview:
     by_reason: Mapping[float, Mapping[str, int]]
     cost_usd: Mapping[float, float]
     failing_tools: tuple[tuple[str, int, int], ...]  # (tool, failures, calls), most failures first
+
+
+def portable(messages: Any) -> Any:
+    """A conversation as plain JSON that a worker in another process hands back to its
+    framework: as it is when it is JSON already (the SDKs' dicts, the Agents SDK's input
+    items), else pydantic's JSON form of it (PydanticAI's and LangChain's messages, read
+    back with ``ModelMessagesTypeAdapter.validate_python`` / ``convert_to_messages``);
+    None when it is neither."""
+    try:
+        return json.loads(json.dumps(messages))
+    except (TypeError, ValueError):
+        pass
+    try:
+        from pydantic_core import to_jsonable_python
+    except ImportError:  # pragma: no cover - pydantic comes with every framework that needs it
+        return None
+    try:
+        return json.loads(json.dumps(to_jsonable_python(messages)))
+    except Exception:
+        return None
 
 
 def _like(text: str) -> str:

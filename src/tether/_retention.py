@@ -22,9 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = ["prune"]
 
-#: ledger tables a records database may hold (the guard's durable ledger, replays)
-LEDGER_TABLES = ("tether_ledger", "tether_replays")
-
 
 def prune(records: Records, older_than: timedelta, now: float, vacuum: bool) -> Pruned:
     from tether._records import Pruned
@@ -59,7 +56,7 @@ def prune(records: Records, older_than: timedelta, now: float, vacuum: bool) -> 
         letters = [
             i for i, d in _old_docs(sql, t.docs, "dead_letter", cutoff) if d.get("replayed") is True
         ]
-        ledgers = [name for name in LEDGER_TABLES if _has_table(sql, t.dialect, name)]
+        ledgers = [name for name in t.ledgers if _has_table(sql, t.dialect, name)]
     runs = [r for r in old_runs if r not in keep_runs]
     checkpoints = [c for c in checkpoints if c not in keep_checkpoints]
     ledger = 0

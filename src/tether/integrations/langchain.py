@@ -47,6 +47,8 @@ class TetherState(AgentState[Any]):
 
     tether_run_id: NotRequired[Annotated[str, UntrackedValue, PrivateStateAttr]]
     tether_outcome: NotRequired[Any]
+    #: a checkpoint this invocation continues (a decided approval's ``checkpoint_id``)
+    tether_resume: NotRequired[str | None]
 
 
 def _usage(message: Any) -> dict[str, int]:
@@ -108,12 +110,13 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             if getattr(message, "type", "") == "human":
                 task = str(getattr(message, "content", ""))[:200]
                 break
-        run = self.guard.start(task=task)
+        resume = state.get("tether_resume")
+        run = self.guard.resume(resume) if resume else self.guard.start(task=task)
         run.__enter__()
         run.messages = None
         with self._lock:
             self._runs[run.run_id] = run
-        return {"tether_run_id": run.run_id}
+        return {"tether_run_id": run.run_id, "tether_resume": None}  # a checkpoint continues once
 
     async def abefore_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
         return self.before_agent(state, runtime)
