@@ -436,3 +436,22 @@ def test_a_response_without_token_counts_is_unpriced_never_free() -> None:
         ta_pydantic.run_sync(
             agent, "hi", guard=Guard(prices=priced, budget=Budget(max_cost_usd=1.0))
         )
+
+
+def test_the_customer_reads_the_label_a_tool_is_given_never_its_name() -> None:
+    """``labels=`` names a tool's effect for the customer; the tool's own name stays inside."""
+    agent, provider = refund_agent()
+
+    def lookup(key: str) -> Any:
+        return next(iter(provider.values()), None)
+
+    outcome = ta_pydantic.run_sync(
+        agent,
+        "refund order A-1",
+        guard=Guard(**FAST),
+        side_effects={"issue_refund": lookup},
+        labels={"issue_refund": "refund"},
+    )
+    assert outcome.status == "success"
+    assert "Done: refund completed (reference re_1)." in outcome.customer_message
+    assert "issue_refund" not in outcome.customer_message

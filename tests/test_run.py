@@ -398,12 +398,16 @@ def test_customer_is_told_an_effect_happened_only_from_the_ledger() -> None:
     with guard.start(task="refund") as run:
         run.proceed()
         run.call_tool(
-            "issue_refund", lambda order: {"id": "re_123"}, {"order": "A-1"}, idempotent=False
+            "issue_refund",
+            lambda order: {"id": "re_123"},
+            {"order": "A-1"},
+            idempotent=False,
+            label="refund",
         )
         run.escalate("customer asked for a person")
     assert run.outcome.status == "escalated"
-    assert "issue_refund completed (reference re_123)" in run.outcome.customer_message
-    assert run.outcome.handoff.facts == ("issue_refund completed (reference re_123)",)
+    assert "Done: refund completed (reference re_123)" in run.outcome.customer_message
+    assert run.outcome.handoff.facts == ("refund completed (reference re_123)",)
 
 
 def test_model_reissue_with_fresh_uuid_pays_once() -> None:

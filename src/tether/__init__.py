@@ -35,7 +35,7 @@ from tether._persist import (
 )
 from tether._pricing import PRICES, Price, PriceTable, UnknownModelError
 from tether._records import Records
-from tether._redact import add_secret_names, add_secret_patterns, redact
+from tether._redact import add_secret_names, add_secret_patterns, redact, register_secrets
 from tether._retry import RetryPolicy, RetryStats, retry
 from tether._run import Budget, Guard, Run
 from tether._version import __version__
@@ -115,6 +115,7 @@ __all__ = [
     "policies",
     "redact",
     "register_classifier",
+    "register_secrets",
     "retry",
     "stores",
     "telemetry",

@@ -84,6 +84,14 @@ def register(sub: Any) -> None:
         help="a host name browsers use to reach the page (repeatable; needs a token); "
         "without a token only 127.0.0.1, localhost and [::1] are served",
     )
+    serve.add_argument(
+        "--secrets",
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE:FN",
+        help="your own secret names and patterns to redact on the pages: a TOML or "
+        "JSON file, or module:function (repeatable)",
+    )
     serve.set_defaults(run_command=_serve)
 
     records = sub.add_parser("records", help="the records a guard files: prune the old ones")
@@ -254,6 +262,14 @@ def _serve(args: argparse.Namespace) -> int:
     if args.handler:
         handler = _import_handler(args.handler, "serve")
         if handler is None:
+            return 2
+    from tether._redact import load_secrets
+
+    for spec in args.secrets:
+        try:
+            load_secrets(spec)
+        except (ValueError, TypeError, ImportError, AttributeError, OSError) as exc:
+            print(f"tether serve: --secrets {spec}: {exc}", file=sys.stderr)
             return 2
     import uvicorn
 

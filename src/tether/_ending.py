@@ -12,10 +12,10 @@ from typing import Any, Self
 from tether import telemetry
 from tether._canonical import jsonable
 from tether._classify import classify
-from tether._handoff import HandoffRecord, _Delivery
+from tether._handoff import SOME_STEP, HandoffRecord, _Delivery
 from tether._outcome import Outcome, Stopped, StopReason, Usage
 from tether._records import portable
-from tether._redact import redact
+from tether._redact import redact, redact_conversation
 from tether._runstate import RunState
 
 __all__ = ["Ending"]
@@ -92,7 +92,7 @@ class Ending(RunState):
                 continue
             record = ledger.get(key)
             if record is not None and record.state.value == "done":
-                text = self.guard.describe_effect(tool, args, ledger.result(key))
+                text = self._effect_text(tool, args, ledger.result(key))
                 if text and text not in out:
                     out.append(text)
         return out
@@ -154,11 +154,12 @@ class Ending(RunState):
         if status != "success":
             issues.insert(0, f"stopped: {reason.value}" + (f" ({detail})" if detail else ""))
         facts = redact(self._read_facts(issues))
-        undone = [str(c.get("effect") or c["tool"]) for c in self._compensated]
+        undone = [str(c.get("effect") or SOME_STEP) for c in self._compensated]
         said = "in_progress" if reason is StopReason.IN_PROGRESS and status == "partial" else status
-        message = redact(
-            self.guard.messages.render(said, facts, unconfirmed=self._unconfirmed, undone=undone)
-        )
+        # a person is promised only when a case is filed: the handoff below says whether
+        handoff = self._outcome.handoff if self._outcome is not None else None
+        filed = status == "escalated" and (handoff is None or self._case_filed)
+        message = self._message(said, facts, undone, case_filed=filed)
         # everything below leaves tether (the outcome's words, checkpoints, handoffs): redacted
         detail, issues, task = redact(detail), redact(issues), redact(self.task)
         usage = self.usage()
@@ -188,7 +189,6 @@ class Ending(RunState):
             except Exception as exc:  # a failing store never loses the outcome
                 _log.error("tether: run %s: checkpoint failed: %s", self.run_id, redact(str(exc)))
                 issues.append(f"checkpoint failed: {type(exc).__name__}")
-        handoff = self._outcome.handoff if self._outcome is not None else None
         if status == "escalated" and handoff is None:
             handoff = HandoffRecord(f"ho_{uuid.uuid4().hex[:20]}", self.run_id, task, reason, detail,
                                     tuple(steps["transcript"]), tuple(facts), tuple(issues),
@@ -196,11 +196,18 @@ class Ending(RunState):
             for sink in (esc.sink if esc is not None else None,
                          self.guard.records.handoffs if self.guard.records is not None else None):  # fmt: skip
                 delivery = _Delivery(sink)
-                delivery.deliver(handoff)
+                self._case_filed = delivery.deliver(handoff) or self._case_filed
                 issues.extend(delivery.errors)
-        self._outcome = Outcome(status, reason, self._result, tuple(partial), detail, tuple(issues),
+            if not self._case_filed:  # nobody has the case: the customer is promised nobody
+                message = self._message(said, facts, undone, case_filed=False)
+                handoff = replace(handoff, customer_message=message)
+                issues.append(
+                    "the handoff reached no one (give Guard(records=...) or "
+                    "Escalation(sink=...)): the customer was promised no person"
+                )
+        self._outcome = Outcome(status, reason, self._result, tuple(steps["partial"]), detail, tuple(issues),
                                 usage, checkpoint_id, message, self.run_id, handoff,
-                                tuple(self.messages or ()), self._error, tuple(self._compensated),
+                                self._conversation(status), self._error, tuple(self._compensated),
                                 pending, omitted["omitted"])  # fmt: skip
         self._record(self._outcome, task, steps)
         if amend:
@@ -252,6 +259,19 @@ class Ending(RunState):
             self._resumed_from,
             *self._filed,
         )
+
+    def _conversation(self, status: str) -> tuple[Any, ...]:
+        """The conversation, redacted; a run that stopped keeps its last turn (the calls a
+        resume makes keep their arguments)."""
+        return redact_conversation(self.messages or (), keep_last=status != "success")
+
+    def _message(
+        self, status: str, facts: list[str], undone: list[str], *, case_filed: bool
+    ) -> str:
+        text = self.guard.messages.render(
+            status, facts, unconfirmed=self._unconfirmed, undone=undone, case_filed=case_filed
+        )
+        return str(redact(text))
 
     def _record(self, outcome: Outcome, task: str, steps: dict[str, Any]) -> None:
         """File the outcome in the guard's records (what the operator page lists)."""

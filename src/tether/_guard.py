@@ -19,7 +19,7 @@ from tether._governance import (
     JournalEntry,
     takes_run,
 )
-from tether._handoff import CustomerMessages, Escalation
+from tether._handoff import SOME_STEP, CustomerMessages, Escalation
 from tether._loops import LoopPolicy
 from tether._outcome import STATUSES, Outcome, StopReason, Usage
 from tether._persist import CheckpointError, Checkpoints, DeadLetters, check_run_id
@@ -189,7 +189,9 @@ class Guard:
         self.checkpoints = checkpoints
         self.dead_letters = dead_letters
         self.retry = (retry or RetryPolicy()).replace(clock=self.clock)
-        self.escalation = escalation
+        # records are somewhere to file a case: the default escalation triggers hand a run
+        # over to the inbox (an unknown outcome, a permanent error...), unless told otherwise
+        self.escalation = escalation if escalation is not None or records is None else Escalation()
         self.prices = prices or PriceTable()
         self.messages = messages or CustomerMessages()
         self.store = store
@@ -376,6 +378,8 @@ def _expect(name: str, value: object, kind: type, example: str) -> None:
         raise TypeError(f"{name} must be a {kind.__name__} (e.g. {example}) or None, got {value!r}")
 
 
-def _describe(tool: str, args: Any, result: Any) -> str | None:
+def _describe(label: str, args: Any, result: Any) -> str | None:
+    """The default words for a completed effect: its tool's label ("refund completed"), or
+    a neutral phrase when the tool declares none; with the result's id as a reference."""
     ref = result.get("id") if isinstance(result, Mapping) else getattr(result, "id", None)
-    return f"{tool} completed" + (f" (reference {ref})" if ref else "")
+    return f"{label or SOME_STEP} completed" + (f" (reference {ref})" if ref else "")

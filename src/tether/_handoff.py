@@ -11,9 +11,12 @@ from typing import Any
 
 from tether._outcome import StopReason
 
-__all__ = ["CustomerMessages", "Escalation", "HandoffRecord", "webhook"]
+__all__ = ["SOME_STEP", "CustomerMessages", "Escalation", "HandoffRecord", "webhook"]
 
 _log = logging.getLogger("tether")
+
+#: what the customer reads for an effect whose tool declares no label (tool names stay inside)
+SOME_STEP = "a step of your request"
 
 DEFAULT_TRIGGERS = frozenset(
     {StopReason.CIRCUIT_OPEN, StopReason.IDENTICAL_FAILURES, StopReason.UNKNOWN_OUTCOME,
@@ -92,7 +95,13 @@ class CustomerMessages:
     """Short, honest texts for the customer: no stack trace, no internals, no hostnames.
 
     ``{done}`` is filled with facts read from the ledger ("Done: ..."), so an
-    effect is stated as done only when the records say so.
+    effect is stated as done only when the records say so; an effect is named by its
+    tool's ``label``, never by the tool's name.
+
+    A person is promised only when one has the case: ``escalated``, ``partial`` and
+    ``unconfirmed`` are said when the run's handoff was filed (in ``Guard(records=...)``,
+    or delivered to an ``Escalation(sink=...)``); otherwise their ``*_no_case`` forms,
+    which promise nobody.
     """
 
     escalated: str = (
@@ -103,7 +112,10 @@ class CustomerMessages:
         "We could only finish part of this automatically.{done} A member of our team can "
         "pick up the rest if you reply here."
     )
-    failed: str = "We could not complete this request right now. Please try again later, or reply here for help."
+    failed: str = (
+        "We could not complete this request right now.{done} Please try again later, or reply "
+        "here for help."
+    )
     success: str = "Your request is complete.{done}"
     unconfirmed: str = (
         "We could not confirm whether every step of your request went through.{done} Please "
@@ -121,22 +133,35 @@ class CustomerMessages:
         "Your request is being completed.{done} We will confirm here as soon as it is done; "
         "there is no need to ask again."
     )
+    escalated_no_case: str = (
+        "We could not finish this for you automatically.{done} Please try again later."
+    )
+    partial_no_case: str = (
+        "We could only finish part of this automatically.{done} You can try the rest again later."
+    )
+    unconfirmed_no_case: str = (
+        "We could not confirm whether every step of your request went through.{done} Please "
+        "do not repeat it yet: check first whether it went through, so that nothing is done twice."
+    )
     done_prefix: str = " Done: "
     undone_prefix: str = " Undone: "
 
     def render(self, status: str, facts: Iterable[str], *, unconfirmed: Iterable[str] = (),
-               undone: Iterable[str] = ()) -> str:  # fmt: skip
+               undone: Iterable[str] = (), case_filed: bool = True) -> str:  # fmt: skip
         """The message for a run that ended with ``status``; a run with an effect whose
-        outcome is unknown never tells the customer that nothing happened."""
+        outcome is unknown never tells the customer that nothing happened, and a person
+        is promised only when ``case_filed`` (someone has the case)."""
         facts = [f for f in facts if f]
         undone = [u for u in undone if u]
         done = f"{self.done_prefix}{'; '.join(facts)}." if facts else ""
         if undone:
             done += f"{self.undone_prefix}{'; '.join(undone)}."
-        if status in ("failed", "partial") and any(True for _ in unconfirmed):
+        if status in ("failed", "partial", "escalated") and any(True for _ in unconfirmed):
             status = "unconfirmed"
         elif status in ("failed", "partial") and undone and not facts:
             status = "rolled_back"
+        if not case_filed and status in ("escalated", "partial", "unconfirmed"):
+            status = f"{status}_no_case"
         template = getattr(self, status, self.failed)
         return str(template).format(done=done)
 
@@ -146,11 +171,14 @@ class _Delivery:
     sink: Sink | None
     errors: list[str] = field(default_factory=list)
 
-    def deliver(self, record: HandoffRecord) -> None:
+    def deliver(self, record: HandoffRecord) -> bool:
+        """True when the record reached the sink (someone has the case)."""
         if self.sink is None:
-            return
+            return False
         try:
             self.sink(record)
         except Exception as exc:  # a broken sink never loses the run's outcome
             _log.error("tether: handoff %s could not be delivered: %s", record.id, exc)
             self.errors.append(f"handoff delivery failed: {type(exc).__name__}")
+            return False
+        return True

@@ -1,193 +1,326 @@
 """Secrets out of everything tether writes or says: one redaction, applied at every boundary.
 
 Structured data is redacted by field name, at any depth (``password``, ``api_key``,
-``authorization``, ``card_number``... see :data:`SECRET_NAMES`); free text by pattern:
-credentials in URLs, ``Bearer``/``Basic`` values, ``name=value`` and ``"name": "value"``
-pairs for the secret names (also inside object reprs and query strings), the shapes of
-provider keys (Anthropic, OpenAI, Stripe, GitHub, Slack, AWS, Google, JWTs) and card
-numbers that pass the Luhn check. Add your own with :func:`add_secret_names` and
-:func:`add_secret_patterns`.
+``accessToken``, ``X-Api-Key``... see :data:`SECRET_NAMES`), also in headers given as a list
+of ``(name, value)`` pairs and in ``{"name": "api_key", "value": ...}`` records; free text by
+pattern: private keys (PEM blocks), credentials in URLs (``user:pass@``, ``TOKEN@``),
+``Bearer``/``Basic`` values, ``name=value`` / ``name: value`` / ``"name": "value"`` pairs of
+the secret names (also in object reprs, query strings and connection strings: Azure's
+``AccountKey=``, ``SharedAccessKey=``, a SAS ``sig=``), "my password is ..." in prose, the
+shapes of provider keys and card numbers.
 
-The patterns are written here rather than taken from a secret scanner: the core imports
-only the standard library, and scanners built for repositories (detect-secrets and the
-like) flag every high-entropy word of a single line, miss card numbers and take hundreds
-of microseconds a line.
+The shapes are those the maintained secret scanners know (gitleaks' rules, detect-secrets'
+plugins; the rule ids are noted beside each one), written here: the core imports only the
+standard library, and a scanner built for repositories flags every high-entropy word of a
+line and takes hundreds of microseconds on it.
+
+Some names are secrets only when their value looks like one (:data:`WEAK_NAMES`:
+``session``, ``auth``, ``token``, ``pin``, ``signature``...): ``session: 3 steps`` and
+``auth: ok`` stay readable, ``token=tok9f8e7d6c5b4a`` does not. A digit run is a card
+number only when it passes the Luhn check, has the length of a card of its issuer's range
+(Visa, Mastercard, Amex, Discover, JCB, Diners, UnionPay, Maestro, Mir...) and is not
+named an order, invoice, reference, id or timestamp: nanosecond timestamps and order
+numbers stay. Redacting twice gives what redacting once gave.
+
+Personal data (e-mail addresses, phone numbers) is masked where ``pii=True`` is asked: in
+what the model reads of a failure and on the operator page, unless
+``register_secrets(mask_pii=False)``. Add your own names and patterns with
+:func:`register_secrets` (``tether serve --secrets module:fn`` loads the same).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
-import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tether._secret_names import (
+    _BUILTIN_NAMES,
+    REDACTED,
+    SECRET_NAMES,
+    WEAK_NAMES,
+    _extra_patterns,
+    _lock,
+    _normalise,
+    _state,
+    _tier,
+    _tiers,
+    _weak_secret,
+)
+from tether._secret_text import _URL_USER, EMAIL_MASK, PHONE_MASK
+from tether._secret_text import _text as _text
+
 __all__ = [
+    "EMAIL_MASK",
+    "PHONE_MASK",
     "REDACTED",
     "SECRET_NAMES",
+    "WEAK_NAMES",
     "add_secret_names",
     "add_secret_patterns",
+    "load_secrets",
+    "masks_pii",
     "redact",
+    "redact_conversation",
     "redact_text",
     "redacted_paths",
+    "register_secrets",
     "safe_url",
 ]
 
-REDACTED = "[redacted]"
 
-#: Field names whose values are secrets (matched case-insensitively, ``-`` and ``_``
-#: alike, as a whole name or as its last part: ``db_password``, ``X-Api-Key``).
-SECRET_NAMES: set[str] = {
-    "password", "passwd", "pwd", "passphrase", "secret", "client_secret", "secret_key",
-    "token", "access_token", "refresh_token", "id_token", "auth_token", "session_token",
-    "api_key", "apikey", "x_api_key", "access_key", "private_key", "aws_secret_access_key",
-    "authorization", "proxy_authorization", "auth", "cookie", "set_cookie", "session",
-    "sessionid", "credentials", "credential", "signature", "card", "card_number",
-    "cardnumber", "pan", "cvc", "cvv", "cvv2", "ssn", "pin", "otp",
-}  # fmt: skip
+def register_secrets(
+    names: Iterable[str] = (),
+    patterns: Iterable[str | re.Pattern[str]] = (),
+    *,
+    mask_pii: bool | None = None,
+) -> None:
+    """Your own secrets, redacted everywhere tether writes or says from now on.
 
-_lock = threading.Lock()
-_extra_patterns: list[re.Pattern[str]] = []
-_state: dict[str, Any] = {}
+    ``names``: field names whose values are secrets (structured data, ``name=value`` text);
+    ``patterns``: regular expressions of your own key shapes; ``mask_pii``: whether what the
+    model reads of a failure and the operator page mask e-mail addresses and phone numbers
+    (True by default). ``tether serve --secrets module:fn`` calls the same.
 
-_KEY_SHAPES = [
-    r"sk-ant-[A-Za-z0-9_-]{16,}",  # Anthropic
-    r"sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}",  # OpenAI
-    r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{10,}",  # Stripe secret / restricted keys
-    r"\bwhsec_[A-Za-z0-9]{16,}",  # Stripe webhook secrets
-    r"\bgh[pousr]_[A-Za-z0-9]{20,}",  # GitHub tokens
-    r"\bgithub_pat_[A-Za-z0-9_]{20,}",
-    r"\bxox[abposr]-[A-Za-z0-9-]{10,}",  # Slack
-    r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b",  # AWS access key ids
-    r"\bAIza[0-9A-Za-z_-]{35}",  # Google API keys
-    r"\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}",  # JWTs
-]
-# user:password@host:port of a URL: the host of a credentialed URL (a DSN) goes too
-_URL_CREDENTIALS = re.compile(r"(?<=://)[^/\s@:]*:[^/\s@]*@[^/\s?#]*")
-_URL_USER = re.compile(r"(?<=://)[^/@\s]*@")
-_AUTH_SCHEME = re.compile(r"(?i)\b(bearer|basic|digest|token)(\s+)[A-Za-z0-9._~+/=-]{6,}")
-# a whole token: an id whose hex holds a Luhn-valid digit run (ho_00dc99356118...) is no card
-_CARD = re.compile(r"(?<![\w-])\d(?:[ -]?\d){12,18}(?![\w-])")
-
-
-def _normalise(name: str) -> str:
-    return name.strip().lower().replace("-", "_").replace(" ", "_")
-
-
-def _is_secret_name(name: str) -> bool:
-    n = _normalise(name)
-    if n in SECRET_NAMES:
-        return True
-    last = n.rsplit("_", 1)[-1]
-    return last in {
-        "password",
-        "passwd",
-        "secret",
-        "token",
-        "cookie",
-        "apikey",
-        "credentials",
-    } or n.endswith(("_api_key", "_secret_key", "_private_key", "_access_key", "_card_number"))
+    >>> register_secrets(names=["license_code"], patterns=[r"\\bACME-[0-9A-F]{12}\\b"])
+    >>> redact({"license_code": "X-1", "note": "key ACME-0123456789AB"})
+    {'license_code': '[redacted]', 'note': 'key [redacted]'}
+    """
+    if isinstance(names, str) or isinstance(patterns, str | re.Pattern):
+        raise TypeError("names and patterns take lists (names=['license_code'])")
+    compiled = []
+    for p in patterns:
+        try:
+            compiled.append(re.compile(p) if isinstance(p, str) else p)
+        except re.error as exc:
+            raise ValueError(f"patterns: {p!r} is not a regular expression ({exc})") from exc
+        if not isinstance(compiled[-1], re.Pattern):
+            raise TypeError(f"patterns take strings or compiled patterns, got {p!r}")
+    if mask_pii is not None and not isinstance(mask_pii, bool):
+        raise TypeError(f"mask_pii must be True, False or None, got {mask_pii!r}")
+    with _lock:
+        for name in names:
+            if not isinstance(name, str) or not name.strip():
+                raise ValueError(f"names take non-empty strings, got {name!r}")
+            n = _normalise(name)
+            SECRET_NAMES.add(n)
+            _state.setdefault("strong_added", set()).add(n)
+        _extra_patterns.extend(compiled)
+        if mask_pii is not None:
+            _state["mask_pii"] = mask_pii
+        _state.pop("compiled", None)
+        _tiers.clear()
 
 
-def _compiled() -> tuple[re.Pattern[str], re.Pattern[str]]:
-    """(pairs, shapes), rebuilt when names or patterns change."""
-    found = _state.get("compiled")
-    if found is None:
-        names = sorted(
-            {re.escape(n).replace("_", "[_-]?") for n in SECRET_NAMES}, key=len, reverse=True
-        )
-        alternatives = "|".join(names)
-        # name=value, name: value, "name": "value", name='value' (reprs), ?name=value
-        pairs = re.compile(
-            rf"(?i)(?<![A-Za-z0-9])((?:[A-Za-z0-9]+[_-])*(?:{alternatives}))([\"']?\s*[=:]\s*)"
-            r"(\"[^\"]*\"|'[^']*'|[^\s\"'&,;)}\]]+)"
-        )
-        shapes = re.compile("|".join([*_KEY_SHAPES, *(p.pattern for p in _extra_patterns)]))
-        found = (pairs, shapes)
-        _state["compiled"] = found
-    return found
+_SETTINGS = ("names", "patterns", "mask_pii")
+
+
+def load_secrets(spec: str) -> None:
+    """Register the secrets ``spec`` gives (``tether serve --secrets``): a TOML or JSON
+    file with ``names``, ``patterns`` and ``mask_pii``; or ``module:fn``, imported from the
+    current directory, where ``fn()`` returns such a mapping (or registers them itself with
+    :func:`register_secrets` and returns None).
+
+    Raises ValueError (or ImportError, OSError) saying what is wrong with ``spec``.
+    """
+    import os
+
+    if spec.endswith((".toml", ".json")) or os.path.isfile(spec):
+        with open(spec, "rb") as f:
+            raw = f.read()
+        if spec.endswith(".json"):
+            import json
+
+            settings: Any = json.loads(raw)
+        else:
+            import tomllib
+
+            settings = tomllib.loads(raw.decode())
+    else:
+        module, _, name = spec.partition(":")
+        if not module or not name:
+            raise ValueError("give a TOML or JSON file, or module:function")
+        import importlib
+        import sys
+
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        found = getattr(importlib.import_module(module), name)
+        settings = found() if callable(found) else found
+        if settings is None:
+            return
+    if not isinstance(settings, Mapping):
+        raise ValueError(f"expected a mapping of {', '.join(_SETTINGS)}, got {settings!r:.80}")
+    unknown = sorted(set(settings) - set(_SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown setting {unknown[0]!r} (known: {', '.join(_SETTINGS)})")
+    register_secrets(
+        names=settings.get("names", ()),
+        patterns=settings.get("patterns", ()),
+        mask_pii=settings.get("mask_pii"),
+    )
 
 
 def add_secret_names(*names: str) -> None:
     """Treat these field names as secrets too (structured data and ``name=value`` text)."""
-    with _lock:
-        SECRET_NAMES.update(_normalise(n) for n in names if n)
-        _state.pop("compiled", None)
+    register_secrets(names=[n for n in names if n])
 
 
 def add_secret_patterns(*patterns: str | re.Pattern[str]) -> None:
     """Redact text matching these regular expressions too (e.g. your own key shapes)."""
+    register_secrets(patterns=patterns)
+
+
+def masks_pii() -> bool:
+    """Whether the model's and the operator page's texts mask e-mail addresses and phone
+    numbers (``register_secrets(mask_pii=...)``; True by default)."""
+    return bool(_state["mask_pii"])
+
+
+def _reset() -> None:
+    """Forget the user's names, patterns and settings (tether.testing.reset)."""
     with _lock:
-        for p in patterns:
-            _extra_patterns.append(re.compile(p) if isinstance(p, str) else p)
+        SECRET_NAMES.difference_update(_state.pop("strong_added", set()) - _BUILTIN_NAMES)
+        _extra_patterns.clear()
+        _state["mask_pii"] = True
         _state.pop("compiled", None)
+        _tiers.clear()
 
 
-def _luhn(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = ord(ch) - 48
-        if i % 2:
-            d = d * 2 - 9 if d > 4 else d * 2
-        total += d
-    return total % 10 == 0
+def redact_text(text: str, *, pii: bool = False) -> str:
+    """``text`` with every secret the patterns know replaced by ``[redacted]``; with
+    ``pii=True`` e-mail addresses and phone numbers masked too."""
+    return _text(text, pii, "") if len(text) >= 5 else text
 
 
-def _card(match: re.Match[str]) -> str:
-    digits = re.sub(r"[ -]", "", match.group(0))
-    return REDACTED if 13 <= len(digits) <= 19 and _luhn(digits) else match.group(0)
-
-
-def _pair(match: re.Match[str]) -> str:
-    value = match.group(3)
-    if value in (REDACTED, f'"{REDACTED}"', f"'{REDACTED}'"):
-        return match.group(0)
-    quote = value[0] if value[:1] in ("'", '"') else ""
-    return f"{match.group(1)}{match.group(2)}{quote}{REDACTED}{quote}"
-
-
-def redact_text(text: str) -> str:
-    """``text`` with every secret the patterns know replaced by ``[redacted]``."""
-    if not text:
-        return text
-    pairs, shapes = _compiled()
-    text = _URL_CREDENTIALS.sub(REDACTED, text)
-    text = _AUTH_SCHEME.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
-    text = pairs.sub(_pair, text)
-    text = shapes.sub(REDACTED, text)
-    if any(ch.isdigit() for ch in text):
-        text = _CARD.sub(_card, text)
-    return text
-
-
-def redact(value: Any, *, extra: re.Pattern[str] | None = None) -> Any:
+def redact(value: Any, *, extra: re.Pattern[str] | None = None, pii: bool = False) -> Any:
     """A copy of ``value`` with its secrets replaced: fields by name at any depth, text
-    by pattern; other objects by their redacted ``repr``.
+    by pattern; other objects by their redacted ``repr``. ``pii=True`` masks e-mail
+    addresses and phone numbers too.
 
-    >>> redact({"order": "A-1", "api_key": "sk-live-123", "note": "token=abc123"})
+    >>> redact({"order": "A-1", "api_key": "sk-live-123", "note": "token=abc123def456"})
     {'order': 'A-1', 'api_key': '[redacted]', 'note': 'token=[redacted]'}
     """
-    return _redact(value, extra, 0)
+    return _redact(value, extra, pii, 0, "")
 
 
-def _redact(value: Any, extra: re.Pattern[str] | None, depth: int) -> Any:
-    if depth > 64:
-        return REDACTED
+def _redact(value: Any, extra: re.Pattern[str] | None, pii: bool, depth: int, key: str) -> Any:
     if isinstance(value, str):
-        text = redact_text(value)
+        text = _text(value, pii, key) if len(value) >= 5 else value
         return extra.sub(REDACTED, text) if extra is not None else text
     if value is None or isinstance(value, bool | int | float):
         return value
+    if depth > 64:
+        return REDACTED
     if isinstance(value, Mapping):
         out = {}
         for k, v in value.items():
             name = str(k)
-            secret = _is_secret_name(name) or (extra is not None and extra.search(name))
-            out[k] = REDACTED if secret and v not in (None, "") else _redact(v, extra, depth + 1)
-        return out
+            tier = 2 if extra is not None and extra.search(name) else _tier(name)
+            if (tier == 2 and v not in (None, "")) or (tier == 1 and _weak_secret(v)):
+                out[k] = REDACTED
+            else:
+                out[k] = _redact(v, extra, pii, depth + 1, name)
+        return _named_value(value, out)
     if isinstance(value, list | tuple):
-        return [_redact(v, extra, depth + 1) for v in value]
-    return _redact(repr(value), extra, depth + 1)
+        return [_secret_pair(v) or _redact(v, extra, pii, depth + 1, key) for v in value]
+    return _redact(repr(value), extra, pii, depth + 1, key)
+
+
+_THINKING = frozenset({"thinking", "redacted_thinking", "reasoning"})
+
+
+_THOUGHT_TEXT = frozenset({"thinking", "content", "text", "summary"})
+
+
+def redact_conversation(messages: Iterable[Any], *, keep_last: bool = False) -> tuple[Any, ...]:
+    """A conversation in its provider's own format with its secrets redacted: dicts stay
+    dicts, a framework's message objects (dataclasses, pydantic models) are copied with the
+    redacted fields. A thinking block keeps its signature (the provider checks it);
+    ``keep_last`` keeps the last turn as the model wrote it (the tool calls a resumed run
+    makes must keep their arguments)."""
+    items = list(messages)
+    last = len(items) - 1 if keep_last else len(items)
+    if keep_last:  # a flat list of items (the Agents SDK): every trailing function call
+        while (
+            last > 0
+            and isinstance(items[last - 1], Mapping)
+            and items[last - 1].get("type") == "function_call"
+        ):
+            last -= 1
+    return tuple(_copy(m, 0) if i < last else m for i, m in enumerate(items))
+
+
+def _copy(value: Any, depth: int, thought: bool = False) -> Any:
+    """``value`` redacted, each part in its own type (see :func:`redact_conversation`)."""
+    if isinstance(value, str):
+        return _text(value, False, "") if len(value) >= 5 else value
+    if value is None or isinstance(value, bool | int | float) or depth > 32:
+        return value
+    if isinstance(value, Mapping):
+        kind = value.get("type")
+        if kind in _THINKING:
+            return {k: _copy(v, depth + 1) if k in _THOUGHT_TEXT else v for k, v in value.items()}
+        return _named_value(value, {k: _field(str(k), v, depth) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        items = [_secret_pair(v) or _copy(v, depth + 1) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    thinking = getattr(value, "part_kind", None) == "thinking"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = [f.name for f in dataclasses.fields(value) if f.init]
+        changes = _changes(value, names, depth, thinking)
+        return dataclasses.replace(value, **changes) if changes else value
+    fields = getattr(type(value), "model_fields", None)
+    if isinstance(fields, Mapping) and callable(getattr(value, "model_copy", None)):  # pydantic
+        changes = _changes(value, list(fields), depth, thinking)
+        return value.model_copy(update=changes) if changes else value
+    return value
+
+
+def _field(name: str, value: Any, depth: int) -> Any:
+    tier = _tier(name)
+    if (tier == 2 and value not in (None, "")) or (tier == 1 and _weak_secret(value)):
+        return REDACTED
+    return _copy(value, depth + 1)
+
+
+def _changes(value: Any, names: list[str], depth: int, thinking: bool) -> dict[str, Any]:
+    changes = {}
+    for name in names:
+        if thinking and name not in _THOUGHT_TEXT:
+            continue  # a thinking part's signature and id stay as the provider gave them
+        old = getattr(value, name, None)
+        new = _field(name, old, depth)
+        if new is not old and new != old:
+            changes[name] = new
+    return changes
+
+
+def _named_value(value: Mapping[Any, Any], out: dict[Any, Any]) -> dict[Any, Any]:
+    """``{"name": "api_key", "value": "..."}``: the value of a field named a secret."""
+    named = value.get("name", value.get("key", value.get("header")))
+    if (
+        "value" in out
+        and isinstance(named, str)
+        and _tier(named)
+        and out["value"] not in (None, "")
+    ):
+        out["value"] = REDACTED
+    return out
+
+
+def _secret_pair(item: Any) -> list[Any] | None:
+    """``("X-Api-Key", "...")`` of headers given as pairs, redacted; None for other items."""
+    if (
+        isinstance(item, list | tuple)
+        and len(item) == 2
+        and isinstance(item[0], str)
+        and item[1] not in (None, "")
+        and (_tier(item[0]) == 2 or (_tier(item[0]) == 1 and _weak_secret(item[1])))
+    ):
+        return [item[0], REDACTED]
+    return None
 
 
 def redacted_paths(value: Any, path: str = "args") -> list[str]:

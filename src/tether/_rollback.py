@@ -11,6 +11,7 @@ from tether import telemetry
 from tether._canonical import jsonable
 from tether._errors import EffectInProgress, UnknownOutcome
 from tether._governance import JournalEntry
+from tether._handoff import SOME_STEP
 from tether._outcome import Outcome, StopReason
 from tether._redact import redact
 from tether._runstate import RunState
@@ -140,7 +141,7 @@ class Rollback(RunState):
 
     def _undone(self, entry: JournalEntry, original: Any, value: Any) -> dict[str, Any]:
         entry.state = "compensated"
-        effect = self.guard.describe_effect(entry.tool, entry.args, original) or entry.tool
+        effect = self._effect_text(entry.tool, entry.args, original) or SOME_STEP
         record = {"tool": entry.tool, "args": redact(jsonable(entry.args)), "result": redact(jsonable(value)),
                   "effect": str(redact(effect.replace(" completed", "", 1)))}  # fmt: skip
         _log.info("tether: run %s: compensated %s", self.run_id, entry.tool)

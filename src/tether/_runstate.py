@@ -110,6 +110,7 @@ class RunState:
         self.partial = Tail(guard.keep_last)
         self.transcript = Tail(guard.keep_last)
         self._effects: list[tuple[str, Any, str]] = []  # (tool, args, ledger key)
+        self._labels: dict[str, str] = {}  # what the customer reads for a tool's effect
         self._tool_counts: Counter[str] = Counter()  # calls let through, per tool (policies)
         self._journal: list[JournalEntry] = []  # completed calls that can be compensated
         self._compensated: list[dict[str, Any]] = []  # what rollback() undid, newest first
@@ -123,6 +124,7 @@ class RunState:
         self._step_calls = 0
         self._stop: tuple[StopReason, str] | None = None
         self._escalate = False
+        self._case_filed = False  # the run's handoff reached a sink or the records
         self._result: Any = None
         self._outcome: Outcome | None = None
         self._issues: list[str] = []
@@ -186,6 +188,16 @@ class RunState:
         return Usage(self.steps, self.model_calls, self.tool_calls, self.input_tokens, self.output_tokens,
                      self.cache_write_tokens, self.cache_read_tokens, round(self.cost_usd, 10),
                      self.retries, self.elapsed, self.unpriced_calls)  # fmt: skip
+
+    def _effect_text(self, tool: str, args: Any, result: Any) -> str | None:
+        """An effect in the customer's words: the guard's ``describe_effect``, or (the
+        default) the tool's label, never its name."""
+        from tether._guard import _describe
+
+        describe = self.guard.describe_effect
+        if describe is _describe:
+            return _describe(self._labels.get(tool, ""), args, result)
+        return describe(tool, args, result)
 
     def _time_left(self) -> float | None:
         """The run's time budget left (the deadline of the next call), or None."""

@@ -33,7 +33,7 @@ from tether._governance import (
     needs_approval,
 )
 from tether._outcome import Stopped, StopReason, ToolError
-from tether._redact import redact
+from tether._redact import masks_pii, redact
 from tether._retry import RetryPolicy
 from tether._runstate import RunState
 from tether.clock import hung_threads
@@ -51,9 +51,10 @@ QUOTA_REACHED = "unavailable: a usage limit was reached; do not call it again in
 
 
 def _said(text: str) -> str:
-    """A tool's own message for the model: its first line, redacted, at most 300 characters."""
+    """A tool's own message for the model: its first line, redacted (personal data masked,
+    unless ``register_secrets(mask_pii=False)``), at most 300 characters."""
     first = text.strip().splitlines()[0] if text.strip() else "the tool refused"
-    return str(redact(first))[:300]
+    return str(redact(first, pii=masks_pii()))[:300]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,14 @@ class ToolCalls(RunState):
         if name not in self.guard.loops.allow_repeat:
             self._step_counted = True
         return _Call(name, args, action, key, self.steps, policy)
+
+    def _label(self, name: str, label: str | None) -> None:
+        if label is not None:
+            if not isinstance(label, str) or not label.strip():
+                raise ValueError(
+                    f"label of tool {name!r} must be a non-empty string, got {label!r}"
+                )
+            self._labels[name] = label.strip()
 
     def _effect_timeout(self, timeout: float | None) -> float | None:
         """An effect's timeout: the tool's (or the policy's), never past the run's time."""
@@ -336,6 +345,7 @@ class ToolCalls(RunState):
         requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
         compensate: Callable[[Any], Any] | None = None,
         volatile: Iterable[str] = (),
+        label: str | None = None,
     ) -> Any:
         """Call a tool under every guard: policies, approval, loops and budgets, breaker,
         retries, ledger.
@@ -350,6 +360,9 @@ class ToolCalls(RunState):
         model fills anew on every call (``"meta.nonce"``, ``"items.*.request_id"``), left
         out of the call's identity besides the top-level request ids
         (:data:`tether.VOLATILE_FIELDS`); every other field, at any depth, is the intent.
+        ``label`` is what the customer's message calls
+        its effect (``"refund"``: "Done: refund completed"); the tool's name never reaches
+        the customer.
         Raises :class:`tether.Stopped` when a guard ends the run (the call is not made),
         or :class:`tether.ToolError` with a short text for the model when it fails.
         """
@@ -359,6 +372,7 @@ class ToolCalls(RunState):
                 " (call_tool would never await it, and the tool would never run)"
             )
         args = _arguments(name, args)
+        self._label(name, label)
         call = self._before_tool(name, args, timeout, idempotent, _paths(name, volatile))
         gate = self._govern(call, requires_approval, compensate)
         call, idempotent = self._gated(call, gate, idempotent, timeout)
@@ -416,6 +430,7 @@ class ToolCalls(RunState):
         requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
         compensate: Callable[[Any], Any] | None = None,
         volatile: Iterable[str] = (),
+        label: str | None = None,
     ) -> Any:
         """The async form of :meth:`call_tool`; a hanging attempt is cancelled.
 
@@ -423,6 +438,7 @@ class ToolCalls(RunState):
         worker thread, so that it does not block the event loop).
         """
         args = _arguments(name, args)
+        self._label(name, label)
         call = self._before_tool(name, args, timeout, idempotent, _paths(name, volatile))
         gate = self._govern(call, requires_approval, compensate)
         call, idempotent = self._gated(call, gate, idempotent, timeout)

@@ -73,6 +73,8 @@ class Tool:
     person's approval of the call before it runs; ``compensate(result)`` undoes a
     completed call when the run is rolled back. ``volatile`` names argument paths the
     model fills anew on every call (``"meta.nonce"``), left out of the call's identity.
+    ``label`` is what the customer's message
+    calls its effect (``label="refund"``: "Done: refund completed"); tool names stay inside.
     """
 
     name: str
@@ -85,6 +87,9 @@ class Tool:
     requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False
     compensate: Callable[[Any], Any] | None = None
     volatile: tuple[str, ...] = ()
+    #: what the customer reads for this tool's effect ("refund": "Done: refund completed"),
+    #: never the tool's own name; empty: a neutral phrase
+    label: str = ""
     schema: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +111,8 @@ class Tool:
 
         object.__setattr__(self, "volatile", tuple(self.volatile))
         rules(self.volatile)  # a malformed path fails here, naming it
+        if not isinstance(self.label, str):
+            raise TypeError(f"Tool {self.name!r}: label must be a string, got {self.label!r}")
         schema = self.input_schema if self.input_schema is not None else schema_from_hints(self.fn)
         object.__setattr__(self, "schema", schema)
         if not self.description:
@@ -150,10 +157,23 @@ def side_effect_map(side_effects: Any) -> dict[str, Callable[[str], Any] | None]
     return dict.fromkeys(side_effects)
 
 
+def _labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """``labels``: what the customer reads for each tool (by tool name), checked."""
+    if labels is None:
+        return {}
+    if not isinstance(labels, Mapping):
+        raise TypeError(f"labels must be a mapping of tool name to label, got {labels!r}")
+    for name, label in labels.items():
+        if not isinstance(label, str) or not label.strip():
+            raise ValueError(f"labels[{name!r}] must be a non-empty string, got {label!r}")
+    return dict(labels)
+
+
 class ToolRules:
     """What an adapter knows about a framework's tools, by name: which are side effects
     (and their ``lookup``), their timeouts, which need approval (True or a predicate of the
-    arguments) and how to undo them; as ``run.call_tool`` options."""
+    arguments), how to undo them and the label the customer reads for each; as
+    ``run.call_tool`` options."""
 
     def __init__(
         self,
@@ -161,8 +181,11 @@ class ToolRules:
         timeouts: Mapping[str, float] | None = None,
         requires_approval: Mapping[str, Any] | None = None,
         compensate: Mapping[str, Callable[[Any], Any]] | None = None,
+        *,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.side_effects = side_effect_map(side_effects)
+        self.labels = _labels(labels)
         self.timeouts = dict(timeouts or {})
         self.requires_approval = dict(requires_approval or {})
         self.compensate = dict(compensate or {})
@@ -182,7 +205,7 @@ class ToolRules:
     def options(self, name: str, timeout: float | None = None) -> dict[str, Any]:
         return {"timeout": self.timeouts.get(name, timeout), "idempotent": name not in self.side_effects,
                 "lookup": self.side_effects.get(name), "requires_approval": self.requires_approval.get(name, False),
-                "compensate": self.compensate.get(name)}  # fmt: skip
+                "compensate": self.compensate.get(name), "label": self.labels.get(name)}  # fmt: skip
 
 
 class ModelRetries:
@@ -241,13 +264,15 @@ def malformed_arguments(raw: str) -> None:
 
 
 def result_text(value: Any) -> str:
-    """A tool result as the text the model reads."""
+    """A tool result as the text the model reads, its secrets redacted."""
+    from tether._redact import redact_text
+
     if isinstance(value, str):
-        return value
+        return redact_text(value)
     try:
-        return json.dumps(value, default=str)
+        return redact_text(json.dumps(value, default=str))
     except (TypeError, ValueError):
-        return str(value)
+        return redact_text(str(value))
 
 
 def provider_breaker(provider: str, base_url: str, attempts: int) -> Any:

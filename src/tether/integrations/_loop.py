@@ -135,7 +135,7 @@ def _tool_kwargs(tool: Tool | None) -> dict[str, Any]:
         return {}
     return {"timeout": tool.timeout, "idempotent": tool.idempotent, "lookup": tool.lookup,
             "requires_approval": tool.requires_approval, "compensate": tool.compensate,
-            "volatile": tool.volatile}  # fmt: skip
+            "volatile": tool.volatile, "label": tool.label or None}  # fmt: skip
 
 
 def run_tool(run: Run, turns: Turns, use: ToolUse) -> tuple[ToolUse, str, bool]:

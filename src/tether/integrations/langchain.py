@@ -75,7 +75,8 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     ``side_effects`` names the non-idempotent tools: a mapping of tool name to its
     ``lookup`` (the provider's records, or None), or an iterable of names. They run at
     most once per intent through the guard's ledger; every other tool is treated as
-    idempotent and retried through transient failures.
+    idempotent and retried through transient failures. ``labels`` names what the customer
+    reads for each tool's effect (``{"issue_refund": "refund"}``).
     """
 
     state_schema = TetherState
@@ -83,7 +84,8 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     def __init__(self, guard: Guard, side_effects: Mapping[str, Callable[[str], Any] | None]
                  | Iterable[str] | None = None, *, timeouts: Mapping[str, float] | None = None,
                  requires_approval: Mapping[str, Any] | None = None,
-                 compensate: Mapping[str, Callable[[Any], Any]] | None = None) -> None:  # fmt: skip
+                 compensate: Mapping[str, Callable[[Any], Any]] | None = None,
+                 labels: Mapping[str, str] | None = None) -> None:  # fmt: skip
         super().__init__()
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
@@ -91,7 +93,9 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         # model calls: retried at this one layer, classified by tether, within the run's time
         self._policy = guard.retry.replace(name="model")
         self._warned = False
-        self._tools = ToolGuard(side_effects, timeouts, requires_approval, compensate)
+        self._tools = ToolGuard(
+            side_effects, timeouts, requires_approval, compensate, labels=labels
+        )
         require_a_place_to_wait(guard, self._tools.rules.needing_approval())
         self.side_effects = self._tools.side_effects
         self._runs: dict[str, Run] = {}
@@ -240,8 +244,9 @@ class ToolGuard:
 
     def __init__(self, side_effects: Any = None, timeouts: Mapping[str, float] | None = None,
                  requires_approval: Mapping[str, Any] | None = None,
-                 compensate: Mapping[str, Callable[[Any], Any]] | None = None) -> None:  # fmt: skip
-        self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate)
+                 compensate: Mapping[str, Callable[[Any], Any]] | None = None, *,
+                 labels: Mapping[str, str] | None = None) -> None:  # fmt: skip
+        self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
         self.side_effects = self.rules.side_effects
         self.timeouts = self.rules.timeouts
 

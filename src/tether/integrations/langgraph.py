@@ -39,7 +39,7 @@ def _drain(run: Run, control: Any) -> None:
 
 
 def tool_wrapper(run: Run, side_effects: Any = None, *, timeouts: Mapping[str, float] | None = None,
-                 control: Any = None) -> Wrapper:  # fmt: skip
+                 control: Any = None, labels: Mapping[str, str] | None = None) -> Wrapper:  # fmt: skip
     """A ``ToolNode(wrap_tool_call=...)`` that runs every tool call through ``run``: loops,
     timeouts, breaker, retries, the ledger for ``side_effects``. A guard's stop comes back
     as an error tool message; route on ``run.stopped`` to end the graph, or pass the run's
@@ -47,7 +47,7 @@ def tool_wrapper(run: Run, side_effects: Any = None, *, timeouts: Mapping[str, f
     drain it: LangGraph stops at the next superstep with a resumable checkpoint."""
     from tether.integrations.langchain import ToolGuard
 
-    guard = ToolGuard(side_effects, timeouts)
+    guard = ToolGuard(side_effects, timeouts, labels=labels)
 
     def wrapped(request: Any, handler: Callable[[Any], Any]) -> Any:
         try:
@@ -59,11 +59,11 @@ def tool_wrapper(run: Run, side_effects: Any = None, *, timeouts: Mapping[str, f
 
 
 def atool_wrapper(run: Run, side_effects: Any = None, *, timeouts: Mapping[str, float] | None = None,
-                  control: Any = None) -> Wrapper:  # fmt: skip
+                  control: Any = None, labels: Mapping[str, str] | None = None) -> Wrapper:  # fmt: skip
     """The async form of :func:`tool_wrapper` (``ToolNode(awrap_tool_call=...)``)."""
     from tether.integrations.langchain import ToolGuard
 
-    guard = ToolGuard(side_effects, timeouts)
+    guard = ToolGuard(side_effects, timeouts, labels=labels)
 
     async def wrapped(request: Any, handler: Callable[[Any], Any]) -> Any:
         try:

@@ -166,6 +166,7 @@ def guard_tools(
     timeouts: Mapping[str, float] | None = None,
     requires_approval: Mapping[str, Any] | None = None,
     compensate: Mapping[str, Callable[[Any], Any]] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> list[Any]:
     """Copies of ``tools`` whose calls go through ``run`` (the originals are untouched).
 
@@ -174,12 +175,13 @@ def guard_tools(
     names): they run at most once per intent through the guard's ledger. A tool's own
     ``timeout_seconds`` becomes tether's timeout for it (unless ``timeouts`` names one),
     so that one clock decides when an attempt is abandoned. ``requires_approval`` and
-    ``compensate`` (by tool name) are the governance options of ``run.call_tool``.
+    ``compensate`` (by tool name) are the governance options of ``run.call_tool``;
+    ``labels`` what the customer reads for each tool's effect (``{"issue_refund": "refund"}``).
     """
     if not isinstance(run, Run):
         raise TypeError(f"guard_tools needs a tether Run (guard.start()), got {run!r}")
     rules = side_effects if isinstance(side_effects, ToolRules) else ToolRules(
-        side_effects, timeouts, requires_approval, compensate)  # fmt: skip
+        side_effects, timeouts, requires_approval, compensate, labels=labels)  # fmt: skip
     require_a_place_to_wait(run.guard, rules.needing_approval())
     return [_guarded(tool, run, rules) for tool in tools]
 
@@ -291,6 +293,7 @@ async def run(
     compensate: Mapping[str, Callable[[Any], Any]] | None = None,
     resume: str | None = None,
     key: str | None = None,
+    labels: Mapping[str, str] | None = None,
     context: Any = None,
     max_turns: int | None = None,
     run_config: RunConfig | None = None,
@@ -314,7 +317,7 @@ async def run(
         raise TypeError("run() owns the run hooks: subclass TetherHooks and call Runner.run "
                         "yourself (see guard_tools) to add your own")  # fmt: skip
     turns = _max_turns(guard, max_turns)
-    rules = ToolRules(side_effects, timeouts, requires_approval, compensate)
+    rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
     require_a_place_to_wait(guard, rules.needing_approval())
     with guard.resume(resume) if resume else guard.start(task=_task(input), key=key) as tether_run:
         policy = guard.retry.replace(name="model", clock=tether_run.clock)

@@ -110,7 +110,8 @@ class TetherCapability(AbstractCapability[Any]):
     ``side_effects`` names the non-idempotent tools (a mapping of tool name to its
     ``lookup``, or names); they run at most once per intent through the guard's ledger.
     Every other tool is treated as idempotent and retried through transient failures.
-    ``timeouts`` gives tools a time limit per attempt.
+    ``timeouts`` gives tools a time limit per attempt; ``labels`` what the customer reads
+    for each tool's effect (``{"issue_refund": "refund"}``).
 
     One instance serves concurrent runs (their state is keyed by PydanticAI's run id).
     After a run, :meth:`outcome` gives its :class:`tether.Outcome`.
@@ -126,11 +127,12 @@ class TetherCapability(AbstractCapability[Any]):
         compensate: Mapping[str, Callable[[Any], Any]] | None = None,
         resume: str | None = None,
         key: str | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
         self.guard = guard
-        self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate)
+        self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
         require_a_place_to_wait(guard, self.rules.needing_approval())
         self.side_effects = self.rules.side_effects
         self._resume = resume
@@ -331,6 +333,7 @@ async def run(
     compensate: Mapping[str, Callable[[Any], Any]] | None = None,
     resume: str | None = None,
     key: str | None = None,
+    labels: Mapping[str, str] | None = None,
     **agent_options: Any,
 ) -> Outcome:
     """Run ``agent`` on ``prompt`` under ``guard``; the :class:`tether.Outcome`.
@@ -345,7 +348,8 @@ async def run(
     if not isinstance(agent, Agent):
         raise TypeError(f"agent must be a pydantic_ai.Agent, got {agent!r}")
     capability = TetherCapability(guard, side_effects, timeouts=timeouts, compensate=compensate,
-                                  requires_approval=requires_approval, resume=resume, key=key)  # fmt: skip
+                                  requires_approval=requires_approval, resume=resume, key=key,
+                                  labels=labels)  # fmt: skip
     extra = list(agent_options.pop("capabilities", None) or ())
     try:
         result = await agent.run(prompt, capabilities=[capability, *extra], **agent_options)

@@ -36,7 +36,7 @@ from tether._governance import APPROVED, PENDING, REJECTED, USED, ApprovalError
 from tether._outcome import STATUSES, StopReason
 from tether._persist import RedactedArguments, check_run_id
 from tether._records import DAY, Records
-from tether._redact import redact
+from tether._redact import masks_pii, redact
 
 require("starlette", "serve")
 require("jinja2", "serve")
@@ -105,7 +105,7 @@ def _shown(value: Any) -> Any:
     what this page drew itself (a chart), from values redacted already."""
     if isinstance(value, Markup):
         return value
-    return redact(value) if isinstance(value, str) else value
+    return redact(value, pii=masks_pii()) if isinstance(value, str) else value
 
 
 def _environment() -> jinja2.Environment:

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from tether._redact import redact
+from tether._redact import masks_pii, redact
 
 __all__ = ["Cut", "Preview", "at_path", "preview", "redact_whole", "run_view", "shown"]
 
@@ -186,14 +186,15 @@ def redact_whole(value: Any) -> Any:
 
     def back(v: Any) -> Any:
         if isinstance(v, str) and v.startswith("\x00") and v.endswith("\x00"):
-            return "".join(redact(piece) for piece in _pieces(long[int(v[1:-1])]))
+            return "".join(redact(piece, pii=pii) for piece in _pieces(long[int(v[1:-1])]))
         if isinstance(v, dict):
             return {k: back(x) for k, x in v.items()}
         if isinstance(v, list):
             return [back(x) for x in v]
         return v
 
-    return back(redact(out(value)))
+    pii = masks_pii()  # the page masks personal data (register_secrets(mask_pii=False))
+    return back(redact(out(value), pii=pii))
 
 
 def _run_view(text: str) -> dict[str, Any]:
