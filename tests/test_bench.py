@@ -172,3 +172,57 @@ def test_overhead_suite_reports_every_case() -> None:
     bounded, unbounded = out["long_run"]["keep_last=1000"], out["long_run"]["unbounded"]
     assert bounded["steps"] == unbounded["steps"] == 100_000
     assert bounded["run_state_bytes"] < 5_000_000 < 50_000_000 < unbounded["run_state_bytes"]
+
+
+def test_report_plots_show_every_value_with_the_legend_outside_the_data(tmp_path: Path) -> None:
+    """Every bar labelled (a zero too, marked on the axis), tick labels under every panel,
+    the legend outside every panel; cost and duplicate effects plotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tether.bench._report import _count, _dollars, _plots, _share, bars_figure
+
+    cell = {
+        "tasks": 10,
+        "success": 0.995,
+        "escalated": 0.0,
+        "duplicate_effects": 0,
+        "cost_usd": 2.5,
+        "latency_samples": [1.0, 2.0, 30.0],
+    }
+    cells = {
+        s: {
+            "policies": {
+                p: dict(cell, duplicate_effects=3 if p == "naive" else 0)
+                for p in ("naive", "tether")
+            }
+        }
+        for s in ("outage", "polling")
+    }
+    fig = bars_figure(
+        plt,
+        cells,
+        [
+            ("success", "success", _share),
+            ("escalated", "escalated", _share),
+            ("duplicate_effects", "dup.", _count),
+            ("cost_usd", "cost", _dollars),
+        ],
+    )
+    panels = fig.axes
+    labels = [[t.get_text() for t in ax.texts] for ax in panels]
+    assert labels[0] == ["99.5%"] * 4 and labels[1] == ["0%"] * 4  # 99.5% is not rounded to 100%
+    assert labels[2] == ["3", "3", "0", "0"] and labels[3] == ["2.50"] * 4
+    assert all(len(ax.lines) == 4 for ax in panels[1:2])  # each zero is drawn as a mark
+    fig.canvas.draw()
+    (legend,) = fig.legends
+    box = legend.get_window_extent()
+    for ax in panels:
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["outage", "polling"]
+        assert not box.overlaps(ax.get_window_extent()), "the legend covers a panel"
+    plt.close(fig)
+    images = _plots({"suites": {"agents": {"scenarios": cells}}}, tmp_path)
+    assert [name for _, name in images] == ["agents.png", "agents-effects.png", "latency.png"]
+    assert all((tmp_path / name).stat().st_size > 10_000 for _, name in images)

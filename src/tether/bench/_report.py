@@ -154,78 +154,229 @@ def _plots(results: dict[str, Any], out: Path) -> list[tuple[str, str]]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    images = []
+    images: list[tuple[str, str]] = []
     suites = results.get("suites", {})
     if "agents" in suites:
-        scenarios = list(suites["agents"]["scenarios"])
-        policies = list(next(iter(suites["agents"]["scenarios"].values()))["policies"])
-        fig, axes = plt.subplots(2, 1, figsize=(13, 8), sharex=True)
-        width = 0.8 / len(policies)
-        for k, metric in enumerate(["success", "escalated"]):
-            for i, policy in enumerate(policies):
-                values = [
-                    suites["agents"]["scenarios"][s]["policies"][policy][metric] for s in scenarios
-                ]
-                axes[k].bar(
-                    [x + i * width for x in range(len(scenarios))], values, width, label=policy
-                )
-            axes[k].set_ylabel(metric)
-            axes[k].set_ylim(0, 1.05)
-        axes[0].legend(ncol=len(policies))
-        axes[1].set_xticks(
-            [x + 0.4 - width / 2 for x in range(len(scenarios))], scenarios, rotation=30, ha="right"
+        cells = suites["agents"]["scenarios"]
+        images.append(
+            _agent_bars(
+                plt,
+                cells,
+                out,
+                "agents.png",
+                [
+                    ("success", "tasks that reached their goal", _share),
+                    ("escalated", "tasks handed to a person", _share),
+                ],
+                "Success and escalation per scenario and policy",
+            )
         )
-        fig.tight_layout()
-        fig.savefig(out / "agents.png", dpi=110)
-        plt.close(fig)
-        images.append(("Success and escalation per scenario and policy", "agents.png"))
-        cols = 4
-        rows = (len(scenarios) + cols - 1) // cols
-        fig, grid = plt.subplots(rows, cols, figsize=(16, 3.2 * rows), squeeze=False)
-        for k, scenario in enumerate(scenarios):
-            ax = grid[k // cols][k % cols]
-            for policy in policies:
-                samples = (
-                    suites["agents"]["scenarios"][scenario]["policies"][policy].get(
-                        "latency_samples"
-                    )
-                    or []
-                )
-                if samples:
-                    ax.plot(
-                        samples, [(i + 1) / len(samples) for i in range(len(samples))], label=policy
-                    )
-            ax.set_xscale("symlog", linthresh=10.0)
-            ax.set_title(scenario, fontsize=10)
-            ax.set_ylim(0, 1.02)
-        for k in range(len(scenarios), rows * cols):
-            grid[k // cols][k % cols].axis("off")
-        grid[0][0].legend(fontsize=8)
-        fig.supxlabel("simulated latency per task (s)")
-        fig.supylabel("fraction of tasks")
-        fig.tight_layout()
-        fig.savefig(out / "latency.png", dpi=100)
-        plt.close(fig)
-        images.append(("Latency CDF per scenario and policy", "latency.png"))
+        images.append(
+            _agent_bars(
+                plt,
+                cells,
+                out,
+                "agents-effects.png",
+                [
+                    ("duplicate_effects", "duplicate effects (payments made twice...)", _count),
+                    ("cost_usd", "model cost of the tasks ($, log scale)", _dollars),
+                ],
+                "Duplicate effects and cost per scenario and policy",
+            )
+        )
+        images.append(_latency(plt, cells, out))
     if "fleet" in suites:
         for scenario, entry in suites["fleet"]["scenarios"].items():
-            fig, ax = plt.subplots(figsize=(10, 5))
-            for policy, m in entry["policies"].items():
-                series = m.get("load_per_second") or []
-                ax.plot(
-                    range(len(series)), [v / entry["capacity_rps"] for v in series], label=policy
-                )
-            ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-            ax.set_yscale("symlog", linthresh=1.0)
-            ax.set_ylim(bottom=0)
-            ax.set_xlim(0, 130)
-            ax.set_xlabel("seconds")
-            ax.set_ylabel("offered load / capacity")
-            ax.set_title(f"fleet: {scenario}")
-            ax.legend()
-            fig.tight_layout()
-            name = f"fleet-{scenario}.png"
-            fig.savefig(out / name, dpi=110)
-            plt.close(fig)
-            images.append((f"Offered load over time ({scenario})", name))
+            images.append(_fleet(plt, scenario, entry, out))
     return images
+
+
+def _share(v: float) -> str:
+    return f"{v * 100:.1f}".rstrip("0").rstrip(".") + "%"  # 99.5% is not 100%
+
+
+def _count(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+def _dollars(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
+
+
+def _legend(fig: Any, handles: list[Any], labels: list[str]) -> None:
+    """One legend for the figure, above the plots (never over the data)."""
+    fig.legend(
+        handles,
+        labels,
+        loc="upper center",
+        ncol=len(labels),
+        frameon=False,
+        bbox_to_anchor=(0.5, 1.0),
+        fontsize=10,
+    )
+
+
+def _agent_bars(
+    plt: Any,
+    cells: dict[str, Any],
+    out: Path,
+    name: str,
+    metrics: list[tuple[str, str, Any]],
+    title: str,
+) -> tuple[str, str]:
+    fig = bars_figure(plt, cells, metrics)
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return title, name
+
+
+def bars_figure(plt: Any, cells: dict[str, Any], metrics: list[tuple[str, str, Any]]) -> Any:
+    """Grouped bars, one panel per metric: every bar labelled with its value, a zero drawn
+    as a mark on the axis with its "0", the scenario names under every panel, the legend
+    above the panels."""
+    scenarios = list(cells)
+    policies = list(next(iter(cells.values()))["policies"])
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    width = 0.8 / len(policies)
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(15, 4.6 * len(metrics)), squeeze=False)
+    handles = []
+    for ax, (metric, label, fmt) in zip((row[0] for row in axes), metrics, strict=True):
+        values = {p: [float(cells[s]["policies"][p][metric]) for s in scenarios] for p in policies}
+        top = max((v for vs in values.values() for v in vs), default=0.0)
+        log = metric == "cost_usd" and top > 0
+        if log:
+            ax.set_yscale("log")
+            low = min(v for vs in values.values() for v in vs if v > 0)
+            ax.set_ylim(low / 3, top * 8)
+            ax.yaxis.set_major_formatter(
+                plt.FuncFormatter(lambda v, _: f"${v:,.0f}" if v >= 1 else f"${v:g}")
+            )
+        elif metric in ("success", "escalated"):
+            ax.set_ylim(0, 1.2)  # room for the labels above 100%
+            ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+            ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:.0%}"))
+        else:
+            ax.set_ylim(0, (top or 1.0) * 1.25)
+        for i, policy in enumerate(policies):
+            xs = [x + (i - (len(policies) - 1) / 2) * width for x in range(len(scenarios))]
+            colour = colours[i % len(colours)]
+            bars = ax.bar(xs, values[policy], width * 0.92, color=colour, label=policy)
+            if len(handles) < len(policies):
+                handles.append(bars)
+            for x, v in zip(xs, values[policy], strict=True):
+                base = ax.get_ylim()[0]
+                if v == 0:  # nothing to draw as a bar: a mark on the axis, and its value
+                    ax.plot(
+                        [x - width * 0.45, x + width * 0.45],
+                        [base, base],
+                        color=colour,
+                        linewidth=3,
+                        solid_capstyle="butt",
+                        clip_on=False,
+                    )
+                ax.annotate(
+                    fmt(v),
+                    (x, v if v > 0 else base),
+                    xytext=(0, 3),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    rotation=90,
+                    fontsize=7,
+                )
+        ax.set_ylabel(label)
+        ax.set_xticks(range(len(scenarios)), scenarios, rotation=20, ha="right")
+        ax.set_xlim(-0.6, len(scenarios) - 0.4)
+        ax.grid(axis="y", alpha=0.3)
+    tasks = next(iter(next(iter(cells.values()))["policies"].values())).get("tasks")
+    if tasks:
+        fig.suptitle(f"{tasks} tasks per scenario and policy", y=0.955, fontsize=9)
+    _legend(fig, handles, policies)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    return fig
+
+
+def _latency(plt: Any, cells: dict[str, Any], out: Path) -> tuple[str, str]:
+    """The latency CDF of each scenario: policies told apart by colour and line style (an
+    identical curve stays visible under another), the median marked, numbered ticks."""
+    import matplotlib.ticker
+
+    scenarios = list(cells)
+    policies = list(next(iter(cells.values()))["policies"])
+    styles = ["-", "--", "-.", ":"]
+    cols = 4
+    rows = (len(scenarios) + cols - 1) // cols
+    fig, grid = plt.subplots(rows, cols, figsize=(16, 3.4 * rows), squeeze=False)
+    handles: dict[str, Any] = {}
+    for k, scenario in enumerate(scenarios):
+        ax = grid[k // cols][k % cols]
+        for i, policy in enumerate(policies):
+            samples = cells[scenario]["policies"][policy].get("latency_samples") or []
+            if not samples:
+                continue
+            ys = [(n + 1) / len(samples) for n in range(len(samples))]
+            (line,) = ax.step(
+                samples,
+                ys,
+                where="post",
+                linestyle=styles[i % len(styles)],
+                linewidth=2.6 - 0.5 * i,
+                label=policy,
+            )
+            median = samples[len(samples) // 2]
+            ax.plot([median], [0.5], marker="o", markersize=4, color=line.get_color())
+            handles.setdefault(policy, line)
+        seen = [
+            x for p in policies for x in cells[scenario]["policies"][p].get("latency_samples") or ()
+        ]
+        low, high = (min(seen), max(seen)) if seen else (0.0, 0.0)
+        if low > 0 and high / low >= 10:  # a wide range: log, with 1-2-5 ticks numbered
+            ax.set_xscale("log")
+            ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(plt.FuncFormatter(_seconds))
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
+        ax.set_title(scenario, fontsize=10)
+        ax.set_ylim(0, 1.04)
+        ax.grid(alpha=0.3)
+    for k in range(len(scenarios), rows * cols):
+        grid[k // cols][k % cols].axis("off")
+    _legend(fig, list(handles.values()), list(handles))
+    fig.supxlabel(
+        "simulated latency per task (s; log scale where the range is wide; a dot marks the median)"
+    )
+    fig.supylabel("fraction of tasks done within")
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(out / "latency.png", dpi=100)
+    plt.close(fig)
+    return "Latency CDF per scenario and policy", "latency.png"
+
+
+def _seconds(value: float, _: Any) -> str:
+    return f"{value / 1000:g}k" if value >= 1000 else f"{value:.3g}"
+
+
+def _fleet(plt: Any, scenario: str, entry: dict[str, Any], out: Path) -> tuple[str, str]:
+    """Offered load over the whole run of every policy (none cut off), the capacity line."""
+    fig, ax = plt.subplots(figsize=(11, 5))
+    longest = 1
+    for policy, m in entry["policies"].items():
+        series = m.get("load_per_second") or []
+        longest = max(longest, len(series))
+        ax.plot(range(len(series)), [v / entry["capacity_rps"] for v in series], label=policy)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="capacity")
+    ax.set_yscale("symlog", linthresh=1.0)
+    top = ax.get_ylim()[1]
+    ticks = [t for t in (0, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.set_ylim(0, top)
+    ax.set_xlim(0, longest)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("offered load / capacity (symlog)")
+    ax.set_title(f"fleet: {scenario}")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    name = f"fleet-{scenario}.png"
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return f"Offered load over time ({scenario})", name
