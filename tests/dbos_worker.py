@@ -179,6 +179,7 @@ def agent(run: tether.Run) -> None:
                 {"order": "A-1", "amount": 10},
                 idempotent=False,
                 lookup=lookup_refund if LOOKUP else None,
+                label="refund",
             )
 
 
@@ -228,6 +229,7 @@ def approval_agent(run: tether.Run) -> None:
             idempotent=False,
             requires_approval=True,
             lookup=lookup_refund,
+            label="refund",
         )
         run.succeed(refund)
 

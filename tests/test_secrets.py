@@ -786,12 +786,23 @@ def test_personal_data_is_masked_for_the_model_and_the_page(forget_registrations
     assert (
         caught.value.model_message == "rejected: no account for [email] (phone [phone], or [phone])"
     )
-    page = TestClient(create_app(records)).get(f"/runs/{run.run_id}").text
-    letters = TestClient(create_app(records)).get("/dead-letters").text
+    page = (
+        TestClient(create_app(records), base_url="http://127.0.0.1:8765")
+        .get(f"/runs/{run.run_id}")
+        .text
+    )
+    letters = (
+        TestClient(create_app(records), base_url="http://127.0.0.1:8765").get("/dead-letters").text
+    )
     assert "ana.silva@example.com" not in page + letters and "[email]" in letters
     assert records.dead_letters.list()[0].args == {"email": "ana.silva@example.com"}
     tether.register_secrets(mask_pii=False)
-    assert "ana.silva@example.com" in TestClient(create_app(records)).get("/dead-letters").text
+    assert (
+        "ana.silva@example.com"
+        in TestClient(create_app(records), base_url="http://127.0.0.1:8765")
+        .get("/dead-letters")
+        .text
+    )
 
 
 @pytest.mark.parametrize(
@@ -1047,7 +1058,8 @@ def test_a_person_is_promised_only_when_a_case_is_filed(
     if where == "records" and reason in ("unknown_outcome", "escalated", "permanent_error"):
         assert filed and out.status == "escalated"  # records= files the default triggers' cases
         assert (
-            f"refund A-1 ({reason}, records)" in TestClient(create_app(records)).get("/inbox").text
+            f"refund A-1 ({reason}, records)"
+            in TestClient(create_app(records), base_url="http://127.0.0.1:8765").get("/inbox").text
         )
     if reason == "unknown_outcome":  # may have happened: never an invitation to do it again
         assert "do not repeat" in out.customer_message and "try again" not in out.customer_message

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-__all__ = ["Codec", "JsonCodec"]
+__all__ = ["Codec", "JsonCodec", "RedactingCodec"]
 
 
 class Codec(Protocol):
@@ -110,3 +110,14 @@ class JsonCodec:
 
     def decode(self, text: str) -> Any:
         return json.loads(text, object_hook=_from_json)
+
+
+class RedactingCodec(JsonCodec):
+    """:class:`JsonCodec` that stores results with their secrets redacted
+    (``tether.redact``): for a ledger in a database people read, such as the one
+    ``Guard(records=...)`` keeps. A replay returns the redacted value."""
+
+    def encode(self, value: Any) -> str:
+        from tether._redact import redact_tagged
+
+        return json.dumps(redact_tagged(_to_json(value), _DECODERS), sort_keys=True, allow_nan=True)

@@ -459,9 +459,13 @@ class Records:
         """A ledger in this database (the same SQLite file or PostgreSQL database; memory
         for memory records): what a guard given these records and no ``ledger=`` uses, so
         that every worker on the database runs each effect once. Closed with the records."""
+        from tether._codec import RedactingCodec
         from tether._effects import Ledger
 
-        settings: dict[str, Any] = {} if clock is None else {"clock": clock}
+        # results stored redacted: no secret in the records database (a replay returns that)
+        settings: dict[str, Any] = {"codec": RedactingCodec()}
+        if clock is not None:
+            settings["clock"] = clock
         store = self.store
         if isinstance(store, SqliteDocuments) and store.path != ":memory:":
             made = Ledger.sqlite(store.path, **settings)

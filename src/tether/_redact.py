@@ -323,6 +323,31 @@ def _secret_pair(item: Any) -> list[Any] | None:
     return None
 
 
+_CONTAINER_TAGS = frozenset({"$tuple", "$set", "$frozenset", "$map"})
+
+
+def redact_tagged(value: Any, tags: Mapping[str, Any]) -> Any:
+    """A value in a tagged JSON form (the ledger's codec: ``{"$dt": "..."}``), redacted;
+    a tag's own payload is left as it is (so that it decodes), a container tag's items
+    are redacted."""
+    if isinstance(value, str):
+        return _text(value, False, "") if len(value) >= 5 else value
+    if isinstance(value, list):
+        return [_secret_pair(v) or redact_tagged(v, tags) for v in value]
+    if not isinstance(value, Mapping):
+        return value
+    if len(value) == 1:
+        ((tag, payload),) = value.items()
+        if tag in tags:
+            return {tag: redact_tagged(payload, tags)} if tag in _CONTAINER_TAGS else value
+    out = {}
+    for k, v in value.items():
+        tier = _tier(k.lstrip("$"))
+        secret = (tier == 2 and v not in (None, "")) or (tier == 1 and _weak_secret(v))
+        out[k] = REDACTED if secret else redact_tagged(v, tags)
+    return _named_value(value, out)
+
+
 def redacted_paths(value: Any, path: str = "args") -> list[str]:
     """The paths of ``value`` that :func:`redact` replaced (to tell a replay handler)."""
     found: list[str] = []
