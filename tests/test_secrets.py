@@ -699,11 +699,35 @@ def surfaces(
             "utf-8", "replace"
         )
     else:
-        rows = records.store._conn.execute(f"SELECT kind, id, body FROM {table}").fetchall()  # type: ignore[attr-defined]
-        found.records = "\n".join(" ".join(map(str, row)) for row in rows)
-        records.store._conn.execute(f"DROP TABLE {table}")  # type: ignore[attr-defined]
         records.close()
+        found.records = _postgres_rows(pg_dsn, table)
     return found
+
+
+def _postgres_rows(dsn: str, table: str) -> str:
+    """Every row of every table the records made (documents, run index, ledger, replays),
+    as text; the tables of this test are dropped."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        names = [
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' "
+                "AND (table_name LIKE %s OR table_name = 'tether_replays')",
+                (f"{table}%",),
+            ).fetchall()
+        ]
+        assert table in names and f"{table}_ledger" in names, names
+        text = "\n".join(
+            " ".join(map(str, row))
+            for name in names
+            for row in conn.execute(f"SELECT * FROM {name}").fetchall()
+        )
+        for name in names:
+            if name.startswith(table):
+                conn.execute(f"DROP TABLE {name}")
+    return text
 
 
 def _forms(secret: str) -> list[str]:

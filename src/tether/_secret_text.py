@@ -237,9 +237,10 @@ def _cards(text: str, context: str) -> str:
         if not (13 <= len(digits) <= 19 and _issued(digits) and _luhn(digits)):
             return m.group(0)
         before = f"{context} {text[max(0, m.start() - 32) : m.start()]}".lower()
-        if not _CARD_WORDS.search(before) and _ID_WORDS.search(before):
-            return m.group(0)  # an order number, a reference, a timestamp
-        return REDACTED
+        # the word nearest the number says what it is: "card 4242..., order 4539..."
+        card_at = max((w.end() for w in _CARD_WORDS.finditer(before)), default=-1)
+        id_at = max((w.end() for w in _ID_WORDS.finditer(before)), default=-1)
+        return m.group(0) if id_at > card_at else REDACTED  # an order number, a timestamp
 
     return _CARD.sub(card, text)
 
