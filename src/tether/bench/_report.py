@@ -239,7 +239,7 @@ def bars_figure(plt: Any, cells: dict[str, Any], metrics: list[tuple[str, str, A
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     width = 0.8 / len(policies)
     fig, axes = plt.subplots(len(metrics), 1, figsize=(15, 4.6 * len(metrics)), squeeze=False)
-    handles = []
+    handles: list[Any] = []
     for ax, (metric, label, fmt) in zip((row[0] for row in axes), metrics, strict=True):
         values = {p: [float(cells[s]["policies"][p][metric]) for s in scenarios] for p in policies}
         top = max((v for vs in values.values() for v in vs), default=0.0)
