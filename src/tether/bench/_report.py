@@ -356,25 +356,36 @@ def _seconds(value: float, _: Any) -> str:
 
 
 def _fleet(plt: Any, scenario: str, entry: dict[str, Any], out: Path) -> tuple[str, str]:
-    """Offered load over the whole run of every policy (none cut off), the capacity line."""
-    fig, ax = plt.subplots(figsize=(11, 5))
-    longest = 1
-    for policy, m in entry["policies"].items():
-        series = m.get("load_per_second") or []
-        longest = max(longest, len(series))
-        ax.plot(range(len(series)), [v / entry["capacity_rps"] for v in series], label=policy)
-    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="capacity")
-    ax.set_yscale("symlog", linthresh=1.0)
-    top = ax.get_ylim()[1]
-    ticks = [t for t in (0, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top]
-    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
-    ax.set_ylim(0, top)
-    ax.set_xlim(0, longest)
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("offered load / capacity (symlog)")
-    ax.set_title(f"fleet: {scenario}")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    """Offered load of every policy against the capacity line: over the whole run (none cut
+    off) and, below, over the time the other policies needed when one runs much longer."""
+    runs = {
+        p: [v / entry["capacity_rps"] for v in m.get("load_per_second") or []]
+        for p, m in entry["policies"].items()
+    }
+    lengths = sorted((len(series) for series in runs.values()), reverse=True)
+    longest = max(lengths[0] if lengths else 1, 1)
+    others = lengths[1] if len(lengths) > 1 else longest
+    spans = [(longest, "the whole run")]
+    if longest > 2 * others:  # one policy's tail would squeeze the rest into a sliver
+        spans.append(
+            (max(others + others // 5, 10), f"the first {max(others + others // 5, 10)} s")
+        )
+    fig, axes = plt.subplots(len(spans), 1, figsize=(11, 4.2 * len(spans)), squeeze=False)
+    for ax, (until, what) in zip((row[0] for row in axes), spans, strict=True):
+        for policy, series in runs.items():
+            ax.plot(range(len(series)), series, label=policy)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="capacity")
+        ax.set_yscale("symlog", linthresh=1.0)
+        top = ax.get_ylim()[1]
+        ticks = [t for t in (0, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= top]
+        ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+        ax.set_ylim(0, top)
+        ax.set_xlim(0, until)
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("offered load / capacity (symlog)")
+        ax.set_title(f"fleet: {scenario}, {what}")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     name = f"fleet-{scenario}.png"
     fig.savefig(out / name, dpi=110)

@@ -264,12 +264,15 @@ def malformed_arguments(raw: str) -> None:
 
 
 def result_text(value: Any) -> str:
-    """A tool result as the text the model reads, its secrets redacted."""
-    from tether._redact import redact_text
+    """A tool result as the text the model reads, its secrets redacted (structured data
+    by field name and pattern, then written as JSON)."""
+    from tether._redact import redact, redact_text
 
     if isinstance(value, str):
         return redact_text(value)
     try:
+        if isinstance(value, Mapping | list | tuple):
+            return json.dumps(redact(value), default=str)
         return redact_text(json.dumps(value, default=str))
     except (TypeError, ValueError):
         return redact_text(str(value))
