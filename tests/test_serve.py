@@ -574,40 +574,125 @@ def not_blank(path: Path) -> None:
     assert colours is not None and len(colours) > 20, f"{path.name} looks blank"
 
 
-def test_a_case_resolved_in_a_real_browser(world: World, live: str, tmp_path: Path) -> None:
-    """Headless Chromium (Debian's package) driven by Playwright: every page is drawn, and
-    a case is resolved from the inbox."""
-    from playwright.sync_api import sync_playwright
+def test_every_action_in_a_real_browser(world: World, tmp_path: Path) -> None:
+    """Headless Chromium (Debian's package) driven by Playwright: every page is drawn;
+    search, filter and page through the runs; approve, reject, claim, resolve and replay by
+    clicking; the inbox shows a new approval and a resumed run without a reload."""
+    from playwright.sync_api import expect, sync_playwright
 
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"Chromium is not installed at {CHROMIUM} (apt-get install chromium; "
                     "or set TETHER_CHROMIUM)", pytrace=False)  # fmt: skip
+    file_runs(world.records, 60, start=time.time() - 3 * 86_400, every=3600)
+    with world.guard.start(task="refund order B-7") as run:  # a second call waiting: to reject
+        run.call_tool(
+            "issue_refund",
+            lambda order, amount: None,
+            {"order": "B-7", "amount": 7000},
+            idempotent=False,
+            requires_approval=True,
+        )
+    to_reject = run.outcome.pending_approval["id"]
+    to_approve = world.awaiting.pending_approval["id"]
+    case = world.escalated.handoff.id
     shots = tmp_path / "shots"
     shots.mkdir()
-    with sync_playwright() as p:
+    with serving(world, refresh=1.0) as live, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1280, "height": 800})
-        for name, path in (("runs", "/runs"), ("run", f"/runs/{world.escalated.run_id}"),
-                           ("inbox", "/inbox"), ("dead-letters", "/dead-letters"),
-                           ("dead-letter", f"/dead-letters/{world.letter.id}"), ("breakers", "/breakers")):  # fmt: skip
+        errors: list[str] = []
+        page.on(
+            "console",
+            lambda m: errors.append(m.text) if m.type == "error" else None,
+        )
+        for name, path in (
+            ("runs", "/runs"),
+            ("run", f"/runs/{world.escalated.run_id}"),
+            ("overview", "/overview"),
+            ("inbox", "/inbox"),
+            ("dead-letters", "/dead-letters"),
+            ("dead-letter", f"/dead-letters/{world.letter.id}"),
+            ("breakers", "/breakers"),
+        ):
             page.goto(live + path)
             page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
             not_blank(shots / f"{name}.png")
+
+        # search, filter and page
+        page.goto(live + "/runs")
+        expect(page.locator("h1")).to_contain_text("65 matches")
+        page.fill("input[name=q]", "invoice 99")
+        page.click("form.filters button[type=submit]")
+        expect(page.locator("table tr td a")).to_have_text(["look up invoice 99"])
+        page.goto(live + "/runs")
+        page.select_option("select[name=status]", "escalated")
+        page.click("form.filters button[type=submit]")
+        expect(page.locator("h1")).to_contain_text("10 matches")  # 9 of the 60, and the world's
+        page.goto(live + "/runs")
+        first = page.locator("table tr td a").all_inner_texts()
+        page.click("a[rel=next]")
+        expect(page.locator("nav.pager")).to_contain_text("page 2 of 2")
+        second = page.locator("table tr td a").all_inner_texts()
+        assert len(first) == 50 and len(second) == 15 and not set(first) & set(second)
+
+        # approve one call, reject the other, claim and resolve the case
         page.goto(live + "/inbox")
-        case = page.locator(f"#{world.escalated.handoff.id}")
-        case.locator("form[action$='/resolve'] input[name=by]").fill("alice")
-        case.locator("form[action$='/resolve'] input[name=note]").fill("refunded by hand")
-        case.locator("form[action$='/resolve'] button").click()
-        page.wait_for_url("**/inbox*")
-        text = page.locator(f"#{world.escalated.handoff.id}").inner_text()
-        assert "Resolved by alice: refunded by hand" in text
-        page.screenshot(path=str(shots / "inbox-resolved.png"), full_page=True)
+        card = page.locator(f"#{to_approve}")
+        card.locator("form[action$='/approve'] input[name=by]").fill("alice")
+        card.locator("form[action$='/approve'] input[name=note]").fill("long-standing customer")
+        card.locator("form[action$='/approve'] button").click()
+        page.wait_for_url("**/inbox")
+        card = page.locator(f"#{to_reject}")
+        card.locator("form[action$='/reject'] input[name=by]").fill("bob")
+        card.locator("form[action$='/reject'] input[name=note]").fill("older than 90 days")
+        card.locator("form[action$='/reject'] button").click()
+        page.wait_for_url("**/inbox")
+        expect(page.locator(f"tr#{to_approve}")).to_contain_text("not yet: waiting for a worker")
+        expect(page.locator(f"tr#{to_reject}")).to_contain_text("rejected")
+        page.locator(f"#{case} form[action$='/claim'] input[name=by]").fill("carol")
+        page.locator(f"#{case} form[action$='/claim'] button").click()
+        expect(page.locator(f"#{case}")).to_contain_text("Claimed by carol")
+        page.locator(f"#{case} form[action$='/resolve'] input[name=by]").fill("carol")
+        page.locator(f"#{case} form[action$='/resolve'] input[name=note]").fill("refunded by hand")
+        page.locator(f"#{case} form[action$='/resolve'] button").click()
+        expect(page.locator(f"#{case}")).to_contain_text("Resolved by carol: refunded by hand")
+        page.screenshot(path=str(shots / "inbox-decided.png"), full_page=True)
+
+        # the inbox refreshes itself: a new call waiting, then the approved run resumed
+        with world.guard.start(task="refund order C-3") as run:
+            run.call_tool(
+                "issue_refund",
+                lambda order, amount: None,
+                {"order": "C-3", "amount": 6000},
+                idempotent=False,
+                requires_approval=True,
+            )
+        expect(page.locator(f"#{run.outcome.pending_approval['id']}")).to_contain_text(
+            "C-3", timeout=10_000
+        )
+        for decision in world.records.decisions(worker="billing-1"):
+            with world.guard.resume(decision.checkpoint_id) as resumed:
+                try:
+                    resumed.succeed(world.refund(resumed))
+                except ToolError as rejected:
+                    resumed.fail(rejected.model_message)
+        expect(page.locator(f"tr#{to_approve}")).to_contain_text(
+            "resumed by billing-1", timeout=10_000
+        )
+        expect(page.locator(f"tr#{to_approve}")).to_contain_text("success (goal_reached)")
+
+        # replay the dead letter; its page shows what the handler returned
+        page.goto(live + f"/dead-letters/{world.letter.id}")
+        page.click("form[action$='/replay'] button")
+        expect(page.locator("#replay")).to_contain_text("charged")
         browser.close()
-    assert world.records.handoffs.get(world.escalated.handoff.id)["state"] == "resolved"
-    target = os.environ.get("TETHER_SCREENSHOTS")  # set to docs/img to refresh the README's
+        assert errors == []
+    assert len(world.refunds) == 1 and world.replayed and world.replayed[0]["customer"] == "c_1"
+    assert world.records.handoffs.get(case)["state"] == "resolved"
+    target = os.environ.get("TETHER_SCREENSHOTS")  # set to docs/img to refresh the docs' images
     if target:
         Path(target).mkdir(parents=True, exist_ok=True)
-        for name in ("runs", "inbox"):
+        for name in ("runs", "inbox", "overview"):
             shutil.copy(shots / f"{name}.png", Path(target) / f"{name}.png")
 
 
@@ -1190,3 +1275,19 @@ def test_the_command_refuses_bad_arguments(tmp_path: Path, capsys: Any) -> None:
     Records.sqlite(str(tmp_path / "r.db")).close()
     assert main(["records", "prune", "--db", str(tmp_path / "r.db"), "--older-than", "-3"]) == 2
     assert "--older-than" in capsys.readouterr().err
+
+
+def test_the_serve_bench_times_the_real_page(pg_dsn: str) -> None:
+    """``tether bench --suite serve``: real runs filed, ``tether serve`` in its own process,
+    each page fetched over HTTP (small sizes here; the figures come from the full run)."""
+    from tether.bench._serve import run_serve
+
+    results = run_serve((40,), pg_dsn=pg_dsn, samples=2, big=600_000)
+    for backend in ("sqlite", "postgres"):
+        cell = results[backend]["40"]
+        assert {"/runs", "/runs last page", "/runs?tool=charge_card", "/overview", "/inbox"} <= set(
+            cell
+        )
+        assert cell["/runs"]["p50_ms"] > 0 and cell["fill_s"] > 0
+        beside = cell["while a 0.6 MB run renders"]
+        assert beside["runs_p50_ms"] > 0 and beside["big_page_p50_ms"] > 0

@@ -17,9 +17,11 @@ def register(sub: Any) -> None:
     """Add every subcommand to the parser's subparsers."""
     bench = sub.add_parser("bench", help="run the fault-injection benchmark",
                            description="Run tether's benchmark: agents, fleet and overhead suites.")  # fmt: skip
-    bench.add_argument("--suite", action="append", choices=["agents", "fleet", "overhead", "fleet-live", "all"],
+    bench.add_argument("--suite", action="append", choices=["agents", "fleet", "overhead", "fleet-live",
+                                                            "serve", "all"],
                        help="a suite to run (repeatable; default: all, which is every suite but "
-                            "fleet-live: real processes sharing Redis, opt-in)")  # fmt: skip
+                            "fleet-live: real processes sharing Redis, and serve: the operator "
+                            "page over real records; both opt-in)")  # fmt: skip
     bench.add_argument(
         "--tasks", type=int, default=1000, help="tasks per agent cell (default 1000)"
     )
@@ -28,6 +30,18 @@ def register(sub: Any) -> None:
     bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
     bench.add_argument("--report", metavar="DIR", help="write a Markdown report with PNG plots")
     bench.add_argument("--quick", action="store_true", help="a shorter overhead suite")
+    bench.add_argument(
+        "--serve-runs",
+        type=int,
+        action="append",
+        metavar="N",
+        help="serve suite: a database of N runs (repeatable; default 1000, 10000, 100000)",
+    )
+    bench.add_argument(
+        "--serve-pg",
+        metavar="DSN",
+        help="serve suite: time PostgreSQL too (a schema of its own, dropped after)",
+    )
     bench.set_defaults(run_command=_bench)
 
     demo = sub.add_parser(
@@ -126,12 +140,14 @@ def _bench(args: argparse.Namespace) -> int:
     progress = _progress_printer()
     try:
         results = bench.run(suites, tasks=args.tasks, seed=args.seed, scenarios=args.scenario,
-                            quick_overhead=args.quick, progress=progress)  # fmt: skip
+                            quick_overhead=args.quick, progress=progress,
+                            serve_runs=args.serve_runs, serve_pg=args.serve_pg)  # fmt: skip
     except ValueError as exc:
         print(f"tether bench: {exc}", file=sys.stderr)
         return 2
     elapsed = time.perf_counter() - started
     print_tables(results)
+    _print_serve(results["suites"].get("serve"))
     print(f"\ntether bench: {elapsed:.1f} s (seed {args.seed}, {args.tasks} tasks per agent cell)")
     command = (
         "tether " + " ".join(shlex.quote(a) for a in sys.argv[2:])
@@ -151,6 +167,16 @@ def _bench(args: argparse.Namespace) -> int:
         path = write_report(results, args.report, command.strip())
         print(f"report written to {path}")
     return 0
+
+
+def _print_serve(cells: Any) -> None:
+    """The serve suite's timings: one line per database, size and page."""
+    for backend, sizes in (cells or {}).items():
+        for size, pages in sizes.items():
+            for page, timing in pages.items():
+                if isinstance(timing, dict):
+                    figures = ", ".join(f"{k} {v}" for k, v in timing.items())
+                    print(f"serve {backend} {size} runs  {page}: {figures}")
 
 
 def _progress_printer() -> Any:

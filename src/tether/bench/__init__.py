@@ -21,8 +21,9 @@ from tether.bench._worlds import SCENARIOS
 __all__ = ["FLEET_POLICIES", "FLEET_SCENARIOS", "POLICIES", "SCENARIOS", "SUITES", "run"]
 
 SUITES = ("agents", "fleet", "overhead")
-#: Suites that run only when named: ``fleet-live`` needs Redis and a minute or two of real time.
-EXTRA_SUITES = ("fleet-live",)
+#: Suites that run only when named: ``fleet-live`` needs Redis and a minute or two of real time;
+#: ``serve`` fills records databases with real runs and times the operator page over HTTP.
+EXTRA_SUITES = ("fleet-live", "serve")
 CLIENTS, CAPACITY = 1000, 100
 
 
@@ -51,6 +52,8 @@ def run(
     workers: int | None = None,
     quick_overhead: bool = False,
     progress: Callable[[str, int], None] | None = None,
+    serve_runs: Sequence[int] | None = None,
+    serve_pg: str | None = None,
 ) -> dict[str, Any]:
     """Run the chosen suites; returns the DESIGN.md JSON layout (plus series for plots)."""
     suites = list(suites)
@@ -125,4 +128,10 @@ def run(
         shard = measure_shard()
         note("fleet-live shard capacity", 0)
         out["suites"]["fleet-live"] = {"scenarios": live, "redis_load": projection(live, shard)}
+    if "serve" in suites:
+        from tether.bench._serve import SIZES, run_serve
+
+        out["suites"]["serve"] = run_serve(
+            serve_runs or SIZES, pg_dsn=serve_pg, progress=lambda message: note(message, 0)
+        )
     return out

@@ -90,24 +90,29 @@ def _serving(where: str) -> Iterator[str]:
 
     port = _free_port()
     command = [sys.executable, "-m", "tether.cli", "serve", "--db", where, "--port", str(port)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/runs", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                error = server.stderr.read().decode() if server.stderr else ""
-                raise RuntimeError(f"tether serve did not start: {error[-500:]}")
-            time.sleep(0.1)
-        yield base
-    finally:
-        server.terminate()
-        server.wait(20)
+    with (
+        tempfile.TemporaryFile() as errors,
+        subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors) as server,
+    ):
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(base + "/runs", timeout=5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if server.poll() is not None or time.monotonic() > deadline:
+                    errors.seek(0)
+                    raise RuntimeError(
+                        f"tether serve did not start: {errors.read().decode()[-500:]}"
+                    )
+                time.sleep(0.1)
+            yield base
+        finally:
+            server.terminate()
+            server.wait(20)
 
 
 def _timed(get: Callable[[str], Any], path: str, samples: int) -> dict[str, float]:
@@ -183,6 +188,7 @@ def run_serve(
     *,
     pg_dsn: str | None = None,
     samples: int = SAMPLES,
+    big: int = 5_000_000,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Page timings (median and max of ``samples`` requests) per database and size."""
@@ -211,8 +217,8 @@ def run_serve(
                         p: _timed(c.get, path, samples) for p, path in _pages(records).items()
                     }
                     if n == max(sizes):
-                        cell["while a 5 MB run renders"] = _while_big(
-                            base, _big_run(records, 5_000_000), samples
+                        cell[f"while a {big / 1e6:g} MB run renders"] = _while_big(
+                            base, _big_run(records, big), samples
                         )
                 cell["fill_s"] = round(filled, 1)
                 cells[str(n)] = cell

@@ -521,6 +521,7 @@ class App:
         return [
             Route("/", self.home),
             Route("/static/tether.js", self.script),
+            Route("/favicon.ico", lambda request: Response(status_code=204)),
             Route("/runs", self.page(self.runs)),
             Route("/runs/{run_id}", self.page(self.run)),
             Route("/values/{kind}/{doc_id}", self.page(self.value)),
@@ -609,10 +610,12 @@ def create_app(
     token: str | None = None,
     handler: Callable[..., Any] | None = None,
     allowed_hosts: Iterable[str] = (),
+    refresh: float = 5.0,
 ) -> Starlette:
     """The operator page's ASGI app over ``records`` (a :class:`tether.Records`, a SQLite
     path or a PostgreSQL DSN); ``redis`` is a Redis URL or a ``RedisStore`` for the
-    breakers page; ``handler`` replays dead letters.
+    breakers page; ``handler`` replays dead letters; the inbox refreshes itself every
+    ``refresh`` seconds.
 
     Only requests whose ``Host`` is a loopback name (``127.0.0.1``, ``localhost``,
     ``[::1]``) are served, plus, with a ``token``, the names in ``allowed_hosts`` (how the
@@ -625,7 +628,12 @@ def create_app(
 
         redis = RedisStore(redis)
     app = App(
-        records, redis=redis, token=token or None, handler=handler, allowed_hosts=allowed_hosts
+        records,
+        redis=redis,
+        token=token or None,
+        handler=handler,
+        allowed_hosts=allowed_hosts,
+        refresh=refresh,
     )
     starlette = Starlette(
         routes=app.routes(),
