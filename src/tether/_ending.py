@@ -14,8 +14,8 @@ from tether._canonical import jsonable
 from tether._classify import classify
 from tether._handoff import SOME_STEP, HandoffRecord, _Delivery
 from tether._outcome import Outcome, Stopped, StopReason, Usage
-from tether._records import portable
 from tether._redact import redact, redact_conversation
+from tether._runs import portable
 from tether._runstate import RunState
 
 __all__ = ["Ending"]

@@ -1,16 +1,13 @@
 """One place for a guard's records: run outcomes, checkpoints, approvals, handoffs and
 dead letters in one database (SQLite file or PostgreSQL), what ``tether serve`` shows.
 
-Besides its document, every run has a row in a table of its own (end time, status, stop
-reason, task, cost, steps, and per tool the calls and failures), so that runs are
-filtered, counted, paged and searched in SQL over all of them, on SQLite and PostgreSQL
-alike. Decided approvals go to the agent's own workers through :meth:`Records.decisions`
-(each to one worker, claimed in SQL); :meth:`Records.prune` bounds what is kept.
+The runs are indexed for search (:mod:`tether._runs`). Decided approvals go to the
+agent's own workers through :meth:`Records.decisions` (each to one worker, claimed in
+SQL); :meth:`Records.prune` bounds what is kept.
 """
 
 from __future__ import annotations
 
-import builtins
 import json
 import time
 from collections.abc import Iterator, Mapping
@@ -25,14 +22,15 @@ from tether._persist import (
     Handoffs,
     PostgresDocuments,
     SqliteDocuments,
-    _Collection,
 )
+from tether._runs import DAY, Overview, RunPage, Runs, Tables, portable
 
 if TYPE_CHECKING:
     from tether._effects import Ledger
     from tether.clock import Clock
 
 __all__ = [
+    "DAY",
     "DEFAULT_RETENTION",
     "Decision",
     "Overview",
@@ -47,333 +45,8 @@ __all__ = [
 DEFAULT_RETENTION = timedelta(days=30)
 #: how long a worker holds a decision it took before another worker may take it
 DECISION_LEASE = 900.0
-DAY = 86_400.0
-_RUN_COLUMNS = (
-    "run_id",
-    "ended_at",
-    "status",
-    "reason",
-    "task",
-    "cost_usd",
-    "steps",
-    "seconds",
-    "open_issues",
-    "checkpoint_id",
-    "handoff_id",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Tables:
-    """The table names of one records database, and its dialect's few differences."""
-
-    docs: str
-    runs: str
-    tools: str
-    decisions: str
-    dialect: str
-
-    @classmethod
-    def of(cls, store: Any) -> Tables:
-        docs = str(store.table)
-        prefix = "tether_" if docs == "tether_documents" else f"{docs}_"
-        return cls(
-            docs, f"{prefix}runs", f"{prefix}run_tools", f"{prefix}decisions", str(store.dialect)
-        )
-
-    @property
-    def ledgers(self) -> tuple[str, ...]:
-        """The ledger tables this database may hold: the guard's (``Records.ledger()``) and
-        the dead letters' replays."""
-        if self.dialect == "postgres":
-            return (self.runs.removesuffix("runs") + "ledger", "tether_replays")
-        return ("tether_ledger",)
-
-    def field(self, name: str) -> str:
-        """A document's top-level JSON field, as text (``name`` is one of ours, never input)."""
-        if self.dialect == "postgres":
-            return f"(body::jsonb ->> '{name}')"
-        return f"json_extract(body, '$.{name}')"
-
-    @property
-    def day(self) -> str:
-        """The UTC day (days since the epoch) of ``ended_at``."""
-        if self.dialect == "postgres":
-            return "CAST(FLOOR(ended_at / 86400) AS BIGINT)"
-        return "CAST(ended_at / 86400 AS INTEGER)"
-
-    def schema(self) -> list[str]:
-        real = "DOUBLE PRECISION"
-        return [
-            f"CREATE TABLE IF NOT EXISTS {self.runs} (run_id TEXT PRIMARY KEY, "
-            f"ended_at {real} NOT NULL, status TEXT NOT NULL, reason TEXT NOT NULL, "
-            f"task TEXT NOT NULL, cost_usd {real} NOT NULL, steps INTEGER NOT NULL, "
-            f"seconds {real} NOT NULL, open_issues INTEGER NOT NULL, "
-            "checkpoint_id TEXT, handoff_id TEXT)",
-            f"CREATE INDEX IF NOT EXISTS {self.runs}_by_end ON {self.runs} (ended_at, run_id)",
-            f"CREATE INDEX IF NOT EXISTS {self.runs}_by_status ON {self.runs} (status, ended_at)",
-            f"CREATE INDEX IF NOT EXISTS {self.runs}_by_reason ON {self.runs} (reason, ended_at)",
-            f"CREATE TABLE IF NOT EXISTS {self.tools} (run_id TEXT NOT NULL, tool TEXT NOT NULL, "
-            f"calls INTEGER NOT NULL, failures INTEGER NOT NULL, ended_at {real} NOT NULL, "
-            "PRIMARY KEY (run_id, tool))",
-            f"CREATE INDEX IF NOT EXISTS {self.tools}_by_tool ON {self.tools} (tool, ended_at)",
-            f"CREATE INDEX IF NOT EXISTS {self.tools}_by_end ON {self.tools} (ended_at)",
-            f"CREATE TABLE IF NOT EXISTS {self.decisions} (approval_id TEXT PRIMARY KEY, "
-            f"run_id TEXT NOT NULL, worker TEXT NOT NULL, taken_at {real} NOT NULL, "
-            f"lease_until {real} NOT NULL, done_at {real})",
-            f"CREATE INDEX IF NOT EXISTS {self.decisions}_by_run ON {self.decisions} (run_id)",
-        ]
-
-
-@dataclass(frozen=True, slots=True)
-class RunPage:
-    """One page of runs, newest first, and how many match in all."""
-
-    runs: tuple[dict[str, Any], ...]  # run_id, ended_at, status, reason, task, cost_usd, ...
-    total: int
-    by_status: Mapping[str, int]  # the matching runs by status, whatever the status filter
-    offset: int
-    limit: int
-
-
-@dataclass(frozen=True, slots=True)
-class Overview:
-    """Runs per UTC day (by status, by stop reason), cost per day, the tools that fail most."""
-
-    since: float
-    until: float
-    days: tuple[float, ...]  # each day's start (epoch seconds, UTC), oldest first
-    by_status: Mapping[float, Mapping[str, int]]
-    by_reason: Mapping[float, Mapping[str, int]]
-    cost_usd: Mapping[float, float]
-    failing_tools: tuple[tuple[str, int, int], ...]  # (tool, failures, calls), most failures first
-
-
-def portable(messages: Any) -> Any:
-    """A conversation as plain JSON that a worker in another process hands back to its
-    framework: as it is when it is JSON already (the SDKs' dicts, the Agents SDK's input
-    items), else pydantic's JSON form of it (PydanticAI's and LangChain's messages, read
-    back with ``ModelMessagesTypeAdapter.validate_python`` / ``convert_to_messages``);
-    None when it is neither."""
-    try:
-        return json.loads(json.dumps(messages))
-    except (TypeError, ValueError):
-        pass
-    try:
-        from pydantic_core import to_jsonable_python
-    except ImportError:  # pragma: no cover - pydantic comes with every framework that needs it
-        return None
-    try:
-        return json.loads(json.dumps(to_jsonable_python(messages)))
-    except Exception:
-        return None
-
-
-def _like(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
-def _run_row(doc: Mapping[str, Any], at: float) -> tuple[tuple[Any, ...], dict[str, list[int]]]:
-    tools: dict[str, list[int]] = {}
-    for entry in doc.get("transcript") or ():
-        if isinstance(entry, Mapping) and "tool" in entry:
-            counts = tools.setdefault(str(entry["tool"])[:200], [0, 0])
-            counts[0] += 1
-            counts[1] += 0 if entry.get("ok") else 1
-
-    def number(name: str) -> float:
-        value = doc.get(name)
-        return float(value) if isinstance(value, int | float) and value == value else 0.0
-
-    row = (
-        str(doc["run_id"]),
-        float(doc.get("ended_at") or at),
-        str(doc.get("status") or ""),
-        str(doc.get("reason") or ""),
-        str(doc.get("task") or "")[:500],
-        number("cost_usd"),
-        int(number("steps")),
-        number("seconds"),
-        len(doc.get("open_issues") or ()),
-        doc.get("checkpoint_id"),
-        doc.get("handoff_id"),
-    )
-    return row, tools
-
-
-class Runs(_Collection):
-    """Every ended run's outcome (status, reason, usage, cost, duration, task, open issues,
-    the customer message, its tool calls and steps), one record per run, the latest state."""
-
-    kind = "run"
-
-    def __init__(
-        self, store: SqliteDocuments | PostgresDocuments, tables: Tables | None = None
-    ) -> None:
-        super().__init__(store)
-        self.store: SqliteDocuments | PostgresDocuments = store
-        self.tables = tables or Tables.of(store)
-
-    def save(self, doc: dict[str, Any], at: float) -> None:
-        """File (or refile: a resumed run keeps its id) a run's record and its index row."""
-        t = self.tables
-        row, tools = _run_row(doc, at)
-        body = json.dumps(doc, default=str)
-        marks = ", ".join("?" * len(_RUN_COLUMNS))
-        updates = ", ".join(f"{c} = excluded.{c}" for c in _RUN_COLUMNS[1:])
-        with self.store.sql(write=True) as sql:
-            sql.run(
-                f"INSERT INTO {t.docs} (kind, id, created_at, body) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (kind, id) DO UPDATE SET created_at = excluded.created_at, "
-                "body = excluded.body",
-                (self.kind, row[0], row[1], body),
-            )
-            sql.run(
-                f"INSERT INTO {t.runs} ({', '.join(_RUN_COLUMNS)}) VALUES ({marks}) "
-                f"ON CONFLICT (run_id) DO UPDATE SET {updates}",
-                row,
-            )
-            sql.run(f"DELETE FROM {t.tools} WHERE run_id = ?", (row[0],))
-            sql.many(
-                f"INSERT INTO {t.tools} VALUES (?, ?, ?, ?, ?)",
-                [(row[0], name, c[0], c[1], row[1]) for name, c in tools.items()],
-            )
-            # the run ended after a worker took its decision: that decision is done
-            sql.run(
-                f"UPDATE {t.decisions} SET done_at = ? WHERE run_id = ? AND done_at IS NULL "
-                "AND taken_at <= ?",
-                (row[1], row[0], row[1]),
-            )
-
-    def get(self, run_id: str) -> dict[str, Any] | None:
-        text = self.store.get(self.kind, run_id)
-        return None if text is None else dict(json.loads(text))
-
-    def list(self, limit: int = 200) -> list[dict[str, Any]]:
-        """The newest runs' records first."""
-        page = self.search(limit=limit)
-        found = [self.get(r["run_id"]) for r in page.runs]
-        return [doc for doc in found if doc is not None]
-
-    def search(
-        self,
-        *,
-        status: str | None = None,
-        reason: str | None = None,
-        tool: str | None = None,
-        text: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        limit: int = 50,
-        offset: int = 0,
-    ) -> RunPage:
-        """Runs that match every filter given, newest first: ``status``, stop ``reason``, a
-        ``tool`` they called, ``text`` (the start of a run id, or words of the task, any
-        case), and an end time in ``[since, until)`` (epoch seconds); one page of ``limit``
-        from ``offset``, with the number that match and their count by status."""
-        if not 1 <= limit <= 1000 or offset < 0:
-            raise ValueError(f"limit must be 1..1000 and offset >= 0, got {limit}, {offset}")
-        t = self.tables
-        where: list[str] = []
-        params: list[Any] = []
-        if reason:
-            where.append("reason = ?")
-            params.append(reason)
-        if tool:
-            where.append(f"run_id IN (SELECT run_id FROM {t.tools} WHERE tool = ?)")
-            params.append(tool)
-        if text and text.strip():
-            words = text.strip().lower()
-            where.append("(run_id LIKE ? ESCAPE '\\' OR LOWER(task) LIKE ? ESCAPE '\\')")
-            params += [_like(text.strip()) + "%", f"%{_like(words)}%"]
-        if since is not None:
-            where.append("ended_at >= ?")
-            params.append(float(since))
-        if until is not None:
-            where.append("ended_at < ?")
-            params.append(float(until))
-        clause = " AND ".join(where) or "1 = 1"
-        with self.store.sql() as sql:
-            counts = sql.rows(
-                f"SELECT status, COUNT(*) FROM {t.runs} WHERE {clause} GROUP BY status", params
-            )
-            by_status = {str(s): int(n) for s, n in counts}
-            if status:
-                clause += " AND status = ?"
-                params.append(status)
-            rows = sql.rows(
-                f"SELECT {', '.join(_RUN_COLUMNS)} FROM {t.runs} WHERE {clause} "
-                "ORDER BY ended_at DESC, run_id DESC LIMIT ? OFFSET ?",
-                [*params, limit, offset],
-            )
-        total = by_status.get(status, 0) if status else sum(by_status.values())
-        runs = tuple(dict(zip(_RUN_COLUMNS, r, strict=True)) for r in rows)
-        return RunPage(runs, total, by_status, offset, limit)
-
-    def tool_names(self, limit: int = 200) -> builtins.list[str]:
-        """The names of the tools runs called (for a filter), in order."""
-        with self.store.sql() as sql:
-            rows = sql.rows(
-                f"SELECT DISTINCT tool FROM {self.tables.tools} ORDER BY tool LIMIT ?", (limit,)
-            )
-        return [str(r[0]) for r in rows]
-
-    def overview(self, *, since: float, until: float, tools: int = 10) -> Overview:
-        """Counts per UTC day over ``[since, until)``, cost per day, the failing tools."""
-        t = self.tables
-        window = (float(since), float(until))
-        with self.store.sql() as sql:
-            statuses = sql.rows(
-                f"SELECT {t.day} AS day, status, COUNT(*), SUM(cost_usd) FROM {t.runs} "
-                "WHERE ended_at >= ? AND ended_at < ? GROUP BY day, status",
-                window,
-            )
-            reasons = sql.rows(
-                f"SELECT {t.day} AS day, reason, COUNT(*) FROM {t.runs} WHERE ended_at >= ? "
-                "AND ended_at < ? AND status <> 'success' GROUP BY day, reason",
-                window,
-            )
-            failing = sql.rows(
-                f"SELECT tool, SUM(failures) AS f, SUM(calls) FROM {t.tools} WHERE "
-                "ended_at >= ? AND ended_at < ? GROUP BY tool HAVING SUM(failures) > 0 "
-                "ORDER BY f DESC, tool LIMIT ?",
-                (*window, tools),
-            )
-        by_status: dict[float, dict[str, int]] = {}
-        cost: dict[float, float] = {}
-        for day, status, n, usd in statuses:
-            start = float(day) * DAY
-            by_status.setdefault(start, {})[str(status)] = int(n)
-            cost[start] = cost.get(start, 0.0) + float(usd or 0.0)
-        by_reason: dict[float, dict[str, int]] = {}
-        for day, reason, n in reasons:
-            by_reason.setdefault(float(day) * DAY, {})[str(reason)] = int(n)
-        first, last = int(window[0] // DAY), int((window[1] - 1e-9) // DAY)
-        days = tuple(float(d) * DAY for d in range(first, last + 1))
-        failing_tools = tuple((str(tool), int(f), int(c)) for tool, f, c in failing)
-        return Overview(window[0], window[1], days, by_status, by_reason, cost, failing_tools)
-
-    def index_missing(self) -> int:
-        """Index the run records filed before runs had a table of their own; how many."""
-        t = self.tables
-        done = 0
-        while True:
-            with self.store.sql() as sql:
-                batch = sql.rows(
-                    f"SELECT d.id, d.body, d.created_at FROM {t.docs} d LEFT JOIN {t.runs} r "
-                    "ON r.run_id = d.id WHERE d.kind = 'run' AND r.run_id IS NULL LIMIT 500"
-                )
-            if not batch:
-                return done
-            for doc_id, body, at in batch:
-                try:
-                    doc = json.loads(body)
-                except ValueError:
-                    doc = None
-                if not isinstance(doc, dict):
-                    doc = {"status": "unreadable", "reason": "unreadable"}
-                self.save({**doc, "run_id": doc_id}, float(at))
-                done += 1
+#: the field that holds each kind's state (indexed: the inbox and the workers query by it)
+_STATE_FIELDS = {"approval": "status", "handoff": "state"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,21 +179,23 @@ class Records:
 
         worker = worker or f"{socket.gethostname()}:{os.getpid()}"
         t = self.tables
-        status = t.field("status")
+        untaken = (
+            f" AND NOT EXISTS (SELECT 1 FROM {t.decisions} c WHERE c.approval_id = d.id AND "
+            "(c.done_at IS NOT NULL OR c.lease_until > ?))"
+        )
         while True:
-            now = time.time()
-            with self.store.sql() as sql:
-                rows = sql.rows(
-                    f"SELECT id, body FROM {t.docs} d WHERE kind = 'approval' AND {status} "
-                    f"IN (?, ?) AND NOT EXISTS (SELECT 1 FROM {t.decisions} c WHERE "
-                    "c.approval_id = d.id AND (c.done_at IS NOT NULL OR c.lease_until > ?)) "
-                    "ORDER BY created_at, id LIMIT ?",
-                    (APPROVED, REJECTED, now, limit),
-                )
+            rows = self._docs(
+                "approval",
+                (APPROVED, REJECTED),
+                limit,
+                newest=False,
+                extra=untaken,
+                params=(time.time(),),
+            )
             if not rows:
                 return
             taken = 0
-            for approval_id, body in rows:
+            for _, approval_id, body in rows:
                 doc = json.loads(body)
                 if self._take(str(approval_id), str(doc.get("run_id") or ""), worker, lease):
                     taken += 1
@@ -578,38 +253,64 @@ class Records:
         keys = ("worker", "taken_at", "lease_until", "done_at")
         return {str(r[0]): dict(zip(keys, r[1:], strict=True)) for r in rows}
 
+    def _parts(self, kind: str, states: tuple[str, ...]) -> list[tuple[str, list[Any]]]:
+        """Documents of ``kind`` in ``states``: one condition per state, each an equality
+        the partial index on the state answers (with ``IN`` or ``OR`` SQLite scans the kind
+        instead); the kind written out, as a partial index needs."""
+        if kind not in _STATE_FIELDS:
+            raise ValueError(f"kind must be one of {sorted(_STATE_FIELDS)}, got {kind!r}")
+        name = self.tables.field(_STATE_FIELDS[kind])
+        parts = [(f"kind = '{kind}' AND {name} = ?", [state]) for state in states]
+        if kind == "handoff" and "open" in states:  # a case filed before it had a state is open
+            parts.append((f"kind = '{kind}' AND {name} IS NULL", []))
+        return parts
+
+    def _docs(
+        self,
+        kind: str,
+        states: tuple[str, ...],
+        n: int,
+        *,
+        newest: bool,
+        extra: str = "",
+        params: tuple[Any, ...] = (),
+    ) -> list[tuple[float, str, str]]:
+        """The first ``n`` (created_at, id, body) of each state, merged in order."""
+        import heapq
+
+        order = "DESC" if newest else ""
+        found = []
+        with self.store.sql() as sql:
+            for where, values in self._parts(kind, states):
+                found.append(
+                    sql.rows(
+                        f"SELECT created_at, id, body FROM {self.tables.docs} d WHERE {where}{extra} "
+                        f"ORDER BY created_at {order}, id {order} LIMIT ?",
+                        [*values, *params, n],
+                    )
+                )
+        key = (lambda r: (-r[0], r[1])) if newest else (lambda r: (r[0], r[1]))
+        return list(heapq.merge(*found, key=key))[:n]
+
     def pending(
         self, kind: str, states: tuple[str, ...], *, limit: int = 200, offset: int = 0
     ) -> tuple[list[dict[str, Any]], int]:
         """Documents of ``kind`` ("approval": by status; "handoff": by state) in
         ``states``, oldest first, and how many there are."""
-        t = self.tables
-        name = t.field("status" if kind == "approval" else "state")
-        value = f"COALESCE({name}, 'open')" if kind == "handoff" else name
-        marks = ", ".join("?" * len(states))
-        where = f"kind = ? AND {value} IN ({marks})"
+        count = 0
         with self.store.sql() as sql:
-            (count,) = sql.rows(f"SELECT COUNT(*) FROM {t.docs} WHERE {where}", (kind, *states))[0]
-            rows = sql.rows(
-                f"SELECT body FROM {t.docs} WHERE {where} ORDER BY created_at, id LIMIT ? OFFSET ?",
-                (kind, *states, limit, offset),
-            )
-        return [json.loads(r[0]) for r in rows], int(count)
+            for where, values in self._parts(kind, states):
+                count += int(
+                    sql.rows(f"SELECT COUNT(*) FROM {self.tables.docs} WHERE {where}", values)[0][0]
+                )
+        rows = self._docs(kind, states, offset + limit, newest=False)[offset:]
+        return [json.loads(r[2]) for r in rows], count
 
     def recent(
         self, kind: str, states: tuple[str, ...], *, limit: int = 20
     ) -> list[dict[str, Any]]:
         """The newest documents of ``kind`` in ``states``."""
-        t = self.tables
-        name = t.field("status" if kind == "approval" else "state")
-        marks = ", ".join("?" * len(states))
-        with self.store.sql() as sql:
-            rows = sql.rows(
-                f"SELECT body FROM {t.docs} WHERE kind = ? AND {name} IN ({marks}) "
-                "ORDER BY created_at DESC, id DESC LIMIT ?",
-                (kind, *states, limit),
-            )
-        return [json.loads(r[0]) for r in rows]
+        return [json.loads(r[2]) for r in self._docs(kind, states, limit, newest=True)]
 
     # --- retention -------------------------------------------------------------------------
 

@@ -192,8 +192,6 @@ def run_serve(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Page timings (median and max of ``samples`` requests) per database and size."""
-    import httpx
-
     from tether._records import Records
 
     out: dict[str, Any] = {}
@@ -202,30 +200,49 @@ def run_serve(
     backends.append(("sqlite", lambda n: Records.sqlite(os.path.join(folder, f"records-{n}.db"))))
     if pg_dsn:
         backends.append(("postgres", lambda n: Records.postgres(_schema(pg_dsn))))
-    for name, make in backends:
-        cells: dict[str, Any] = {}
-        for n in sizes:
-            records = make(n)
-            try:
-                started = time.perf_counter()
-                fill(records, n)
-                filled = time.perf_counter() - started
-                if progress:
-                    progress(f"serve {name} {n} runs filed in {filled:.0f} s")
-                with _serving(where(records)) as base, httpx.Client(base_url=base, timeout=60) as c:
-                    cell: dict[str, Any] = {
-                        p: _timed(c.get, path, samples) for p, path in _pages(records).items()
-                    }
-                    if n == max(sizes):
-                        cell[f"while a {big / 1e6:g} MB run renders"] = _while_big(
-                            base, _big_run(records, big), samples
-                        )
-                cell["fill_s"] = round(filled, 1)
-                cells[str(n)] = cell
-            finally:
-                _drop(records)
-        out[name] = cells
+    try:
+        for name, make in backends:
+            out[name] = _backend(name, make, sizes, samples, big, progress)
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
     return out
+
+
+def _backend(
+    name: str,
+    make: Callable[[int], Any],
+    sizes: Sequence[int],
+    samples: int,
+    big: int,
+    progress: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    """One database's cells, by size."""
+    import httpx
+
+    cells: dict[str, Any] = {}
+    for n in sizes:
+        records = make(n)
+        try:
+            started = time.perf_counter()
+            fill(records, n)
+            filled = time.perf_counter() - started
+            if progress:
+                progress(f"serve {name} {n} runs filed in {filled:.0f} s")
+            with _serving(where(records)) as base, httpx.Client(base_url=base, timeout=60) as c:
+                cell: dict[str, Any] = {
+                    p: _timed(c.get, path, samples) for p, path in _pages(records).items()
+                }
+                if n == max(sizes):
+                    cell[f"while a {big / 1e6:g} MB run renders"] = _while_big(
+                        base, _big_run(records, big), samples
+                    )
+            cell["fill_s"] = round(filled, 1)
+            cells[str(n)] = cell
+        finally:
+            _drop(records)
+    return cells
 
 
 def where(records: Any) -> str:

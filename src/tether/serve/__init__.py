@@ -60,7 +60,7 @@ _log = logging.getLogger("tether")
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
 #: runs on a page of /runs; approvals and cases the inbox shows at once (oldest first)
-PAGE, INBOX = 50, 200
+PAGE, INBOX = 50, 50
 CSRF_COOKIE, TOKEN_COOKIE = "tether_csrf", "tether_token"
 #: the host names served without a token (a browser on this machine)
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -589,7 +589,8 @@ def _without_token(request: Request) -> str:
         for k, v in request.query_params.multi_items()
         if k != "token"
     )
-    return quote(request.url.path) + (f"?{query}" if query else "")
+    path = "/" + request.url.path.lstrip("/")  # never //host: a relative path on this host
+    return quote(path) + (f"?{query}" if query else "")
 
 
 def _secured(response: Response) -> Response:
