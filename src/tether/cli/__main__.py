@@ -1,0 +1,7 @@
+"""``python -m tether.cli``."""
+
+import sys
+
+from tether.cli import main
+
+sys.exit(main())
