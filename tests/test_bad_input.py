@@ -10,8 +10,8 @@ import pytest
 
 import tether
 from tether import Budget, CircuitBreaker, Guard, LoopPolicy, VirtualClock
-from tether._persist import CHECKPOINT_FORMAT, CheckpointError, Checkpoints
 from tether.cli import main
+from tether.records._collections import CHECKPOINT_FORMAT, CheckpointError, Checkpoints
 
 
 @pytest.mark.parametrize(

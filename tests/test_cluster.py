@@ -14,7 +14,7 @@ import pytest
 
 import tether
 from tether import Ledger, StoreUnavailable
-from tether.stores._redis import RedisStore
+from tether.stores.redis._store import RedisStore
 
 
 def node_of(cluster: Any, client: Any, key: str) -> int:

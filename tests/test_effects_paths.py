@@ -36,7 +36,7 @@ from tether import (
 from tether.clock import SystemClock
 from tether.integrations import anthropic as t_anthropic
 from tether.stores._ledger_logic import State
-from tether.stores._ledger_redis import LedgerNotDurable
+from tether.stores.redis._ledger import LedgerNotDurable
 
 BACKENDS = ["sqlite", "redis", "postgres"]
 
@@ -486,7 +486,7 @@ def test_run_agent_refuses_async_tools_before_the_first_request(server: Scripted
 
 def test_dead_letter_replay_runs_once_unless_forced(tmp_path: Path) -> None:
     """Replaying one letter twice calls the handler once; force=True calls it again."""
-    from tether._persist import DeadLetters
+    from tether.records._collections import DeadLetters
 
     path = str(tmp_path / "letters.db")
     letters = DeadLetters.sqlite(path)
@@ -612,7 +612,7 @@ def test_redis_ledger_on_a_ready_client(redis_url: str) -> None:
 
 def test_dead_letter_replay_runs_once_on_postgres(pg_dsn: str) -> None:
     """Letters in PostgreSQL: the replay ledger sits in the same database."""
-    from tether._persist import DeadLetters
+    from tether.records._collections import DeadLetters
 
     table = f"letters_{uuid.uuid4().hex[:8]}"
     letters = DeadLetters.postgres(pg_dsn, table=table)

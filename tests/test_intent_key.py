@@ -211,7 +211,7 @@ _JSONISH = st.recursive(
 @given(_JSONISH)
 def test_the_fast_path_and_the_walk_give_the_same_text(args: Any) -> None:
     """Plain inputs take the C encoder; the rest the walk: one text either way."""
-    from tether._canonical import VOLATILE_FIELDS, _dumps, _Walk
+    from tether.effects._canonical import VOLATILE_FIELDS, _dumps, _Walk
 
     top = (
         {k: v for k, v in args.items() if k not in VOLATILE_FIELDS}
@@ -228,7 +228,7 @@ def test_the_fast_path_and_the_walk_give_the_same_text(args: Any) -> None:
 
 
 def test_intent_keys_match_intent_key_from_one_encoding() -> None:
-    from tether._canonical import intent_keys
+    from tether.effects._canonical import intent_keys
 
     args = {"order": "A-1", "amount": 10, "uuid": "fresh"}
     assert intent_keys("refund", args, "tenant-7") == (

@@ -36,7 +36,7 @@ from tether import (
     Tool,
     VirtualClock,
 )
-from tether._redact import redact_text
+from tether.redaction._redact import redact_text
 
 DSN = "postgresql://admin:hunter2pw@db-primary.internal.corp:5432/prod"
 AWS = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
@@ -456,7 +456,7 @@ FALSE_POSITIVES: dict[str, str] = {
 
 def test_the_false_positives_really_pass_the_card_check() -> None:
     """The digit runs above pass Luhn: they are kept because of their context or range."""
-    from tether._secret_text import _luhn
+    from tether.redaction._secret_text import _luhn
 
     for text in FALSE_POSITIVES.values():
         for run in re.findall(r"\d{13,19}", text):
@@ -782,7 +782,7 @@ def test_redaction_is_idempotent(case: str) -> None:
 @pytest.fixture
 def forget_registrations() -> Iterator[None]:
     """Names, patterns and settings registered by a test are forgotten after it."""
-    from tether import _redact
+    from tether.redaction import _redact
 
     yield
     _redact._reset()

@@ -22,7 +22,7 @@ import tether
 from tether import Guard, Records, ToolError
 from tether.cli import main
 from tether.serve import create_app
-from tether.stores._redis import RedisStore
+from tether.stores.redis._store import RedisStore
 
 SECRET = "sk-live-" + "4f9a8b7c6d5e4f3a2b1c0d9e"
 

@@ -1,11 +1,6 @@
 """tether: keep LLM agents bounded and their side effects safe."""
 
 from tether import backoff, clock, policies, stores, telemetry
-from tether._breaker import BreakerRegistry, CircuitBreaker, breakers
-from tether._budget import RetryBudget
-from tether._canonical import VOLATILE_FIELDS, canonical_json, intent_key
-from tether._classify import Kind, Verdict, classify, register_classifier, unregister_classifier
-from tether._effects import EffectFailed, Ledger, current_idempotency_key
 from tether._errors import (
     CircuitOpenError,
     DeadlineExceeded,
@@ -19,13 +14,24 @@ from tether._errors import (
     TransientError,
     UnknownOutcome,
 )
-from tether._events import BreakerEvent, RetryEvent
-from tether._governance import ApprovalError, ApprovalRecord, ApprovalRejected, PolicyDenied
-from tether._handoff import CustomerMessages, Escalation, HandoffRecord, webhook
-from tether._limiter import AdaptiveLimiter
-from tether._loops import LoopPolicy
-from tether._outcome import Outcome, Stopped, StopReason, ToolError, Usage
-from tether._persist import (
+from tether._version import __version__
+from tether.classification._classify import (
+    Kind,
+    Verdict,
+    classify,
+    register_classifier,
+    unregister_classifier,
+)
+from tether.clock import SystemClock, VirtualClock
+from tether.effects._canonical import VOLATILE_FIELDS, canonical_json, intent_key
+from tether.effects._ledger import EffectFailed, Ledger, current_idempotency_key
+from tether.effects._wrap import CONNECTORS, CallMeta, Connector, wrap
+from tether.effects._wrap import last_call as wrap_last_call
+from tether.guards._breaker import BreakerRegistry, CircuitBreaker, breakers
+from tether.guards._budget import RetryBudget
+from tether.guards._limiter import AdaptiveLimiter
+from tether.integrations._common import Tool
+from tether.records._collections import (
     CheckpointError,
     Checkpoints,
     DeadLetter,
@@ -33,16 +39,16 @@ from tether._persist import (
     Handoffs,
     RedactedArguments,
 )
-from tether._pricing import PRICES, Price, PriceTable, UnknownModelError
-from tether._records import Records
-from tether._redact import add_secret_names, add_secret_patterns, redact, register_secrets
-from tether._retry import RetryPolicy, RetryStats, retry
-from tether._run import Budget, Guard, Run
-from tether._version import __version__
-from tether._wrap import CONNECTORS, CallMeta, Connector, wrap
-from tether._wrap import last_call as wrap_last_call
-from tether.clock import SystemClock, VirtualClock
-from tether.integrations._common import Tool
+from tether.records._records import Records
+from tether.redaction._redact import add_secret_names, add_secret_patterns, redact, register_secrets
+from tether.retries._policy import RetryPolicy, RetryStats, retry
+from tether.run._governance import ApprovalError, ApprovalRecord, ApprovalRejected, PolicyDenied
+from tether.run._handoff import CustomerMessages, Escalation, HandoffRecord, webhook
+from tether.run._loops import LoopPolicy
+from tether.run._outcome import Outcome, Stopped, StopReason, ToolError, Usage
+from tether.run._pricing import PRICES, Price, PriceTable, UnknownModelError
+from tether.run._run import Budget, Guard, Run
+from tether.telemetry._events import BreakerEvent, RetryEvent
 
 __all__ = [
     "AdaptiveLimiter",

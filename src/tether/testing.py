@@ -6,8 +6,8 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from tether._breaker import breakers
 from tether.clock import VirtualClock
+from tether.guards._breaker import breakers
 from tether.stores._memory import default_store
 
 __all__ = ["VirtualClock", "capture_events", "capture_logs", "reset", "tether_reset"]
@@ -16,7 +16,7 @@ __all__ = ["VirtualClock", "capture_events", "capture_logs", "reset", "tether_re
 def reset() -> None:
     """Forget all process-wide state: the default store, the breaker registry, the
     warnings already given about unpriced models."""
-    from tether import _pricing
+    from tether.run import _pricing
 
     breakers.clear()
     default_store.reset()

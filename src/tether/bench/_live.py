@@ -84,7 +84,7 @@ def _worker_main(redis_url: str, prefix: str, port: int, clients: int, seed: int
     """One worker process: ``clients`` jobs sharing this process's RedisStore."""
     from tether import AdaptiveLimiter, CircuitBreaker, RetryBudget, RetryPolicy
     from tether.bench._fleet import FLEET_BREAKER
-    from tether.stores._redis import RedisStore
+    from tether.stores.redis._store import RedisStore
 
     store = RedisStore(redis_url, prefix=prefix)
     budget = RetryBudget("dep", store=store)
@@ -166,7 +166,7 @@ def _shard_worker(
 ) -> None:
     """Hammer one breaker's acquire/record scripts (the guards' heaviest mix, no cache)."""
     from tether.stores._logic import BreakerConfig
-    from tether.stores._redis import RedisStore
+    from tether.stores.redis._store import RedisStore
 
     store = RedisStore(redis_url, prefix=prefix, cache_ttl=0.0, server_time=False)
     cfg = BreakerConfig(

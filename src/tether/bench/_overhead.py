@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tether
-from tether._loops import LoopPolicy, LoopState
+from tether.run._loops import LoopPolicy, LoopState
 
 __all__ = ["run_overhead"]
 
@@ -92,7 +92,7 @@ def _breakers(number: int) -> dict[str, dict[str, Any]]:
     import os
 
     from tether.stores import MemoryStore
-    from tether.stores._redis import RedisStore
+    from tether.stores.redis._store import RedisStore
 
     def target() -> int:
         return 1

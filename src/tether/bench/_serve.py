@@ -192,7 +192,7 @@ def run_serve(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Page timings (median and max of ``samples`` requests) per database and size."""
-    from tether._records import Records
+    from tether.records._records import Records
 
     out: dict[str, Any] = {}
     backends: list[tuple[str, Callable[[int], Any]]] = []

@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tether {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from tether import _cli_commands
+    from tether.cli import _commands as _cli_commands
 
     _cli_commands.register(sub)
     return parser

@@ -47,7 +47,9 @@ def register(sub: Any) -> None:
     demo = sub.add_parser(
         "demo", help="the Northwind refund story, against a local payment service"
     )
-    demo.set_defaults(run_command=lambda args: __import__("tether._demo", fromlist=["main"]).main())
+    demo.set_defaults(
+        run_command=lambda args: __import__("tether.cli._demo", fromlist=["main"]).main()
+    )
 
     db_help = "the SQLite file of the dead letters"
     dlq = sub.add_parser("dlq", help="dead letters: list, show, replay")
@@ -205,7 +207,7 @@ def _progress_printer() -> Any:
 
 
 def _dlq(args: argparse.Namespace) -> int:
-    from tether._persist import DeadLetters
+    from tether.records._collections import DeadLetters
 
     if not args.db:
         print("tether dlq: --db PATH is required (the SQLite file of the dead letters)",
@@ -278,7 +280,7 @@ def _serve(args: argparse.Namespace) -> int:
         allowed = [host_name(name) for name in allowed]
     except ValueError as exc:
         return _refused(f"--allowed-host: {exc}")
-    from tether._records import Records
+    from tether.records._records import Records
 
     if not Records.is_dsn(args.db) and not os.path.isfile(args.db):
         print(f"tether serve: {args.db}: no such file (give the SQLite file your "
@@ -289,7 +291,7 @@ def _serve(args: argparse.Namespace) -> int:
         handler = _import_handler(args.handler, "serve")
         if handler is None:
             return 2
-    from tether._redact import load_secrets
+    from tether.redaction._redact import load_secrets
 
     for spec in args.secrets:
         try:
@@ -315,7 +317,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _records(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
-    from tether._records import Records
+    from tether.records._records import Records
 
     def refused(why: str) -> int:
         print(f"tether records prune: {why}", file=sys.stderr)
@@ -356,7 +358,7 @@ def _replay(letters: Any, letter: Any, spec: str, force: bool, lookup_spec: str 
         return 2
     again = letter.replayed and not force
     from tether._errors import UnknownOutcome
-    from tether._persist import RedactedArguments
+    from tether.records._collections import RedactedArguments
 
     try:
         result = letters.replay(letter.id, handler, force=force, lookup=lookup)

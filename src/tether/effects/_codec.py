@@ -118,6 +118,6 @@ class RedactingCodec(JsonCodec):
     ``Guard(records=...)`` keeps. A replay returns the redacted value."""
 
     def encode(self, value: Any) -> str:
-        from tether._redact import redact_tagged
+        from tether.redaction._redact import redact_tagged
 
         return json.dumps(redact_tagged(_to_json(value), _DECODERS), sort_keys=True, allow_nan=True)

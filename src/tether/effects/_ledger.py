@@ -55,9 +55,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from tether._canonical import canonical_json
-from tether._classify import Kind, classify
-from tether._codec import Codec, JsonCodec
 from tether._errors import (
     EffectInProgress,
     EffectNotRecorded,
@@ -66,8 +63,11 @@ from tether._errors import (
     TetherError,
     UnknownOutcome,
 )
-from tether._redact import redact_text
+from tether.classification._classify import Kind, classify
 from tether.clock import Clock, VirtualClock, system_clock
+from tether.effects._canonical import canonical_json
+from tether.effects._codec import Codec, JsonCodec
+from tether.redaction._redact import redact_text
 from tether.stores._ledger_logic import Completion, LedgerBackend, Record, State
 
 __all__ = [
@@ -203,7 +203,7 @@ class Ledger:
         that a restart forgets a claim and an effect runs twice. ``client`` takes a
         ready ``redis.Redis`` (or cluster) client instead of ``url``.
         """
-        from tether.stores._ledger_redis import RedisLedgerBackend
+        from tether.stores.redis._ledger import RedisLedgerBackend
 
         backend = RedisLedgerBackend(url, client=client, prefix=prefix, assume_durable=assume_durable,
                                      allow_lost_records=allow_lost_records)  # fmt: skip

@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tether._canonical import VOLATILE_FIELDS, intent_key
-from tether._retry import RetryPolicy
+from tether.effects._canonical import VOLATILE_FIELDS, intent_key
+from tether.retries._policy import RetryPolicy
 
 if TYPE_CHECKING:
-    from tether._breaker import CircuitBreaker
-    from tether._effects import Ledger
+    from tether.effects._ledger import Ledger
+    from tether.guards._breaker import CircuitBreaker
 
 __all__ = ["CONNECTORS", "CallMeta", "Connector", "ResponseStatusError", "wrap"]
 
@@ -96,7 +96,7 @@ class ResponseStatusError(Exception):
 
 def _status_check(result: Any) -> None:
     """Raise for a response whose status a retry may clear (429, 5xx ...)."""
-    from tether._classify import classify
+    from tether.classification._classify import classify
 
     status = getattr(result, "status_code", None)
     if isinstance(status, int) and status >= 400:

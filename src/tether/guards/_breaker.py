@@ -8,14 +8,14 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from tether._classify import Verdict, classify
 from tether._errors import CircuitOpenError
-from tether._events import BreakerEvent
-from tether._telemetry_hooks import emit_breaker, safe_call
+from tether.classification._classify import Verdict, classify
 from tether.clock import Clock, system_clock
 from tether.stores._base import async_ops, bind_name
 from tether.stores._logic import DENY, PROBE, BreakerConfig, config_text
 from tether.stores._memory import MemoryStore, default_store
+from tether.telemetry._emit import emit_breaker, safe_call
+from tether.telemetry._events import BreakerEvent
 
 if TYPE_CHECKING:
     from tether.stores._base import Store

@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING
 
-from tether._telemetry_hooks import logger
 from tether.stores._base import async_ops, bind_name
 from tether.stores._logic import BudgetConfig
 from tether.stores._memory import default_store
+from tether.telemetry._emit import logger
 
 if TYPE_CHECKING:
     from tether.stores._base import Store

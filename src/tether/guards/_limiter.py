@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tether._classify import Kind, Verdict
+from tether.classification._classify import Kind, Verdict
 from tether.clock import Clock, system_clock
 from tether.stores._base import async_ops, bind_name
 from tether.stores._logic import LimiterConfig

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from tether import telemetry
-from tether._breaker import breakers
-from tether._retry import RetryPolicy, _CallState
-from tether._run import Run
+from tether.guards._breaker import breakers
+from tether.retries._policy import RetryPolicy, _CallState
+from tether.run._run import Run
 
 __all__ = ["AsyncGuardedStream", "Guarded", "GuardedStream", "Tool", "schema_from_hints"]
 
@@ -107,7 +107,7 @@ class Tool:
         if isinstance(self.volatile, str):
             raise TypeError(f"Tool {self.name!r}: volatile takes a list of paths, e.g. "
                             f"volatile=[{self.volatile!r}]")  # fmt: skip
-        from tether._canonical import rules
+        from tether.effects._canonical import rules
 
         object.__setattr__(self, "volatile", tuple(self.volatile))
         rules(self.volatile)  # a malformed path fails here, naming it
@@ -135,7 +135,7 @@ def require_a_place_to_wait(guard: Any, needing: Iterable[str]) -> None:
 
 def require_sync_tools(tools: Sequence[Tool]) -> None:
     """A sync agent loop cannot await a tool: say so before the first (paid) request."""
-    from tether._toolcall import _is_async
+    from tether.run._toolcall import _is_async
 
     for tool in tools:
         if _is_async(tool.fn):
@@ -266,7 +266,7 @@ def malformed_arguments(raw: str) -> None:
 def result_text(value: Any) -> str:
     """A tool result as the text the model reads, its secrets redacted (structured data
     by field name and pattern, then written as JSON)."""
-    from tether._redact import redact, redact_text
+    from tether.redaction._redact import redact, redact_text
 
     if isinstance(value, str):
         return redact_text(value)

@@ -14,9 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether._errors import CircuitOpenError
-from tether._outcome import Stopped, StopReason, ToolError
-from tether._pricing import UnknownModelError
-from tether._run import Guard, Run
 from tether.integrations._common import (
     Guarded,
     Tool,
@@ -25,6 +22,9 @@ from tether.integrations._common import (
     result_text,
     unknown_tool,
 )
+from tether.run._outcome import Stopped, StopReason, ToolError
+from tether.run._pricing import UnknownModelError
+from tether.run._run import Guard, Run
 
 __all__ = [
     "ToolUse",

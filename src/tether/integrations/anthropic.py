@@ -12,9 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from tether._outcome import Outcome, StopReason
-from tether._retry import RetryPolicy
-from tether._run import Guard, Run
 from tether.integrations._common import Guarded, Tool, require_sync_tools
 from tether.integrations._loop import (
     ToolUse,
@@ -25,6 +22,9 @@ from tether.integrations._loop import (
     run_loop,
     task_of,
 )
+from tether.retries._policy import RetryPolicy
+from tether.run._outcome import Outcome, StopReason
+from tether.run._run import Guard, Run
 
 __all__ = ["GuardedAnthropic", "Tool", "arun_agent", "guarded", "run_agent"]
 

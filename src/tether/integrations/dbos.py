@@ -31,9 +31,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from tether import telemetry
-from tether._canonical import intent_key
-from tether._classify import classify
-from tether._effects import Ledger
 from tether._errors import (
     CircuitOpenError,
     EffectInProgress,
@@ -43,11 +40,14 @@ from tether._errors import (
     UnknownOutcome,
     require,
 )
-from tether._governance import PENDING, ApprovalRecord
-from tether._guard import Guard
-from tether._outcome import Outcome
-from tether._persist import check_run_id
-from tether._run import Run
+from tether.classification._classify import classify
+from tether.effects._canonical import intent_key
+from tether.effects._ledger import Ledger
+from tether.records._collections import check_run_id
+from tether.run._governance import PENDING, ApprovalRecord
+from tether.run._guard import Guard
+from tether.run._outcome import Outcome
+from tether.run._run import Run
 
 require("dbos", "dbos")
 

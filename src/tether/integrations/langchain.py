@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, NotRequired
 
 from tether._errors import require
-from tether._guard import Guard
-from tether._outcome import Outcome, Stopped, StopReason, ToolError
-from tether._run import Run
 from tether.integrations._common import ToolRules, require_a_place_to_wait, result_text
+from tether.run._guard import Guard
+from tether.run._outcome import Outcome, Stopped, StopReason, ToolError
+from tether.run._run import Run
 
 require("langchain", "langchain")
 

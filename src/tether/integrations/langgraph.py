@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tether._classify import classify
 from tether._errors import require
-from tether._run import Run
+from tether.classification._classify import classify
+from tether.run._run import Run
 
 __all__ = ["atool_wrapper", "retry_policy", "tool_wrapper"]
 

@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tether._errors import require
-from tether._outcome import ToolError
-from tether._run import Run
+from tether.run._outcome import ToolError
+from tether.run._run import Run
 
 __all__ = ["GuardedSession", "guarded"]
 

@@ -11,9 +11,6 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from tether._outcome import Outcome, StopReason
-from tether._retry import RetryPolicy
-from tether._run import Guard, Run
 from tether.integrations._common import Guarded, Tool, require_sync_tools
 from tether.integrations._loop import (
     ToolUse,
@@ -24,6 +21,9 @@ from tether.integrations._loop import (
     run_loop,
     task_of,
 )
+from tether.retries._policy import RetryPolicy
+from tether.run._outcome import Outcome, StopReason
+from tether.run._run import Guard, Run
 
 __all__ = ["GuardedOpenAI", "Tool", "arun_agent", "guarded", "run_agent"]
 

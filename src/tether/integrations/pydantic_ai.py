@@ -26,11 +26,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tether._errors import CircuitOpenError, require
-from tether._guard import Guard
-from tether._outcome import Outcome, Stopped, StopReason, ToolError
-from tether._pricing import UnknownModelError
-from tether._retry import RetryPolicy
-from tether._run import Run
 from tether.integrations._common import (
     ModelRetries,
     ToolRules,
@@ -38,6 +33,11 @@ from tether.integrations._common import (
     provider_breaker,
     require_a_place_to_wait,
 )
+from tether.retries._policy import RetryPolicy
+from tether.run._guard import Guard
+from tether.run._outcome import Outcome, Stopped, StopReason, ToolError
+from tether.run._pricing import UnknownModelError
+from tether.run._run import Run
 
 require("pydantic_ai", "pydantic-ai")
 

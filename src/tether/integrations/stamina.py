@@ -12,7 +12,7 @@ as the wait when the failure carries one: stamina then waits exactly that.
 
 from __future__ import annotations
 
-from tether._classify import classify
+from tether.classification._classify import classify
 
 __all__ = ["RETRY_AFTER_CAP", "retryable"]
 

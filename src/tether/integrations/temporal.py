@@ -40,11 +40,6 @@ from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 from tether import telemetry
-from tether._breaker import CircuitBreaker
-from tether._budget import RetryBudget
-from tether._canonical import intent_key
-from tether._classify import Kind, Verdict, classify, register_classifier
-from tether._effects import Ledger
 from tether._errors import (
     CircuitOpenError,
     EffectInProgress,
@@ -54,9 +49,14 @@ from tether._errors import (
     UnknownOutcome,
     require,
 )
-from tether._redact import redact
-from tether._retry import RetryPolicy
+from tether.classification._classify import Kind, Verdict, classify, register_classifier
 from tether.clock import system_clock
+from tether.effects._canonical import intent_key
+from tether.effects._ledger import Ledger
+from tether.guards._breaker import CircuitBreaker
+from tether.guards._budget import RetryBudget
+from tether.redaction._redact import redact
+from tether.retries._policy import RetryPolicy
 
 require("temporalio", "temporal")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether._classify import classify
 from tether._errors import require
+from tether.classification._classify import classify
 
 __all__ = ["retry_if_retryable", "wait_retry_after"]
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tether._errors import StoreUnavailable, TetherError, require
-from tether._redact import redact, redacted_paths, safe_url
+from tether.redaction._redact import redact, redacted_paths, safe_url
 
 if TYPE_CHECKING:
-    from tether._effects import Ledger
+    from tether.effects._ledger import Ledger
 
 __all__ = [
     "RUN_ID_RULE",
@@ -537,7 +537,7 @@ class DeadLetters(_Collection):
             n += 1
 
     def _replay_ledger(self) -> Ledger:
-        from tether._effects import Ledger
+        from tether.effects._ledger import Ledger
 
         if self._ledger is None:
             if isinstance(self.store, SqliteDocuments) and self.store.path != ":memory:":
@@ -560,7 +560,7 @@ def _next_replay(ledger: Ledger, base: str) -> str:
     """The ledger key of a letter's next replay: the first attempt that did not fail (one
     that succeeded replays its result; one in flight or unknown is reconciled, never run
     beside it); a failed attempt leaves the next one free to call the fixed handler."""
-    from tether._effects import State
+    from tether.effects._ledger import State
 
     n = 0
     while True:

@@ -1,7 +1,7 @@
 """One place for a guard's records: run outcomes, checkpoints, approvals, handoffs and
 dead letters in one database (SQLite file or PostgreSQL), what ``tether serve`` shows.
 
-The runs are indexed for search (:mod:`tether._runs`). Decided approvals go to the
+The runs are indexed for search (:mod:`tether.records._runs`). Decided approvals go to the
 agent's own workers through :meth:`Records.decisions` (each to one worker, claimed in
 SQL); :meth:`Records.prune` bounds what is kept.
 """
@@ -15,19 +15,19 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from tether._governance import APPROVED, REJECTED, Approvals
-from tether._persist import (
+from tether.records._collections import (
     Checkpoints,
     DeadLetters,
     Handoffs,
     PostgresDocuments,
     SqliteDocuments,
 )
-from tether._runs import DAY, Overview, RunPage, Runs, Tables, portable
+from tether.records._runs import DAY, Overview, RunPage, Runs, Tables, portable
+from tether.run._governance import APPROVED, REJECTED, Approvals
 
 if TYPE_CHECKING:
-    from tether._effects import Ledger
     from tether.clock import Clock
+    from tether.effects._ledger import Ledger
 
 __all__ = [
     "DAY",
@@ -132,8 +132,8 @@ class Records:
         """A ledger in this database (the same SQLite file or PostgreSQL database; memory
         for memory records): what a guard given these records and no ``ledger=`` uses, so
         that every worker on the database runs each effect once. Closed with the records."""
-        from tether._codec import RedactingCodec
-        from tether._effects import Ledger
+        from tether.effects._codec import RedactingCodec
+        from tether.effects._ledger import Ledger
 
         # results stored redacted: no secret in the records database (a replay returns that)
         settings: dict[str, Any] = {"codec": RedactingCodec()}
@@ -330,7 +330,7 @@ class Records:
         cases, replayed dead letters, and ledger records past their ttl. ``vacuum=True``
         gives the space back to the file system (SQLite's ``VACUUM``).
         """
-        from tether._retention import prune
+        from tether.records._retention import prune
 
         pruned: Pruned = prune(self, older_than, time.time() if now is None else now, vacuum)
         return pruned

@@ -14,17 +14,17 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from tether._governance import APPROVED, PENDING, REJECTED
+from tether.run._governance import APPROVED, PENDING, REJECTED
 
 if TYPE_CHECKING:
-    from tether._persist import Sql
-    from tether._records import Pruned, Records
+    from tether.records._collections import Sql
+    from tether.records._records import Pruned, Records
 
 __all__ = ["prune"]
 
 
 def prune(records: Records, older_than: timedelta, now: float, vacuum: bool) -> Pruned:
-    from tether._records import Pruned
+    from tether.records._records import Pruned
 
     if not isinstance(older_than, timedelta):
         raise TypeError(

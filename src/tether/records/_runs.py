@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tether._persist import PostgresDocuments, SqliteDocuments, _Collection
+from tether.records._collections import PostgresDocuments, SqliteDocuments, _Collection
 
 __all__ = ["DAY", "Overview", "RunPage", "Runs", "Tables", "portable"]
 

@@ -35,7 +35,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tether._secret_names import (
+from tether.redaction._secret_names import (
     _BUILTIN_NAMES,
     REDACTED,
     SECRET_NAMES,
@@ -48,8 +48,8 @@ from tether._secret_names import (
     _tiers,
     _weak_secret,
 )
-from tether._secret_text import _URL_USER, EMAIL_MASK, PHONE_MASK
-from tether._secret_text import _text as _text
+from tether.redaction._secret_text import _URL_USER, EMAIL_MASK, PHONE_MASK
+from tether.redaction._secret_text import _text as _text
 
 __all__ = [
     "EMAIL_MASK",

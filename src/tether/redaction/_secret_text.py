@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tether._secret_names import (
+from tether.redaction._secret_names import (
     REDACTED,
     _extra_patterns,
     _fragments,

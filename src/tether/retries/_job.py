@@ -13,11 +13,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether import backoff
-from tether._classify import classify
 from tether._errors import CircuitOpenError, DeadlineExceeded, LimiterTimeout
+from tether.classification._classify import classify
 
 if TYPE_CHECKING:
-    from tether._retry import RetryPolicy
+    from tether.retries._policy import RetryPolicy
 
 __all__ = ["acall_job", "call_job"]
 

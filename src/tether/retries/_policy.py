@@ -16,17 +16,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from tether import backoff
-from tether._classify import Kind, Verdict, classify
 from tether._errors import CircuitOpenError, DeadlineExceeded, LimiterTimeout
-from tether._events import RetryEvent, RetryHook
-from tether._job import JOB_CAP
-from tether._telemetry_hooks import emit_retry, safe_call
+from tether.classification._classify import Kind, Verdict, classify
 from tether.clock import Clock, system_clock
+from tether.retries._job import JOB_CAP
+from tether.telemetry._emit import emit_retry, safe_call
+from tether.telemetry._events import RetryEvent, RetryHook
 
 if TYPE_CHECKING:
-    from tether._breaker import CircuitBreaker
-    from tether._budget import RetryBudget
-    from tether._limiter import AdaptiveLimiter
+    from tether.guards._breaker import CircuitBreaker
+    from tether.guards._budget import RetryBudget
+    from tether.guards._limiter import AdaptiveLimiter
 
 __all__ = ["RetryPolicy", "RetryStats", "retry"]
 
@@ -504,14 +504,14 @@ class RetryPolicy:
         seconds: the limiter paces the fleet, a longer wait only finishes later); give
         up after ``give_up_after`` seconds, or at once on a permanent failure.
         """
-        from tether._job import call_job
+        from tether.retries._job import call_job
 
         return call_job(self, fn, *args, give_up_after=give_up_after, job_cap=job_cap, **kwargs)
 
     async def acall_job(self, fn: Callable[..., Awaitable[T]], /, *args: Any,
                         give_up_after: float | None = None, job_cap: float = JOB_CAP, **kwargs: Any) -> T:  # fmt: skip
         """The async form of :meth:`call_job`."""
-        from tether._job import acall_job
+        from tether.retries._job import acall_job
 
         return await acall_job(
             self, fn, *args, give_up_after=give_up_after, job_cap=job_cap, **kwargs
@@ -526,12 +526,12 @@ class RetryPolicy:
         return getattr(fn, "__qualname__", None) or type(fn).__name__
 
     def _traced(self, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
-        from tether._retry_spans import traced
+        from tether.retries._spans import traced
 
         return traced(self, fn, args, kwargs)
 
     async def _atraced(self, fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any) -> T:
-        from tether._retry_spans import atraced
+        from tether.retries._spans import atraced
 
         return await atraced(self, fn, args, kwargs)
 

@@ -8,10 +8,10 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tether._classify import classify
+from tether.classification._classify import classify
 
 if TYPE_CHECKING:
-    from tether._retry import RetryPolicy
+    from tether.retries._policy import RetryPolicy
 
 __all__ = ["atraced", "traced"]
 

@@ -10,13 +10,13 @@ from types import TracebackType
 from typing import Any, Self
 
 from tether import telemetry
-from tether._canonical import jsonable
-from tether._classify import classify
-from tether._handoff import SOME_STEP, HandoffRecord, _Delivery
-from tether._outcome import Outcome, Stopped, StopReason, Usage
-from tether._redact import redact, redact_conversation
-from tether._runs import portable
-from tether._runstate import RunState
+from tether.classification._classify import classify
+from tether.effects._canonical import jsonable
+from tether.records._runs import portable
+from tether.redaction._redact import redact, redact_conversation
+from tether.run._handoff import SOME_STEP, HandoffRecord, _Delivery
+from tether.run._outcome import Outcome, Stopped, StopReason, Usage
+from tether.run._runstate import RunState
 
 __all__ = ["Ending"]
 

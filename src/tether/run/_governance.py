@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from tether._canonical import jsonable
 from tether._errors import TetherError
-from tether._outcome import ToolError
+from tether.effects._canonical import jsonable
+from tether.run._outcome import ToolError
 
 __all__ = [
     "ApprovalError",
@@ -178,7 +178,7 @@ class JournalEntry:
     state: str = "done"  # "done" -> "compensated" | "unknown" | "failed"
 
     def to_doc(self) -> dict[str, Any]:
-        from tether._redact import redact
+        from tether.redaction._redact import redact
 
         doc = {"tool": self.tool, "args": redact(self.args), "key": self.key, "in_ledger": self.in_ledger,
                "state": self.state}  # fmt: skip

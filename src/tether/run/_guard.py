@@ -8,9 +8,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tether._breaker import CircuitBreaker
-from tether._effects import Ledger
-from tether._governance import (
+from tether.clock import Clock, system_clock
+from tether.effects._ledger import Ledger
+from tether.guards._breaker import CircuitBreaker
+from tether.records._collections import CheckpointError, Checkpoints, DeadLetters, check_run_id
+from tether.records._records import Records
+from tether.redaction._redact import redact
+from tether.retries._policy import RetryPolicy
+from tether.run._governance import (
     APPROVED,
     REJECTED,
     ApprovalError,
@@ -19,18 +24,13 @@ from tether._governance import (
     JournalEntry,
     takes_run,
 )
-from tether._handoff import SOME_STEP, CustomerMessages, Escalation
-from tether._loops import LoopPolicy
-from tether._outcome import STATUSES, Outcome, StopReason, Usage
-from tether._persist import CheckpointError, Checkpoints, DeadLetters, check_run_id
-from tether._pricing import PriceTable
-from tether._records import Records
-from tether._redact import redact
-from tether._retry import RetryPolicy
-from tether.clock import Clock, system_clock
+from tether.run._handoff import SOME_STEP, CustomerMessages, Escalation
+from tether.run._loops import LoopPolicy
+from tether.run._outcome import STATUSES, Outcome, StopReason, Usage
+from tether.run._pricing import PriceTable
 
 if TYPE_CHECKING:
-    from tether._run import Run
+    from tether.run._run import Run
     from tether.stores._base import Store
 
 __all__ = ["Budget", "Guard", "request_of"]
@@ -258,9 +258,9 @@ class Guard:
         effects happen at most once across them (a caller re-running a request after a
         crash pays nothing twice). Without a key the run is its own request: a second
         conversation that asks for the same thing gets it done. ``run_id``, when given,
-        must follow :data:`tether._persist.RUN_ID_RULE` (it appears in URLs and logs).
+        must follow :data:`tether.records._collections.RUN_ID_RULE` (it appears in URLs and logs).
         """
-        from tether._run import Run
+        from tether.run._run import Run
 
         if key is not None and (not isinstance(key, str) or not key.strip()):
             raise ValueError(f"key must be a non-empty string (a request id) or None, got {key!r}")
@@ -306,7 +306,7 @@ class Guard:
         """A run that continues a checkpointed one, with the budget it had left."""
         if self.checkpoints is None:
             raise ValueError("this guard has no checkpoints store: pass checkpoints= to Guard")
-        from tether._run import Run
+        from tether.run._run import Run
 
         doc = self.checkpoints.load(check_run_id(checkpoint_id, "checkpoint_id"))
         run_id = str(doc.get("run_id") or checkpoint_id)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether._outcome import StopReason
+from tether.run._outcome import StopReason
 
 __all__ = ["SOME_STEP", "CustomerMessages", "Escalation", "HandoffRecord", "webhook"]
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from tether._outcome import StopReason
+from tether.run._outcome import StopReason
 
 __all__ = ["LoopPolicy", "LoopState"]
 

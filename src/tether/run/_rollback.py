@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether import telemetry
-from tether._canonical import jsonable
 from tether._errors import EffectInProgress, UnknownOutcome
-from tether._governance import JournalEntry
-from tether._handoff import SOME_STEP
-from tether._outcome import Outcome, StopReason
-from tether._redact import redact
-from tether._runstate import RunState
+from tether.effects._canonical import jsonable
+from tether.redaction._redact import redact
+from tether.run._governance import JournalEntry
+from tether.run._handoff import SOME_STEP
+from tether.run._outcome import Outcome, StopReason
+from tether.run._runstate import RunState
 
 __all__ = ["Rollback"]
 
@@ -34,7 +34,7 @@ class _Undo:
         """One attempt from async code: an async compensation awaited, a sync one in a thread."""
         import asyncio
 
-        from tether._toolcall import _is_async
+        from tether.run._toolcall import _is_async
 
         if _is_async(self.fn):
 
@@ -65,7 +65,7 @@ class Rollback(RunState):
         confirmed undone (including what an interrupted earlier rollback had undone, read
         from the ledger); ``outcome.compensated`` has everything undone, newest first.
         """
-        from tether._toolcall import _is_async
+        from tether.run._toolcall import _is_async
 
         done = []
         for undo in self._undos(compensations):

@@ -13,13 +13,13 @@ import logging
 from typing import Any
 
 from tether import telemetry
-from tether._canonical import canonical_json
-from tether._ending import Ending
-from tether._guard import Budget, Guard
-from tether._outcome import StopReason
-from tether._pricing import UnknownModelError
-from tether._rollback import Rollback
-from tether._toolcall import ToolCalls
+from tether.effects._canonical import canonical_json
+from tether.run._ending import Ending
+from tether.run._guard import Budget, Guard
+from tether.run._outcome import StopReason
+from tether.run._pricing import UnknownModelError
+from tether.run._rollback import Rollback
+from tether.run._toolcall import ToolCalls
 
 __all__ = ["Budget", "Guard", "Run"]
 

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from tether import telemetry
 from tether._errors import CircuitOpenError
-from tether._governance import ApprovalRecord, JournalEntry
-from tether._loops import LoopState
-from tether._outcome import Outcome, Stopped, StopReason, Usage
 from tether.clock import hung_threads
+from tether.run._governance import ApprovalRecord, JournalEntry
+from tether.run._loops import LoopState
+from tether.run._outcome import Outcome, Stopped, StopReason, Usage
 
 if TYPE_CHECKING:
-    from tether._guard import Guard
+    from tether.run._guard import Guard
 
 __all__ = ["RECOVERY_COOLDOWNS", "RunState", "Tail"]
 
@@ -192,7 +192,7 @@ class RunState:
     def _effect_text(self, tool: str, args: Any, result: Any) -> str | None:
         """An effect in the customer's words: the guard's ``describe_effect``, or (the
         default) the tool's label, never its name."""
-        from tether._guard import _describe
+        from tether.run._guard import _describe
 
         describe = self.guard.describe_effect
         if describe is _describe:
@@ -224,8 +224,8 @@ class RunState:
     def _model_failure(self, exc: Exception) -> Stopped:
         """Stop the run for a model call that failed after its retries; the Stopped to raise
         (agent loops raise it, a framework's hook may just end the agent)."""
-        from tether._classify import classify
         from tether._errors import DeadlineExceeded
+        from tether.classification._classify import classify
 
         self._note_error(exc)
         if isinstance(exc, DeadlineExceeded) and self.budget.max_seconds is not None:
@@ -239,7 +239,7 @@ class RunState:
     def _note_error(self, exc: BaseException) -> None:
         """Keep the (redacted) type and message of the failure that ends the run."""
         if self._error is None:
-            from tether._persist import redact
+            from tether.records._collections import redact
 
             text = str(exc).strip()
             self._error = str(

@@ -12,10 +12,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tether import _governance as gov
 from tether import telemetry
-from tether._canonical import VOLATILE_FIELDS, canonical_json, intent_keys, jsonable
-from tether._classify import Kind, classify
 from tether._errors import (
     CircuitOpenError,
     DeadlineExceeded,
@@ -23,7 +20,13 @@ from tether._errors import (
     StoreUnavailable,
     UnknownOutcome,
 )
-from tether._governance import (
+from tether.classification._classify import Kind, classify
+from tether.clock import hung_threads
+from tether.effects._canonical import VOLATILE_FIELDS, canonical_json, intent_keys, jsonable
+from tether.redaction._redact import masks_pii, redact
+from tether.retries._policy import RetryPolicy
+from tether.run import _governance as gov
+from tether.run._governance import (
     ApprovalRecord,
     ApprovalRejected,
     JournalEntry,
@@ -32,11 +35,8 @@ from tether._governance import (
     check_policies,
     needs_approval,
 )
-from tether._outcome import Stopped, StopReason, ToolError
-from tether._redact import masks_pii, redact
-from tether._retry import RetryPolicy
-from tether._runstate import RunState
-from tether.clock import hung_threads
+from tether.run._outcome import Stopped, StopReason, ToolError
+from tether.run._runstate import RunState
 
 __all__ = ["ToolCalls"]
 

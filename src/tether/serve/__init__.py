@@ -32,11 +32,11 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from tether._errors import require
-from tether._governance import APPROVED, PENDING, REJECTED, USED, ApprovalError
-from tether._outcome import STATUSES, StopReason
-from tether._persist import RedactedArguments, check_run_id
-from tether._records import DAY, Records
-from tether._redact import masks_pii, redact
+from tether.records._collections import RedactedArguments, check_run_id
+from tether.records._records import DAY, Records
+from tether.redaction._redact import masks_pii, redact
+from tether.run._governance import APPROVED, PENDING, REJECTED, USED, ApprovalError
+from tether.run._outcome import STATUSES, StopReason
 
 require("starlette", "serve")
 require("jinja2", "serve")
@@ -625,7 +625,7 @@ def create_app(
     if isinstance(records, str):
         records = Records.open(records)
     if isinstance(redis, str):
-        from tether.stores._redis import RedisStore
+        from tether.stores.redis._store import RedisStore
 
         redis = RedisStore(redis)
     app = App(

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from markupsafe import Markup, escape
 
-from tether._redact import redact
+from tether.redaction._redact import redact
 
 __all__ = ["failing_tools", "stacked_days"]
 

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from tether._redact import masks_pii, redact
+from tether.redaction._redact import masks_pii, redact
 
 __all__ = ["Cut", "Preview", "at_path", "preview", "redact_whole", "run_view", "shown"]
 

@@ -13,7 +13,7 @@ __all__ = ["MemoryStore", "RedisStore", "Store", "default_store"]
 
 def __getattr__(name: str) -> object:
     if name == "RedisStore":  # imported lazily: the redis package is an extra
-        from tether.stores._redis import RedisStore
+        from tether.stores.redis._store import RedisStore
 
         return RedisStore
     raise AttributeError(f"module 'tether.stores' has no attribute {name!r}")

@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from tether._errors import StoreUnavailable, require
-from tether._redact import safe_url
+from tether.redaction._redact import safe_url
 from tether.stores._ledger_logic import (
     COLUMNS,
     Completion,

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tether._events import BreakerEvent, RetryEvent
+    from tether.telemetry._events import BreakerEvent, RetryEvent
 
 __all__ = [
     "StepSpan",
@@ -115,7 +115,7 @@ def reset() -> None:
 
 def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
     """OpenTelemetry attribute values, every text redacted."""
-    from tether._redact import redact_text
+    from tether.redaction._redact import redact_text
 
     out: dict[str, Any] = {}
     for k, v in attrs.items():

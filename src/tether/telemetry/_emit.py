@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tether._events import BreakerEvent, RetryEvent
+from tether.telemetry._events import BreakerEvent, RetryEvent
 
 logger = logging.getLogger("tether")
 
@@ -16,7 +16,7 @@ class RedactingFilter(logging.Filter):
     message with its arguments, and the text of an attached traceback."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from tether._redact import redact_text
+        from tether.redaction._redact import redact_text
 
         try:
             message = record.getMessage()

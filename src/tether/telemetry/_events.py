@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from tether._classify import Verdict
+    from tether.classification._classify import Verdict
 
 __all__ = ["BreakerEvent", "RetryEvent", "RetryHook"]
 

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from tether._errors import StoreUnavailable, require
-from tether._redact import safe_url
+from tether.redaction._redact import safe_url
 from tether.stores._base import redis_client
 from tether.stores._ledger_logic import Completion, Record, State
 

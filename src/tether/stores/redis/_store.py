@@ -31,8 +31,8 @@ from collections.abc import Generator
 from typing import Any, TypeVar
 
 from tether._errors import require
-from tether._redact import safe_url
 from tether.clock import system_clock
+from tether.redaction._redact import safe_url
 from tether.stores._base import redis_client
 from tether.stores._logic import (
     CALL,
