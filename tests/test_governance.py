@@ -15,7 +15,7 @@ import pytest
 
 import tether
 from tether import Checkpoints, Guard, Ledger, StopReason, ToolError, policies
-from tether.run._governance import ApprovalError
+from tether.records._approvals import ApprovalError
 
 
 class Provider:

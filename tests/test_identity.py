@@ -135,7 +135,7 @@ def test_a_tool_declares_its_own_volatile_paths(shell: str) -> None:
 
 def test_a_tool_set_declares_volatile_paths_and_refuses_a_bad_one() -> None:
     """tether.Tool(volatile=[...]) checks its paths when it is made."""
-    from tether.integrations._common import Tool
+    from tether.run._tool import Tool
 
     assert Tool("pay", lambda to: to, volatile=["meta.nonce"]).volatile == ("meta.nonce",)
     with pytest.raises(ValueError, match="volatile path"):

@@ -30,7 +30,7 @@ from tether.effects._wrap import last_call as wrap_last_call
 from tether.guards._breaker import BreakerRegistry, CircuitBreaker, breakers
 from tether.guards._budget import RetryBudget
 from tether.guards._limiter import AdaptiveLimiter
-from tether.integrations._common import Tool
+from tether.records._approvals import ApprovalError, ApprovalRecord
 from tether.records._collections import (
     CheckpointError,
     Checkpoints,
@@ -42,12 +42,13 @@ from tether.records._collections import (
 from tether.records._records import Records
 from tether.redaction._redact import add_secret_names, add_secret_patterns, redact, register_secrets
 from tether.retries._policy import RetryPolicy, RetryStats, retry
-from tether.run._governance import ApprovalError, ApprovalRecord, ApprovalRejected, PolicyDenied
+from tether.run._governance import ApprovalRejected, PolicyDenied
 from tether.run._handoff import CustomerMessages, Escalation, HandoffRecord, webhook
 from tether.run._loops import LoopPolicy
 from tether.run._outcome import Outcome, Stopped, StopReason, ToolError, Usage
 from tether.run._pricing import PRICES, Price, PriceTable, UnknownModelError
 from tether.run._run import Budget, Guard, Run
+from tether.run._tool import Tool
 from tether.telemetry._events import BreakerEvent, RetryEvent
 
 __all__ = [

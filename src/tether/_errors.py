@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
     "CircuitOpenError",
     "DeadlineExceeded",
     "EffectInProgress",
@@ -19,6 +20,10 @@ __all__ = [
 
 class TetherError(Exception):
     """Base class of the errors tether raises itself."""
+
+
+class CheckpointError(TetherError, ValueError):
+    """A checkpoint that cannot be used: missing, corrupt, or not tether's."""
 
 
 class TransientError(Exception):

@@ -16,7 +16,6 @@ from typing import Any
 from tether._errors import CircuitOpenError
 from tether.integrations._common import (
     Guarded,
-    Tool,
     malformed_arguments,
     require_a_place_to_wait,
     result_text,
@@ -25,6 +24,7 @@ from tether.integrations._common import (
 from tether.run._outcome import Stopped, StopReason, ToolError
 from tether.run._pricing import UnknownModelError
 from tether.run._run import Guard, Run
+from tether.run._tool import Tool
 
 __all__ = [
     "ToolUse",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from tether.integrations._common import Guarded, Tool, require_sync_tools
+from tether.integrations._common import Guarded, require_sync_tools
 from tether.integrations._loop import (
     ToolUse,
     Turns,
@@ -25,6 +25,7 @@ from tether.integrations._loop import (
 from tether.retries._policy import RetryPolicy
 from tether.run._outcome import Outcome, StopReason
 from tether.run._run import Guard, Run
+from tether.run._tool import Tool
 
 __all__ = ["GuardedAnthropic", "Tool", "arun_agent", "guarded", "run_agent"]
 

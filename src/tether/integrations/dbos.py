@@ -43,8 +43,8 @@ from tether._errors import (
 from tether.classification._classify import classify
 from tether.effects._canonical import intent_key
 from tether.effects._ledger import Ledger
+from tether.records._approvals import PENDING, ApprovalRecord
 from tether.records._collections import check_run_id
-from tether.run._governance import PENDING, ApprovalRecord
 from tether.run._guard import Guard
 from tether.run._outcome import Outcome
 from tether.run._run import Run

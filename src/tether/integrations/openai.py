@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from tether.integrations._common import Guarded, Tool, require_sync_tools
+from tether.integrations._common import Guarded, require_sync_tools
 from tether.integrations._loop import (
     ToolUse,
     Turns,
@@ -24,6 +24,7 @@ from tether.integrations._loop import (
 from tether.retries._policy import RetryPolicy
 from tether.run._outcome import Outcome, StopReason
 from tether.run._run import Guard, Run
+from tether.run._tool import Tool
 
 __all__ = ["GuardedOpenAI", "Tool", "arun_agent", "guarded", "run_agent"]
 

@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from tether.records._approvals import APPROVED, REJECTED, Approvals
 from tether.records._collections import (
     Checkpoints,
     DeadLetters,
     Handoffs,
-    PostgresDocuments,
-    SqliteDocuments,
 )
+from tether.records._retention import Pruned, prune
 from tether.records._runs import DAY, Overview, RunPage, Runs, Tables, portable
-from tether.run._governance import APPROVED, REJECTED, Approvals
+from tether.stores._documents import PostgresDocuments, SqliteDocuments
 
 if TYPE_CHECKING:
     from tether.clock import Clock
@@ -330,10 +330,9 @@ class Records:
         cases, replayed dead letters, and ledger records past their ttl. ``vacuum=True``
         gives the space back to the file system (SQLite's ``VACUUM``).
         """
-        from tether.records._retention import prune
-
-        pruned: Pruned = prune(self, older_than, time.time() if now is None else now, vacuum)
-        return pruned
+        return prune(
+            self.tables, self.store, older_than, time.time() if now is None else now, vacuum
+        )
 
     def close(self) -> None:
         for ledger in self._ledgers:
@@ -345,26 +344,3 @@ class Records:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-@dataclass(frozen=True, slots=True)
-class Pruned:
-    """What :meth:`Records.prune` removed, by kind of record."""
-
-    runs: int = 0
-    checkpoints: int = 0
-    approvals: int = 0
-    handoffs: int = 0
-    dead_letters: int = 0
-    ledger: int = 0
-
-    @property
-    def total(self) -> int:
-        return (
-            self.runs
-            + self.checkpoints
-            + self.approvals
-            + self.handoffs
-            + self.dead_letters
-            + self.ledger
-        )

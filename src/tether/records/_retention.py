@@ -11,21 +11,47 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tether.run._governance import APPROVED, PENDING, REJECTED
+from tether.records._approvals import APPROVED, PENDING, REJECTED
+from tether.records._runs import Tables
+from tether.stores._documents import PostgresDocuments, Sql, SqliteDocuments
 
-if TYPE_CHECKING:
-    from tether.records._collections import Sql
-    from tether.records._records import Pruned, Records
-
-__all__ = ["prune"]
+__all__ = ["Pruned", "prune"]
 
 
-def prune(records: Records, older_than: timedelta, now: float, vacuum: bool) -> Pruned:
-    from tether.records._records import Pruned
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What :meth:`Records.prune` removed, by kind of record."""
 
+    runs: int = 0
+    checkpoints: int = 0
+    approvals: int = 0
+    handoffs: int = 0
+    dead_letters: int = 0
+    ledger: int = 0
+
+    @property
+    def total(self) -> int:
+        return (
+            self.runs
+            + self.checkpoints
+            + self.approvals
+            + self.handoffs
+            + self.dead_letters
+            + self.ledger
+        )
+
+
+def prune(
+    t: Tables,
+    store: SqliteDocuments | PostgresDocuments,
+    older_than: timedelta,
+    now: float,
+    vacuum: bool,
+) -> Pruned:
     if not isinstance(older_than, timedelta):
         raise TypeError(
             f"older_than must be a datetime.timedelta (e.g. timedelta(days=30)), got {older_than!r}"
@@ -33,9 +59,8 @@ def prune(records: Records, older_than: timedelta, now: float, vacuum: bool) -> 
     if older_than < timedelta(0):
         raise ValueError(f"older_than must be >= 0, got {older_than!r}")
     cutoff = now - older_than.total_seconds()
-    t = records.tables
-    with records.store.sql() as sql:
-        keep_runs, keep_checkpoints, old_approvals = _kept(records, sql, now, cutoff)
+    with store.sql() as sql:
+        keep_runs, keep_checkpoints, old_approvals = _kept(t, sql, now, cutoff)
         old_runs = [
             str(r[0])
             for r in sql.rows(f"SELECT run_id FROM {t.runs} WHERE ended_at < ?", (cutoff,))
@@ -60,7 +85,7 @@ def prune(records: Records, older_than: timedelta, now: float, vacuum: bool) -> 
     runs = [r for r in old_runs if r not in keep_runs]
     checkpoints = [c for c in checkpoints if c not in keep_checkpoints]
     ledger = 0
-    with records.store.sql(write=True) as sql:
+    with store.sql(write=True) as sql:
         for start in range(0, len(runs), 500):
             chunk = runs[start : start + 500]
             marks = ", ".join("?" * len(chunk))
@@ -80,7 +105,7 @@ def prune(records: Records, older_than: timedelta, now: float, vacuum: bool) -> 
                 f"DELETE FROM {name} WHERE expires_at <= ? AND created_at < ?", (now, cutoff)
             )
     if vacuum and t.dialect == "sqlite":
-        with records.store.sql() as sql:
+        with store.sql() as sql:
             sql.run("VACUUM")
             sql.rows("PRAGMA wal_checkpoint(TRUNCATE)")
     return Pruned(
@@ -88,11 +113,8 @@ def prune(records: Records, older_than: timedelta, now: float, vacuum: bool) -> 
     )
 
 
-def _kept(
-    records: Records, sql: Sql, now: float, cutoff: float
-) -> tuple[set[str], set[str], list[str]]:
+def _kept(t: Tables, sql: Sql, now: float, cutoff: float) -> tuple[set[str], set[str], list[str]]:
     """The runs and checkpoints that must stay, and the old approvals that may go."""
-    t = records.tables
     keep_runs: set[str] = set()
     keep_checkpoints: set[str] = set()
     done = {

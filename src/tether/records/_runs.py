@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tether.records._collections import PostgresDocuments, SqliteDocuments, _Collection
+from tether.records._collections import _Collection
+from tether.stores._documents import PostgresDocuments, SqliteDocuments
 
 __all__ = ["DAY", "Overview", "RunPage", "Runs", "Tables", "portable"]
 

@@ -11,19 +11,12 @@ from typing import TYPE_CHECKING, Any
 from tether.clock import Clock, system_clock
 from tether.effects._ledger import Ledger
 from tether.guards._breaker import CircuitBreaker
+from tether.records._approvals import APPROVED, REJECTED, ApprovalError, ApprovalRecord, Approvals
 from tether.records._collections import CheckpointError, Checkpoints, DeadLetters, check_run_id
 from tether.records._records import Records
 from tether.redaction._redact import redact
 from tether.retries._policy import RetryPolicy
-from tether.run._governance import (
-    APPROVED,
-    REJECTED,
-    ApprovalError,
-    ApprovalRecord,
-    Approvals,
-    JournalEntry,
-    takes_run,
-)
+from tether.run._governance import JournalEntry, takes_run
 from tether.run._handoff import SOME_STEP, CustomerMessages, Escalation
 from tether.run._loops import LoopPolicy
 from tether.run._outcome import STATUSES, Outcome, StopReason, Usage

@@ -15,6 +15,7 @@ from tether.run._governance import JournalEntry
 from tether.run._handoff import SOME_STEP
 from tether.run._outcome import Outcome, StopReason
 from tether.run._runstate import RunState
+from tether.run._tool import _is_async
 
 __all__ = ["Rollback"]
 
@@ -33,8 +34,6 @@ class _Undo:
     async def aattempt(self) -> Any:
         """One attempt from async code: an async compensation awaited, a sync one in a thread."""
         import asyncio
-
-        from tether.run._toolcall import _is_async
 
         if _is_async(self.fn):
 
@@ -65,8 +64,6 @@ class Rollback(RunState):
         confirmed undone (including what an interrupted earlier rollback had undone, read
         from the ledger); ``outcome.compensated`` has everything undone, newest first.
         """
-        from tether.run._toolcall import _is_async
-
         done = []
         for undo in self._undos(compensations):
             if _is_async(undo.fn):

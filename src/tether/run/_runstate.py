@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 from tether import telemetry
 from tether._errors import CircuitOpenError
 from tether.clock import hung_threads
-from tether.run._governance import ApprovalRecord, JournalEntry
+from tether.records._approvals import ApprovalRecord
+from tether.run._governance import JournalEntry
 from tether.run._loops import LoopState
 from tether.run._outcome import Outcome, Stopped, StopReason, Usage
 

@@ -23,20 +23,20 @@ from tether._errors import (
 from tether.classification._classify import Kind, classify
 from tether.clock import hung_threads
 from tether.effects._canonical import VOLATILE_FIELDS, canonical_json, intent_keys, jsonable
+from tether.records import _approvals as gov
+from tether.records._approvals import ApprovalRecord, approval_id
 from tether.redaction._redact import masks_pii, redact
 from tether.retries._policy import RetryPolicy
-from tether.run import _governance as gov
 from tether.run._governance import (
-    ApprovalRecord,
     ApprovalRejected,
     JournalEntry,
     PolicyDenied,
-    approval_id,
     check_policies,
     needs_approval,
 )
 from tether.run._outcome import Stopped, StopReason, ToolError
 from tether.run._runstate import RunState
+from tether.run._tool import _is_async
 
 __all__ = ["ToolCalls"]
 
@@ -550,15 +550,6 @@ def _current_approval(approvals: Any, base: str) -> tuple[str | None, ApprovalRe
         if record is None or record.status != gov.USED:
             return record_id, record
     return None, None
-
-
-def _is_async(fn: Any) -> bool:
-    """A coroutine function, also behind functools.partial or an async ``__call__``."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 - the method, not callable()
-    )
 
 
 def _not_awaitable(name: str, result: Any) -> Any:

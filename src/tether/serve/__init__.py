@@ -32,10 +32,10 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from tether._errors import require
+from tether.records._approvals import APPROVED, PENDING, REJECTED, USED, ApprovalError
 from tether.records._collections import RedactedArguments, check_run_id
 from tether.records._records import DAY, Records
 from tether.redaction._redact import masks_pii, redact
-from tether.run._governance import APPROVED, PENDING, REJECTED, USED, ApprovalError
 from tether.run._outcome import STATUSES, StopReason
 
 require("starlette", "serve")

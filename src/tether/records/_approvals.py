@@ -1,0 +1,98 @@
+"""Approval records: one call that needs (or had) a person's decision, kept in the
+checkpoints' document store so that it survives a restart with its run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from tether._errors import TetherError
+
+__all__ = [
+    "APPROVED",
+    "PENDING",
+    "REJECTED",
+    "USED",
+    "ApprovalError",
+    "ApprovalRecord",
+    "Approvals",
+    "approval_id",
+]
+
+_log = logging.getLogger("tether")
+
+PENDING, APPROVED, REJECTED, USED = "pending", "approved", "rejected", "used"
+
+
+class ApprovalError(TetherError, ValueError):
+    """An approval that cannot be given: no such checkpoint, nothing pending, decided already."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    """One call that needs (or had) a person's decision."""
+
+    id: str
+    run_id: str
+    tool: str
+    args: Any  # redacted: what the approver sees
+    key: str  # the intent the approval covers
+    status: str
+    requested_at: float
+    checkpoint_id: str | None = None
+    task: str = ""
+    decided_by: str | None = None
+    decided_at: float | None = None
+    note: str = ""
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> ApprovalRecord:
+        return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+
+
+def approval_id(run_id: str, key: str) -> str:
+    """One approval per intent per run."""
+    return "apr_" + hashlib.sha256(f"{run_id}\x00{key}".encode()).hexdigest()[:24]
+
+
+class Approvals:
+    """Approval records in a document store (the checkpoints' store: SQLite, PostgreSQL,
+    memory), so that they survive a restart with the run they belong to."""
+
+    kind = "approval"
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def get(self, record_id: str) -> ApprovalRecord | None:
+        text = self.store.get(self.kind, record_id)
+        return None if text is None else ApprovalRecord.from_doc(json.loads(text))
+
+    def put(self, record: ApprovalRecord, at: float) -> None:
+        self.store.put(self.kind, record.id, record.to_doc(), at)
+
+    def list(self, limit: int = 50) -> list[ApprovalRecord]:
+        """The newest records first (the operator's inbox: pending ones to decide)."""
+        return [
+            ApprovalRecord.from_doc(json.loads(t)) for _, t in self.store.list(self.kind, limit)
+        ]
+
+    def decide(self, record_id: str, status: str, by: str, note: str, at: float) -> ApprovalRecord:
+        record = self.get(record_id)
+        if record is None:
+            raise ApprovalError(f"no approval {record_id!r} in this store")
+        if record.status != PENDING:
+            raise ApprovalError(
+                f"approval {record_id!r} was already {record.status}"
+                + (f" by {record.decided_by}" if record.decided_by else "")
+            )
+        decided = replace(record, status=status, decided_by=by, decided_at=at, note=note)
+        self.put(decided, at)
+        _log.info("tether: %s %s (%s) by %s", record.tool, status, record_id, by)
+        return decided

@@ -1,0 +1,119 @@
+"""A tool the model may call (``tether.Tool``): its function, schema and options."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.effects._canonical import rules
+
+__all__ = ["Tool", "schema_from_hints"]
+
+_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
+                               list: "array", dict: "object"}  # fmt: skip
+
+
+def _json_type(hint: Any) -> dict[str, Any]:
+    origin = typing.get_origin(hint)
+    if origin in (list, tuple, set, frozenset):
+        args = typing.get_args(hint)
+        schema: dict[str, Any] = {"type": "array"}
+        if args and args[0] is not Ellipsis:
+            schema["items"] = _json_type(args[0])
+        return schema
+    if origin is dict:
+        return {"type": "object"}
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _json_type(options[0]) if len(options) == 1 else {}
+    if origin is typing.Literal:
+        return {"enum": list(typing.get_args(hint))}
+    if hint in _JSON_TYPES:
+        return {"type": _JSON_TYPES[hint]}
+    return {}
+
+
+def schema_from_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """A JSON schema of ``fn``'s keyword arguments, from its type hints."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        hints = {}
+    props: dict[str, Any] = {}
+    required = []
+    for name, param in inspect.signature(fn).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        props[name] = _json_type(hints.get(name, Any))
+        if param.default is param.empty:
+            required.append(name)
+    return {"type": "object", "properties": props, "required": required}
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the model may call, run through ``run.call_tool``.
+
+    ``idempotent=False`` runs it at most once through the guard's ledger (``lookup``
+    reads the provider's records when an earlier attempt's outcome is unknown).
+    ``requires_approval`` (True, or a predicate of the arguments) stops the run for a
+    person's approval of the call before it runs; ``compensate(result)`` undoes a
+    completed call when the run is rolled back. ``volatile`` names argument paths the
+    model fills anew on every call (``"meta.nonce"``), left out of the call's identity.
+    ``label`` is what the customer's message
+    calls its effect (``label="refund"``: "Done: refund completed"); tool names stay inside.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    input_schema: dict[str, Any] | None = None
+    description: str = ""
+    idempotent: bool = True
+    timeout: float | None = None
+    lookup: Callable[[str], Any] | None = None
+    requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False
+    compensate: Callable[[Any], Any] | None = None
+    volatile: tuple[str, ...] = ()
+    #: what the customer reads for this tool's effect ("refund": "Done: refund completed"),
+    #: never the tool's own name; empty: a neutral phrase
+    label: str = ""
+    schema: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("Tool name must be a non-empty string")
+        if not callable(self.fn):
+            raise TypeError(f"Tool {self.name!r}: fn must be callable")
+        if not isinstance(self.requires_approval, bool) and not callable(self.requires_approval):
+            raise TypeError(f"Tool {self.name!r}: requires_approval must be a bool or a predicate of the "
+                            f"arguments, got {self.requires_approval!r}")  # fmt: skip
+        if self.compensate is not None and not callable(self.compensate):
+            raise TypeError(
+                f"Tool {self.name!r}: compensate must be callable, got {self.compensate!r}"
+            )
+        if isinstance(self.volatile, str):
+            raise TypeError(f"Tool {self.name!r}: volatile takes a list of paths, e.g. "
+                            f"volatile=[{self.volatile!r}]")  # fmt: skip
+        object.__setattr__(self, "volatile", tuple(self.volatile))
+        rules(self.volatile)  # a malformed path fails here, naming it
+        if not isinstance(self.label, str):
+            raise TypeError(f"Tool {self.name!r}: label must be a string, got {self.label!r}")
+        schema = self.input_schema if self.input_schema is not None else schema_from_hints(self.fn)
+        object.__setattr__(self, "schema", schema)
+        if not self.description:
+            object.__setattr__(
+                self, "description", (inspect.getdoc(self.fn) or self.name).split("\n")[0]
+            )
+
+
+def _is_async(fn: Any) -> bool:
+    """A coroutine function, also behind functools.partial or an async ``__call__``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - the method, not callable()
+    )

@@ -1,0 +1,223 @@
+"""Document stores: where checkpoints, dead letters, handoffs, approvals and run records
+are kept (this process's memory, a SQLite file, or PostgreSQL for a fleet)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from tether._errors import CheckpointError, StoreUnavailable, require
+from tether.redaction._redact import safe_url
+
+__all__ = ["DocumentStore", "MemoryDocuments", "PostgresDocuments", "Sql", "SqliteDocuments"]
+
+
+class DocumentStore(Protocol):
+    def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None: ...
+    def get(self, kind: str, doc_id: str) -> str | None: ...
+    def list(self, kind: str, limit: int) -> list[tuple[str, str]]: ...
+    def delete(self, kind: str, doc_id: str) -> None: ...
+
+
+class MemoryDocuments:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._docs: dict[tuple[str, str], tuple[float, str]] = {}
+
+    def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
+        with self._lock:
+            self._docs[(kind, doc_id)] = (created_at, json.dumps(doc, default=str))
+
+    def get(self, kind: str, doc_id: str) -> str | None:
+        with self._lock:
+            found = self._docs.get((kind, doc_id))
+        return found[1] if found else None
+
+    def list(self, kind: str, limit: int) -> list[tuple[str, str]]:
+        with self._lock:
+            rows = sorted((v[0], k[1], v[1]) for k, v in self._docs.items() if k[0] == kind)
+        return [(doc_id, text) for _, doc_id, text in rows[-limit:]]
+
+    def delete(self, kind: str, doc_id: str) -> None:
+        with self._lock:
+            self._docs.pop((kind, doc_id), None)
+
+
+class Sql:
+    """One connection's statements, with ``?`` placeholders on every dialect (what the
+    queries of :class:`tether.Records` use: runs, decisions, prune)."""
+
+    def __init__(self, conn: Any, dialect: str) -> None:
+        self._conn = conn
+        self._pg = dialect == "postgres"
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", "%s") if self._pg else sql
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return list(self._conn.execute(self._sql(sql), tuple(params)).fetchall())
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Execute; the number of rows it changed."""
+        return int(self._conn.execute(self._sql(sql), tuple(params)).rowcount)
+
+    def many(self, sql: str, seq: Iterable[Sequence[Any]]) -> None:
+        rows = [tuple(p) for p in seq]
+        if not rows:
+            return
+        if self._pg:
+            with self._conn.cursor() as cursor:
+                cursor.executemany(self._sql(sql), rows)
+        else:
+            self._conn.executemany(sql, rows)
+
+
+class SqliteDocuments:
+    #: the SQL dialect and documents table, for the queries of :class:`tether.Records`
+    dialect = "sqlite"
+    table = "tether_documents"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(
+                path, timeout=30.0, isolation_level=None, check_same_thread=False
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS tether_documents (kind TEXT NOT NULL, id TEXT NOT NULL, "
+                "created_at REAL NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, id))"
+            )
+        except sqlite3.DatabaseError as exc:
+            raise CheckpointError(f"cannot open the tether database at {path!r}: {exc}") from exc
+
+    def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO tether_documents VALUES (?, ?, ?, ?)",
+                (kind, doc_id, created_at, json.dumps(doc, default=str)),
+            )
+
+    def get(self, kind: str, doc_id: str) -> str | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT body FROM tether_documents WHERE kind = ? AND id = ?", (kind, doc_id)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def list(self, kind: str, limit: int) -> list[tuple[str, str]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, body FROM tether_documents WHERE kind = ? ORDER BY created_at DESC LIMIT ?",
+                (kind, limit),
+            ).fetchall()
+        return [(str(r[0]), str(r[1])) for r in reversed(rows)]
+
+    def delete(self, kind: str, doc_id: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "DELETE FROM tether_documents WHERE kind = ? AND id = ?", (kind, doc_id)
+            )
+
+    @contextmanager
+    def sql(self, *, write: bool = False) -> Iterator[Sql]:
+        """This database's connection, held; ``write=True``: one transaction."""
+        with self._lock:
+            if not write:
+                yield Sql(self._db, self.dialect)
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield Sql(self._db, self.dialect)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class PostgresDocuments:
+    """Documents in a PostgreSQL table, over a small pool of connections (a page that
+    reads a large record never holds up the others)."""
+
+    dialect = "postgres"
+
+    def __init__(self, dsn: str, table: str = "tether_documents", *, pool_size: int = 4) -> None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", table):
+            raise ValueError(f"table must be a plain SQL identifier, got {table!r}")
+        require("psycopg", "postgres")
+        pool_mod: Any = require("psycopg_pool", "postgres")
+        self.dsn = dsn
+        self.table = table
+        self._pool = pool_mod.ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            name=f"tether-documents-{table}",
+            timeout=10.0,
+            kwargs={"autocommit": True, "connect_timeout": 10},
+            check=pool_mod.ConnectionPool.check_connection,
+        )
+        try:
+            self._pool.open(wait=True, timeout=10.0)
+        except (pool_mod.PoolTimeout, pool_mod.PoolClosed) as exc:
+            self._pool.close()
+            raise StoreUnavailable(
+                f"cannot connect to PostgreSQL for tether documents at {safe_url(dsn)}: {exc}"
+            ) from exc
+        with self._pool.connection() as conn:
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {table} (kind TEXT NOT NULL, id TEXT NOT NULL, "
+                "created_at DOUBLE PRECISION NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, id))"
+            )
+
+    def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
+        body = json.dumps(doc, default=str)
+        with self._pool.connection() as conn:
+            conn.execute(
+                f"INSERT INTO {self.table} VALUES (%s, %s, %s, %s) ON CONFLICT (kind, id) "
+                "DO UPDATE SET body = EXCLUDED.body",
+                (kind, doc_id, created_at, body),
+            )
+
+    def get(self, kind: str, doc_id: str) -> str | None:
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                f"SELECT body FROM {self.table} WHERE kind = %s AND id = %s", (kind, doc_id)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def list(self, kind: str, limit: int) -> list[tuple[str, str]]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT id, body FROM {self.table} WHERE kind = %s ORDER BY created_at DESC LIMIT %s",
+                (kind, limit),
+            ).fetchall()
+        return [(str(r[0]), str(r[1])) for r in reversed(rows)]
+
+    def delete(self, kind: str, doc_id: str) -> None:
+        with self._pool.connection() as conn:
+            conn.execute(f"DELETE FROM {self.table} WHERE kind = %s AND id = %s", (kind, doc_id))
+
+    @contextmanager
+    def sql(self, *, write: bool = False) -> Iterator[Sql]:
+        """A connection of the pool; ``write=True``: one transaction."""
+        with self._pool.connection() as conn:
+            if not write:
+                yield Sql(conn, self.dialect)
+                return
+            with conn.transaction():
+                yield Sql(conn, self.dialect)
+
+    def close(self) -> None:
+        self._pool.close()
