@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,10 @@ pytest_plugins = ["tether.testing"]  # the tether_reset fixture users get
 
 REDIS_URL = os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
 PG_DSN = os.environ.get("TETHER_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+#: τ²-bench's retail domain (data only, never part of this repository): next to the checkout
+TAU_DATA = os.environ.get("TETHER_TAU_DATA") or str(
+    Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tau2_retail"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -71,6 +76,21 @@ def pg_dsn() -> str:
             pytrace=False,
         )
     return PG_DSN
+
+
+@pytest.fixture(scope="session")
+def tau_data() -> str:
+    """The τ²-bench retail folder; fails (never skips) when it is missing."""
+    missing = [
+        n for n in ("db.json", "tasks.json", "policy.md") if not (Path(TAU_DATA) / n).is_file()
+    ]
+    if missing:
+        pytest.fail(
+            f"the τ²-bench retail folder is missing at TETHER_TAU_DATA={TAU_DATA!r} (no "
+            f"{', '.join(missing)}); point TETHER_TAU_DATA at tau2-bench's data/tau2/domains/retail",
+            pytrace=False,
+        )
+    return TAU_DATA
 
 
 @pytest.fixture

@@ -160,18 +160,47 @@ def test_overhead_suite_reports_every_case() -> None:
     """The overhead suite measures every case through the real objects (figures vary; the shape does not)."""
     from tether.bench._overhead import run_overhead
 
-    out = run_overhead(quick=True)
+    seen: list[str] = []
+    out = run_overhead(quick=True, progress=lambda message, total: seen.append(message))
     assert set(out) == {"retry_success_path", "guarded_step_1kb", "intent_key_1kb", "intent_key_1mb",
-                        "breaker_success_path", "ledger_once_success_path", "detector_memory", "long_run"}  # fmt: skip
+                        "breaker_success_path", "ledger_once_success_path"}  # fmt: skip
+    assert len(seen) == 5 and all(m.startswith("overhead: ") for m in seen)
     assert {"bare", "tether", "tenacity", "stamina"} <= set(out["retry_success_path"])
     assert out["breaker_success_path"]["redis"]["round_trips_per_call"] == 0
     assert out["breaker_success_path"]["redis_exact"]["round_trips_per_call"] == 1
     assert out["ledger_once_success_path"]["postgres"]["round_trips_per_call"] == 2
+
+
+def test_soak_suite_bounds_the_run_state() -> None:
+    """The soak suite (its own, not in the default set): one long run bounded and unbounded."""
+    from tether.bench._overhead import run_soak
+
+    seen: list[str] = []
+    out = run_soak(quick=True, progress=lambda message, total: seen.append(message))
+    assert len(seen) == 4 and all(m.startswith("soak: ") for m in seen)
     memory = out["detector_memory"]["tether"]
     assert memory["bytes_after_all_steps"] <= 1.1 * memory["bytes_after_10k_steps"]
     bounded, unbounded = out["long_run"]["keep_last=1000"], out["long_run"]["unbounded"]
     assert bounded["steps"] == unbounded["steps"] == 100_000
     assert bounded["run_state_bytes"] < 5_000_000 < 50_000_000 < unbounded["run_state_bytes"]
+    assert "soak" not in bench.SUITES and "soak" in bench.EXTRA_SUITES
+
+
+def test_the_default_set_is_the_fast_one() -> None:
+    """`tether bench` and `--suite all` run agents, fleet and overhead; the rest when named."""
+    assert bench.SUITES == ("agents", "fleet", "overhead")
+    assert set(bench.EXTRA_SUITES) == {"soak", "tau", "tau-live", "fleet-live", "serve"}
+    assert set(bench.TAU_POLICIES) >= {
+        "naive",
+        "tenacity",
+        "langchain",
+        "openai-agents",
+        "pydantic-ai",
+        "tether",
+        "tether-langchain",
+        "tether-openai-agents",
+        "tether-pydantic-ai",
+    }
 
 
 def test_report_plots_show_every_value_with_the_legend_outside_the_data(tmp_path: Path) -> None:

@@ -410,6 +410,24 @@ def test_customer_is_told_an_effect_happened_only_from_the_ledger() -> None:
     assert run.outcome.handoff.facts == ("refund completed (reference re_123)",)
 
 
+@pytest.mark.parametrize(
+    "failure", [ConnectionError("the model is overloaded"), PermissionError("denied")]
+)
+def test_a_failed_run_never_hides_a_done_effect(failure: Exception) -> None:
+    """A run that fails after a refund went through says the refund is done, never "try again"."""
+    guard = make_guard()
+    run = guard.start(task="refund")
+    with pytest.raises(type(failure)), run:
+        run.proceed()
+        run.call_tool(
+            "issue_refund", lambda order: {"id": "re_7"}, {"order": "A-1"}, idempotent=False
+        )
+        raise failure  # e.g. the model call failed after its retries
+    assert run.outcome.status == "failed"
+    assert "completed (reference re_7)" in run.outcome.customer_message
+    assert "try again" not in run.outcome.customer_message.lower()
+
+
 def test_model_reissue_with_fresh_uuid_pays_once() -> None:
     """The model re-issues the refund with a new uuid: the ledger replays, nothing is paid twice."""
     ledger = Ledger.memory()

@@ -1,9 +1,11 @@
-"""``tether bench``: the fault-injection benchmark (agents, fleet, overhead).
+"""``tether bench``: the fault-injection benchmark (agents, fleet, overhead; soak, tau, fleet-live).
 
-Everything runs through the real library objects; the agent and fleet suites run on
-virtual time and are deterministic for a seed; the overhead suite runs on real time.
+Everything runs through the real library objects; the agent, fleet and tau suites run on
+virtual time and are deterministic for a seed; the overhead and soak suites run on real
+time. The default set (``SUITES``) runs in under a minute; the others run when named.
 
 >>> results = run(suites=["agents"], tasks=20, scenarios=["stuck-search"])  # doctest: +SKIP
+>>> results = run(suites=["tau"], tau_data="../tau2-bench/data/tau2/domains/retail")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -16,14 +18,28 @@ from typing import Any
 
 from tether.bench._agents import POLICIES, run_cell
 from tether.bench._fleet import FLEET_POLICIES, FLEET_SCENARIOS, contention, lower_bounds, run_fleet
+from tether.bench._tau_policies import POLICIES as _TAU_POLICIES
 from tether.bench._worlds import SCENARIOS
 
-__all__ = ["FLEET_POLICIES", "FLEET_SCENARIOS", "POLICIES", "SCENARIOS", "SUITES", "run"]
+__all__ = [
+    "EXTRA_SUITES",
+    "FLEET_POLICIES",
+    "FLEET_SCENARIOS",
+    "POLICIES",
+    "SCENARIOS",
+    "SUITES",
+    "TAU_POLICIES",
+    "run",
+]
 
 SUITES = ("agents", "fleet", "overhead")
-#: Suites that run only when named: ``fleet-live`` needs Redis and a minute or two of real time;
-#: ``serve`` fills records databases with real runs and times the operator page over HTTP.
-EXTRA_SUITES = ("fleet-live", "serve")
+#: Suites that run only when named: ``soak`` (10^6 guarded steps, real time), ``tau`` (a
+#: τ²-bench domain folder, ``tau_data``), ``tau-live`` (the same tasks, a worker process
+#: killed between a write and its record), ``fleet-live`` (Redis and a minute or two), ``serve``
+#: (records databases filled with real runs, the operator page timed over HTTP).
+EXTRA_SUITES = ("soak", "tau", "tau-live", "fleet-live", "serve")
+#: The policies of the tau suite.
+TAU_POLICIES = tuple(_TAU_POLICIES)
 CLIENTS, CAPACITY = 1000, 100
 
 
@@ -54,8 +70,17 @@ def run(
     progress: Callable[[str, int], None] | None = None,
     serve_runs: Sequence[int] | None = None,
     serve_pg: str | None = None,
+    tau_data: str | None = None,
+    tau_policies: Sequence[str] | None = None,
+    tau_lambdas: Sequence[float] | None = None,
+    tau_tasks: Sequence[str] | None = None,
+    tau_seeds: int = 4,
 ) -> dict[str, Any]:
-    """Run the chosen suites; returns the DESIGN.md JSON layout (plus series for plots)."""
+    """Run the chosen suites; returns the DESIGN.md JSON layout (plus series for plots).
+
+    ``tau_data`` is the τ²-bench domain folder of the tau suite (else ``$TETHER_TAU_DATA``);
+    ``tau_policies``, ``tau_lambdas``, ``tau_tasks`` (task ids) and ``tau_seeds`` narrow it.
+    """
     suites = list(suites)
     unknown = [s for s in suites if s not in SUITES + EXTRA_SUITES]
     if unknown:
@@ -71,14 +96,21 @@ def run(
             f"unknown scenario(s) {', '.join(bad)}; agents: {', '.join(SCENARIOS)}; "
             f"fleet: {', '.join(FLEET_SCENARIOS)}"
         )
+    if "tau" in suites or "tau-live" in suites:  # before anything runs: a usage error
+        from tether.bench._tau import resolve_folder
+
+        tau_data = resolve_folder(tau_data)
     workers = workers or min(2, os.cpu_count() or 1)
     note = progress or (lambda message, total: None)
     out: dict[str, Any] = {"seed": seed, "suites": {}}
     if "overhead" in suites:  # first, on a quiet machine: it measures real time
         from tether.bench._overhead import run_overhead
 
-        out["suites"]["overhead"] = run_overhead(quick=quick_overhead)
-        note("overhead", 0)
+        out["suites"]["overhead"] = run_overhead(quick=quick_overhead, progress=note)
+    if "soak" in suites:
+        from tether.bench._overhead import run_soak
+
+        out["suites"]["soak"] = run_soak(quick=quick_overhead, progress=note)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         agent_jobs = []
         if "agents" in suites:
@@ -89,7 +121,6 @@ def run(
             names = [s for s in FLEET_SCENARIOS if not scenarios or s in scenarios]
             fleet_jobs = [(s, p, seed) for s in names for p in FLEET_POLICIES]
         # the slowest cells first, so that both workers finish together
-        total = len(agent_jobs) + len(fleet_jobs)
         fleet_futures = [pool.submit(_fleet_job, j) for j in fleet_jobs]
         agent_futures = [pool.submit(_agents_job, j) for j in agent_jobs]
         if agent_jobs:
@@ -97,7 +128,7 @@ def run(
             for fut in agent_futures:
                 scenario, policy, cell = fut.result()
                 cells.setdefault(scenario, {"policies": {}})["policies"][policy] = cell
-                note(f"agents {scenario} / {policy}", total)
+                note(f"agents: {scenario} / {policy}", len(agent_jobs))
             out["suites"]["agents"] = {"scenarios": cells}
         if fleet_jobs:
             fleet: dict[str, Any] = {}
@@ -111,27 +142,45 @@ def run(
                     "lower_bound_s": seconds, "policies": {},
                 })  # fmt: skip
                 entry["policies"][policy] = cell
-                note(f"fleet {scenario} / {policy}", total)
+                note(f"fleet: {scenario} / {policy}", len(fleet_jobs))
             out["suites"]["fleet"] = {
                 "scenarios": fleet,
                 "contention": {
                     j: contention(j, seed=seed) for j in ("none", "full", "equal", "decorrelated")
                 },
             }
+    if "tau" in suites:
+        from tether.bench._tau import LAMBDAS, run_tau
+
+        out["suites"]["tau"] = run_tau(
+            tau_data,
+            policies=tau_policies,
+            lambdas=tau_lambdas or LAMBDAS,
+            tasks=tau_tasks,
+            seeds=tau_seeds,
+            workers=workers,
+            progress=note,
+        )
+    if "tau-live" in suites:
+        from tether.bench._tau_live import run_live_tau
+
+        out["suites"]["tau-live"] = run_live_tau(tau_data, tasks=tau_tasks, progress=note)
     if "fleet-live" in suites:
         from tether.bench._live import LIVE_SCENARIOS, measure_shard, projection, run_live
 
         live = {}
         for name, outage in LIVE_SCENARIOS.items():
             live[name] = run_live(outage, seed=seed)
-            note(f"fleet-live {name}", 0)
+            note(f"fleet-live: {name}", len(LIVE_SCENARIOS) + 1)
         shard = measure_shard()
-        note("fleet-live shard capacity", 0)
+        note("fleet-live: shard capacity", len(LIVE_SCENARIOS) + 1)
         out["suites"]["fleet-live"] = {"scenarios": live, "redis_load": projection(live, shard)}
     if "serve" in suites:
         from tether.bench._serve import SIZES, run_serve
 
         out["suites"]["serve"] = run_serve(
-            serve_runs or SIZES, pg_dsn=serve_pg, progress=lambda message: note(message, 0)
+            serve_runs or SIZES,
+            pg_dsn=serve_pg,
+            progress=lambda message: note(f"serve: {message}", 0),
         )
     return out

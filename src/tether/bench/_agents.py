@@ -25,6 +25,8 @@ from tether import (
     Escalation,
     Guard,
     Ledger,
+    Price,
+    PriceTable,
     RetryPolicy,
     StopReason,
     ToolError,
@@ -36,6 +38,8 @@ from tether.stores import MemoryStore
 __all__ = ["POLICIES", "TaskResult", "run_cell"]
 
 PRICE_IN, PRICE_OUT = 3.0 / 1e6, 15.0 / 1e6  # the price of MODEL per token
+#: MODEL's price, given to the guard as a user may (no per-call look-up in genai-prices)
+PRICES = PriceTable({MODEL: Price(3.0, 15.0, 3.75, 0.30)})
 SAFETY_CAP = 100
 
 
@@ -183,6 +187,7 @@ def run_tether(scenario: Scenario, rng: random.Random) -> TaskResult:
         retry=RetryPolicy(max_attempts=scenario.max_retries + 1, seed=rng.getrandbits(32)),
         escalation=Escalation(),
         store=MemoryStore(),
+        prices=PRICES,
     )
     last: Any = None
     continued = False

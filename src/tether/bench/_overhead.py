@@ -1,4 +1,5 @@
-"""The overhead suite: real time, the success path, side by side in one process."""
+"""The overhead suite (real time, the success path, side by side in one process) and the
+soak suite (one run of 10^6 guarded steps, bounded and unbounded; the detectors' memory)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from typing import Any
 import tether
 from tether.run._loops import LoopPolicy, LoopState
 
-__all__ = ["run_overhead"]
+__all__ = ["run_overhead", "run_soak"]
+
+Progress = Callable[[str, int], None]
+
+
+def _silent(message: str, total: int) -> None:
+    pass
 
 
 def _ns_per_call(fn: Callable[[], Any], *, number: int, repeat: int = 5) -> float:
@@ -197,9 +204,13 @@ def _hash_floor(args: Any) -> Callable[[], str]:
     return lambda: hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()
 
 
-def run_overhead(quick: bool = False) -> dict[str, dict[str, dict[str, float]]]:
+def run_overhead(
+    quick: bool = False, progress: Progress | None = None
+) -> dict[str, dict[str, dict[str, float]]]:
     """ns per call of each case; ratios against the floor of each case."""
     number = 5_000 if quick else 20_000
+    note = progress or _silent
+    total = 5
     logging.getLogger("tether").setLevel(logging.ERROR)
 
     def target() -> int:
@@ -232,6 +243,7 @@ def run_overhead(quick: bool = False) -> dict[str, dict[str, dict[str, float]]]:
     for k, v in impls.items():
         if k != "bare":
             out["retry_success_path"][k]["overhead_ns"] = round(v - bare, 1)
+    note("overhead: retry success path", total)
 
     # one guarded step: proceed + call_tool with 1 KB of arguments
     args_1k = _args_of_size(1024)
@@ -249,23 +261,35 @@ def run_overhead(quick: bool = False) -> dict[str, dict[str, dict[str, float]]]:
         run.call_tool("lookup", lambda **kw: counter[0], {**args_1k, "n": counter[0]})
 
     out["guarded_step_1kb"] = _paired(_hash_floor(args_1k), step, number=200)
+    note("overhead: one guarded step", total)
     out["intent_key_1kb"] = _paired(
         _hash_floor(args_1k), lambda: tether.intent_key("refund", args_1k), number=200
     )
     args_1m = _args_of_size(1024 * 1024)
     out["intent_key_1mb"] = _paired(_hash_floor(args_1m), lambda: tether.intent_key("refund", args_1m),
                                     number=2, repeat=5)  # fmt: skip
-
+    note("overhead: intent_key", total)
     out["breaker_success_path"] = _breakers(number)
+    note("overhead: breaker", total)
     out["ledger_once_success_path"] = _ledgers()
+    note("overhead: ledger", total)
+    return out
 
+
+def run_soak(quick: bool = False, progress: Progress | None = None) -> dict[str, dict[str, Any]]:
+    """One run of 10^6 guarded steps (10^5 with ``quick``) with the default ``keep_last=1000``
+    and unbounded: time per step and the bytes its state holds; the detectors' memory."""
+    note = progress or _silent
+    logging.getLogger("tether").setLevel(logging.ERROR)
+    out: dict[str, dict[str, Any]] = {}
     # one long run: the memory its state holds after 10^6 guarded steps, bounded (the default,
     # Guard(keep_last=1000)) and unbounded (keep_last=None: what every run held before)
     long_steps = 100_000 if quick else 1_000_000
-    out["long_run"] = {
-        "keep_last=1000": _long_run(long_steps, 1000),
-        "unbounded": _long_run(long_steps, None),
-    }
+    note(f"soak: {long_steps:,} guarded steps, keep_last=1000", 4)
+    bounded = _long_run(long_steps, 1000)
+    note(f"soak: {long_steps:,} guarded steps, unbounded", 4)
+    out["long_run"] = {"keep_last=1000": bounded, "unbounded": _long_run(long_steps, None)}
+    note("soak: the detectors' memory", 4)
 
     # the detectors' memory after a long run (their containers, measured deeply)
     steps = 100_000 if quick else 1_000_000
@@ -279,4 +303,5 @@ def run_overhead(quick: bool = False) -> dict[str, dict[str, dict[str, float]]]:
             at_10k = _deep_size(state)
     out["detector_memory"] = {"tether": {"steps": steps, "bytes_after_10k_steps": at_10k,
                                          "bytes_after_all_steps": _deep_size(state)}}  # fmt: skip
+    note("soak: done", 4)
     return out

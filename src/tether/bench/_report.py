@@ -78,10 +78,20 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
             rows = [[f"{int(n):,}", f"{m['outage_ops_per_s']:,}", f"{m['recovery_ops_per_s']:,}", str(m["shards"])]
                     for n, m in load["fleets"].items()]  # fmt: skip
             tables[title] = (["clients", "ops/s in an outage", "ops/s in recovery", "shards"], rows)
-    if "overhead" in suites:
+    if "tau" in suites:
+        from tether.bench._tau_report import tau_tables
+
+        tables.update(tau_tables(suites["tau"]))
+    if "tau-live" in suites:
+        from tether.bench._tau_report import tau_live_tables
+
+        tables.update(tau_live_tables(suites["tau-live"]))
+    for suite in ("overhead", "soak"):
+        if suite not in suites:
+            continue
         head = ["case", "impl", "ns per call", "vs floor / overhead"]
         rows = []
-        for case, impls in suites["overhead"].items():
+        for case, impls in suites[suite].items():
             for impl, m in impls.items():
                 if "note" in m:
                     rows.append([case, impl, "", m["note"]])
@@ -99,7 +109,7 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
                 else:
                     rows.append([case, impl, "", f"{m['bytes_after_all_steps']} B after {m['steps']} steps "
                                  f"({m['bytes_after_10k_steps']} B after 10k)"])  # fmt: skip
-        tables["overhead"] = (head, rows)
+        tables[suite] = (head, rows)
     return tables
 
 
@@ -156,6 +166,10 @@ def _plots(results: dict[str, Any], out: Path) -> list[tuple[str, str]]:
         return []
     images: list[tuple[str, str]] = []
     suites = results.get("suites", {})
+    if "tau" in suites:
+        from tether.bench._tau_report import tau_plot
+
+        images += tau_plot(suites["tau"], out, plt)
     if "agents" in suites:
         cells = suites["agents"]["scenarios"]
         images.append(

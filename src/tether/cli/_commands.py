@@ -15,13 +15,31 @@ __all__ = ["register"]
 
 def register(sub: Any) -> None:
     """Add every subcommand to the parser's subparsers."""
-    bench = sub.add_parser("bench", help="run the fault-injection benchmark",
-                           description="Run tether's benchmark: agents, fleet and overhead suites.")  # fmt: skip
-    bench.add_argument("--suite", action="append", choices=["agents", "fleet", "overhead", "fleet-live",
-                                                            "serve", "all"],
-                       help="a suite to run (repeatable; default: all, which is every suite but "
-                            "fleet-live: real processes sharing Redis, and serve: the operator "
-                            "page over real records; both opt-in)")  # fmt: skip
+    bench = sub.add_parser(
+        "bench",
+        help="run the fault-injection benchmark",
+        description="Run tether's benchmark. The default set (agents, fleet, overhead) "
+        "runs in under a minute; soak, tau, tau-live, fleet-live and serve run when named.",
+    )
+    bench.add_argument(
+        "--suite",
+        action="append",
+        choices=[
+            "agents",
+            "fleet",
+            "overhead",
+            "soak",
+            "tau",
+            "tau-live",
+            "fleet-live",
+            "serve",
+            "all",
+        ],
+        help="a suite to run (repeatable; default and 'all': agents, fleet, overhead). "
+        "soak: 10^6 guarded steps in one run; tau: a τ²-bench domain (--tau-data); "
+        "tau-live: worker processes killed between a write and its record; "
+        "fleet-live: real processes sharing Redis; serve: the operator page over real records",
+    )
     bench.add_argument(
         "--tasks", type=int, default=1000, help="tasks per agent cell (default 1000)"
     )
@@ -29,7 +47,7 @@ def register(sub: Any) -> None:
     bench.add_argument("--scenario", action="append", help="only these scenarios (repeatable)")
     bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
     bench.add_argument("--report", metavar="DIR", help="write a Markdown report with PNG plots")
-    bench.add_argument("--quick", action="store_true", help="a shorter overhead suite")
+    bench.add_argument("--quick", action="store_true", help="shorter overhead and soak suites")
     bench.add_argument(
         "--serve-runs",
         type=int,
@@ -41,6 +59,37 @@ def register(sub: Any) -> None:
         "--serve-pg",
         metavar="DSN",
         help="serve suite: time PostgreSQL too (a schema of its own, dropped after)",
+    )
+    tau = bench.add_argument_group("the tau suite (τ²-bench, graded by the database)")
+    tau.add_argument(
+        "--tau-data",
+        metavar="DIR",
+        help="a τ²-bench domain folder (a clone's data/tau2/domains/retail: db.json, "
+        "tasks.json, policy.md); default $TETHER_TAU_DATA",
+    )
+    tau.add_argument(
+        "--tau-policy",
+        action="append",
+        metavar="NAME",
+        help="these policies (repeatable; 'all': every one; default: all but tether-no-lookup, "
+        "tether-blind-lookup, tether-5-attempts and tether-openai)",
+    )
+    tau.add_argument(
+        "--tau-lambda",
+        action="append",
+        type=float,
+        metavar="RATE",
+        help="fault rates (repeatable; default 0, 0.1, 0.2, 0.5)",
+    )
+    tau.add_argument(
+        "--tau-task", action="append", metavar="ID", help="only these task ids (repeatable)"
+    )
+    tau.add_argument(
+        "--tau-seeds",
+        type=int,
+        default=4,
+        metavar="N",
+        help="trials per task, for pass^1..pass^N (default 4)",
     )
     bench.set_defaults(run_command=_bench)
 
@@ -136,17 +185,32 @@ def _bench(args: argparse.Namespace) -> int:
     from tether.bench._report import print_tables, strip_series, write_report
 
     suites = args.suite or ["all"]
-    if "all" in suites:
-        suites = list(bench.SUITES)
+    if "all" in suites:  # the default set, and whatever else was named
+        suites = list(dict.fromkeys([*bench.SUITES, *(s for s in suites if s != "all")]))
     started = time.perf_counter()
     progress = _progress_printer()
     try:
-        results = bench.run(suites, tasks=args.tasks, seed=args.seed, scenarios=args.scenario,
-                            quick_overhead=args.quick, progress=progress,
-                            serve_runs=args.serve_runs, serve_pg=args.serve_pg)  # fmt: skip
+        results = bench.run(
+            suites,
+            tasks=args.tasks,
+            seed=args.seed,
+            scenarios=args.scenario,
+            quick_overhead=args.quick,
+            progress=progress,
+            serve_runs=args.serve_runs,
+            serve_pg=args.serve_pg,
+            tau_data=args.tau_data,
+            tau_policies=args.tau_policy,
+            tau_lambdas=args.tau_lambda,
+            tau_tasks=args.tau_task,
+            tau_seeds=args.tau_seeds,
+        )
     except ValueError as exc:
         print(f"tether bench: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if progress is not None:
+            progress.close()
     elapsed = time.perf_counter() - started
     print_tables(results)
     _print_serve(results["suites"].get("serve"))
@@ -181,29 +245,51 @@ def _print_serve(cells: Any) -> None:
                     print(f"serve {backend} {size} runs  {page}: {figures}")
 
 
-def _progress_printer() -> Any:
+class _Progress:
+    """A rich progress bar per suite on a terminal (``progress(message, total)``, where the
+    message starts with ``suite:``); a line per finished suite elsewhere."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self.tasks: dict[str, Any] = {}
+        self.started = time.perf_counter()
+
+    def __call__(self, message: str, total: int) -> None:
+        suite = message.split(":", 1)[0]
+        if suite not in self.tasks:
+            if not self.bar.live.is_started:
+                self.bar.start()
+            self.tasks[suite] = self.bar.add_task(suite, total=total or None)
+        task = self.tasks[suite]
+        self.bar.update(task, advance=1, description=message, total=total or None)
+
+    def close(self) -> None:
+        if self.bar.live.is_started:
+            self.bar.stop()
+
+
+def _progress_printer() -> _Progress | None:
     """A rich progress bar on a terminal; nothing elsewhere."""
     if not sys.stderr.isatty():
         return None
     try:
-        from rich.progress import Progress
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
     except ImportError:
         return None
-    bar = Progress(transient=True)
-    state: dict[str, Any] = {}
-
-    def advance(message: str, total: int) -> None:
-        if "task" not in state:
-            bar.start()
-            state["task"] = bar.add_task("tether bench", total=total or None)
-        if total:
-            bar.update(state["task"], total=total, advance=1, description=message)
-            if bar.tasks[0].completed >= total:
-                bar.stop()
-        else:
-            bar.update(state["task"], description=message)
-
-    return advance
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    return _Progress(Progress(*columns, console=Console(stderr=True), transient=True))
 
 
 def _dlq(args: argparse.Namespace) -> int:

@@ -149,8 +149,9 @@ class CustomerMessages:
     def render(self, status: str, facts: Iterable[str], *, unconfirmed: Iterable[str] = (),
                undone: Iterable[str] = (), case_filed: bool = True) -> str:  # fmt: skip
         """The message for a run that ended with ``status``; a run with an effect whose
-        outcome is unknown never tells the customer that nothing happened, and a person
-        is promised only when ``case_filed`` (someone has the case)."""
+        outcome is unknown never tells the customer that nothing happened, a failed run
+        that did something says what it did (the ``partial`` text, never "try again"), and a
+        person is promised only when ``case_filed`` (someone has the case)."""
         facts = [f for f in facts if f]
         undone = [u for u in undone if u]
         done = f"{self.done_prefix}{'; '.join(facts)}." if facts else ""
@@ -160,6 +161,8 @@ class CustomerMessages:
             status = "unconfirmed"
         elif status in ("failed", "partial") and undone and not facts:
             status = "rolled_back"
+        elif status == "failed" and facts:  # something was done: never "try again"
+            status = "partial"
         if not case_filed and status in ("escalated", "partial", "unconfirmed"):
             status = f"{status}_no_case"
         template = getattr(self, status, self.failed)

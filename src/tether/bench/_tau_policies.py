@@ -1,0 +1,406 @@
+"""The policies of the τ² suite: the loops and frameworks people run, and tether.
+
+Every policy drives the same scripted model through a real SDK or framework, in process:
+
+* ``naive``: a tool-use loop over ``anthropic.AsyncAnthropic`` with the SDK's defaults (two
+  retries, ``Retry-After`` honoured); a tool's exception goes back to the model as text.
+* ``tenacity``: the same loop, each tool call wrapped in tenacity's
+  ``wait_exponential_jitter()`` and ``stop_after_attempt(5)``.
+* ``langchain``: ``create_agent`` with LangChain's own ``ModelRetryMiddleware()``,
+  ``ToolRetryMiddleware()`` and ``ModelCallLimitMiddleware``.
+* ``openai-agents`` and ``pydantic-ai``: the frameworks with their defaults, over
+  ``openai.AsyncOpenAI`` with its defaults (two retries).
+* ``tether``: ``tether.integrations.anthropic.run_agent`` (sync); ``tether-openai``:
+  ``tether.integrations.openai.arun_agent``; ``tether-langchain``, ``tether-openai-agents``,
+  ``tether-pydantic-ai``: the same frameworks through tether's adapters (the clients built
+  with ``max_retries=0``, as tether's docs say). Every tether policy declares the writes
+  with a correct lookup; ``tether-no-lookup`` declares them without one,
+  ``tether-blind-lookup`` with a lookup that reads a field the write never sets, and
+  ``tether-5-attempts`` is ``tether`` with the default five attempts (the others have 8).
+
+Every policy has the same cap of :data:`MAX_TURNS` model turns (the longest task needs 14).
+An exception that escapes an agent is what the application shows as an error
+(:data:`CRASH_TEXT`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import tether
+from tether.bench._tau_domain import WRITES
+from tether.bench._tau_formats import (
+    agents_model,
+    anthropic_transport,
+    chat_model,
+    openai_transport,
+    pydantic_model,
+)
+from tether.bench._tau_tools import ASYNC, BLIND_LOOKUPS, LOOKUPS, SYNC, describe_effect
+from tether.bench._tau_world import MODEL, PRICE, Episode
+from tether.bench._vloop import run_virtual
+
+__all__ = [
+    "CRASH_TEXT",
+    "DEFAULT_POLICIES",
+    "EXTRA_POLICIES",
+    "MAX_TURNS",
+    "POLICIES",
+    "Ending",
+    "run_policy",
+]
+
+MAX_TURNS = 40
+ATTEMPTS = 8
+PRICES = tether.PriceTable({MODEL: PRICE})
+CRASH_TEXT = "Sorry, something went wrong on our side. Please try again."
+PROMPT = "Hi, I need help with my orders."
+SYSTEM = "You are a retail customer service agent. Follow the retail policy."
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """What the customer was told, and how the run ended."""
+
+    text: str
+    how: str  # "answer", "crash", or the tether outcome's status
+
+
+# --- the loop people write by hand ---------------------------------------------------------
+
+
+_SCHEMAS: dict[str, dict[str, Any]] = {}
+_TOOLS: dict[tuple[int, bool], list[tether.Tool]] = {}
+
+
+def _schema(name: str) -> dict[str, Any]:
+    if name not in _SCHEMAS:
+        _SCHEMAS[name] = tether.Tool(name, ASYNC[name]).schema
+    return _SCHEMAS[name]
+
+
+def _anthropic_tools() -> list[dict[str, Any]]:
+    return [
+        {"name": t.name, "description": t.description, "input_schema": t.schema}
+        for t in _tether_tools(LOOKUPS)
+    ]
+
+
+async def _hand_loop(episode: Episode, retry_tools: bool) -> Ending:
+    import anthropic
+    import httpx2
+
+    client = anthropic.AsyncAnthropic(
+        api_key="bench",
+        base_url="http://model.bench",
+        http_client=httpx2.AsyncClient(transport=anthropic_transport()),
+    )
+    tools: Any = _anthropic_tools()
+    messages: Any = [{"role": "user", "content": PROMPT}]
+    for _ in range(MAX_TURNS):
+        try:
+            reply = await client.messages.create(
+                model=MODEL, max_tokens=1024, system=SYSTEM, tools=tools, messages=messages
+            )
+        except anthropic.APIError:
+            return Ending(CRASH_TEXT, "crash")
+        messages.append({"role": "assistant", "content": [b.model_dump() for b in reply.content]})
+        uses = [b for b in reply.content if b.type == "tool_use"]
+        if not uses:
+            return Ending("".join(b.text for b in reply.content if b.type == "text"), "answer")
+        results = []
+        for use in uses:
+            try:
+                out = await (
+                    _tenacious(use.name, use.input) if retry_tools else ASYNC[use.name](**use.input)
+                )
+                results.append({"type": "tool_result", "tool_use_id": use.id, "content": out})
+            except Exception as exc:  # the error goes back to the model, as people write it
+                results.append(
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": use.id,
+                        "is_error": True,
+                        "content": f"{type(exc).__name__}: {exc}",
+                    }
+                )
+        messages.append({"role": "user", "content": results})
+    return Ending(CRASH_TEXT, "crash")
+
+
+async def _tenacious(name: str, args: Any) -> Any:
+    import tenacity
+
+    retrying = tenacity.AsyncRetrying(
+        wait=tenacity.wait_exponential_jitter(), stop=tenacity.stop_after_attempt(5), reraise=True
+    )
+    async for attempt in retrying:
+        with attempt:
+            return await ASYNC[name](**args)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# --- tether's own loop -------------------------------------------------------------------
+
+
+def _tether_tools(lookups: dict[str, Any] | None, sync: bool = False) -> list[tether.Tool]:
+    """The tools as ``tether.Tool``: the writes non-idempotent, with ``lookups``' lookup."""
+    key = (id(lookups), sync)
+    if key not in _TOOLS:
+        _TOOLS[key] = [
+            tether.Tool(
+                name,
+                SYNC[name] if sync else fn,
+                input_schema=_schema(name),
+                idempotent=name not in WRITES,
+                lookup=(lookups or {}).get(name),
+            )
+            for name, fn in ASYNC.items()
+        ]
+    return _TOOLS[key]
+
+
+def _guard(episode: Episode, attempts: int = ATTEMPTS) -> tether.Guard:
+    """What a user sets: the turn cap, the clock, how effects are told to the customer; a
+    store of this episode's own (episodes are separate timelines, not one fleet), and a
+    seed for the jitter (the bench is deterministic)."""
+    return tether.Guard(
+        budget=tether.Budget(max_steps=MAX_TURNS),
+        clock=episode.clock,
+        prices=PRICES,
+        retry=tether.RetryPolicy(max_attempts=attempts, seed=episode.rng_seed),
+        store=tether.stores.MemoryStore(),
+        describe_effect=describe_effect,
+    )
+
+
+def _model_policy(
+    provider: str, base_url: str, episode: Episode, attempts: int = ATTEMPTS
+) -> tether.RetryPolicy:
+    """The guarded client's default policy (five attempts, the provider's breaker), seeded."""
+    breaker = tether.breakers.get(f"{provider}:{base_url}", failure_threshold=10)
+    return tether.RetryPolicy(
+        name=provider, max_attempts=attempts, seed=episode.rng_seed, breaker=breaker
+    )
+
+
+def _told(outcome: tether.Outcome) -> Ending:
+    if outcome.status == "success":
+        return Ending(str(outcome.result or ""), "success")
+    return Ending(outcome.customer_message, f"{outcome.status}:{outcome.stopped_because.name}")
+
+
+def _tether_anthropic(
+    episode: Episode, lookups: dict[str, Any] | None, attempts: int = ATTEMPTS
+) -> Ending:
+    import anthropic
+    import httpx2
+
+    from tether.integrations.anthropic import guarded, run_agent
+
+    raw = anthropic.Anthropic(
+        api_key="bench",
+        base_url="http://model.bench",
+        http_client=httpx2.Client(transport=anthropic_transport()),
+    )
+    client = guarded(
+        raw, policy=_model_policy("anthropic", "http://model.bench", episode, attempts)
+    )
+    outcome = run_agent(
+        client,
+        model=MODEL,
+        system=SYSTEM,
+        messages=[{"role": "user", "content": PROMPT}],
+        tools=_tether_tools(lookups, sync=True),
+        guard=_guard(episode, attempts),
+    )
+    return _told(outcome)
+
+
+def _openai_client(episode: Episode, retries: int | None) -> Any:
+    import httpx2
+    import openai
+
+    options: Any = {} if retries is None else {"max_retries": retries}
+    return openai.AsyncOpenAI(
+        api_key="bench",
+        base_url="http://model.bench/v1",
+        http_client=httpx2.AsyncClient(transport=openai_transport()),
+        **options,
+    )
+
+
+async def _tether_openai(episode: Episode) -> Ending:
+    from tether.integrations.openai import arun_agent, guarded
+
+    policy = _model_policy("openai", "http://model.bench/v1", episode)
+    outcome = await arun_agent(
+        guarded(_openai_client(episode, 0), policy=policy),
+        model=MODEL,
+        tools=_tether_tools(LOOKUPS),
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}],
+        guard=_guard(episode),
+    )
+    return _told(outcome)
+
+
+# --- LangChain ---------------------------------------------------------------------------
+
+_LC_TOOLS: list[Any] = []
+
+
+def _lc_tools() -> list[Any]:
+    if not _LC_TOOLS:
+        from langchain_core.tools import StructuredTool
+
+        _LC_TOOLS.extend(
+            StructuredTool.from_function(coroutine=fn, name=name) for name, fn in ASYNC.items()
+        )
+    return _LC_TOOLS
+
+
+_LC_AGENT: list[Any] = []
+
+
+def _langchain_agent(middleware: list[Any]) -> Any:
+    from langchain.agents import create_agent
+
+    return create_agent(
+        chat_model(), tools=_lc_tools(), system_prompt=SYSTEM, middleware=middleware
+    )
+
+
+async def _langchain(episode: Episode, tethered: bool) -> Ending:
+    if tethered:  # the middleware holds this episode's guard: an agent per episode
+        from tether.integrations.langchain import TetherMiddleware
+
+        agent = _langchain_agent([TetherMiddleware(_guard(episode), side_effects=LOOKUPS)])
+    else:  # LangChain's middlewares keep nothing between runs: one agent serves every episode
+        from langchain.agents.middleware import (
+            ModelCallLimitMiddleware,
+            ModelRetryMiddleware,
+            ToolRetryMiddleware,
+        )
+
+        if not _LC_AGENT:
+            limit = ModelCallLimitMiddleware(run_limit=MAX_TURNS)
+            _LC_AGENT.append(
+                _langchain_agent([ModelRetryMiddleware(), ToolRetryMiddleware(), limit])
+            )
+        agent = _LC_AGENT[0]
+    try:
+        state = await agent.ainvoke({"messages": [("user", PROMPT)]})
+    except Exception:
+        return Ending(CRASH_TEXT, "crash")
+    outcome = state.get("tether_outcome")
+    if outcome is not None:
+        return _told(outcome)
+    return Ending(str(state["messages"][-1].content), "answer")
+
+
+# --- the OpenAI Agents SDK ---------------------------------------------------------------
+
+_AGENT_TOOLS: list[Any] = []
+
+
+def _agents_tools() -> list[Any]:
+    if not _AGENT_TOOLS:
+        from agents import function_tool, set_tracing_disabled
+
+        set_tracing_disabled(True)  # offline: no trace export
+        _AGENT_TOOLS.extend(function_tool(fn) for fn in ASYNC.values())
+    return _AGENT_TOOLS
+
+
+async def _openai_agents(episode: Episode, tethered: bool) -> Ending:
+    from agents import Agent, Runner
+
+    agent = Agent(name="retail", instructions=SYSTEM, tools=_agents_tools(), model=agents_model())
+    if tethered:
+        from tether.integrations import openai_agents
+
+        outcome = await openai_agents.run(
+            agent, PROMPT, guard=_guard(episode), side_effects=LOOKUPS, max_turns=MAX_TURNS
+        )
+        return _told(outcome)
+    try:
+        result = await Runner.run(agent, PROMPT, max_turns=MAX_TURNS)
+    except Exception:
+        return Ending(CRASH_TEXT, "crash")
+    return Ending(str(result.final_output), "answer")
+
+
+# --- PydanticAI ----------------------------------------------------------------------------
+
+_PAI_TOOLS: list[Any] = []
+
+
+def _pydantic_tools() -> list[Any]:
+    if not _PAI_TOOLS:
+        from pydantic_ai import Tool
+
+        _PAI_TOOLS.extend(Tool(fn) for fn in ASYNC.values())
+    return _PAI_TOOLS
+
+
+async def _pydantic_ai(episode: Episode, tethered: bool) -> Ending:
+    from pydantic_ai import Agent
+    from pydantic_ai.usage import UsageLimits
+
+    agent = Agent(pydantic_model(), instructions=SYSTEM, tools=_pydantic_tools())
+    limits = UsageLimits(request_limit=MAX_TURNS)
+    if tethered:
+        from tether.integrations import pydantic_ai
+
+        outcome = await pydantic_ai.run(
+            agent, PROMPT, guard=_guard(episode), side_effects=LOOKUPS, usage_limits=limits
+        )
+        return _told(outcome)
+    try:
+        result = await agent.run(PROMPT, usage_limits=limits)
+    except Exception:
+        return Ending(CRASH_TEXT, "crash")
+    return Ending(str(result.output), "answer")
+
+
+# --- the table --------------------------------------------------------------------------------
+
+Runner = Callable[[Episode], Ending]
+
+
+def _virtual(make: Callable[[Episode], Coroutine[Any, Any, Ending]]) -> Runner:
+    return lambda episode: run_virtual(episode.clock, make(episode))
+
+
+POLICIES: dict[str, Runner] = {
+    "naive": _virtual(lambda e: _hand_loop(e, retry_tools=False)),
+    "tenacity": _virtual(lambda e: _hand_loop(e, retry_tools=True)),
+    "langchain": _virtual(lambda e: _langchain(e, tethered=False)),
+    "openai-agents": _virtual(lambda e: _openai_agents(e, tethered=False)),
+    "pydantic-ai": _virtual(lambda e: _pydantic_ai(e, tethered=False)),
+    "tether": lambda e: _tether_anthropic(e, LOOKUPS),
+    "tether-openai": _virtual(_tether_openai),
+    "tether-langchain": _virtual(lambda e: _langchain(e, tethered=True)),
+    "tether-openai-agents": _virtual(lambda e: _openai_agents(e, tethered=True)),
+    "tether-pydantic-ai": _virtual(lambda e: _pydantic_ai(e, tethered=True)),
+    "tether-no-lookup": lambda e: _tether_anthropic(e, None),
+    "tether-blind-lookup": lambda e: _tether_anthropic(e, BLIND_LOOKUPS),
+    "tether-5-attempts": lambda e: _tether_anthropic(e, LOOKUPS, attempts=5),
+}
+
+
+#: What ``--suite tau`` runs unless told: the loops and frameworks, and tether's loop and
+#: adapters. Named with ``--tau-policy`` (or ``all``): ``tether-no-lookup`` and
+#: ``tether-blind-lookup`` (what a lookup is for), ``tether-5-attempts`` (``tether`` with the
+#: default ``RetryPolicy(max_attempts=5)``), and ``tether-openai``, whose figures are
+#: ``tether``'s (the same loop and decisions, async) at three times the cost, spent building
+#: the OpenAI SDK's requests.
+EXTRA_POLICIES = ("tether-no-lookup", "tether-blind-lookup", "tether-5-attempts", "tether-openai")
+DEFAULT_POLICIES = tuple(p for p in POLICIES if p not in EXTRA_POLICIES)
+
+
+def run_policy(policy: str, episode: Episode) -> Ending:
+    """Run one episode under ``policy``."""
+    return POLICIES[policy](episode)
