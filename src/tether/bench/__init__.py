@@ -181,6 +181,6 @@ def run(
         out["suites"]["serve"] = run_serve(
             serve_runs or SIZES,
             pg_dsn=serve_pg,
-            progress=lambda message: note(f"serve: {message}", 0),
+            progress=lambda message: note(f"serve: {message.removeprefix('serve ')}", 0),
         )
     return out
