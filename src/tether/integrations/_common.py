@@ -130,11 +130,11 @@ class ModelRetries:
         if run is not None and run.stopped is not None:
             return None
         delay = self.policy._delay(self._state, verdict)
-        left = None if run is None else run._time_left()
+        left = None if run is None else run.time_left()
         if left is not None and delay >= left:
             return None
         if run is not None:
-            run.retries += 1
+            run.count_retries()
         _log.info(
             "tether: model call failed (%s); retry %d in %.2f s", verdict.reason, attempt, delay
         )
@@ -189,6 +189,10 @@ def provider_breaker(provider: str, base_url: str, attempts: int) -> Any:
     return breakers.get(name, failure_threshold=2 * attempts)
 
 
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 class _Endpoint:
     """One SDK method (``messages.create``...), called through the policy and counted."""
 
@@ -207,10 +211,13 @@ class _Endpoint:
         kwargs["extra_headers"] = headers
         if run is None:
             return None
-        if run.stopped is not None:
-            run.stop(run.stopped, "the run has stopped: no more model calls")
-        run.check_model(str(kwargs.get("model") or ""), self._owner.provider)
-        left = run._time_left()
+        left = run.begin_model_call(
+            model=str(kwargs.get("model") or ""),
+            provider=self._owner.provider,
+            max_output_tokens=_int_or_none(
+                kwargs.get("max_tokens", kwargs.get("max_completion_tokens"))
+            ),
+        )
         given = kwargs.get("timeout")
         if left is not None and (given is None or isinstance(given, int | float)):
             # no attempt may outlive the run's time budget (an SDK timeout object is kept)
@@ -220,7 +227,7 @@ class _Endpoint:
     def _counted_retries(self) -> None:
         run = self._owner.run
         if run is not None:
-            run.retries += self._owner.policy.statistics.retries
+            run.count_retries(self._owner.policy.statistics.retries)
 
     def __call__(self, **kwargs: Any) -> Any:
         owner = self._owner

@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tether._errors import CircuitOpenError
 from tether.integrations._common import (
     Guarded,
     malformed_arguments,
@@ -158,40 +157,24 @@ def _model_failed(run: Run, exc: Exception) -> None:
     """End the run for a model call that failed after its retries (raises Stopped)."""
     if isinstance(exc, Stopped | UnknownModelError):
         raise exc
-    raise run._model_failure(exc) from exc
+    raise run.model_call_failed(exc) from exc
 
 
 def call_model(run: Run, create: Callable[..., Any], **kwargs: Any) -> Any:
     """One model call of an agent loop: an open provider breaker is waited out when the
     run's time allows; a failure after the retries ends the run with its reason."""
-    waited = 0.0
-    while True:
-        try:
-            return create(**kwargs)
-        except CircuitOpenError as exc:
-            wait = run._probe_wait(exc, None, waited) or 0.0
-            if not wait:
-                _model_failed(run, exc)
-            run.clock.sleep(wait)
-            waited += wait
-        except Exception as exc:
-            _model_failed(run, exc)
+    try:
+        return run.through_breaker(lambda: create(**kwargs))
+    except Exception as exc:
+        _model_failed(run, exc)
 
 
 async def acall_model(run: Run, create: Callable[..., Awaitable[Any]], **kwargs: Any) -> Any:
     """The async form of :func:`call_model`."""
-    waited = 0.0
-    while True:
-        try:
-            return await create(**kwargs)
-        except CircuitOpenError as exc:
-            wait = run._probe_wait(exc, None, waited) or 0.0
-            if not wait:
-                _model_failed(run, exc)
-            await run.clock.asleep(wait)
-            waited += wait
-        except Exception as exc:
-            _model_failed(run, exc)
+    try:
+        return await run.athrough_breaker(lambda: create(**kwargs))
+    except Exception as exc:
+        _model_failed(run, exc)
 
 
 def run_loop(run: Run, turns: Turns, create: Callable[..., Any]) -> None:

@@ -144,11 +144,9 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             return handler(request)
         self._before_model_call(run, request)
         try:
-            response = self._policy.call_within(run._time_left(), lambda: handler(request))
+            response = run.retry_model_call(self._policy, lambda: handler(request))
         except Exception as exc:
             return self._model_failed(run, exc)
-        finally:
-            run.retries += self._policy.statistics.retries
         self._count(run, request, response)
         return response
 
@@ -162,11 +160,9 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             return await handler(request)
 
         try:
-            response = await self._policy.acall_within(run._time_left(), call)
+            response = await run.aretry_model_call(self._policy, call)
         except Exception as exc:
             return self._model_failed(run, exc)
-        finally:
-            run.retries += self._policy.statistics.retries
         self._count(run, request, response)
         return response
 
@@ -182,7 +178,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         """The model call failed after its retries: the run stops; the agent ends."""
         from langchain.agents.middleware.types import ModelResponse
 
-        run._model_failure(exc)
+        run.model_call_failed(exc)
         return ModelResponse(result=[AIMessage(content="")])
 
     def _count(self, run: Run, request: Any, response: Any) -> None:

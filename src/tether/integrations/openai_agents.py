@@ -113,8 +113,8 @@ class TetherHooks(RunHooks[Any]):
         if run.stopped is None and run.proceed():
             run.check_model(self.model or _model_name(agent))
             return
-        assert run._stop is not None
-        raise GuardStopped(*run._stop)
+        assert run.stopped is not None
+        raise GuardStopped(run.stopped, run.stop_detail)
 
     async def on_llm_end(
         self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse
@@ -331,19 +331,19 @@ async def run(
             raise Stopped(exc.reason, exc.detail) from None
         except MaxTurnsExceeded as exc:
             _keep_items(tether_run, input, exc)
-            raise tether_run._halt(
+            raise tether_run.halt(
                 StopReason.MAX_STEPS, f"the agent used its max_turns ({turns}) without an answer"
             ) from None
         except (InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered) as exc:
             _keep_items(tether_run, input, exc)
             name = type(exc.guardrail_result.guardrail).__name__
             guardrail = getattr(exc.guardrail_result.guardrail, "get_name", lambda: name)()
-            raise tether_run._halt(StopReason.REFUSED, f"guardrail {guardrail} tripped") from None
+            raise tether_run.halt(StopReason.REFUSED, f"guardrail {guardrail} tripped") from None
         except (UserError, UnknownModelError, Stopped):
             raise  # the caller's configuration: fix it, nothing to retry
         except Exception as exc:  # the model failed after its retries, or misbehaved
             _keep_items(tether_run, input, exc)
-            raise tether_run._model_failure(exc) from None
+            raise tether_run.model_call_failed(exc) from None
         tether_run.messages = result.to_input_list()
         tether_run.succeed(result.final_output)
     return tether_run.outcome

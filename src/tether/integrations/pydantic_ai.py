@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from tether._errors import CircuitOpenError, require
+from tether._errors import require
 from tether.integrations._common import (
     ModelRetries,
     ToolRules,
@@ -169,7 +169,7 @@ class TetherCapability(AbstractCapability[Any]):
             result = await handler()
         except BaseException:  # on_run_error ended it; else a cancellation: the run ends too
             if self._state(ctx) is not None:
-                run._halt(StopReason.ERROR, "the agent run was cancelled")
+                run.halt(StopReason.ERROR, "the agent run was cancelled")
                 self._finish(key, run, self._messages(ctx))
             raise
         run.succeed(result.output)
@@ -185,16 +185,16 @@ class TetherCapability(AbstractCapability[Any]):
         if isinstance(error, Stopped):
             pass
         elif isinstance(error, UsageLimitExceeded):
-            run._halt(_limit_reason(error), f"PydanticAI usage limit: {error}")
+            run.halt(_limit_reason(error), f"PydanticAI usage limit: {error}")
         elif isinstance(error, RunTimedOut):
-            run._halt(StopReason.TIMEOUT, f"PydanticAI run timeout: {error}")
+            run.halt(StopReason.TIMEOUT, f"PydanticAI run timeout: {error}")
         elif isinstance(error, UserError | UnknownModelError):  # the caller's configuration
-            run._note_error(error)
-            run._halt(StopReason.ERROR, type(error).__name__)
+            run.note_error(error)
+            run.halt(StopReason.ERROR, type(error).__name__)
             self._finish(str(ctx.run_id), run, self._messages(ctx))
             raise error
         else:  # the model failed after its retries, or misbehaved
-            run._model_failure(error)
+            run.model_call_failed(error)
         raise RunStopped(self._finish(str(ctx.run_id), run, self._messages(ctx))) from None
 
     def _messages(self, ctx: Any) -> list[Any]:
@@ -221,8 +221,8 @@ class TetherCapability(AbstractCapability[Any]):
         run = live.run
         live.messages = ctx.messages
         if run.stopped is not None or not run.proceed():
-            assert run._stop is not None
-            raise Stopped(*run._stop)
+            assert run.stopped is not None
+            raise Stopped(run.stopped, run.stop_detail)
         model = request_context.model
         run.check_model(str(getattr(model, "model_name", "") or ""), _provider(model))
         return await handler(request_context)
@@ -234,17 +234,12 @@ class TetherCapability(AbstractCapability[Any]):
         if live is None:
             return request_context
         breaker = self._breaker(request_context.model)
-        waited = 0.0
-        while True:
-            try:
-                live.permit = (breaker, await breaker._aacquire())
-                return request_context
-            except CircuitOpenError as exc:
-                wait = live.run._probe_wait(exc, None, waited)
-                if not wait:
-                    raise
-                await live.run.clock.asleep(wait)
-                waited += wait
+
+        async def acquire() -> None:
+            live.permit = (breaker, await breaker._aacquire())
+
+        await live.run.athrough_breaker(acquire)
+        return request_context
 
     def _breaker(self, model: Any) -> Any:
         base_url = str(getattr(model, "base_url", "") or "")

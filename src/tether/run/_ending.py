@@ -45,7 +45,7 @@ class Ending(RunState):
         elif isinstance(exc, Exception):
             verdict = classify(exc)
             reason = StopReason.PERMANENT_ERROR if not verdict.retryable else StopReason.ERROR
-            self._note_error(exc)
+            self.note_error(exc)
             self._halt(reason, f"{type(exc).__name__}: {verdict.reason}")
         self.finish()
         if self._span_cm is not None:

@@ -157,7 +157,7 @@ class Rollback(RunState):
         """A compensation that failed (after its retries) or may have happened: a person
         takes over, with the facts."""
         self._escalate = True
-        self._note_error(exc)
+        self.note_error(exc)
         if isinstance(exc, UnknownOutcome):
             entry.state = "unknown"
             self._unconfirmed.append(entry.tool)

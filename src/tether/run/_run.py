@@ -187,22 +187,6 @@ class Run(ToolCalls, Rollback, Ending):
             raise UnknownModelError(f"{why}; the cost budget cannot count this call")
         return cost_usd
 
-    def check_model(self, model: str, provider: str | None = None) -> None:
-        """Refuse, before the request, a model whose cost a cost budget could not count."""
-        if self.budget.max_cost_usd is None or not model or model in self._checked_models:
-            return
-        prices = self.guard.prices
-        if not prices.knows(model, provider):
-            if prices.unknown != "zero":
-                raise UnknownModelError(
-                    f"{prices.missing(model)}. The run has a cost budget "
-                    f"(max_cost_usd={self.budget.max_cost_usd:g}) that could not hold, so no "
-                    "request was sent"
-                )
-            _log.warning("tether: model %r has no price and counts as free (unknown='zero'): "
-                         "the cost budget cannot hold for it", model)  # fmt: skip
-        self._checked_models.add(model)
-
     def progress(self, note: str = "") -> None:
         """Say that this step made progress (a new fact, a finished sub-goal)."""
         self._step_progress = True

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether import telemetry
 from tether._errors import CircuitOpenError
@@ -14,9 +15,13 @@ from tether.records._approvals import ApprovalRecord
 from tether.run._governance import JournalEntry
 from tether.run._loops import LoopState
 from tether.run._outcome import Outcome, Stopped, StopReason, Usage
+from tether.run._pricing import UnknownModelError
 
 if TYPE_CHECKING:
+    from tether.retries._policy import RetryPolicy
     from tether.run._guard import Guard
+
+T = TypeVar("T")
 
 __all__ = ["RECOVERY_COOLDOWNS", "RunState", "Tail"]
 
@@ -200,18 +205,122 @@ class RunState:
             return _describe(self._labels.get(tool, ""), args, result)
         return describe(tool, args, result)
 
-    def _time_left(self) -> float | None:
-        """The run's time budget left (the deadline of the next call), or None."""
+    # --- the run protocol: what a shell or an adapter drives a run with (docs/run.md) ------
+
+    def time_left(self) -> float | None:
+        """The run's time budget left, in seconds (the deadline of the next call); None
+        when the run has no time budget. Never 0: a spent budget is a tiny positive number,
+        and :meth:`Run.proceed` stops the run ``TIMEOUT``."""
         b = self.budget.max_seconds
         return None if b is None else max(1e-9, b - self.elapsed)
 
-    def _probe_wait(
-        self, exc: CircuitOpenError, timeout: float | None, waited: float
+    @property
+    def stop_detail(self) -> str:
+        """Why the run stopped, in words ("" while it runs); the reason is :attr:`stopped`."""
+        return self._stop[1] if self._stop else ""
+
+    def halt(self, reason: StopReason, detail: str = "") -> Stopped:
+        """Record that the run stops for ``reason`` without raising; returns the
+        :class:`tether.Stopped` to raise. The first stop wins: a later one returns the
+        first one's Stopped. (:meth:`Run.stop` is the form that raises.)"""
+        return self._halt(reason, detail)
+
+    def note_error(self, exc: BaseException) -> None:
+        """Keep the (redacted) type and message of the failure that ends the run, for
+        ``outcome.error``; the first one noted is kept."""
+        if self._error is None:
+            from tether.records._collections import redact
+
+            text = str(exc).strip()
+            self._error = str(
+                redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+            )[:500]
+
+    def begin_model_call(
+        self,
+        *,
+        model: str = "",
+        provider: str | None = None,
+        estimated_input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
     ) -> float | None:
-        """How long to wait for an open breaker's next probe, or None when the run may not
-        wait (no time budget, not enough of it left, or this call waited long enough:
-        three breaker cooldowns in all)."""
-        left = self._time_left()
+        """Check the run before a paid model request; returns the time it has left (the
+        request's deadline, None: no time budget).
+
+        Raises :class:`tether.Stopped` (the run's own stop) when the run has stopped, and
+        :class:`tether.UnknownModelError` for a model whose cost a cost budget could not
+        count (:meth:`check_model`). ``estimated_input_tokens`` and ``max_output_tokens``
+        describe the request for the token budgets (accepted, not used yet).
+        """
+        if self._stop is not None:
+            raise self._halt(*self._stop)
+        if model:
+            self.check_model(model, provider)
+        return self.time_left()
+
+    def check_model(self, model: str, provider: str | None = None) -> None:
+        """Refuse, before the request, a model whose cost a cost budget could not count."""
+        if self.budget.max_cost_usd is None or not model or model in self._checked_models:
+            return
+        prices = self.guard.prices
+        if not prices.knows(model, provider):
+            if prices.unknown != "zero":
+                raise UnknownModelError(
+                    f"{prices.missing(model)}. The run has a cost budget "
+                    f"(max_cost_usd={self.budget.max_cost_usd:g}) that could not hold, so no "
+                    "request was sent"
+                )
+            _log.warning("tether: model %r has no price and counts as free (unknown='zero'): "
+                         "the cost budget cannot hold for it", model)  # fmt: skip
+        self._checked_models.add(model)
+
+    def model_call_failed(self, exc: BaseException) -> Stopped:
+        """Stop the run for a model call that failed after its retries, with the reason its
+        failure says (``TIMEOUT`` for the time budget, ``CIRCUIT_OPEN`` for a provider that
+        is down, ``ERROR`` or ``PERMANENT_ERROR`` by classification); returns the Stopped
+        to raise (an agent loop raises it, a framework's hook may just end the agent)."""
+        from tether._errors import DeadlineExceeded
+        from tether.classification._classify import classify
+
+        self.note_error(exc)
+        if isinstance(exc, DeadlineExceeded) and self.budget.max_seconds is not None:
+            return self._halt(StopReason.TIMEOUT, "the time budget ran out waiting for the model")
+        if isinstance(exc, CircuitOpenError):
+            return self._halt(StopReason.CIRCUIT_OPEN, f"the model provider is down ({exc})")
+        verdict = classify(exc)
+        reason = StopReason.ERROR if verdict.retryable else StopReason.PERMANENT_ERROR
+        return self._halt(reason, f"model call failed: {verdict.reason}")
+
+    def count_retries(self, n: int = 1) -> None:
+        """Count ``n`` retries into the run's usage (for a framework that makes a request's
+        attempts itself); :meth:`retry_model_call` counts its own."""
+        self.retries += n
+
+    def retry_model_call(self, policy: RetryPolicy, fn: Callable[[], T]) -> T:
+        """``fn()`` under ``policy``, never past the run's time left; its retries are
+        counted into the run's usage. A failure after the retries is raised (see
+        :meth:`model_call_failed`)."""
+        try:
+            return policy.call_within(self.time_left(), fn)
+        finally:
+            self.retries += policy.statistics.retries
+
+    async def aretry_model_call(self, policy: RetryPolicy, fn: Callable[[], Awaitable[T]]) -> T:
+        """The async form of :meth:`retry_model_call`."""
+        try:
+            return await policy.acall_within(self.time_left(), fn)
+        finally:
+            self.retries += policy.statistics.retries
+
+    def breaker_wait(
+        self, exc: CircuitOpenError, *, waited: float = 0.0, timeout: float | None = None
+    ) -> float | None:
+        """How long to wait for the next probe of the open breaker ``exc`` names, or None
+        when the run may not wait: the guard does not wait for recovery, the run has no
+        time budget, this call already waited ``RECOVERY_COOLDOWNS`` breaker cooldowns, or
+        the wait and then an attempt of ``timeout`` would not fit in the time left (so a
+        wait never outlasts the run's budget)."""
+        left = self.time_left()
         wait = exc.retry_in + 0.05
         if (
             not self.guard.wait_for_recovery
@@ -222,30 +331,35 @@ class RunState:
             return None
         return wait
 
-    def _model_failure(self, exc: Exception) -> Stopped:
-        """Stop the run for a model call that failed after its retries; the Stopped to raise
-        (agent loops raise it, a framework's hook may just end the agent)."""
-        from tether._errors import DeadlineExceeded
-        from tether.classification._classify import classify
+    def through_breaker(self, fn: Callable[[], T], *, timeout: float | None = None) -> T:
+        """``fn()``; while it raises :class:`tether.CircuitOpenError`, wait for the
+        breaker's next probe as :meth:`breaker_wait` allows, then call it again. The
+        CircuitOpenError of a breaker the run may not wait for is raised."""
+        waited = 0.0
+        while True:
+            try:
+                return fn()
+            except CircuitOpenError as exc:
+                wait = self.breaker_wait(exc, waited=waited, timeout=timeout)
+                if wait is None:
+                    raise
+                self.clock.sleep(wait)
+                waited += wait
 
-        self._note_error(exc)
-        if isinstance(exc, DeadlineExceeded) and self.budget.max_seconds is not None:
-            return self._halt(StopReason.TIMEOUT, "the time budget ran out waiting for the model")
-        if isinstance(exc, CircuitOpenError):
-            return self._halt(StopReason.CIRCUIT_OPEN, f"the model provider is down ({exc})")
-        verdict = classify(exc)
-        reason = StopReason.ERROR if verdict.retryable else StopReason.PERMANENT_ERROR
-        return self._halt(reason, f"model call failed: {verdict.reason}")
-
-    def _note_error(self, exc: BaseException) -> None:
-        """Keep the (redacted) type and message of the failure that ends the run."""
-        if self._error is None:
-            from tether.records._collections import redact
-
-            text = str(exc).strip()
-            self._error = str(
-                redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
-            )[:500]
+    async def athrough_breaker(
+        self, fn: Callable[[], Awaitable[T]], *, timeout: float | None = None
+    ) -> T:
+        """The async form of :meth:`through_breaker`."""
+        waited = 0.0
+        while True:
+            try:
+                return await fn()
+            except CircuitOpenError as exc:
+                wait = self.breaker_wait(exc, waited=waited, timeout=timeout)
+                if wait is None:
+                    raise
+                await self.clock.asleep(wait)
+                waited += wait
 
     def _halt(self, reason: StopReason, detail: str = "") -> Stopped:
         """Record the first stop condition; later ones do not overwrite it."""

@@ -114,7 +114,7 @@ class ToolCalls(RunState):
     def _effect_timeout(self, timeout: float | None) -> float | None:
         """An effect's timeout: the tool's (or the policy's), never past the run's time."""
         bounds = [t for t in (timeout if timeout is not None else self.guard.retry.attempt_timeout,
-                              self._time_left()) if t is not None]  # fmt: skip
+                              self.time_left()) if t is not None]  # fmt: skip
         return min(bounds) if bounds else None
 
     def _lease(self, timeout: float | None) -> float:
@@ -392,31 +392,16 @@ class ToolCalls(RunState):
         with telemetry.span(
             "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
         ):
-            waited = 0.0
-            while True:
-                try:
-                    result = call.policy.call_within(self._time_left(), run)
-                    break
-                except CircuitOpenError as exc:
-                    wait = self._circuit_wait(call, exc, timeout, waited)
-                    self.clock.sleep(wait)
-                    waited += wait
-                except Exception as exc:
-                    raise self._after_failure(call, exc) from exc
-                except BaseException:  # KeyboardInterrupt, SystemExit
-                    self._interrupted(call, progress, idempotent, compensate)
-                    raise
+            try:
+                result = self.through_breaker(
+                    lambda: call.policy.call_within(self.time_left(), run), timeout=timeout
+                )
+            except Exception as exc:
+                raise self._after_failure(call, exc) from exc
+            except BaseException:  # KeyboardInterrupt, SystemExit
+                self._interrupted(call, progress, idempotent, compensate)
+                raise
         return self._after_success(call, result, idempotent, compensate)
-
-    def _circuit_wait(
-        self, call: _Call, exc: CircuitOpenError, timeout: float | None, waited: float
-    ) -> float:
-        """How long to wait for an open breaker's next probe; raises the stop when the run
-        may not wait (no time budget, not enough of it left, or it waited long enough)."""
-        wait = self._probe_wait(exc, timeout, waited)
-        if wait is None:
-            raise self._after_failure(call, exc) from exc
-        return wait
 
     async def acall_tool(
         self,
@@ -475,20 +460,15 @@ class ToolCalls(RunState):
         with telemetry.span(
             "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
         ):
-            waited = 0.0
-            while True:
-                try:
-                    result = await call.policy.acall_within(self._time_left(), attempt)
-                    break
-                except CircuitOpenError as exc:
-                    wait = self._circuit_wait(call, exc, timeout, waited)
-                    await self.clock.asleep(wait)
-                    waited += wait
-                except Exception as exc:
-                    raise self._after_failure(call, exc) from exc
-                except BaseException:  # cancelled
-                    self._interrupted(call, progress, idempotent, compensate)
-                    raise
+            try:
+                result = await self.athrough_breaker(
+                    lambda: call.policy.acall_within(self.time_left(), attempt), timeout=timeout
+                )
+            except Exception as exc:
+                raise self._after_failure(call, exc) from exc
+            except BaseException:  # cancelled
+                self._interrupted(call, progress, idempotent, compensate)
+                raise
         return self._after_success(call, result, idempotent, compensate)
 
 
