@@ -36,18 +36,36 @@ __all__ = [
 ]
 
 CALL, PROBE, DENY = "call", "probe", "deny"
-#: Failures in a row (nine in ten or worse) that the limiter reads as an outage. Few:
-#: the breaker handles outages; the limiter only stops pacing a dependency that is gone.
+Fields = dict[str, Any]
+
+# The numbers of the state machines. The Redis store's Lua scripts are rendered from
+# these (stores/redis/_scripts.py): change one here and both stores change together.
+
+#: Failures since the limiter's last cut (nine in ten or worse, see OUTAGE_RATIO) that it
+#: reads as an outage. Few: the breaker handles outages; the limiter only stops pacing a
+#: dependency that is gone.
 OUTAGE_FAILURES = 20
+#: An outage is at least this many failures for every success since the last cut.
+OUTAGE_RATIO = 9
+#: In slow start a plain failure still grows the rate while there is at least one success
+#: for every BROWNOUT_RATIO failures since the last cut (a brownout, not an outage).
+BROWNOUT_RATIO = 3
+#: Slow start's increase of the rate for each success, and the least additive increase.
+RATE_STEP = 1.0
 #: The longest a caller turned away by the limiter is told to wait for its turn: the
 #: rate may grow meanwhile (slow start doubles it in well under a second).
 QUEUE_WAIT_CAP = 1.0
-Fields = dict[str, Any]
-
-
+#: The time of the limiter's last cut before its first: long ago, so the first cut may come.
+NEVER = -1e18
 #: While probes keep failing, the wait before the next one is at most this share of the
 #: time the breaker has been open: recovery is noticed within ~15% of the outage.
 PROBE_SHARE = 0.15
+#: After a failed probe the breaker waits at most this many times its previous wait.
+PROBE_GROWTH = 2.0
+#: A half-open breaker that refuses a call (its probes are out) tells the caller to ask
+#: again within this many seconds (or the cooldown, when shorter): probes answer within a
+#: call's latency.
+PROBE_ASK_AGAIN = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +93,7 @@ def next_probe_wait(f: Fields, now: float, cfg: BreakerConfig) -> float:
     if f["state"] != "half_open":  # a trip from closed
         return min(cfg.cooldown, cfg.probe_interval)
     grown = max(cfg.probe_interval, PROBE_SHARE * (now - f["opened_at"]))
-    return float(min(cfg.cooldown, 2.0 * max(f["open_wait"], cfg.probe_interval), grown))
+    return float(min(cfg.cooldown, PROBE_GROWTH * max(f["open_wait"], cfg.probe_interval), grown))
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +154,8 @@ def breaker_acquire(f: Fields, now: float, cfg: BreakerConfig) -> tuple[str, str
             f["probe_deadline"] = now + cfg.cooldown
             return old, "half_open", 0.0, PROBE
         # the probes answer within a call's latency: ask again soon, not after a cooldown
-        return old, "half_open", min(f["probe_deadline"], now + min(1.0, cfg.cooldown)), DENY
+        ask_again = now + min(PROBE_ASK_AGAIN, cfg.cooldown)
+        return old, "half_open", min(f["probe_deadline"], ask_again), DENY
     return old, "closed", 0.0, CALL
 
 
@@ -199,7 +218,7 @@ def _limiter_defaults(f: Fields, now: float, cfg: LimiterConfig) -> None:
         f["rate"] = cfg.initial_rate
         f["ssthresh"] = cfg.max_rate
         f["tat"] = now
-        f["last_decrease"] = -1e18
+        f["last_decrease"] = NEVER
         f["ok_since_decrease"] = 0
 
 
@@ -243,15 +262,15 @@ def limiter_feedback(f: Fields, now: float, outcome: str, cfg: LimiterConfig) ->
     if outcome == "ok":
         f["ok_since_decrease"] += 1
         if rate < f["ssthresh"]:
-            rate += 1.0  # one more per success: doubles every 1/ln2 s of full admission
+            rate += RATE_STEP  # one more per success: doubles every 1/ln2 s of full admission
         else:
-            rate += max(1.0, cfg.increase * rate) / rate
+            rate += max(RATE_STEP, cfg.increase * rate) / rate
         f["rate"] = min(cfg.max_rate, rate)
         return float(f["rate"])
     f["failed_since_decrease"] = f.get("failed_since_decrease", 0) + 1
     outage = (
         f["failed_since_decrease"] >= OUTAGE_FAILURES
-        and f["failed_since_decrease"] >= 9 * f["ok_since_decrease"]
+        and f["failed_since_decrease"] >= OUTAGE_RATIO * f["ok_since_decrease"]
     )
     if (outcome == "throttled" or outage) and now - f["last_decrease"] >= cfg.decrease_interval:
         if f["ok_since_decrease"] > 0:
@@ -263,10 +282,10 @@ def limiter_feedback(f: Fields, now: float, outcome: str, cfg: LimiterConfig) ->
     elif (
         outcome == "failed"
         and rate < f["ssthresh"]
-        and 3 * f["ok_since_decrease"] >= f["failed_since_decrease"]
+        and BROWNOUT_RATIO * f["ok_since_decrease"] >= f["failed_since_decrease"]
     ):
         # a plain failure (not a throttle) while a quarter of calls succeed was still an answer:
         # in slow start it is evidence of capacity too, so a brownout does not slow the
         # ramp-up (an outage, with no successes, never grows the rate)
-        f["rate"] = min(cfg.max_rate, rate + 1.0)
+        f["rate"] = min(cfg.max_rate, rate + RATE_STEP)
     return float(f["rate"])
