@@ -1,6 +1,17 @@
-"""tether: keep LLM agents bounded and their side effects safe."""
+"""tether: keep LLM agents bounded and their side effects safe.
 
-from tether import backoff, clock, policies, stores, telemetry
+``import tether`` loads the retry surface (``retry``, ``RetryPolicy``, ``classify``, the
+clock, backoff and telemetry hooks and every exception); each other public name is
+imported on first use, from the module named below, so an import costs what a retry
+library's does and a guard's modules load when the first guard does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from tether import backoff, clock, telemetry
 from tether._errors import (
     CircuitOpenError,
     DeadlineExceeded,
@@ -23,33 +34,124 @@ from tether.classification._classify import (
     unregister_classifier,
 )
 from tether.clock import SystemClock, VirtualClock
-from tether.effects._canonical import VOLATILE_FIELDS, canonical_json, intent_key
-from tether.effects._ledger import EffectFailed, Ledger, current_idempotency_key
-from tether.effects._wrap import CONNECTORS, CallMeta, Connector, wrap
-from tether.effects._wrap import last_call as wrap_last_call
-from tether.guards._breaker import BreakerRegistry, CircuitBreaker, breakers
-from tether.guards._budget import RetryBudget
-from tether.guards._limiter import AdaptiveLimiter
-from tether.records._approvals import ApprovalError, ApprovalRecord
-from tether.records._collections import (
-    CheckpointError,
-    Checkpoints,
-    DeadLetter,
-    DeadLetters,
-    Handoffs,
-    RedactedArguments,
-)
-from tether.records._records import Records
-from tether.redaction._redact import add_secret_names, add_secret_patterns, redact, register_secrets
 from tether.retries._policy import RetryPolicy, RetryStats, retry
-from tether.run._governance import ApprovalRejected, PolicyDenied
-from tether.run._handoff import CustomerMessages, Escalation, HandoffRecord, webhook
-from tether.run._loops import LoopPolicy
-from tether.run._outcome import Outcome, Stopped, StopReason, ToolError, Usage
-from tether.run._pricing import PRICES, Price, PriceTable, UnknownModelError
-from tether.run._run import Budget, Guard, Run
-from tether.run._tool import Tool
 from tether.telemetry._events import BreakerEvent, RetryEvent
+
+if TYPE_CHECKING:
+    from tether import policies, stores
+    from tether.effects._canonical import VOLATILE_FIELDS, canonical_json, intent_key
+    from tether.effects._ledger import EffectFailed, Ledger, current_idempotency_key
+    from tether.effects._wrap import (
+        CONNECTORS,
+        CallMeta,
+        Connector,
+        wrap,
+    )
+    from tether.effects._wrap import (
+        last_call as wrap_last_call,
+    )
+    from tether.guards._breaker import BreakerRegistry, CircuitBreaker, breakers
+    from tether.guards._budget import RetryBudget
+    from tether.guards._limiter import AdaptiveLimiter
+    from tether.records._approvals import ApprovalError, ApprovalRecord
+    from tether.records._collections import (
+        CheckpointError,
+        Checkpoints,
+        DeadLetter,
+        DeadLetters,
+        Handoffs,
+        RedactedArguments,
+    )
+    from tether.records._records import Records
+    from tether.redaction._redact import (
+        add_secret_names,
+        add_secret_patterns,
+        redact,
+        register_secrets,
+    )
+    from tether.run._governance import ApprovalRejected, PolicyDenied
+    from tether.run._handoff import CustomerMessages, Escalation, HandoffRecord, webhook
+    from tether.run._loops import LoopPolicy
+    from tether.run._outcome import Outcome, Stopped, StopReason, ToolError, Usage
+    from tether.run._pricing import PRICES, Price, PriceTable, UnknownModelError
+    from tether.run._run import Budget, Guard, Run
+    from tether.run._tool import Tool
+
+#: public name -> the module it is imported from on first use
+_LAZY: dict[str, str] = {
+    "policies": "",
+    "stores": "",
+    "AdaptiveLimiter": "tether.guards._limiter",
+    "ApprovalError": "tether.records._approvals",
+    "ApprovalRecord": "tether.records._approvals",
+    "ApprovalRejected": "tether.run._governance",
+    "BreakerRegistry": "tether.guards._breaker",
+    "Budget": "tether.run._run",
+    "CONNECTORS": "tether.effects._wrap",
+    "CallMeta": "tether.effects._wrap",
+    "CheckpointError": "tether.records._collections",
+    "Checkpoints": "tether.records._collections",
+    "CircuitBreaker": "tether.guards._breaker",
+    "Connector": "tether.effects._wrap",
+    "CustomerMessages": "tether.run._handoff",
+    "DeadLetter": "tether.records._collections",
+    "DeadLetters": "tether.records._collections",
+    "EffectFailed": "tether.effects._ledger",
+    "Escalation": "tether.run._handoff",
+    "Guard": "tether.run._run",
+    "HandoffRecord": "tether.run._handoff",
+    "Handoffs": "tether.records._collections",
+    "Ledger": "tether.effects._ledger",
+    "LoopPolicy": "tether.run._loops",
+    "Outcome": "tether.run._outcome",
+    "PRICES": "tether.run._pricing",
+    "PolicyDenied": "tether.run._governance",
+    "Price": "tether.run._pricing",
+    "PriceTable": "tether.run._pricing",
+    "Records": "tether.records._records",
+    "RedactedArguments": "tether.records._collections",
+    "RetryBudget": "tether.guards._budget",
+    "Run": "tether.run._run",
+    "StopReason": "tether.run._outcome",
+    "Stopped": "tether.run._outcome",
+    "Tool": "tether.run._tool",
+    "ToolError": "tether.run._outcome",
+    "UnknownModelError": "tether.run._pricing",
+    "Usage": "tether.run._outcome",
+    "VOLATILE_FIELDS": "tether.effects._canonical",
+    "add_secret_names": "tether.redaction._redact",
+    "add_secret_patterns": "tether.redaction._redact",
+    "breakers": "tether.guards._breaker",
+    "canonical_json": "tether.effects._canonical",
+    "current_idempotency_key": "tether.effects._ledger",
+    "intent_key": "tether.effects._canonical",
+    "redact": "tether.redaction._redact",
+    "register_secrets": "tether.redaction._redact",
+    "webhook": "tether.run._handoff",
+    "wrap": "tether.effects._wrap",
+    "wrap_last_call": "tether.effects._wrap",
+}
+#: names imported under another name: public name -> the module's own name
+_RENAMED = {"wrap_last_call": "last_call"}
+
+
+def __getattr__(name: str) -> Any:
+    """The first use of a public name imports its module (PEP 562) and keeps the name."""
+    try:
+        module = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'tether' has no attribute {name!r}") from None
+    if not module:  # a public submodule: tether.policies, tether.stores
+        value = importlib.import_module(f"tether.{name}")
+    else:
+        value = getattr(importlib.import_module(module), _RENAMED.get(name, name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "AdaptiveLimiter",

@@ -14,7 +14,6 @@ code inside sleeps past it through the same clock, which is how simulated tools 
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import threading
 import time
@@ -116,6 +115,8 @@ class SystemClock:
             time.sleep(seconds)
 
     async def asleep(self, seconds: float) -> None:
+        import asyncio  # imported when first used: `import tether` loads no asyncio
+
         await asyncio.sleep(max(0.0, seconds))
 
     def call_with_timeout(self, timeout: float, fn: Callable[[], T]) -> T:
@@ -129,6 +130,8 @@ class SystemClock:
         return worker.result  # type: ignore[return-value]
 
     async def acall_with_timeout(self, timeout: float, fn: Callable[[], Awaitable[T]]) -> T:
+        import asyncio
+
         try:
             async with asyncio.timeout(max(0.0, timeout)):
                 return await fn()
@@ -200,6 +203,8 @@ class VirtualClock:
 
     async def asleep(self, seconds: float) -> None:
         self._sleep(seconds)
+        import asyncio
+
         await asyncio.sleep(0)
 
     def call_with_timeout(self, timeout: float, fn: Callable[[], T]) -> T:

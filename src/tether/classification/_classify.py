@@ -22,7 +22,6 @@ Decisions that are not obvious:
 
 from __future__ import annotations
 
-import email.utils
 import enum
 import errno
 import re
@@ -291,6 +290,8 @@ def retry_after_from_headers(
         value = _parse_seconds(ra)
         if value is not None:
             return value
+        import email.utils  # imported when first used: `import tether` loads no e-mail parser
+
         try:
             when = email.utils.parsedate_to_datetime(ra) if len(ra) <= 64 else None
             if when is not None and when.tzinfo is not None:

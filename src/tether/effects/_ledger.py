@@ -43,7 +43,6 @@ decision above lives in :class:`Ledger`.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import contextvars
 import hashlib
@@ -422,6 +421,8 @@ class Ledger:
         """
         if getattr(self.backend, "in_memory", False):
             return fn(*args)
+        import asyncio  # imported when first used: `import tether` loads no asyncio
+
         step = _Step(fn, args)
         try:
             return await asyncio.to_thread(step)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +80,8 @@ def webhook(url: str, *, timeout: float = 10.0, headers: dict[str, str] | None =
         raise ValueError(f"url must be http:// or https://, got {url!r}")
 
     def send(record: HandoffRecord) -> None:
+        import urllib.request  # imported when first used: `import tether` loads no HTTP client
+
         body = json.dumps(record.to_doc(), default=str).encode()
         req = urllib.request.Request(url, data=body, method="POST",
                                      headers={"content-type": "application/json", **(headers or {})})  # fmt: skip

@@ -109,6 +109,35 @@ def _match(table: dict[str, Price], model: str) -> Price | None:
     return best[1] if best else None
 
 
+#: the genai-prices price keys a flat (untiered, unconditional) model price may hold: a
+#: price per million tokens of each kind and one per thousand requests
+_FLAT_KEYS = frozenset(
+    {"input_mtok", "output_mtok", "cache_write_mtok", "cache_read_mtok", "requests_kusd"}
+)
+
+
+class _Flat:
+    """A genai-prices price that is linear in the tokens, read once: USD per call and per
+    token of each kind, found by asking genai-prices itself (so its rules hold: cached
+    tokens priced as input when the model has no cache price, a per-request fee)."""
+
+    __slots__ = ("base", "per_token")
+
+    def __init__(self, base: float, per_token: tuple[float, float, float, float]) -> None:
+        self.base = base
+        self.per_token = per_token
+
+    def cost(self, inp: int, out: int, cw: int, cr: int) -> float:
+        a, b, c, d = self.per_token
+        return self.base + inp * a + out * b + cw * c + cr * d
+
+
+#: a cached lookup: your own price, a flat genai-prices price, the genai-prices model
+#: (tiered or date/time-dependent prices are computed by genai-prices on every call), or
+#: no price at all
+_Found = Price | _Flat | tuple[Any, Any] | None
+
+
 class PriceTable:
     """Prices by model name; see the module docstring for the order of the sources.
 
@@ -116,6 +145,10 @@ class PriceTable:
     counted, cost not, one warning per model), ``"error"`` (raise
     :class:`UnknownModelError`) or ``"zero"`` (count it as free). ``source`` is
     ``"auto"`` (genai-prices when installed) or ``"tether"`` (the shipped table only).
+
+    A model's price is looked up once per model and provider, then kept (genai-prices is
+    imported on the first lookup, not when the table is made); a new genai-prices data
+    snapshot (its auto-update) starts the cache afresh.
     """
 
     def __init__(
@@ -136,8 +169,16 @@ class PriceTable:
                 raise TypeError(f"prices[{name!r}] must be a tether.Price, got {price!r}")
         self.prices = dict(prices or {})
         self.unknown = unknown
-        self._genai = _genai_prices() if source == "auto" else None
-        self.source = "genai-prices" if self._genai is not None else "tether"
+        if source == "auto":
+            import importlib.util
+
+            found = importlib.util.find_spec("genai_prices") is not None
+        else:
+            found = False
+        self.source = "genai-prices" if found else "tether"
+        self._genai: Any = None  # the module, imported on the first lookup
+        self._cache: dict[tuple[str, str | None], _Found] = {}
+        self._snapshot: Any = None
 
     def __repr__(self) -> str:
         return f"PriceTable({len(self.prices)} own prices, source={self.source!r}, unknown={self.unknown!r})"
@@ -146,49 +187,95 @@ class PriceTable:
         """The table price of ``model`` (yours, then the shipped table), or None."""
         return _match(self.prices, model) or _match(PRICES, model)
 
-    def _genai_cost(
-        self, model: str, provider: str | None, usage: tuple[int, int, int, int]
-    ) -> float | None:
-        if self._genai is None:
-            return None
-        inp, out, cw, cr = usage
-        try:  # genai-prices counts cached tokens inside input_tokens
-            calc = self._genai.calc_price(
-                self._genai.Usage(input_tokens=inp + cw + cr, output_tokens=out,
-                                  cache_write_tokens=cw, cache_read_tokens=cr),
-                model_ref=model, provider_id=provider,
-            )  # fmt: skip
+    def _lookup(self, model: str, provider: str | None) -> _Found:
+        """The price of ``model`` at ``provider``, from the cache or found once."""
+        if self.source == "genai-prices":
+            if self._genai is None:
+                self._genai = _genai_prices()
+            snapshot = self._genai.data_snapshot.get_snapshot()
+            if snapshot is not self._snapshot:  # genai-prices' data changed: look again
+                self._cache.clear()
+                self._snapshot = snapshot
+        key = (model, provider)
+        try:
+            return self._cache[key]
+        except KeyError:
+            pass
+        found: _Found = _match(self.prices, model)
+        if found is None:
+            found = self._genai_find(model, provider) if self.source == "genai-prices" else None
+        if found is None and self.source != "genai-prices":
+            found = _match(PRICES, model)
+        if len(self._cache) < 4096:  # model names come from responses: keep the cache bounded
+            self._cache[key] = found
+        return found
+
+    def _genai_find(self, model: str, provider: str | None) -> _Found:
+        genai = self._genai
+        try:
+            provider_info, info = self._snapshot.find_provider_model(model, None, provider, None)
         except LookupError:
-            if provider is None:
-                return None
-            return self._genai_cost(model, None, usage)
+            return None if provider is None else self._genai_find(model, None)
         except Exception as exc:  # its data or code failing never breaks a run
             _log.warning("tether: genai-prices could not price %r: %s", model, exc)
             return None
+        prices = info.prices
+        flat = (
+            isinstance(prices, genai.types.ModelPrice)
+            and not info.price_variants
+            and not (provider_info.id == "groq" and info.id.startswith("whisper"))
+            and all(
+                k in _FLAT_KEYS and not isinstance(v, genai.types.TieredPrices)
+                for k, v in vars(prices).items()
+                if v is not None
+            )
+        )
+        if not flat:
+            return (provider_info, info)
+        try:
+            base = self._genai_calc((provider_info, info), (0, 0, 0, 0))
+            unit = tuple(
+                (self._genai_calc((provider_info, info), usage) - base) / 1_000_000
+                for usage in (
+                    (10**6, 0, 0, 0),
+                    (0, 10**6, 0, 0),
+                    (0, 0, 10**6, 0),
+                    (0, 0, 0, 10**6),
+                )
+            )
+        except Exception:  # not linear after all: genai-prices prices every call
+            return (provider_info, info)
+        return _Flat(base, unit)  # type: ignore[arg-type]
+
+    def _genai_calc(self, found: tuple[Any, Any], usage: tuple[int, int, int, int]) -> float:
+        provider_info, info = found
+        inp, out, cw, cr = usage
+        genai = self._genai
+        calc = info.calc_price(  # genai-prices counts cached tokens inside input_tokens
+            genai.Usage(input_tokens=inp + cw + cr, output_tokens=out,
+                        cache_write_tokens=cw, cache_read_tokens=cr),
+            provider_info,
+        )  # fmt: skip
         return float(calc.total_price)
 
     def knows(self, model: str, provider: str | None = None) -> bool:
         """True when ``model`` has a price (``unknown="zero"`` does not count as one)."""
-        if _match(self.prices, model) is not None:
-            return True
-        if self._genai is not None:
-            return self._genai_cost(model, provider, (1, 1, 0, 0)) is not None
-        return _match(PRICES, model) is not None
+        return self._lookup(model, provider) is not None
 
     def cost(self, model: str, input_tokens: int, output_tokens: int, cache_write: int = 0,
              cache_read: int = 0, *, provider: str | None = None) -> float | None:  # fmt: skip
         """The cost in USD, or None when it is unknown (``unknown="unknown"``)."""
-        own = _match(self.prices, model)
-        if own is not None:
-            return own.cost(input_tokens, output_tokens, cache_write, cache_read)
-        usage = (input_tokens, output_tokens, cache_write, cache_read)
-        found = self._genai_cost(model, provider, usage)
+        found = self._lookup(model, provider)
         if found is not None:
-            return found
-        if self._genai is None:
-            shipped = _match(PRICES, model)
-            if shipped is not None:
-                return shipped.cost(*usage)
+            if isinstance(found, tuple):
+                try:
+                    return self._genai_calc(
+                        found, (input_tokens, output_tokens, cache_write, cache_read)
+                    )
+                except Exception as exc:
+                    _log.warning("tether: genai-prices could not price %r: %s", model, exc)
+            else:
+                return found.cost(input_tokens, output_tokens, cache_write, cache_read)
         if self.unknown == "zero":
             return 0.0
         if self.unknown == "error":

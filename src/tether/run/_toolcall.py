@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
 import inspect
@@ -455,6 +454,8 @@ class ToolCalls(RunState):
                 sync = functools.partial(progress.run, sync)
 
             async def attempt() -> Any:
+                import asyncio  # imported when first used: `import tether` loads no asyncio
+
                 return await asyncio.to_thread(sync)
 
         with telemetry.span(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -85,6 +84,8 @@ class SqliteDocuments:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
+        import sqlite3  # imported when first used: `import tether` loads no sqlite3
+
         try:
             self._db = sqlite3.connect(
                 path, timeout=30.0, isolation_level=None, check_same_thread=False

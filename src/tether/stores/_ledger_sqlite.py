@@ -7,7 +7,6 @@ PostgreSQL.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,6 +47,8 @@ class SqliteLedgerBackend:
     def __init__(self, path: str, *, timeout: float = 30.0) -> None:
         self.path = path
         self._lock = threading.Lock()
+        import sqlite3  # imported when first used: `import tether` loads no sqlite3
+
         try:
             self._db = sqlite3.connect(
                 path, timeout=timeout, isolation_level=None, check_same_thread=False

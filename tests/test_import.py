@@ -1,0 +1,57 @@
+"""What ``import tether`` costs: no HTTP, e-mail, SSL, sqlite3 or asyncio machinery until used."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import tether
+
+#: stdlib machinery the core needs only when a feature is used (a webhook, an async run,
+#: a SQLite ledger, a Retry-After date): its top-level package names
+HEAVY = ["asyncio", "http", "email", "ssl", "_ssl", "urllib", "sqlite3", "_sqlite3", "socket",
+         "concurrent", "selectors", "subprocess", "tempfile"]  # fmt: skip
+
+
+def loaded_after(code: str) -> list[str]:
+    """The heavy modules in ``sys.modules`` after running ``code`` in a fresh interpreter."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return [m for m in json.loads(out.stdout) if m.split(".")[0] in HEAVY]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import tether",
+        "import tether\n@tether.retry\ndef f(): return 1\nf()",
+        # a whole guarded run on the defaults, sync: still none of them
+        "import tether\nrun = tether.Guard().start()\nrun.proceed()\n"
+        "run.call_tool('lookup', lambda q: q, {'q': 1})\nrun.succeed('done')",
+        "import tether\ntether.Ledger.memory().once('k', lambda: 1)",
+    ],
+)
+def test_the_core_loads_no_network_or_async_machinery(code: str) -> None:
+    """``import tether``, a retry, a guarded run and a memory ledger load none of HEAVY."""
+    assert loaded_after(code) == []
+
+
+def test_the_machinery_loads_when_used() -> None:
+    """The probe can fail: an async run loads asyncio, a SQLite ledger sqlite3."""
+    assert "asyncio" in loaded_after(
+        "import asyncio, tether\nasyncio.run(tether.RetryPolicy().acall(asyncio.sleep, 0))"
+    )
+    assert "sqlite3" in loaded_after("import tether\ntether.Ledger.sqlite(':memory:')")
+
+
+def test_every_public_name_resolves_lazily() -> None:
+    """Each name of ``__all__`` is bound at import or imported on first use, in a fresh process."""
+    code = "import tether\nprint([n for n in tether.__all__ if getattr(tether, n, None) is None])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert sorted(dir(tether)) == sorted(set(dir(tether)) | set(tether.__all__))
+    with pytest.raises(AttributeError, match="no attribute 'Gaurd'"):
+        tether.Gaurd  # noqa: B018
