@@ -157,18 +157,42 @@ def test_version_command() -> None:
 
 
 def test_overhead_suite_reports_every_case() -> None:
-    """The overhead suite measures every case through the real objects (figures vary; the shape does not)."""
+    """The overhead suite measures every row of the success-path table against its peer, in the same run."""
     from tether.bench._overhead import run_overhead
 
     seen: list[str] = []
     out = run_overhead(quick=True, progress=lambda message, total: seen.append(message))
-    assert set(out) == {"retry_success_path", "guarded_step_1kb", "intent_key_1kb", "intent_key_1mb",
-                        "breaker_success_path", "ledger_once_success_path"}  # fmt: skip
-    assert len(seen) == 5 and all(m.startswith("overhead: ") for m in seen)
-    assert {"bare", "tether", "tenacity", "stamina"} <= set(out["retry_success_path"])
+    rows = {
+        "guarded_run_20_steps": "tenacity_loop",
+        "guarded_run_500_steps": "tenacity_loop",
+        "end_of_20_call_run": "steps",
+        "call_tool_1kb": "floor",
+        "retry_3_failures_then_success": "tenacity",
+        "retry_3_failures_no_opentelemetry": "tenacity",
+        "retry_success_path": "tenacity",
+        "ledger_memory_new_key": "dict",
+        "ledger_sqlite_new_key": "insert_update",
+        "ledger_redis_new_key": "set_nx_set",
+        "ledger_postgres_new_key": "two_statements",
+        "record_model_call_prices_extra": "own_table",
+        "import_tether": "tenacity",
+    }
+    assert set(out) == set(rows) | {"breaker_success_path"}
+    assert len(seen) == 6 and all(m.startswith("overhead: ") for m in seen)
+    for case, peer in rows.items():
+        ours = out[case]["tether"]
+        assert ours["vs"] == peer and peer in out[case], case
+        assert ours["ratio_min"] <= ours["ratio"] <= ours["ratio_max"], case
+    assert {"bare", "tether", "tenacity"} <= set(out["retry_success_path"])
     assert out["breaker_success_path"]["redis"]["round_trips_per_call"] == 0
     assert out["breaker_success_path"]["redis_exact"]["round_trips_per_call"] == 1
-    assert out["ledger_once_success_path"]["postgres"]["round_trips_per_call"] == 2
+    assert out["ledger_postgres_new_key"]["two_statements"]["round_trips_per_call"] == 2
+    assert out["ledger_redis_new_key"]["tether"]["round_trips_per_call"] == 2
+    assert (
+        out["import_tether"]["tether"]["modules"]
+        < out["import_tether"]["tether_first_guard"]["modules"]
+    )
+    assert out["call_tool_1kb"]["tether"]["json_encodings_per_call"] >= 1
 
 
 def test_soak_suite_bounds_the_run_state() -> None:

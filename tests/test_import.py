@@ -12,8 +12,21 @@ import tether
 
 #: stdlib machinery the core needs only when a feature is used (a webhook, an async run,
 #: a SQLite ledger, a Retry-After date): its top-level package names
-HEAVY = ["asyncio", "http", "email", "ssl", "_ssl", "urllib", "sqlite3", "_sqlite3", "socket",
-         "concurrent", "selectors", "subprocess", "tempfile"]  # fmt: skip
+HEAVY = [
+    "asyncio",
+    "http",
+    "email",
+    "ssl",
+    "_ssl",
+    "urllib",
+    "sqlite3",
+    "_sqlite3",
+    "socket",
+    "concurrent",
+    "selectors",
+    "subprocess",
+    "tempfile",
+]
 
 
 def loaded_after(code: str) -> list[str]:

@@ -67,8 +67,16 @@ def _deep_size(obj: Any, seen: set[int] | None = None) -> int:
     return size
 
 
-RUN_STATE = ("partial", "transcript", "_effects", "_results", "_loops", "_failures", "_tool_counts",
-             "_journal")  # fmt: skip
+RUN_STATE = (
+    "partial",
+    "transcript",
+    "_effects",
+    "_results",
+    "_loops",
+    "_failures",
+    "_tool_counts",
+    "_journal",
+)
 
 
 def _long_run(steps: int, keep: int | None) -> dict[str, Any]:
@@ -106,8 +114,10 @@ def _breakers(number: int) -> dict[str, dict[str, Any]]:
 
     out: dict[str, dict[str, Any]] = {}
     breaker = tether.CircuitBreaker("bench", store=MemoryStore())
-    out["memory"] = {"ns_per_call": round(_ns_per_call(lambda: breaker.call(target), number=number), 1),
-                     "round_trips_per_call": 0}  # fmt: skip
+    out["memory"] = {
+        "ns_per_call": round(_ns_per_call(lambda: breaker.call(target), number=number), 1),
+        "round_trips_per_call": 0,
+    }
     url = os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
     for label, ttl in (("redis", 1.0), ("redis_exact", 0.0)):
         try:
@@ -130,149 +140,642 @@ def _breakers(number: int) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _ledgers() -> dict[str, dict[str, Any]]:
-    """Ledger.once on the success path (a new key each call), per backend."""
-    import os
-    import tempfile
-    import uuid
+def _interleaved(
+    impls: dict[str, Callable[[], Any]], *, number: int, reps: int
+) -> dict[str, list[float]]:
+    """ns per call of each implementation in each of ``reps`` rounds, ``number`` calls each.
 
-    out: dict[str, dict[str, Any]] = {}
-    tmp = tempfile.mkdtemp(prefix="tether-bench-")
-    makers: dict[str, Callable[[], tether.Ledger]] = {
-        "memory": lambda: tether.Ledger.memory(),
-        "sqlite": lambda: tether.Ledger.sqlite(os.path.join(tmp, "ledger.db")),
-        "redis": lambda: tether.Ledger.redis(os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                                             prefix=f"tether-bench-{uuid.uuid4().hex[:6]}"),
-        "postgres": lambda: tether.Ledger.postgres(
-            os.environ.get("TETHER_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test"),
-            table=f"tether_bench_{uuid.uuid4().hex[:6]}"),
-    }  # fmt: skip
-    for name, make in makers.items():
-        try:
-            ledger = make()
-        except Exception as exc:
-            out[name] = {
-                "note": f"skipped: {type(exc).__name__} (set TETHER_REDIS_URL / TETHER_PG_DSN)"
-            }
-            continue
-        counter = [0]
+    The implementations take turns inside every round (the order rotates from round to
+    round), so a noisy neighbour slows both sides of a round and hardly moves their ratio.
+    """
+    names = list(impls)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for rep in range(reps):
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for name in order:
+            fn = impls[name]
+            start = time.perf_counter_ns()
+            for _ in range(number):
+                fn()
+            times[name].append((time.perf_counter_ns() - start) / number)
+    return times
 
-        def once(ledger: tether.Ledger = ledger, counter: list[int] = counter) -> None:
-            counter[0] += 1
-            ledger.once(f"bench-{counter[0]}", lambda: {"ok": True})
 
-        backend: Any = ledger.backend
-        once()
-        before = getattr(backend, "round_trips", 0)
-        calls = 300
-        ns = _ns_per_call(once, number=calls // 3, repeat=3)
-        trips = (getattr(backend, "round_trips", 0) - before) / calls
-        out[name] = {"ns_per_call": round(ns, 1), "round_trips_per_call": round(trips, 2)}
-        if hasattr(backend, "table"):
-            table = backend.table
-            backend._exec(lambda c, table=table: c.execute(f"DROP TABLE IF EXISTS {table}"))
-        if hasattr(backend, "prefix"):
-            for k in backend.client.scan_iter(match=f"{backend.prefix}:*"):
-                backend.client.delete(k)
-        ledger.close()
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _ratios(ours: list[float], theirs: list[float]) -> dict[str, float]:
+    """The median ratio of the rounds, with its min and max."""
+    r = [a / b for a, b in zip(ours, theirs, strict=True) if b > 0]
+    return {
+        "ratio": round(_median(r), 3),
+        "ratio_min": round(min(r), 3),
+        "ratio_max": round(max(r), 3),
+    }
+
+
+def _row(
+    times: dict[str, list[float]],
+    *,
+    ours: str = "tether",
+    peer: str,
+    goal: float | None,
+    per: int = 1,
+    unit: str = "call",
+) -> dict[str, dict[str, Any]]:
+    """A row of the table: every implementation's median time, and ours against ``peer``."""
+    out: dict[str, dict[str, Any]] = {
+        name: {"ns_per_call": round(_median(t) / per, 1), "per": unit} for name, t in times.items()
+    }
+    out[ours].update(_ratios(times[ours], times[peer]), vs=peer)
+    if goal is not None:
+        out[ours]["goal"] = goal
+        out[ours]["holds"] = out[ours]["ratio"] <= goal
     return out
 
 
-def _paired(
-    floor: Callable[[], Any], impl: Callable[[], Any], *, number: int, repeat: int = 15
-) -> dict[str, Any]:
-    """Floor and implementation timed back to back in ``repeat`` rounds.
-
-    The ratio is the median of the per-round ratios: both sides of a round see the same
-    machine, so a noisy neighbour moves the times but hardly the ratio. The times shown
-    are the best round of each.
-    """
-    rounds = []
-    for _ in range(repeat):
-        f = _ns_per_call(floor, number=number, repeat=1)
-        i = _ns_per_call(impl, number=number, repeat=1)
-        rounds.append((f, i))
-    ratios = sorted(i / f for f, i in rounds)
-    best_f = min(f for f, _ in rounds)
-    best_i = min(i for _, i in rounds)
-    return {"floor": {"ns_per_call": round(best_f, 1)},
-            "tether": {"ns_per_call": round(best_i, 1), "ratio": round(ratios[len(ratios) // 2], 2)}}  # fmt: skip
+# --- guarded runs against the loop users write today --------------------------------------
 
 
-def _hash_floor(args: Any) -> Callable[[], str]:
-    """json.dumps(sort_keys=True) + SHA-256 of the same arguments: the floor."""
-    return lambda: hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()
+def _tool(**kwargs: Any) -> dict[str, Any]:
+    return {"ok": True, "n": kwargs.get("n")}
 
 
-def run_overhead(
-    quick: bool = False, progress: Progress | None = None
-) -> dict[str, dict[str, dict[str, float]]]:
-    """ns per call of each case; ratios against the floor of each case."""
-    number = 5_000 if quick else 20_000
-    note = progress or _silent
-    total = 5
-    logging.getLogger("tether").setLevel(logging.ERROR)
+def _tenacity_loop(args: dict[str, Any], steps: int) -> Callable[[], Any]:
+    """The loop users write today: tenacity around each tool call, a step counter, and a
+    repeat check on json.dumps(sort_keys=True) + SHA-256 of the call."""
+    import tenacity
+
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_exponential_jitter(), reraise=True
+    )
+
+    def run() -> list[Any]:
+        seen: dict[str, int] = {}
+        results = []
+        for step, i in enumerate(range(steps), 1):
+            if step > steps + 1:  # the step budget
+                raise RuntimeError("step budget")
+            call = {**args, "n": i}
+            digest = hashlib.sha256(
+                json.dumps({"tool": "lookup", "args": call}, sort_keys=True).encode()
+            ).hexdigest()
+            seen[digest] = seen.get(digest, 0) + 1
+            if seen[digest] > 2:
+                raise RuntimeError("repeated call")
+            results.append(retrying(_tool, **call))
+        return results
+
+    return run
+
+
+def _tether_run(
+    args: dict[str, Any], steps: int, phases: list[list[float]] | None = None
+) -> Callable[[], Any]:
+    """One guarded run on the defaults, start to end: ``steps`` times proceed + call_tool."""
+    guard = tether.Guard(budget=tether.Budget(max_steps=steps + 1))
+
+    def run() -> Any:
+        t0 = time.perf_counter_ns()
+        with guard.start(task="bench") as r:
+            t1 = time.perf_counter_ns()
+            for i in range(steps):
+                r.proceed()
+                r.call_tool("lookup", _tool, {**args, "n": i})
+            t2 = time.perf_counter_ns()
+            r.succeed("done")
+        t3 = time.perf_counter_ns()
+        if phases is not None:
+            phases.append([t1 - t0, t2 - t1, t3 - t2])
+        return r.outcome
+
+    return run
+
+
+def _encodings_per_call(args: dict[str, Any]) -> dict[str, float]:
+    """JSON encodings and SHA-256 digests made by one ``call_tool`` (profiled, not timed)."""
+    guard = tether.Guard(budget=tether.Budget(max_steps=10**6))
+    counts = {"json": 0, "sha256": 0}
+    calls = 20
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            if code.co_name == "encode" and code.co_filename.endswith(
+                ("json/encoder.py", "json\\encoder.py")
+            ):
+                counts["json"] += 1
+        elif event == "c_call" and getattr(arg, "__name__", "") in ("openssl_sha256", "sha256"):
+            counts["sha256"] += 1
+
+    with guard.start(task="bench") as run:
+        run.proceed()
+        run.call_tool("lookup", _tool, {**args, "n": -1})
+        sys.setprofile(profile)
+        try:
+            for i in range(calls):
+                run.proceed()
+                run.call_tool("lookup", _tool, {**args, "n": i})
+        finally:
+            sys.setprofile(None)
+        run.succeed("done")
+    return {
+        "json_encodings_per_call": counts["json"] / calls,
+        "sha256_per_call": counts["sha256"] / calls,
+    }
+
+
+def _guarded(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
+    args = _args_of_size(1024)
+    reps = 3 if quick else 7
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    phases: list[list[float]] = []
+    times = _interleaved(
+        {"tether": _tether_run(args, 20, phases), "tenacity_loop": _tenacity_loop(args, 20)},
+        number=3 if quick else 12,
+        reps=reps,
+    )
+    out["guarded_run_20_steps"] = _row(times, peer="tenacity_loop", goal=3.0, per=20, unit="step")
+    ends = [p[2] / p[1] for p in phases]
+    start = _median([p[0] for p in phases])
+    steps_ns = _median([p[1] for p in phases])
+    end_ns = _median([p[2] for p in phases])
+    out["end_of_20_call_run"] = {
+        "steps": {"ns_per_call": round(steps_ns, 1), "per": "20 steps"},
+        "tether": {
+            "ns_per_call": round(end_ns, 1),
+            "per": "end (succeed + leaving with)",
+            "ratio": round(_median(ends), 3),
+            "ratio_min": round(min(ends), 3),
+            "ratio_max": round(max(ends), 3),
+            "vs": "steps",
+            "goal": 0.3,
+            "holds": _median(ends) <= 0.3,
+            "start_ns": round(start, 1),
+        },
+    }
+    steps = 500 if quick else 2000
+    times = _interleaved(
+        {"tether": _tether_run(args, steps), "tenacity_loop": _tenacity_loop(args, steps)},
+        number=1,
+        reps=reps,
+    )
+    out[f"guarded_run_{steps}_steps"] = _row(
+        times, peer="tenacity_loop", goal=2.0, per=steps, unit="step"
+    )
+
+    # call_tool alone, in a long open run, against json.dumps + SHA-256 of the same call
+    guard = tether.Guard(budget=tether.Budget(max_steps=10**7))
+    run = guard.start(task="bench")
+    counter = [0]
+
+    def call_tool() -> None:
+        counter[0] += 1
+        run.call_tool("lookup", _tool, {**args, "n": counter[0]})
+
+    floor_counter = [0]
+
+    def floor() -> None:
+        floor_counter[0] += 1
+        call = {**args, "n": floor_counter[0]}
+        hashlib.sha256(
+            json.dumps({"tool": "lookup", "args": call}, sort_keys=True).encode()
+        ).hexdigest()
+        _tool(**call)
+
+    times = _interleaved(
+        {"tether": call_tool, "floor": floor}, number=50 if quick else 200, reps=reps
+    )
+    out["call_tool_1kb"] = _row(times, peer="floor", goal=None)
+    out["call_tool_1kb"]["tether"].update(_encodings_per_call(args))
+    return out
+
+
+# --- retries ----------------------------------------------------------------------------------
+
+
+def _retry_rows(quick: bool, with_success: bool = True) -> dict[str, dict[str, dict[str, Any]]]:
+    """RetryPolicy against tenacity: 3 failures then success (no sleeping), and the success
+    path (over a bare call)."""
+    import tenacity
+
+    reps = 3 if quick else 7
+    state = [0]
+
+    def flaky() -> int:
+        state[0] += 1
+        if state[0] % 4:
+            raise tether.TransientError("try again")
+        return 1
+
+    policy = tether.RetryPolicy(max_attempts=4, clock=tether.VirtualClock())
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(4),
+        wait=tenacity.wait_exponential_jitter(),
+        sleep=lambda s: None,
+        reraise=True,
+    )
+
+    def ours() -> None:
+        state[0] = 0
+        policy.call(flaky)
+
+    def theirs() -> None:
+        state[0] = 0
+        retrying(flaky)
+
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    times = _interleaved(
+        {"tether": ours, "tenacity": theirs}, number=200 if quick else 500, reps=reps
+    )
+    out["retry_3_failures_then_success"] = _row(times, peer="tenacity", goal=1.0)
+    if not with_success:
+        return out
 
     def target() -> int:
         return 1
 
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    bare = _ns_per_call(target, number=number)
-    policy = tether.RetryPolicy()
-    impls: dict[str, float] = {
-        "bare": bare,
-        "tether": _ns_per_call(lambda: policy.call(target), number=number),
-    }
-    try:
-        import tenacity
-
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_exponential_jitter()
-        )
-        impls["tenacity"] = _ns_per_call(lambda: retrying(target), number=number // 5)
-    except ImportError:  # pragma: no cover - the bench extra brings it
-        pass
-    try:
-        import stamina
-
-        wrapped = stamina.retry(on=Exception, attempts=3)(target)
-        impls["stamina"] = _ns_per_call(wrapped, number=number // 5)
-    except ImportError:  # pragma: no cover
-        pass
-    out["retry_success_path"] = {k: {"ns_per_call": round(v, 1)} for k, v in impls.items()}
-    for k, v in impls.items():
-        if k != "bare":
-            out["retry_success_path"][k]["overhead_ns"] = round(v - bare, 1)
-    note("overhead: retry success path", total)
-
-    # one guarded step: proceed + call_tool with 1 KB of arguments
-    args_1k = _args_of_size(1024)
-    loops = LoopPolicy(max_no_progress=None, max_repeats=2**30, window=2**30)
-    guard = tether.Guard(budget=tether.Budget(), loops=loops)
-    runs = [guard.start()]
-    counter = [0]
-
-    def step() -> None:
-        counter[0] += 1
-        if counter[0] % 50 == 0:  # runs are short: a fresh one every 50 steps
-            runs[0] = guard.start()
-        run = runs[0]
-        run.proceed()
-        run.call_tool("lookup", lambda **kw: counter[0], {**args_1k, "n": counter[0]})
-
-    out["guarded_step_1kb"] = _paired(_hash_floor(args_1k), step, number=200)
-    note("overhead: one guarded step", total)
-    out["intent_key_1kb"] = _paired(
-        _hash_floor(args_1k), lambda: tether.intent_key("refund", args_1k), number=200
+    success = tether.RetryPolicy()
+    plain = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_exponential_jitter()
     )
-    args_1m = _args_of_size(1024 * 1024)
-    out["intent_key_1mb"] = _paired(_hash_floor(args_1m), lambda: tether.intent_key("refund", args_1m),
-                                    number=2, repeat=5)  # fmt: skip
-    note("overhead: intent_key", total)
-    out["breaker_success_path"] = _breakers(number)
+    times = _interleaved(
+        {"bare": target, "tether": lambda: success.call(target), "tenacity": lambda: plain(target)},
+        number=2000 if quick else 10000,
+        reps=reps,
+    )
+    bare = times["bare"]
+    over = {
+        k: [t - b for t, b in zip(v, bare, strict=True)] for k, v in times.items() if k != "bare"
+    }
+    row = _row({"bare": bare, **over}, peer="tenacity", goal=0.05)
+    for k in over:
+        row[k]["overhead_over_bare"] = True
+    out["retry_success_path"] = row
+    return out
+
+
+def _retry_without_otel(quick: bool) -> dict[str, dict[str, Any]]:
+    """The 3-failures row in a fresh interpreter where opentelemetry cannot be imported."""
+    import subprocess
+
+    code = (
+        "import sys, json; sys.modules['opentelemetry'] = None\n"
+        "from tether.bench._overhead import _retry_rows\n"
+        f"print(json.dumps(_retry_rows({quick}, False)['retry_3_failures_then_success']))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if out.returncode:
+        return {"tether": {"note": f"skipped: {out.stderr.strip().splitlines()[-1:]}"}}
+    row: dict[str, dict[str, Any]] = json.loads(out.stdout)
+    return row
+
+
+# --- ledgers: a new key each call, against the statements they stand for ----------------------
+
+
+def _pg_floor(dsn: str, table: str) -> dict[str, Callable[[], Any]]:
+    """INSERT … ON CONFLICT alone, and the two-statement floor (claim, then record the result),
+    on one psycopg connection in autocommit, as the ledger's pool connections are."""
+    import psycopg
+
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {table} (key TEXT PRIMARY KEY, state TEXT NOT NULL, result TEXT)"
+    )
+    n = [0]
+
+    def insert() -> None:
+        n[0] += 1
+        conn.execute(
+            f"INSERT INTO {table} (key, state) VALUES (%s, 'pending') ON CONFLICT (key) DO NOTHING "
+            "RETURNING key",
+            (f"i-{n[0]}",),
+        ).fetchone()
+
+    def two() -> None:
+        n[0] += 1
+        key = f"t-{n[0]}"
+        conn.execute(
+            f"INSERT INTO {table} (key, state) VALUES (%s, 'pending') ON CONFLICT (key) DO NOTHING "
+            "RETURNING key",
+            (key,),
+        ).fetchone()
+        conn.execute(
+            f"UPDATE {table} SET state = 'done', result = %s WHERE key = %s AND state = 'pending' "
+            "RETURNING key",
+            ('{"ok": true}', key),
+        ).fetchone()
+
+    def close() -> None:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.close()
+
+    return {"insert_on_conflict": insert, "two_statements": two, "close": close}
+
+
+def _sqlite_floor(path: str) -> dict[str, Callable[[], Any]]:
+    import sqlite3
+
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS floor (key TEXT PRIMARY KEY, state TEXT NOT NULL, result TEXT)"
+    )
+    n = [0]
+
+    def two() -> None:
+        n[0] += 1
+        key = f"k-{n[0]}"
+        db.execute(
+            "INSERT INTO floor (key, state) VALUES (?, 'pending') ON CONFLICT (key) DO NOTHING",
+            (key,),
+        )
+        db.execute(
+            "UPDATE floor SET state = 'done', result = ? WHERE key = ?", ('{"ok": true}', key)
+        )
+
+    return {"insert_update": two, "close": db.close}
+
+
+def _redis_floor(url: str, prefix: str) -> dict[str, Callable[[], Any]]:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    n = [0]
+
+    def two() -> None:
+        n[0] += 1
+        key = f"{prefix}:floor:{n[0]}"
+        client.set(key, '{"state": "pending"}', nx=True, px=86_400_000)
+        client.set(key, '{"state": "done", "result": {"ok": true}}', px=86_400_000)
+
+    def close() -> None:
+        for k in client.scan_iter(match=f"{prefix}:*"):
+            client.delete(k)
+        client.close()
+
+    return {"set_nx_set": two, "close": close}
+
+
+def _once_of(ledger: tether.Ledger, tag: str) -> Callable[[], Any]:
+    n = [0]
+
+    def once() -> Any:
+        n[0] += 1
+        return ledger.once(f"{tag}-{n[0]}", _ok)
+
+    return once
+
+
+def _ok() -> dict[str, bool]:
+    return {"ok": True}
+
+
+def _round_trips(
+    make: Callable[[str], tether.Ledger], url: str, tag: str, calls: int = 20
+) -> float:
+    """Round trips per new-key once(), counted on the wire by a relay (untimed)."""
+    from tether.bench._wire import Relay
+
+    with Relay.to(url) as relay:
+        ledger = make(relay.url(url))
+        try:
+            once = _once_of(ledger, tag)
+            once()
+            before = relay.round_trips
+            for _ in range(calls):
+                once()
+            return (relay.round_trips - before) / calls
+        finally:
+            _drop(ledger)
+
+
+def _drop(ledger: tether.Ledger) -> None:
+    backend: Any = ledger.backend
+    try:
+        if hasattr(backend, "table") and hasattr(backend, "_exec"):
+            table = backend.table
+            backend._exec(lambda c, table=table: c.execute(f"DROP TABLE IF EXISTS {table}"))
+        if hasattr(backend, "prefix") and hasattr(backend, "client"):
+            for k in backend.client.scan_iter(match=f"{backend.prefix}:*"):
+                backend.client.delete(k)
+    finally:
+        ledger.close()
+
+
+def _ledgers(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
+    import os
+    import tempfile
+    import uuid
+
+    reps = 3 if quick else 7
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    tag = uuid.uuid4().hex[:8]
+
+    # memory: against a dict
+    memory = tether.Ledger.memory()
+    table: dict[str, Any] = {}
+    n = [0]
+
+    def dict_once() -> None:
+        n[0] += 1
+        key = f"m-{n[0]}"
+        if key not in table:
+            table[key] = "pending"
+            table[key] = _ok()
+
+    times = _interleaved(
+        {"tether": _once_of(memory, "m"), "dict": dict_once},
+        number=300 if quick else 1000,
+        reps=reps,
+    )
+    out["ledger_memory_new_key"] = _row(times, peer="dict", goal=None)
+    out["ledger_memory_new_key"]["tether"]["goal_ns"] = 10_000
+    memory.close()
+
+    # SQLite: the same file settings, INSERT + UPDATE
+    tmp = tempfile.mkdtemp(prefix="tether-bench-")
+    sqlite = tether.Ledger.sqlite(os.path.join(tmp, "ledger.db"))
+    floor = _sqlite_floor(os.path.join(tmp, "floor.db"))
+    times = _interleaved(
+        {"tether": _once_of(sqlite, "s"), "insert_update": floor["insert_update"]},
+        number=60 if quick else 200,
+        reps=reps,
+    )
+    out["ledger_sqlite_new_key"] = _row(times, peer="insert_update", goal=1.5)
+    floor["close"]()
+    sqlite.close()
+
+    # Redis: SET NX + SET on the same server
+    url = os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
+    prefix = f"tether-bench-{tag}"
+    try:
+        redis_ledger = tether.Ledger.redis(url, prefix=prefix, allow_lost_records=True)
+        rfloor = _redis_floor(url, prefix + "-floor")
+    except Exception as exc:
+        out["ledger_redis_new_key"] = {
+            "tether": {"note": f"skipped: {type(exc).__name__} (set TETHER_REDIS_URL)"}
+        }
+    else:
+        times = _interleaved(
+            {"tether": _once_of(redis_ledger, "r"), "set_nx_set": rfloor["set_nx_set"]},
+            number=30 if quick else 60,
+            reps=reps,
+        )
+        out["ledger_redis_new_key"] = _row(times, peer="set_nx_set", goal=1.5)
+        rfloor["close"]()
+        _drop(redis_ledger)
+        out["ledger_redis_new_key"]["tether"]["round_trips_per_call"] = _round_trips(
+            lambda u: tether.Ledger.redis(u, prefix=prefix + "-rt", allow_lost_records=True),
+            url,
+            "r",
+        )
+
+    # PostgreSQL: INSERT … ON CONFLICT, and the two-statement floor, on the same server
+    dsn = os.environ.get("TETHER_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+    try:
+        pg = tether.Ledger.postgres(dsn, table=f"tether_bench_{tag}")
+        pfloor = _pg_floor(dsn, f"tether_bench_floor_{tag}")
+    except Exception as exc:
+        out["ledger_postgres_new_key"] = {
+            "tether": {"note": f"skipped: {type(exc).__name__} (set TETHER_PG_DSN)"}
+        }
+    else:
+        times = _interleaved(
+            {
+                "tether": _once_of(pg, "p"),
+                "two_statements": pfloor["two_statements"],
+                "insert_on_conflict": pfloor["insert_on_conflict"],
+            },
+            number=10 if quick else 25,
+            reps=reps,
+        )
+        out["ledger_postgres_new_key"] = _row(times, peer="two_statements", goal=1.5)
+        out["ledger_postgres_new_key"]["tether"]["vs_insert_on_conflict"] = _ratios(
+            times["tether"], times["insert_on_conflict"]
+        )["ratio"]
+        pfloor["close"]()
+        _drop(pg)
+        out["ledger_postgres_new_key"]["tether"]["round_trips_per_call"] = _round_trips(
+            lambda u: tether.Ledger.postgres(u, table=f"tether_bench_rt_{tag}"), dsn, "p"
+        )
+        out["ledger_postgres_new_key"]["two_statements"]["round_trips_per_call"] = 2
+    return out
+
+
+# --- prices and the import ----------------------------------------------------------------------
+
+
+def _prices(quick: bool) -> dict[str, dict[str, Any]]:
+    """record_model_call priced by genai-prices (the prices extra) against an own table."""
+    model = "claude-sonnet-4-5"
+    kw: dict[str, Any] = {
+        "input_tokens": 1200,
+        "output_tokens": 300,
+        "model": model,
+        "provider": "anthropic",
+    }
+    extra = tether.Guard(prices=tether.PriceTable()).start(task="bench")
+    own = tether.Guard(prices=tether.PriceTable({model: tether.Price(3.0, 15.0)})).start(
+        task="bench"
+    )
+    if extra.guard.prices.source != "genai-prices":
+        return {
+            "tether": {
+                "note": "skipped: genai-prices is not installed (pip install 'tether[prices]')"
+            }
+        }
+    times = _interleaved(
+        {
+            "tether": lambda: extra.record_model_call(**kw),
+            "own_table": lambda: own.record_model_call(**kw),
+        },
+        number=200 if quick else 1000,
+        reps=3 if quick else 7,
+    )
+    row = _row(times, peer="own_table", goal=None)
+    row["tether"]["goal_ns"] = 10_000
+    return row
+
+
+def _import_times(quick: bool) -> dict[str, dict[str, Any]]:
+    """``import tether`` against tenacity and stamina: fresh interpreters, bytecode cached
+    (a private cache folder, written by a first run), interleaved, the median."""
+    import os
+    import subprocess
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="tether-bench-pycache-")
+    probe = (
+        "import sys, time; n = len(sys.modules); t = time.perf_counter(); import {m}; "
+        "print(time.perf_counter() - t, len(sys.modules) - n)"
+    )
+    names = {
+        "tether": "tether",
+        "tenacity": "tenacity",
+        "stamina": "stamina",
+        "tether_first_guard": "tether; tether.Guard().start()",
+    }
+
+    def once(stmt: str) -> tuple[float, int]:
+        out = subprocess.run(
+            [sys.executable, "-c", probe.format(m=stmt)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+        seconds, count = out.stdout.split()
+        return float(seconds) * 1e9, int(count)
+
+    for stmt in names.values():
+        once(stmt)  # writes the bytecode cache
+    times: dict[str, list[float]] = {n: [] for n in names}
+    modules: dict[str, int] = {}
+    for rep in range(5 if quick else 11):
+        order = list(names)[rep % len(names) :] + list(names)[: rep % len(names)]
+        for name in order:
+            ns, count = once(names[name])
+            times[name].append(ns)
+            modules[name] = count
+    row = _row(times, peer="tenacity", goal=1.2, unit="import")
+    for name, count in modules.items():
+        row[name]["modules"] = count
+    row["tether_first_guard"].update(
+        _ratios(times["tether_first_guard"], times["tenacity"]), vs="tenacity"
+    )
+    return row
+
+
+def run_overhead(
+    quick: bool = False, progress: Progress | None = None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every row of the success-path table, each against its peer measured in the same run:
+    implementations interleaved, 7 rounds (3 with ``quick``), the median ratio with its
+    min and max."""
+    note = progress or _silent
+    total = 6
+    logging.getLogger("tether").setLevel(logging.ERROR)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    out.update(_guarded(quick))
+    note("overhead: guarded runs against tenacity + a counter", total)
+    out.update(_retry_rows(quick))
+    out["retry_3_failures_no_opentelemetry"] = _retry_without_otel(quick)
+    note("overhead: retries against tenacity", total)
+    out.update(_ledgers(quick))
+    note("overhead: ledgers against their statements", total)
+    out["record_model_call_prices_extra"] = _prices(quick)
+    note("overhead: prices", total)
+    out["breaker_success_path"] = _breakers(2_000 if quick else 10_000)
     note("overhead: breaker", total)
-    out["ledger_once_success_path"] = _ledgers()
-    note("overhead: ledger", total)
+    out["import_tether"] = _import_times(quick)
+    note("overhead: import time", total)
     return out
 
 
@@ -301,7 +804,12 @@ def run_soak(quick: bool = False, progress: Progress | None = None) -> dict[str,
         state.observe_state(digest, i)
         if i + 1 == 10_000:
             at_10k = _deep_size(state)
-    out["detector_memory"] = {"tether": {"steps": steps, "bytes_after_10k_steps": at_10k,
-                                         "bytes_after_all_steps": _deep_size(state)}}  # fmt: skip
+    out["detector_memory"] = {
+        "tether": {
+            "steps": steps,
+            "bytes_after_10k_steps": at_10k,
+            "bytes_after_all_steps": _deep_size(state),
+        }
+    }
     note("soak: done", 4)
     return out

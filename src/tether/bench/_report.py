@@ -86,31 +86,70 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
         from tether.bench._tau_report import tau_live_tables
 
         tables.update(tau_live_tables(suites["tau-live"]))
-    for suite in ("overhead", "soak"):
-        if suite not in suites:
-            continue
+    if "overhead" in suites:
+        tables["overhead"] = overhead_rows(suites["overhead"])
+    if "soak" in suites:
         head = ["case", "impl", "ns per call", "vs floor / overhead"]
         rows = []
-        for case, impls in suites[suite].items():
+        for case, impls in suites["soak"].items():
             for impl, m in impls.items():
-                if "note" in m:
-                    rows.append([case, impl, "", m["note"]])
-                elif "ns_per_call" in m:
-                    extra = ""
-                    if "ratio" in m:
-                        extra = f"{m['ratio']:.2f}x the floor"
-                    elif "overhead_ns" in m:
-                        extra = f"+{m['overhead_ns']:.0f} ns over a bare call"
-                    elif "round_trips_per_call" in m:
-                        extra = f"{m['round_trips_per_call']:g} round trips per call"
-                    elif "run_state_bytes" in m:
-                        extra = f"{m['run_state_bytes'] / 1e6:.1f} MB of run state after {m['steps']:,} steps"
+                if "ns_per_call" in m:
+                    extra = f"{m['run_state_bytes'] / 1e6:.1f} MB of run state after {m['steps']:,} steps"
                     rows.append([case, impl, f"{m['ns_per_call']:.0f}", extra])
                 else:
                     rows.append([case, impl, "", f"{m['bytes_after_all_steps']} B after {m['steps']} steps "
                                  f"({m['bytes_after_10k_steps']} B after 10k)"])  # fmt: skip
-        tables[suite] = (head, rows)
+        tables["soak"] = (head, rows)
     return tables
+
+
+def _time(ns: float) -> str:
+    if abs(ns) >= 1e6:
+        return f"{ns / 1e6:.2f} ms"
+    if abs(ns) >= 1e3:
+        return f"{ns / 1e3:.1f} µs"
+    return f"{ns:.0f} ns"
+
+
+def overhead_rows(suite: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The overhead suite's table: each row's implementations, ours against its peer."""
+    head = ["case", "impl", "time", "vs peer: median (min-max)", "goal"]
+    rows = []
+    for case, impls in suite.items():
+        for impl, m in impls.items():
+            if "note" in m:
+                rows.append([case, impl, "", m["note"], ""])
+                continue
+            per = m.get("per", "call")
+            over = " over a bare call" if m.get("overhead_over_bare") else ""
+            cell = f"{_time(m['ns_per_call'])} / {per}{over}"
+            extra = []
+            if "modules" in m:
+                extra.append(f"{m['modules']} modules")
+            if "round_trips_per_call" in m:
+                extra.append(f"{m['round_trips_per_call']:g} round trips")
+            if "json_encodings_per_call" in m:
+                extra.append(
+                    f"{m['json_encodings_per_call']:g} JSON encodings, "
+                    f"{m['sha256_per_call']:g} SHA-256 per call"
+                )
+            if "start_ns" in m:
+                extra.append(f"start {_time(m['start_ns'])}")
+            if extra:
+                cell += " (" + ", ".join(extra) + ")"
+            ratio = ""
+            if "ratio" in m:
+                ratio = f"{m['ratio']:.2f}x {m['vs']} ({m['ratio_min']:.2f}-{m['ratio_max']:.2f})"
+                if "vs_insert_on_conflict" in m:
+                    ratio += f"; {m['vs_insert_on_conflict']:.2f}x insert_on_conflict"
+            goal = ""
+            if "goal" in m:
+                goal = f"<= {m['goal']:g}x: {'holds' if m['holds'] else 'does not hold'}"
+            elif "goal_ns" in m:
+                ok = m["ns_per_call"] <= m["goal_ns"]
+                goal = f"<= {_time(m['goal_ns'])}: {'holds' if ok else 'does not hold'}"
+            rows.append([case, impl, cell, ratio, goal])
+    return head, rows
 
 
 def markdown_tables(results: dict[str, Any]) -> str:

@@ -252,10 +252,14 @@ class PriceTable:
         inp, out, cw, cr = usage
         genai = self._genai
         calc = info.calc_price(  # genai-prices counts cached tokens inside input_tokens
-            genai.Usage(input_tokens=inp + cw + cr, output_tokens=out,
-                        cache_write_tokens=cw, cache_read_tokens=cr),
+            genai.Usage(
+                input_tokens=inp + cw + cr,
+                output_tokens=out,
+                cache_write_tokens=cw,
+                cache_read_tokens=cr,
+            ),
             provider_info,
-        )  # fmt: skip
+        )
         return float(calc.total_price)
 
     def knows(self, model: str, provider: str | None = None) -> bool:
