@@ -183,7 +183,7 @@ def breaker_record(
             f["probe_ok"] += 1
             if f["probe_ok"] >= cfg.half_open_max_calls:
                 f["state"], f["failures"], f["window"] = "closed", 0, ""
-                f["inflight"], f["probe_ok"] = 0, 0
+                f["inflight"], f["probe_ok"], f["retry_at"] = 0, 0, 0.0
     elif f["state"] == "closed":
         f["failures"] = f["failures"] + 1 if failed else 0
         trip = f["failures"] >= cfg.failure_threshold

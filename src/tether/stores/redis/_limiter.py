@@ -52,6 +52,7 @@ class Limiters:
         args = [*self._args(now, cfg), pending]
         r = yield ("limiter_acquire", self.conn.key("limiter", name), args)
         if r is None:
+            self._fallback_oks(name, now, pending, cfg)
             return self.conn.fallback.limiter_acquire(name, now, cfg)
         self.rate[name] = float(text(r[2]))
         wait, admitted = float(text(r[0])), bool(int(r[1]))
@@ -60,6 +61,11 @@ class Limiters:
         else:
             self.gate[name] = now + wait
         return wait, admitted
+
+    def _fallback_oks(self, name: str, now: float, count: int, cfg: LimiterConfig) -> None:
+        """The successes held for Redis, told to the fallback instead (Redis is away)."""
+        for _ in range(count):
+            self.conn.fallback.limiter_feedback(name, now, "ok", cfg)
 
     def acquire(self, name: str, now: float, cfg: LimiterConfig) -> tuple[float, bool]:
         return self.conn.drive(self._p_acquire(name, now, cfg))
@@ -90,11 +96,15 @@ class Limiters:
             self.pending_ok[name] = held + 1
             return self.rate.get(name, cfg.initial_rate)
         pending = self.pending_ok.pop(name, 0)
+        sent = outcome
         if outcome == "ok":  # the batch is full: send it, this success with it
-            pending, outcome = pending + 1, "none"
-        args = [*self._args(now, cfg), pending, outcome]
+            pending, sent = pending + 1, "none"
+        args = [*self._args(now, cfg), pending, sent]
         r = yield ("limiter_feedback", conn.key("limiter", name), args)
         if r is None:
+            if outcome == "ok":
+                pending -= 1  # the fallback hears this success as itself
+            self._fallback_oks(name, now, pending, cfg)
             return conn.fallback.limiter_feedback(name, now, outcome, cfg)
         self.rate[name] = float(text(r))
         return self.rate[name]

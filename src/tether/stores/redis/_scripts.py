@@ -8,9 +8,8 @@ imported (an unknown name raises), so the two stores change together. The shared
 (tests/test_store_tables.py) run the same tables through the memory store and Redis.
 
 To add a script: write its source here (or in a module of its own beside this one, for a
-new kind of state), render it with :func:`render`, and add it to :data:`SCRIPTS`; the
-connection registers every script of :data:`SCRIPTS` with each client, and a part of the
-store runs it by its name.
+new kind of state) and add it to :data:`SOURCES` under a name; the connection registers
+every script with each client, and a part of the store runs it by that name.
 """
 
 from __future__ import annotations
@@ -19,28 +18,27 @@ from string import Template
 
 from tether.stores import _logic
 
-__all__ = ["SCRIPTS", "render"]
+__all__ = ["CONSTANTS", "SCRIPTS", "SOURCES", "render", "rendered"]
 
-#: the constants a script may name as ``${NAME}``
-CONSTANTS = {
-    name: getattr(_logic, name)
-    for name in (
-        "BROWNOUT_RATIO",
-        "NEVER",
-        "OUTAGE_FAILURES",
-        "OUTAGE_RATIO",
-        "PROBE_ASK_AGAIN",
-        "PROBE_GROWTH",
-        "PROBE_SHARE",
-        "QUEUE_WAIT_CAP",
-        "RATE_STEP",
-    )
-}
+#: the constants of ``_logic`` a script may name as ``${NAME}``
+CONSTANTS = (
+    "BROWNOUT_RATIO",
+    "NEVER",
+    "OUTAGE_FAILURES",
+    "OUTAGE_RATIO",
+    "PROBE_ASK_AGAIN",
+    "PROBE_GROWTH",
+    "PROBE_SHARE",
+    "QUEUE_WAIT_CAP",
+    "RATE_STEP",
+)
 
 
 def render(source: str) -> str:
-    """A script's source with every ``${NAME}`` replaced by ``_logic.NAME`` (a Lua number)."""
-    return Template(source).substitute({name: repr(value) for name, value in CONSTANTS.items()})
+    """A script's source with every ``${NAME}`` replaced by the value ``_logic.NAME`` has
+    now, as a Lua number; a name that is not one of :data:`CONSTANTS` raises KeyError."""
+    values = {name: repr(getattr(_logic, name)) for name in CONSTANTS}
+    return Template(source).substitute(values)
 
 
 _FMT = """
@@ -49,7 +47,7 @@ local function fmt(x) return string.format('%.17g', x) end
 
 # Twins of stores._logic.breaker_acquire / breaker_record. Both return the state's
 # version (bumped on every transition) so that other processes learn of transitions.
-BREAKER_ACQUIRE = render(
+BREAKER_ACQUIRE = (
     _FMT
     + """
 local k = KEYS[1]
@@ -94,7 +92,7 @@ return {old, 'closed', '0', 'call', failures, version, fmt(now)}
 """
 )
 
-BREAKER_RECORD = render(
+BREAKER_RECORD = (
     _FMT
     + """
 local k = KEYS[1]
@@ -137,7 +135,7 @@ if permit == 'probe' and state == 'half_open' then
   if failed then trip() else
     probe_ok = probe_ok + 1
     if probe_ok >= half_max then
-      state = 'closed'; failures = 0; w = ''; inflight = 0; probe_ok = 0
+      state = 'closed'; failures = 0; w = ''; inflight = 0; probe_ok = 0; retry_at = 0
     end
   end
 elseif state == 'closed' then
@@ -162,7 +160,7 @@ return {old, state, fmt(retry_at), failures, version, fmt(now)}
 """
 )
 
-BUDGET_SPEND = render(
+BUDGET_SPEND = (
     _FMT
     + """
 local k = KEYS[1]
@@ -178,7 +176,7 @@ return {0, fmt(t)}
 """
 )
 
-BUDGET_REFUND = render(
+BUDGET_REFUND = (
     _FMT
     + """
 local k = KEYS[1]
@@ -225,7 +223,7 @@ end
 apply_oks(tonumber(ARGV[11]) or 0)
 """
 
-LIMITER_ACQUIRE = render(
+LIMITER_ACQUIRE = (
     _FMT
     + _LIMITER_LOAD
     + """
@@ -244,7 +242,7 @@ return {fmt(wait), 1, fmt(rate)}
 """
 )
 
-LIMITER_FEEDBACK = render(
+LIMITER_FEEDBACK = (
     _FMT
     + _LIMITER_LOAD
     + """
@@ -310,8 +308,9 @@ return ''
 """
 
 
-#: every script the store runs, by name (its parts ask for a script by this name)
-SCRIPTS: dict[str, str] = {
+#: the source of every script the store runs, by name (its parts ask for a script by
+#: this name); a ``${NAME}`` in a source stands for a constant of ``_logic``
+SOURCES: dict[str, str] = {
     "bind": BIND,
     "breaker_read": BREAKER_READ,
     "breaker_force": BREAKER_FORCE,
@@ -322,3 +321,12 @@ SCRIPTS: dict[str, str] = {
     "limiter_acquire": LIMITER_ACQUIRE,
     "limiter_feedback": LIMITER_FEEDBACK,
 }
+
+
+def rendered() -> dict[str, str]:
+    """Every script of :data:`SOURCES`, rendered with the constants as they are now."""
+    return {name: render(source) for name, source in SOURCES.items()}
+
+
+#: the scripts as the store registers them with each client
+SCRIPTS: dict[str, str] = rendered()
