@@ -19,6 +19,7 @@ before its first request, since the budget could not hold.
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import threading
@@ -109,17 +110,22 @@ def _match(table: dict[str, Price], model: str) -> Price | None:
     return best[1] if best else None
 
 
-#: the genai-prices price keys a flat (untiered, unconditional) model price may hold: a
-#: price per million tokens of each kind and one per thousand requests
-_FLAT_KEYS = frozenset(
-    {"input_mtok", "output_mtok", "cache_write_mtok", "cache_read_mtok", "requests_kusd"}
-)
+def _genai_calc(genai: Any, price: Any, usage: tuple[int, int, int, int]) -> float:
+    """genai-prices' own answer for ``usage`` at ``price`` (one of its ``ModelPrice``)."""
+    inp, out, cw, cr = usage
+    calc = price.calc_price(  # genai-prices counts cached tokens inside input_tokens
+        genai.Usage(
+            input_tokens=inp + cw + cr,
+            output_tokens=out,
+            cache_write_tokens=cw,
+            cache_read_tokens=cr,
+        )
+    )
+    return float(calc["total_price"])
 
 
-class _Flat:
-    """A genai-prices price that is linear in the tokens, read once: USD per call and per
-    token of each kind, found by asking genai-prices itself (so its rules hold: cached
-    tokens priced as input when the model has no cache price, a per-request fee)."""
+class _Linear:
+    """A price that is linear in the tokens: USD per call and per token of each kind."""
 
     __slots__ = ("base", "per_token")
 
@@ -132,10 +138,79 @@ class _Flat:
         return self.base + inp * a + out * b + cw * c + cr * d
 
 
-#: a cached lookup: your own price, a flat genai-prices price, the genai-prices model
-#: (tiered or date/time-dependent prices are computed by genai-prices on every call), or
+def _regions(genai: Any, price: Any) -> list[tuple[int, _Linear]]:
+    """A genai-prices ``ModelPrice`` read once, as linear prices by prompt size.
+
+    A tiered price applies its tier to every token once the prompt (input tokens, cached
+    ones included) exceeds the tier's start: between two starts the price is linear. Each
+    region's price is found by asking genai-prices itself about that region's flat price
+    (a million tokens of each kind, and none), so its rules hold: cached tokens priced as
+    input when the model has no cache price, a per-request fee.
+    """
+    tiered = {k: v for k, v in vars(price).items() if isinstance(v, genai.types.TieredPrices)}
+    starts = sorted({t.start for v in tiered.values() for t in v.tiers})
+    out = []
+    for lower in [-1, *starts]:  # the region of prompts longer than ``lower`` tokens
+        flat = copy.copy(price)
+        for key, value in tiered.items():
+            chosen = value.base
+            for tier in reversed(value.tiers):
+                if lower >= tier.start:
+                    chosen = tier.price
+                    break
+            flat.__dict__[key] = chosen
+        base = _genai_calc(genai, flat, (0, 0, 0, 0))
+        million = ((10**6, 0, 0, 0), (0, 10**6, 0, 0), (0, 0, 10**6, 0), (0, 0, 0, 10**6))
+        a, b, c, d = ((_genai_calc(genai, flat, u) - base) / 10**6 for u in million)
+        out.append((lower, _Linear(base, (a, b, c, d))))
+    return out
+
+
+class _GenaiModel:
+    """A model genai-prices knows, at one provider: its prices read once per ``ModelPrice``
+    (a model whose price changes with the date or the time of day picks the one in force
+    on every call, as genai-prices does, and reads each of them once)."""
+
+    __slots__ = ("_read", "genai", "info", "provider")
+
+    def __init__(self, genai: Any, provider: Any, info: Any) -> None:
+        self.genai = genai
+        self.provider = provider
+        self.info = info
+        self._read: dict[int, tuple[Any, list[tuple[int, _Linear]] | None]] = {}
+
+    def cost(self, inp: int, out: int, cw: int, cr: int) -> float:
+        prices = self.info.prices
+        if not isinstance(prices, self.genai.types.ModelPrice):
+            from datetime import UTC, datetime
+
+            prices = self.info.get_prices(datetime.now(tz=UTC))
+        try:
+            regions = self._read[id(prices)][1]
+        except KeyError:
+            try:
+                regions = _regions(self.genai, prices)
+            except Exception:  # a price genai-prices computes otherwise: ask it every call
+                regions = None
+            self._read[id(prices)] = (prices, regions)  # the price is kept: its id stays its own
+        if regions is None or (self.provider.id == "groq" and "whisper" in self.info.id):
+            usage = self.genai.Usage(
+                input_tokens=inp + cw + cr,
+                output_tokens=out,
+                cache_write_tokens=cw,
+                cache_read_tokens=cr,
+            )
+            return float(self.info.calc_price(usage, self.provider).total_price)
+        prompt = inp + cw + cr
+        for lower, linear in reversed(regions):
+            if prompt > lower:
+                return linear.cost(inp, out, cw, cr)
+        return regions[0][1].cost(inp, out, cw, cr)  # pragma: no cover - lower -1 always holds
+
+
+#: a cached lookup: your own price (or the shipped one), a model genai-prices knows, or
 #: no price at all
-_Found = Price | _Flat | tuple[Any, Any] | None
+_Found = Price | _GenaiModel | None
 
 
 class PriceTable:
@@ -211,7 +286,6 @@ class PriceTable:
         return found
 
     def _genai_find(self, model: str, provider: str | None) -> _Found:
-        genai = self._genai
         try:
             provider_info, info = self._snapshot.find_provider_model(model, None, provider, None)
         except LookupError:
@@ -219,67 +293,27 @@ class PriceTable:
         except Exception as exc:  # its data or code failing never breaks a run
             _log.warning("tether: genai-prices could not price %r: %s", model, exc)
             return None
-        prices = info.prices
-        flat = (
-            isinstance(prices, genai.types.ModelPrice)
-            and not info.price_variants
-            and not (provider_info.id == "groq" and info.id.startswith("whisper"))
-            and all(
-                k in _FLAT_KEYS and not isinstance(v, genai.types.TieredPrices)
-                for k, v in vars(prices).items()
-                if v is not None
-            )
-        )
-        if not flat:
-            return (provider_info, info)
-        try:
-            base = self._genai_calc((provider_info, info), (0, 0, 0, 0))
-            unit = tuple(
-                (self._genai_calc((provider_info, info), usage) - base) / 1_000_000
-                for usage in (
-                    (10**6, 0, 0, 0),
-                    (0, 10**6, 0, 0),
-                    (0, 0, 10**6, 0),
-                    (0, 0, 0, 10**6),
-                )
-            )
-        except Exception:  # not linear after all: genai-prices prices every call
-            return (provider_info, info)
-        return _Flat(base, unit)  # type: ignore[arg-type]
-
-    def _genai_calc(self, found: tuple[Any, Any], usage: tuple[int, int, int, int]) -> float:
-        provider_info, info = found
-        inp, out, cw, cr = usage
-        genai = self._genai
-        calc = info.calc_price(  # genai-prices counts cached tokens inside input_tokens
-            genai.Usage(
-                input_tokens=inp + cw + cr,
-                output_tokens=out,
-                cache_write_tokens=cw,
-                cache_read_tokens=cr,
-            ),
-            provider_info,
-        )
-        return float(calc.total_price)
+        return _GenaiModel(self._genai, provider_info, info)
 
     def knows(self, model: str, provider: str | None = None) -> bool:
         """True when ``model`` has a price (``unknown="zero"`` does not count as one)."""
-        return self._lookup(model, provider) is not None
+        found = self._lookup(model, provider)
+        if isinstance(found, _GenaiModel):
+            try:
+                found.cost(1, 1, 0, 0)
+            except Exception:  # genai-prices knows the name but cannot price it
+                return False
+        return found is not None
 
     def cost(self, model: str, input_tokens: int, output_tokens: int, cache_write: int = 0,
              cache_read: int = 0, *, provider: str | None = None) -> float | None:  # fmt: skip
         """The cost in USD, or None when it is unknown (``unknown="unknown"``)."""
         found = self._lookup(model, provider)
         if found is not None:
-            if isinstance(found, tuple):
-                try:
-                    return self._genai_calc(
-                        found, (input_tokens, output_tokens, cache_write, cache_read)
-                    )
-                except Exception as exc:
-                    _log.warning("tether: genai-prices could not price %r: %s", model, exc)
-            else:
+            try:
                 return found.cost(input_tokens, output_tokens, cache_write, cache_read)
+            except Exception as exc:  # genai-prices' data or code failing never breaks a run
+                _log.warning("tether: genai-prices could not price %r: %s", model, exc)
         if self.unknown == "zero":
             return 0.0
         if self.unknown == "error":
