@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, NotRequired
 
-from tether._errors import require
+from tether._errors import TetherError, require
 from tether.integrations._common import ToolRules, require_a_place_to_wait, result_text
 from tether.run._guard import Guard
 from tether.run._outcome import Outcome, Stopped, StopReason, ToolError
@@ -234,56 +234,143 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         return await self._tools.acall(run, request, handler)
 
 
+class _Passing(BaseException):
+    """A framework's control signal (LangGraph's ``GraphInterrupt``, ``ParentCommand``)
+    carried through a run's tool call untouched: no retry, no record, no message."""
+
+    def __init__(self, signal: BaseException) -> None:
+        super().__init__()
+        self.signal = signal
+
+
+def _passes(exc: BaseException) -> bool:
+    """LangGraph's own control flow (an ``interrupt()``, a ``Command`` to a parent graph)."""
+    from langgraph.errors import GraphBubbleUp
+
+    return isinstance(exc, GraphBubbleUp)
+
+
+def _tools_own_error(exc: ToolError) -> BaseException | None:
+    """The tool's own exception behind a failed call, raised again for the framework's error
+    handling (``ToolNode(handle_tool_errors=...)``, a fallback); None when tether has the
+    words: a transient failure it retried to the end (the model hears "temporarily
+    unavailable", as with LangChain's ``ToolRetryMiddleware``), a policy, an approval, a
+    tool's own ``tether.ToolError``."""
+    cause = exc.__cause__
+    if cause is None or isinstance(cause, TetherError) or exc.cause_kind == "unavailable":
+        return None
+    return cause
+
+
 class ToolGuard:
     """A LangGraph tool call (``ToolCallRequest``) through a run; what the middleware and
-    ``tether.integrations.langgraph.tool_wrapper`` share."""
+    ``tether.integrations.langgraph.tool_wrapper`` share.
+
+    LangGraph's contract holds: what the tool (or ``ToolNode``'s error handling) returns
+    reaches LangGraph as it is (a ``ToolMessage``, a ``Command``, a list of them); an
+    exception the tool raised and tether could not cure is raised again, so that
+    ``handle_tool_errors`` decides; ``interrupt()`` pauses the graph. tether adds its
+    guards: loops, budgets, breaker, retries at one layer, the ledger."""
 
     def __init__(self, side_effects: Any = None, timeouts: Mapping[str, float] | None = None,
                  requires_approval: Mapping[str, Any] | None = None,
                  compensate: Mapping[str, Callable[[Any], Any]] | None = None, *,
-                 labels: Mapping[str, str] | None = None) -> None:  # fmt: skip
+                 labels: Mapping[str, str] | None = None,
+                 volatile: Mapping[str, Iterable[str]] | None = None) -> None:  # fmt: skip
         self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
         self.side_effects = self.rules.side_effects
         self.timeouts = self.rules.timeouts
+        self.volatile = _volatile(volatile)
 
     def _plan(self, request: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
         call = request.tool_call
         name = str(call.get("name", ""))
         args = call.get("args") if isinstance(call.get("args"), dict) else {}
-        return name, dict(args), self.rules.options(name)
+        options = self.rules.options(name)
+        if name in self.volatile:
+            options["volatile"] = self.volatile[name]
+        return name, dict(args), options
 
     def call(self, run: Run, request: Any, handler: Callable[[Any], Any]) -> Any:
         name, args, options = self._plan(request)
+        replies: list[Any] = []
+
+        def attempt(**_: Any) -> Any:
+            try:
+                replies.append(handler(request))
+            except Exception as exc:
+                if _passes(exc):
+                    raise _Passing(exc) from None
+                raise
+            return replies[-1]
+
         try:
-            return _as_message(
-                request, run.call_tool(name, lambda **_: handler(request), args, **options)
-            )
+            return _as_message(request, run.call_tool(name, attempt, args, **options), replies)
+        except _Passing as passing:
+            raise passing.signal from None
         except ToolError as exc:
+            own = _tools_own_error(exc)
+            if own is not None:
+                raise own from None
             return _message(request, exc.model_message)
         except Stopped as exc:  # the next model step ends the agent
             return _message(request, f"stopped: {exc.reason.value}")
 
     async def acall(self, run: Run, request: Any, handler: Callable[[Any], Any]) -> Any:
         name, args, options = self._plan(request)
+        replies: list[Any] = []
 
-        async def call(**_: Any) -> Any:
-            return await handler(request)
+        async def attempt(**_: Any) -> Any:
+            try:
+                replies.append(await handler(request))
+            except Exception as exc:
+                if _passes(exc):
+                    raise _Passing(exc) from None
+                raise
+            return replies[-1]
 
         try:
-            return _as_message(request, await run.acall_tool(name, call, args, **options))
+            result = await run.acall_tool(name, attempt, args, **options)
+            return _as_message(request, result, replies)
+        except _Passing as passing:
+            raise passing.signal from None
         except ToolError as exc:
+            own = _tools_own_error(exc)
+            if own is not None:
+                raise own from None
             return _message(request, exc.model_message)
         except Stopped as exc:
             return _message(request, f"stopped: {exc.reason.value}")
 
 
-def _as_message(request: Any, result: Any) -> Any:
-    """A result replayed from the ledger (a dict), or a lookup's answer, as the message that
-    answers this call (a re-issued call has a new id)."""
+def _volatile(volatile: Mapping[str, Iterable[str]] | None) -> dict[str, tuple[str, ...]]:
+    """``volatile={"tool": ["meta.nonce"]}``: the argument paths each tool's model fills anew."""
+    if volatile is None:
+        return {}
+    if not isinstance(volatile, Mapping):
+        raise TypeError(f"volatile must map tool names to argument paths, got {volatile!r}")
+    out: dict[str, tuple[str, ...]] = {}
+    for name, paths in volatile.items():
+        if isinstance(paths, str) or not all(isinstance(p, str) for p in paths):
+            raise TypeError(f"volatile[{name!r}] must be a list of paths (str), got {paths!r}")
+        out[str(name)] = tuple(paths)
+    return out
+
+
+def _is_reply(item: Any) -> bool:
+    return isinstance(item, ToolMessage) or type(item).__name__ == "Command"
+
+
+def _as_message(request: Any, result: Any, replies: list[Any]) -> Any:
+    """What answers this call: what ``ToolNode`` answered (a ``ToolMessage``, a ``Command``, a
+    list of them) as it is; a result replayed from the ledger (a dict) or a lookup's answer
+    as the message (a re-issued call has a new id)."""
+    if replies and result is replies[-1]:
+        return result
     call_id = str(request.tool_call.get("id", ""))
     if isinstance(result, Mapping) and result.get("type") == "tool":
         return ToolMessage.model_validate({**result, "tool_call_id": call_id})
-    if isinstance(result, ToolMessage) or type(result).__name__ == "Command":
+    if _is_reply(result) or (isinstance(result, list) and result and all(map(_is_reply, result))):
         return result
     return ToolMessage(
         content=result_text(result), tool_call_id=call_id, name=request.tool_call.get("name")

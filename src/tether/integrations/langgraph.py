@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tether._errors import require
@@ -38,8 +38,15 @@ def _drain(run: Run, control: Any) -> None:
         control.request_drain(f"tether: {run.stopped.value}")
 
 
-def tool_wrapper(run: Run, side_effects: Any = None, *, timeouts: Mapping[str, float] | None = None,
-                 control: Any = None, labels: Mapping[str, str] | None = None) -> Wrapper:  # fmt: skip
+def tool_wrapper(
+    run: Run,
+    side_effects: Any = None,
+    *,
+    timeouts: Mapping[str, float] | None = None,
+    control: Any = None,
+    labels: Mapping[str, str] | None = None,
+    volatile: Mapping[str, Iterable[str]] | None = None,
+) -> Wrapper:
     """A ``ToolNode(wrap_tool_call=...)`` that runs every tool call through ``run``: loops,
     timeouts, breaker, retries, the ledger for ``side_effects``. A guard's stop comes back
     as an error tool message; route on ``run.stopped`` to end the graph, or pass the run's
@@ -47,7 +54,7 @@ def tool_wrapper(run: Run, side_effects: Any = None, *, timeouts: Mapping[str, f
     drain it: LangGraph stops at the next superstep with a resumable checkpoint."""
     from tether.integrations.langchain import ToolGuard
 
-    guard = ToolGuard(side_effects, timeouts, labels=labels)
+    guard = ToolGuard(side_effects, timeouts, labels=labels, volatile=volatile)
 
     def wrapped(request: Any, handler: Callable[[Any], Any]) -> Any:
         try:
@@ -58,12 +65,19 @@ def tool_wrapper(run: Run, side_effects: Any = None, *, timeouts: Mapping[str, f
     return wrapped
 
 
-def atool_wrapper(run: Run, side_effects: Any = None, *, timeouts: Mapping[str, float] | None = None,
-                  control: Any = None, labels: Mapping[str, str] | None = None) -> Wrapper:  # fmt: skip
+def atool_wrapper(
+    run: Run,
+    side_effects: Any = None,
+    *,
+    timeouts: Mapping[str, float] | None = None,
+    control: Any = None,
+    labels: Mapping[str, str] | None = None,
+    volatile: Mapping[str, Iterable[str]] | None = None,
+) -> Wrapper:
     """The async form of :func:`tool_wrapper` (``ToolNode(awrap_tool_call=...)``)."""
     from tether.integrations.langchain import ToolGuard
 
-    guard = ToolGuard(side_effects, timeouts, labels=labels)
+    guard = ToolGuard(side_effects, timeouts, labels=labels, volatile=volatile)
 
     async def wrapped(request: Any, handler: Callable[[Any], Any]) -> Any:
         try:
