@@ -19,6 +19,7 @@ outcome instead of raising; ``UsageLimitExceeded`` and ``RunTimedOut`` become st
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections import OrderedDict
@@ -41,7 +42,7 @@ from tether.run._run import Run
 
 require("pydantic_ai", "pydantic-ai")
 
-from pydantic_ai import Agent  # noqa: E402 - after the extra check
+from pydantic_ai import Agent, ModelRetry  # noqa: E402 - after the extra check
 from pydantic_ai.capabilities import AbstractCapability  # noqa: E402
 from pydantic_ai.exceptions import (  # noqa: E402
     ApprovalRequired,
@@ -55,13 +56,17 @@ from pydantic_ai.exceptions import (  # noqa: E402
     UserError,
 )
 
-__all__ = ["RunStopped", "TetherCapability", "run", "run_sync"]
+__all__ = ["Delegate", "RunStopped", "TetherCapability", "free_test_model", "run", "run_sync"]
 
 _log = logging.getLogger("tether")
 
 #: PydanticAI's control flow raised inside a tool call: tether records the failure of the
 #: intent and hands the original back to the framework.
 _CONTROL_FLOW = (ToolRetryError, CallDeferred, ApprovalRequired, SkipToolExecution, ToolFailedError)
+#: The run of the tool call in progress: a delegate agent called inside it joins that run.
+_CALLER: contextvars.ContextVar[_Live | None] = contextvars.ContextVar(
+    "tether_pydantic_ai_caller", default=None
+)
 #: Finished runs' outcomes kept for :meth:`TetherCapability.outcome` (the oldest go first).
 KEPT_OUTCOMES = 256
 
@@ -75,16 +80,34 @@ class RunStopped(Exception):
 
 
 class _Live:
-    """One agent run's tether state."""
+    """One agent run's tether state (a delegate's shares its caller's run and rules)."""
 
-    __slots__ = ("messages", "permit", "retries", "run")
+    __slots__ = ("delegate", "messages", "permit", "policy", "raised", "retries", "rules", "run")
 
-    def __init__(self, run: Run, policy: RetryPolicy) -> None:
+    def __init__(
+        self, run: Run, policy: RetryPolicy, rules: ToolRules, *, delegate: bool = False
+    ) -> None:
         self.run = run
+        self.policy = policy
+        self.rules = rules
+        self.delegate = delegate  # an agent run inside a tool call of ``run``
         self.messages: list[Any] = []  # the run's history (the list the graph appends to)
         # the breaker asked before the attempt in flight, and its permit
         self.permit: tuple[Any, str] | None = None
         self.retries = ModelRetries(policy, run)
+        self.raised: list[BaseException] = []  # what the tools raised themselves
+
+
+def free_test_model(model: Any) -> bool:
+    """Whether ``model`` is one of PydanticAI's test models under its own name: a
+    ``TestModel`` (``"test"``) or a ``FunctionModel`` (``"function:..."``) sends no request
+    to a provider, so its requests cost nothing. Named after a real model
+    (``FunctionModel(fn, model_name="gpt-5-mini")``) it is priced as that model."""
+    system = getattr(model, "system", None)
+    name = str(getattr(model, "model_name", "") or "")
+    return (system == "test" and name == "test") or (
+        system == "function" and name.startswith("function:")
+    )
 
 
 def _limit_reason(exc: UsageLimitExceeded) -> StopReason:
@@ -154,6 +177,9 @@ class TetherCapability(AbstractCapability[Any]):
     # --- the run ------------------------------------------------------------------------
 
     async def wrap_run(self, ctx: Any, *, handler: Any) -> Any:
+        caller = _CALLER.get()
+        if caller is not None:  # a delegate agent inside a tool call: it joins that run
+            return await self._delegate(ctx, handler, caller)
         resume, self._resume = self._resume, None  # a checkpoint continues one run, once
         key, self._key = self._key, None  # and a request key names the next run
         run = (
@@ -164,7 +190,7 @@ class TetherCapability(AbstractCapability[Any]):
         run.__enter__()
         key = str(ctx.run_id)
         with self._lock:
-            self._live[key] = _Live(run, self._policy)
+            self._live[key] = _Live(run, self._policy, self.rules)
         try:
             result = await handler()
         except BaseException:  # on_run_error ended it; else a cancellation: the run ends too
@@ -176,12 +202,30 @@ class TetherCapability(AbstractCapability[Any]):
         self._finish(key, run, result.all_messages())
         return result
 
+    async def _delegate(self, ctx: Any, handler: Any, caller: _Live) -> Any:
+        """The agent run of a delegate: its model requests and tools count in the caller's
+        run (budgets, loops, breaker, retries); the caller's run ends, not this one."""
+        key = str(ctx.run_id)
+        with self._lock:
+            self._live[key] = _Live(caller.run, caller.policy, caller.rules, delegate=True)
+        try:
+            return await handler()
+        finally:
+            with self._lock:
+                self._live.pop(key, None)
+
     async def on_run_error(self, ctx: Any, *, error: BaseException) -> Any:
-        """The run body failed (or a guard stopped it): end the tether run, raise its outcome."""
+        """The run body failed (or a guard stopped it): end the tether run, raise its outcome;
+        a tool's own exception ends it too and goes on to the caller unchanged."""
         live = self._state(ctx)
-        if live is None or not isinstance(error, Exception):
+        if live is None or not isinstance(error, Exception) or live.delegate:
             raise error
         run = live.run
+        if any(error is raised for raised in live.raised):  # PydanticAI's contract: it raises
+            run.note_error(error)
+            run.halt(StopReason.PERMANENT_ERROR, f"a tool raised {type(error).__name__}")
+            self._finish(str(ctx.run_id), run, self._messages(ctx))
+            raise error
         if isinstance(error, Stopped):
             pass
         elif isinstance(error, UsageLimitExceeded):
@@ -224,7 +268,11 @@ class TetherCapability(AbstractCapability[Any]):
             assert run.stopped is not None
             raise Stopped(run.stopped, run.stop_detail)
         model = request_context.model
-        run.check_model(str(getattr(model, "model_name", "") or ""), _provider(model))
+        if free_test_model(model):
+            run.begin_model_call()
+        else:
+            name = str(getattr(model, "model_name", "") or "")
+            run.begin_model_call(model=name, provider=_provider(model))
         return await handler(request_context)
 
     async def prepare_model_request(self, ctx: Any, request_context: Any) -> Any:
@@ -233,7 +281,7 @@ class TetherCapability(AbstractCapability[Any]):
         live = self._state(ctx)
         if live is None:
             return request_context
-        breaker = self._breaker(request_context.model)
+        breaker = self._breaker(request_context.model, live.policy)
 
         async def acquire() -> None:
             live.permit = (breaker, await breaker._aacquire())
@@ -241,9 +289,10 @@ class TetherCapability(AbstractCapability[Any]):
         await live.run.athrough_breaker(acquire)
         return request_context
 
-    def _breaker(self, model: Any) -> Any:
+    @staticmethod
+    def _breaker(model: Any, policy: RetryPolicy) -> Any:
         base_url = str(getattr(model, "base_url", "") or "")
-        return provider_breaker(_provider(model) or "model", base_url, self._policy.max_attempts)
+        return provider_breaker(_provider(model) or "model", base_url, policy.max_attempts)
 
     async def after_model_request(self, ctx: Any, *, request_context: Any, response: Any) -> Any:
         live = self._state(ctx)
@@ -258,6 +307,7 @@ class TetherCapability(AbstractCapability[Any]):
             input_tokens=max(0, int(usage.input_tokens) - cache_read - cache_write),
             output_tokens=int(usage.output_tokens), cache_read_tokens=cache_read,
             cache_write_tokens=cache_write, unmeasured=bool(getattr(usage, "unmeasured_requests", 0)),
+            cost_usd=0.0 if free_test_model(request_context.model) else None,
         )  # fmt: skip
         return response
 
@@ -267,7 +317,7 @@ class TetherCapability(AbstractCapability[Any]):
         live = self._state(ctx)
         if live is None:
             raise error
-        verdict = self._policy.classifier(error)
+        verdict = live.policy.classifier(error)
         await self._settle(live, verdict)
         delay = live.retries.wait(verdict, request_context.attempt)
         if delay is None:
@@ -293,23 +343,66 @@ class TetherCapability(AbstractCapability[Any]):
             return await handler(args)
         name = str(call.tool_name)
         control: list[BaseException] = []
+        raised: list[BaseException] = []
 
         async def attempt(**_: Any) -> Any:
+            token = _CALLER.set(live)  # a delegate agent run in the tool joins this run
             try:
                 return await handler(args)
             except _CONTROL_FLOW as exc:  # the framework's own signals: handed back below
                 control.append(exc)
                 raise ToolError(f"{name} asked the model to try again") from None
+            except Exception as exc:
+                raised.append(exc)
+                raise
+            finally:
+                _CALLER.reset(token)
 
         arguments = dict(args) if isinstance(args, Mapping) else {"args": args}
         try:
-            return await live.run.acall_tool(name, attempt, arguments, **self.rules.options(name))
+            return await live.run.acall_tool(name, attempt, arguments, **live.rules.options(name))
         except ToolError as exc:
             if control:
                 raise control[-1] from None
-            return exc.model_message
+            cause = exc.__cause__
+            if (
+                cause is not None
+                and exc.cause_kind == "rejected"
+                and any(cause is r for r in raised)
+                and not isinstance(cause, ToolError)
+            ):
+                # not retryable: the tool's exception goes on as without tether (the run raises)
+                live.raised.append(cause)
+                raise cause from None
+            if raised or exc.cause_kind != "rejected" or isinstance(cause, ToolError):
+                # the tool failed past tether's retries, or said why (ToolError): the model
+                # reads it on PydanticAI's own retry path, never as a tool's result
+                raise ModelRetry(exc.model_message) from None
+            return exc.model_message  # a policy or a person refused the call before it ran
         except Stopped as exc:  # the next model request ends the run
             return f"stopped: {exc.reason.value}"
+
+
+class Delegate(TetherCapability):
+    """The capability of a delegate agent (one that a tool of a guarded agent runs, as
+    PydanticAI's agent delegation does with ``usage=ctx.usage``): its runs inside a guarded
+    tool call join that run, every model request counted, priced and budgeted there before
+    it is sent; run anywhere else, it changes nothing.
+
+    ``Agent(model, capabilities=[ta_pydantic.Delegate()])``; a :class:`TetherCapability`
+    given to a delegate joins the caller's run in the same way.
+    """
+
+    def __init__(self) -> None:
+        self._live = {}
+        self._outcomes = OrderedDict()
+        self._lock = threading.Lock()
+
+    async def wrap_run(self, ctx: Any, *, handler: Any) -> Any:
+        caller = _CALLER.get()
+        if caller is None:
+            return await handler()
+        return await self._delegate(ctx, handler, caller)
 
 
 def _provider(model: Any) -> str | None:
