@@ -18,6 +18,7 @@ from tether.redaction._redact import redact
 from tether.retries._policy import RetryPolicy
 from tether.run._governance import JournalEntry, takes_run
 from tether.run._handoff import SOME_STEP, CustomerMessages, Escalation
+from tether.run._health import HUNG_TOOL_MODES, HungToolMode
 from tether.run._loops import LoopPolicy
 from tether.run._outcome import STATUSES, Outcome, StopReason, Usage
 from tether.run._pricing import PriceTable
@@ -116,6 +117,7 @@ class Guard:
         breaker_threshold: int | None = None,
         wait_for_recovery: bool = True,
         breaker_cooldown: float = 30.0,
+        on_hung_tool: HungToolMode = "hand_over",
         describe_effect: Callable[[str, Any, Any], str | None] | None = None,
         on_stop: Callable[[Outcome], object] | None = None,
         scope: str = "",
@@ -191,6 +193,16 @@ class Guard:
         # one unlucky call's retries alone never trip a tool's breaker
         self.breaker_threshold = breaker_threshold or max(5, 2 * self.retry.max_attempts)
         self.wait_for_recovery = wait_for_recovery
+        if on_hung_tool not in HUNG_TOOL_MODES:
+            raise ValueError(
+                f"on_hung_tool must be one of {', '.join(map(repr, HUNG_TOOL_MODES))}, "
+                f"got {on_hung_tool!r}"
+            )
+        #: what a run does with a tool that stopped answering (timed out UNRESPONSIVE_AFTER
+        #: times while its breaker is not closed, or holding that many hung threads):
+        #: "hand_over" ends the run HUNG_TOOLS with a handoff, "tell_model" tells the model
+        #: it is unavailable, "wait" retries and waits for the breaker's probes
+        self.on_hung_tool: HungToolMode = on_hung_tool
         self.breaker_cooldown = breaker_cooldown
         self.describe_effect = describe_effect or _describe
         self.on_stop = on_stop

@@ -13,6 +13,7 @@ from tether._errors import CircuitOpenError
 from tether.clock import hung_threads
 from tether.records._approvals import ApprovalRecord
 from tether.run._governance import JournalEntry
+from tether.run._health import ToolHealth
 from tether.run._loops import LoopState
 from tether.run._outcome import Outcome, Stopped, StopReason, Usage
 from tether.run._pricing import UnknownModelError
@@ -123,6 +124,7 @@ class RunState:
         self._pending: ApprovalRecord | None = None  # the call that waits for approval
         self._unconfirmed: list[str] = []  # tools whose effect may or may not have happened
         self._failures: Counter[tuple[str, str, str]] = Counter()
+        self._health: dict[str, ToolHealth] = {}  # per tool: timed-out attempts, hung threads
         self._results: OrderedDict[str, None] = OrderedDict()
         self._no_progress = 0
         self._step_progress = False

@@ -33,6 +33,7 @@ from tether.run._governance import (
     check_policies,
     needs_approval,
 )
+from tether.run._health import UNRESPONSIVE_AFTER, ToolHealth, ToolUnresponsive
 from tether.run._outcome import Stopped, StopReason, ToolError
 from tether.run._runstate import RunState
 from tether.run._tool import _is_async
@@ -47,6 +48,7 @@ MAX_APPROVALS_PER_INTENT = 20
 UNAVAILABLE = "temporarily unavailable; try again later or continue without it"
 REJECTED = "rejected: the tool could not do this; do not call it again with the same arguments"
 QUOTA_REACHED = "unavailable: a usage limit was reached; do not call it again in this conversation"
+NOT_ANSWERING = "unavailable: it is not answering; do not call it again in this conversation"
 
 
 def _said(text: str) -> str:
@@ -88,6 +90,7 @@ class ToolCalls(RunState):
             raise self._halt(StopReason.TIMEOUT, f"time budget ({b.max_seconds:g} s) exceeded")
         hung = hung_threads() - self._hung_base
         if hung >= b.max_hung_threads:
+            self._escalate = self._escalate or self.guard.on_hung_tool == "hand_over"
             raise self._halt(
                 StopReason.HUNG_TOOLS, f"{hung} tool calls are still hanging in threads"
             )
@@ -248,13 +251,16 @@ class ToolCalls(RunState):
 
     def _after_failure(self, call: _Call, exc: Exception) -> BaseException:
         """The exception to raise for a failed tool call (Stopped or ToolError)."""
-        self.retries += call.policy.statistics.retries
+        if not (isinstance(exc, ToolUnresponsive) and exc.before):
+            self.retries += call.policy.statistics.retries
         entry = {"step": call.step, "tool": call.name, "ok": False, "error": type(exc).__name__}
         if isinstance(exc, UnknownOutcome):  # what a person must check (the case shows it)
             entry.update(args=redact(jsonable(call.args)), key=exc.key)
         self.transcript.append(entry)
         if isinstance(exc, Stopped):
             return exc
+        if isinstance(exc, ToolUnresponsive):
+            return self._not_answering(call, exc)
         if isinstance(exc, CircuitOpenError):
             return self._halt(
                 StopReason.CIRCUIT_OPEN, f"{call.name}: its dependency is down (circuit open)"
@@ -280,6 +286,10 @@ class ToolCalls(RunState):
         verdict = classify(exc)
         if isinstance(exc, DeadlineExceeded) and self.budget.max_seconds is not None:
             return self._halt(StopReason.TIMEOUT, f"time budget ran out during {call.name}")
+        if isinstance(exc, TimeoutError) and call.name in self._health:
+            unresponsive = self._unresponsive(call.name)
+            if unresponsive is not None:
+                return self._not_answering(call, unresponsive)
         signature = (call.action, type(exc).__name__, f"{verdict.status}:{verdict.code}")
         self._failures[signature] += 1
         limit = self.budget.max_identical_failures
@@ -331,6 +341,74 @@ class ToolCalls(RunState):
         issue = f"{call.name} failed permanently; dead letter {letter.id}"
         if issue not in self._issues:  # the model asking again joins the same letter
             self._issues.append(issue)
+
+    # --- tools that stopped answering ---------------------------------------------------
+
+    def _watch(self, call: _Call, idempotent: bool) -> ToolHealth | None:
+        """The health record of a timed call of a read (an effect's timeout is the
+        ledger's: it ends the run UNKNOWN_OUTCOME); None when nothing is watched."""
+        if not idempotent or call.policy.attempt_timeout is None:
+            return None
+        if self.guard.on_hung_tool == "wait":
+            return None
+        health = self._health.get(call.name)
+        if health is None:
+            health = self._health[call.name] = ToolHealth()
+        return health
+
+    def _unresponsive(self, name: str) -> ToolUnresponsive | None:
+        """The tool stopped answering in this run: it holds ``UNRESPONSIVE_AFTER`` hung
+        worker threads, or timed out that many times and its breaker is not closed."""
+        health = self._health.get(name)
+        if health is None:
+            return None
+        hanging = health.hanging()
+        if hanging >= UNRESPONSIVE_AFTER or (
+            health.timed_out >= UNRESPONSIVE_AFTER and self.guard.breaker(name).state != "closed"
+        ):
+            return ToolUnresponsive(name, health.timed_out, hanging)
+        return None
+
+    def _refuse_unresponsive(self, call: _Call, before: bool = False) -> None:
+        """Start no attempt of a tool that stopped answering (raises ToolUnresponsive)."""
+        found = self._unresponsive(call.name)
+        if found is not None:
+            if before:  # refused before its retry policy ran: none of its retries to count
+                found.before = True
+            raise found
+
+    def _unless_unresponsive(self, call: _Call, fn: Callable[[], Any]) -> Any:
+        """``fn()``; an open breaker of a tool that stopped answering is not waited for."""
+        try:
+            return fn()
+        except CircuitOpenError:
+            self._refuse_unresponsive(call)
+            raise
+
+    async def _aunless_unresponsive(self, call: _Call, fn: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            return await fn()
+        except CircuitOpenError:
+            self._refuse_unresponsive(call)
+            raise
+
+    def _not_answering(self, call: _Call, exc: ToolUnresponsive) -> BaseException:
+        """A tool that stopped answering: the run hands over (``Guard(on_hung_tool=
+        "hand_over")``, the default), or the model is told it is unavailable."""
+        attributes = {"gen_ai.tool.name": call.name, "tether.timed_out": exc.timed_out}
+        telemetry.add_event(
+            "tether.tool_unresponsive", **attributes, **{"tether.hung_threads": exc.hanging}
+        )
+        _log.warning("tether: run %s: %s", self.run_id, exc)
+        if self.guard.on_hung_tool == "tell_model":
+            return ToolError(call.name, NOT_ANSWERING, cause_kind="unavailable")
+        issue = f"{exc}; it was not started again"
+        if issue not in self._issues:
+            self._issues.append(issue)
+        self._escalate = True
+        if exc.hanging >= UNRESPONSIVE_AFTER:  # it holds worker threads
+            return self._halt(StopReason.HUNG_TOOLS, str(exc))
+        return self._halt(StopReason.CIRCUIT_OPEN, f"{exc}, and its circuit is open")
 
     def call_tool(
         self,
@@ -384,6 +462,9 @@ class ToolCalls(RunState):
                 return _not_awaitable(name, fn(**args))
 
             attempt = _attempt_span(name, approved)
+        health = self._watch(call, idempotent)
+        if health is not None:
+            attempt = health.sync(functools.partial(self._refuse_unresponsive, call), attempt)
         run = self._effect(call, attempt, idempotent, lookup, timeout)
         progress = None if idempotent else _Progress()
         if progress is not None:
@@ -392,8 +473,13 @@ class ToolCalls(RunState):
             "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
         ):
             try:
+                if health is not None:
+                    self._refuse_unresponsive(call, before=True)
                 result = self.through_breaker(
-                    lambda: call.policy.call_within(self.time_left(), run), timeout=timeout
+                    lambda: self._unless_unresponsive(
+                        call, lambda: call.policy.call_within(self.time_left(), run)
+                    ),
+                    timeout=timeout,
                 )
             except Exception as exc:
                 raise self._after_failure(call, exc) from exc
@@ -428,12 +514,17 @@ class ToolCalls(RunState):
         call, idempotent = self._gated(call, gate, idempotent, timeout)
         attempt: Callable[[], Awaitable[Any]]
         progress = None if idempotent else _Progress()
+        health = self._watch(call, idempotent)
+        check = functools.partial(self._refuse_unresponsive, call)
         if _is_async(fn):
 
             async def attempt() -> Any:
                 if gate is not None:
                     gate()  # the ledger's claim is won
                 return await fn(**args)
+
+            if health is not None:
+                attempt = health.coro(check, attempt)
 
             if progress is not None:
                 ledger, key, lease = self.guard.ledger, self._effect_key(call), self._lease(timeout)
@@ -453,17 +544,26 @@ class ToolCalls(RunState):
             if progress is not None:
                 sync = functools.partial(progress.run, sync)
 
-            async def attempt() -> Any:
-                import asyncio  # imported when first used: `import tether` loads no asyncio
+            if health is not None:
+                attempt = health.threaded(check, sync)
+            else:
 
-                return await asyncio.to_thread(sync)
+                async def attempt() -> Any:
+                    import asyncio  # imported when first used: `import tether` loads no asyncio
+
+                    return await asyncio.to_thread(sync)
 
         with telemetry.span(
             "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.run_id}
         ):
             try:
+                if health is not None:
+                    self._refuse_unresponsive(call, before=True)
                 result = await self.athrough_breaker(
-                    lambda: call.policy.acall_within(self.time_left(), attempt), timeout=timeout
+                    lambda: self._aunless_unresponsive(
+                        call, lambda: call.policy.acall_within(self.time_left(), attempt)
+                    ),
+                    timeout=timeout,
                 )
             except Exception as exc:
                 raise self._after_failure(call, exc) from exc
