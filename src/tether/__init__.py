@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from tether.guards._breaker import BreakerRegistry, CircuitBreaker, breakers
     from tether.guards._budget import RetryBudget
     from tether.guards._limiter import AdaptiveLimiter
+    from tether.guards._tokens import TokenBudget
     from tether.records._approvals import ApprovalError, ApprovalRecord
     from tether.records._collections import (
         CheckpointError,
@@ -114,6 +115,7 @@ _LAZY: dict[str, str] = {
     "Run": "tether.run._run",
     "StopReason": "tether.run._outcome",
     "Stopped": "tether.run._outcome",
+    "TokenBudget": "tether.guards._tokens",
     "Tool": "tether.run._tool",
     "ToolError": "tether.run._outcome",
     "UnknownModelError": "tether.run._pricing",
@@ -202,6 +204,7 @@ __all__ = [
     "StoreUnavailable",
     "SystemClock",
     "TetherError",
+    "TokenBudget",
     "Tool",
     "ToolError",
     "TransientError",

@@ -1,0 +1,269 @@
+"""The token budget's state machine: a provider's per-minute buckets, as pure functions.
+
+One name (a provider and model family) holds four buckets, the provider's own: requests,
+input tokens, output tokens, and tokens (input and output together, OpenAI's TPM). Each
+is a token bucket whose capacity is its per-minute limit and which refills continuously
+at limit / 60 per second (Anthropic's documented algorithm; OpenAI's limits behave so
+over a minute). A limit of 0 is a bucket the budget does not know of: never a reason to
+wait.
+
+* :func:`tokens_reserve` takes a call's need (1 request, the prompt's estimate, the
+  ``max_tokens`` of the request) before the call. The level may go below zero: the
+  caller is admitted with the wait until its tokens have accrued (a place in line), as
+  long as that wait is within its ``horizon``; otherwise it is turned away and told when
+  the line will be short enough. A caller that has waited longer asks with a longer
+  horizon, so it is admitted before the newcomers: no caller waits unboundedly.
+* :func:`tokens_settle` applies what responses said (a :class:`Settlement`): the
+  difference between the reservation and the usage goes back, the headers' limits
+  replace the configured ones, their ``remaining`` lowers a level the provider says is
+  lower, and a 429's ``Retry-After`` pauses the name for everybody.
+* Until a first response has been settled, one call goes out alone (a probe); the others
+  wait for its headers, so a limit configured twice too high cannot send a burst the
+  provider refuses.
+
+:class:`MemoryTokens` applies them under the memory store's lock; the Redis store runs
+their Lua twin (``stores/redis/_tokens.py``) in one round trip; the shared tests run
+both. Times are wall-clock seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = [
+    "BUCKETS",
+    "PROBE_WAIT",
+    "Settlement",
+    "TokenConfig",
+    "TokenOps",
+    "token_ops",
+    "tokens_reserve",
+    "tokens_settle",
+]
+
+#: the buckets of a name, in the order of every 4-tuple here
+BUCKETS = ("requests", "input", "output", "tokens")
+#: how soon a caller turned away while the first call (the probe) is out asks again
+PROBE_WAIT = 0.25
+Fields = dict[str, Any]
+Four = tuple[float, float, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenConfig:
+    """A name's configured limits per minute (0: not configured) and how long the first
+    call may stay out before another caller may probe instead."""
+
+    limits: Four
+    probe_timeout: float = 30.0
+
+
+@dataclass(slots=True)
+class Settlement:
+    """What this process learned from responses and has not told the store yet.
+
+    ``refund``: tokens to give back per bucket (negative: the usage was above the
+    reservation); ``limit``: the limits the headers stated (0: not stated), ``remaining``
+    what they said was left (-1: not stated), both as of ``seen_at``; ``pause_until``:
+    a 429's Retry-After; ``answered``: a response arrived (the name is calibrated).
+    """
+
+    refund: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+    limit: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+    remaining: list[float] = field(default_factory=lambda: [-1.0, -1.0, -1.0, -1.0])
+    seen_at: float = 0.0
+    pause_until: float = 0.0
+    answered: bool = False
+
+    def empty(self) -> bool:
+        return not self.answered and not self.pause_until and not any(self.refund)
+
+    def merge(self, other: Settlement) -> None:
+        """Add ``other`` (learned later) to this one: refunds add up, the newer headers win."""
+        for i in range(4):
+            self.refund[i] += other.refund[i]
+        if other.seen_at >= self.seen_at:
+            for i in range(4):
+                if other.limit[i] > 0:
+                    self.limit[i] = other.limit[i]
+                if other.remaining[i] >= 0:
+                    self.remaining[i] = other.remaining[i]
+            self.seen_at = other.seen_at
+        self.pause_until = max(self.pause_until, other.pause_until)
+        self.answered = self.answered or other.answered
+
+    def args(self) -> list[float]:
+        """As 15 numbers, the order the Lua twin reads them in."""
+        return [*self.refund, *self.limit, *self.remaining, self.seen_at, self.pause_until,
+                1.0 if self.answered else 0.0]  # fmt: skip
+
+
+def _load(f: Fields, now: float, cfg: TokenConfig) -> None:
+    """Initialise a name (its buckets full at the configured limits) or refill it to ``now``."""
+    if "t" not in f:
+        f["t"], f["known"], f["probe_until"], f["paused_until"] = now, 0, 0.0, 0.0
+        for i in range(4):
+            f[f"cap{i}"] = f[f"lvl{i}"] = float(cfg.limits[i])
+        return
+    dt = max(0.0, now - f["t"])
+    for i in range(4):
+        cap = f[f"cap{i}"]
+        if cap > 0:
+            f[f"lvl{i}"] = min(cap, f[f"lvl{i}"] + cap * dt / 60.0)
+    f["t"] = max(f["t"], now)
+
+
+def tokens_settle(f: Fields, now: float, cfg: TokenConfig, s: Settlement) -> None:
+    """Apply what responses said: refunds, the headers' limits and levels, a pause."""
+    _load(f, now, cfg)
+    for i in range(4):
+        cap, limit = f[f"cap{i}"], s.limit[i]
+        if limit > 0 and limit != cap:
+            # the provider states the real limit: it replaces the configured one
+            f[f"lvl{i}"] = limit if cap <= 0 else min(f[f"lvl{i}"], limit)
+            f[f"cap{i}"] = cap = limit
+        if cap <= 0:
+            continue
+        level = min(cap, f[f"lvl{i}"] + s.refund[i])
+        if s.remaining[i] >= 0:
+            # the provider has less left than we think (callers outside the fleet, a
+            # limit configured too high): believe it, with what accrued since it said so
+            level = min(level, s.remaining[i] + cap * max(0.0, now - s.seen_at) / 60.0)
+        f[f"lvl{i}"] = level
+    if s.answered:
+        f["known"], f["probe_until"] = 1, 0.0
+    f["paused_until"] = max(f["paused_until"], s.pause_until)
+
+
+def tokens_reserve(
+    f: Fields, now: float, cfg: TokenConfig, need: Four, horizon: float
+) -> tuple[bool, float, float]:
+    """Take ``need`` from the buckets if the wait for it is within ``horizon``.
+
+    Returns ``(admitted, wait, retry_in)``: admitted, go after ``wait`` seconds; or not
+    admitted, the whole wait would be ``wait`` and asking again after ``retry_in`` may
+    succeed. A need above a bucket's capacity is taken as the capacity (admitted once
+    the bucket is full: the provider decides).
+    """
+    _load(f, now, cfg)
+    if not f["known"] and f["probe_until"] > now:
+        retry = min(PROBE_WAIT, f["probe_until"] - now)
+        return False, retry, retry
+    wait = max(0.0, f["paused_until"] - now)
+    for i in range(4):
+        cap = f[f"cap{i}"]
+        if cap > 0:
+            deficit = min(need[i], cap) - f[f"lvl{i}"]
+            if deficit > 0:
+                wait = max(wait, deficit * 60.0 / cap)
+    if wait > horizon:
+        return False, wait, wait - horizon
+    for i in range(4):
+        cap = f[f"cap{i}"]
+        if cap > 0:
+            f[f"lvl{i}"] -= min(need[i], cap)
+    if not f["known"]:
+        f["probe_until"] = now + wait + cfg.probe_timeout
+    return True, wait, 0.0
+
+
+def tokens_view(f: Fields, now: float, cfg: TokenConfig) -> dict[str, Any]:
+    """The state as the operator reads it: limits, levels, the pause."""
+    _load(f, now, cfg)
+    return {
+        "limits": {b: f[f"cap{i}"] for i, b in enumerate(BUCKETS) if f[f"cap{i}"] > 0},
+        "levels": {b: f[f"lvl{i}"] for i, b in enumerate(BUCKETS) if f[f"cap{i}"] > 0},
+        "calibrated": bool(f["known"]),
+        "paused_for": max(0.0, f["paused_until"] - now),
+    }
+
+
+class TokenOps(Protocol):
+    """A store's token operations (see :func:`token_ops`)."""
+
+    def reserve(
+        self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        pending: Settlement | None = None,
+    ) -> tuple[bool, float, float]: ...  # fmt: skip
+
+    def settle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None: ...
+
+    def view(self, name: str, now: float, cfg: TokenConfig) -> dict[str, Any]: ...
+
+    async def areserve(
+        self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        pending: Settlement | None = None,
+    ) -> tuple[bool, float, float]: ...  # fmt: skip
+
+    async def asettle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None: ...
+
+    def reset(self, name: str | None = None) -> None: ...
+
+
+class MemoryTokens:
+    """Token budgets in this process's memory, every operation under one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[str, Fields] = {}
+
+    def reserve(
+        self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        pending: Settlement | None = None,
+    ) -> tuple[bool, float, float]:  # fmt: skip
+        with self._lock:
+            f = self._data.setdefault(name, {})
+            if pending is not None and not pending.empty():
+                tokens_settle(f, now, cfg, pending)
+            return tokens_reserve(f, now, cfg, need, horizon)
+
+    def settle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None:
+        with self._lock:
+            tokens_settle(self._data.setdefault(name, {}), now, cfg, s)
+
+    def view(self, name: str, now: float, cfg: TokenConfig) -> dict[str, Any]:
+        with self._lock:
+            return tokens_view(self._data.setdefault(name, {}), now, cfg)
+
+    async def areserve(
+        self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        pending: Settlement | None = None,
+    ) -> tuple[bool, float, float]:  # fmt: skip
+        return self.reserve(name, now, cfg, need, horizon, pending)
+
+    async def asettle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None:
+        self.settle(name, now, cfg, s)
+
+    def reset(self, name: str | None = None) -> None:
+        with self._lock:
+            if name is None:
+                self._data.clear()
+            else:
+                self._data.pop(name, None)
+
+
+_OPS: weakref.WeakKeyDictionary[Any, TokenOps] = weakref.WeakKeyDictionary()
+_OPS_LOCK = threading.Lock()
+
+
+def token_ops(store: Any) -> TokenOps:
+    """The token operations of ``store``: its own (``store.tokens()``), the Redis twin for
+    a ``RedisStore``, or state in memory beside any other store (one per store object)."""
+    own = getattr(store, "tokens", None)
+    if callable(own):
+        ops: TokenOps = own()
+        return ops
+    with _OPS_LOCK:
+        found = _OPS.get(store)
+        if found is None:
+            if type(store).__name__ == "RedisStore":
+                from tether.stores.redis._tokens import RedisTokens
+
+                found = RedisTokens(store)
+            else:
+                found = MemoryTokens()
+            _OPS[store] = found
+        return found

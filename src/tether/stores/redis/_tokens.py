@@ -1,0 +1,226 @@
+"""Token budgets shared by a fleet through Redis: the Lua twin of :mod:`tether.stores._tokens`.
+
+A name's four buckets live in one hash, ``<prefix>:tokens:{<name>}`` (one hash tag per
+provider and family, so Redis Cluster keeps a name on one node). One script settles what
+the process learned since its last call (refunds from usage, the headers' limits and
+levels, a pause) and then reserves the next call: one round trip per model call. A
+429's pause is sent at once, without waiting for the next call.
+
+When Redis cannot be reached the store's memory fallback takes over (the store logs one
+warning, as for its other guards) and Redis is used again once it answers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tether.stores._tokens import PROBE_WAIT, MemoryTokens, Settlement, TokenConfig
+
+if TYPE_CHECKING:
+    from tether.stores._tokens import Four
+
+__all__ = ["TOKENS", "RedisTokens"]
+
+# ARGV: now, mode ('reserve' | 'settle'), ttl_ms, probe_timeout, horizon, the 4 configured
+# limits, the 4 needs, then the settlement's 15 numbers (Settlement.args).
+TOKENS = """
+local function fmt(x) return string.format('%.17g', x) end
+local k = KEYS[1]
+local now, mode, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local probe_timeout, horizon = tonumber(ARGV[4]), tonumber(ARGV[5])
+local v = redis.call('HMGET', k, 't', 'known', 'probe_until', 'paused_until',
+                     'cap0', 'cap1', 'cap2', 'cap3', 'lvl0', 'lvl1', 'lvl2', 'lvl3')
+local t, known, probe_until, paused_until
+local cap, lvl = {}, {}
+if v[1] then
+  t, known, probe_until, paused_until = tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
+  for i = 1, 4 do cap[i] = tonumber(v[4 + i]); lvl[i] = tonumber(v[8 + i]) end
+  local dt = math.max(0, now - t)
+  for i = 1, 4 do
+    if cap[i] > 0 then lvl[i] = math.min(cap[i], lvl[i] + cap[i] * dt / 60.0) end
+  end
+  t = math.max(t, now)
+else
+  t, known, probe_until, paused_until = now, 0, 0, 0
+  for i = 1, 4 do cap[i] = tonumber(ARGV[5 + i]); lvl[i] = cap[i] end
+end
+-- the settlement: refunds, the headers' limits and levels, a pause
+local s = 13
+local seen_at, pause, answered = tonumber(ARGV[s + 13]), tonumber(ARGV[s + 14]), tonumber(ARGV[s + 15])
+for i = 1, 4 do
+  local refund, limit, remaining = tonumber(ARGV[s + i]), tonumber(ARGV[s + 4 + i]), tonumber(ARGV[s + 8 + i])
+  if limit > 0 and limit ~= cap[i] then
+    if cap[i] <= 0 then lvl[i] = limit else lvl[i] = math.min(lvl[i], limit) end
+    cap[i] = limit
+  end
+  if cap[i] > 0 then
+    local level = math.min(cap[i], lvl[i] + refund)
+    if remaining >= 0 then
+      level = math.min(level, remaining + cap[i] * math.max(0, now - seen_at) / 60.0)
+    end
+    lvl[i] = level
+  end
+end
+if answered > 0 then known = 1; probe_until = 0 end
+paused_until = math.max(paused_until, pause)
+local function save()
+  redis.call('HSET', k, 't', fmt(t), 'known', known, 'probe_until', fmt(probe_until),
+             'paused_until', fmt(paused_until), 'cap0', fmt(cap[1]), 'cap1', fmt(cap[2]),
+             'cap2', fmt(cap[3]), 'cap3', fmt(cap[4]), 'lvl0', fmt(lvl[1]), 'lvl1', fmt(lvl[2]),
+             'lvl2', fmt(lvl[3]), 'lvl3', fmt(lvl[4]))
+  redis.call('PEXPIRE', k, ttl)
+end
+if mode ~= 'reserve' then save(); return {0, '0', '0'} end
+if known == 0 and probe_until > now then
+  save()
+  local retry = math.min(PROBE_WAIT, probe_until - now)
+  return {0, fmt(retry), fmt(retry)}
+end
+local wait = math.max(0, paused_until - now)
+for i = 1, 4 do
+  if cap[i] > 0 then
+    local deficit = math.min(tonumber(ARGV[9 + i]), cap[i]) - lvl[i]
+    if deficit > 0 then wait = math.max(wait, deficit * 60.0 / cap[i]) end
+  end
+end
+if wait > horizon then save(); return {0, fmt(wait), fmt(wait - horizon)} end
+for i = 1, 4 do
+  if cap[i] > 0 then lvl[i] = lvl[i] - math.min(tonumber(ARGV[9 + i]), cap[i]) end
+end
+if known == 0 then probe_until = now + wait + probe_timeout end
+save()
+return {1, fmt(wait), '0'}
+""".replace("PROBE_WAIT", repr(PROBE_WAIT))
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisTokens:
+    """The token operations of a :class:`~tether.stores.RedisStore` (see its module)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.fallback = MemoryTokens()
+        self._script = store.client.register_script(TOKENS)
+        self._ascript: Any = None
+        self._aclient: Any = None
+
+    def key(self, name: str) -> str:
+        return f"{self.store.prefix}:tokens:{{{name}}}"
+
+    def _args(
+        self, mode: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        pending: Settlement | None,
+    ) -> list[Any]:  # fmt: skip
+        s = pending or Settlement()
+        return [now, mode, self.store._ttl_ms, cfg.probe_timeout, horizon, *cfg.limits, *need,
+                *s.args()]  # fmt: skip
+
+    def _may_run(self) -> bool:
+        return bool(self.store._may_run("tokens"))
+
+    def _answer(self, r: Any) -> tuple[bool, float, float]:
+        return bool(int(r[0])), float(_s(r[1])), float(_s(r[2]))
+
+    def reserve(
+        self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        pending: Settlement | None = None,
+    ) -> tuple[bool, float, float]:  # fmt: skip
+        if self._may_run():
+            try:
+                r = self._script(keys=[self.key(name)],
+                                 args=self._args("reserve", now, cfg, need, horizon, pending))  # fmt: skip
+            except self.store._errors as exc:
+                self.store._unavailable(exc)
+            else:
+                self.store._answered()
+                return self._answer(r)
+        return self.fallback.reserve(name, now, cfg, need, horizon, pending)
+
+    def settle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None:
+        if self._may_run():
+            try:
+                self._script(keys=[self.key(name)],
+                             args=self._args("settle", now, cfg, (0, 0, 0, 0), 0.0, s))  # fmt: skip
+            except self.store._errors as exc:
+                self.store._unavailable(exc)
+            else:
+                self.store._answered()
+                return
+        self.fallback.settle(name, now, cfg, s)
+
+    def _async_script(self) -> Any:
+        """The script on the store's asyncio client of the running loop, or None (a store
+        built on a sync client only runs its scripts in a worker thread)."""
+        if self.store._aurl is None and self.store._aclient_given is None:
+            return None
+        self.store._async_scripts()  # makes the asyncio client of this loop if needed
+        client = self.store._aclient_made or self.store._aclient_given
+        if client is not self._aclient:
+            self._aclient, self._ascript = client, client.register_script(TOKENS)
+        return self._ascript
+
+    async def areserve(
+        self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        pending: Settlement | None = None,
+    ) -> tuple[bool, float, float]:  # fmt: skip
+        script = self._async_script()
+        if script is None:
+            import asyncio
+
+            return await asyncio.to_thread(self.reserve, name, now, cfg, need, horizon, pending)
+        if self._may_run():
+            try:
+                r = await script(keys=[self.key(name)],
+                                 args=self._args("reserve", now, cfg, need, horizon, pending))  # fmt: skip
+            except self.store._errors as exc:
+                self.store._unavailable(exc)
+            else:
+                self.store._answered()
+                return self._answer(r)
+        return self.fallback.reserve(name, now, cfg, need, horizon, pending)
+
+    async def asettle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None:
+        script = self._async_script()
+        if script is None:
+            import asyncio
+
+            await asyncio.to_thread(self.settle, name, now, cfg, s)
+            return
+        if self._may_run():
+            try:
+                await script(keys=[self.key(name)],
+                             args=self._args("settle", now, cfg, (0, 0, 0, 0), 0.0, s))  # fmt: skip
+            except self.store._errors as exc:
+                self.store._unavailable(exc)
+            else:
+                self.store._answered()
+                return
+        self.fallback.settle(name, now, cfg, s)
+
+    def view(self, name: str, now: float, cfg: TokenConfig) -> dict[str, Any]:
+        from tether.stores._tokens import tokens_view
+
+        try:
+            raw = self.store.client.hgetall(self.key(name))
+        except self.store._errors:
+            return self.fallback.view(name, now, cfg)
+        f: dict[str, Any] = {_s(a): float(_s(b)) for a, b in raw.items()}
+        if f:
+            f["known"] = int(f["known"])
+        return tokens_view(f, now, cfg)
+
+    def reset(self, name: str | None = None) -> None:
+        self.fallback.reset(name)
+        try:
+            if name is None:
+                keys = list(self.store.client.scan_iter(match=f"{self.store.prefix}:tokens:*"))
+            else:
+                keys = [self.key(name)]
+            if keys:
+                for key in keys:  # one by one: keys of several names may be on several nodes
+                    self.store.client.delete(key)
+        except self.store._errors:
+            pass
