@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from tether.clock import VirtualClock
 from tether.guards._breaker import breakers
 from tether.stores._memory import default_store
-from tether.stores._tokens import token_ops
 
 __all__ = ["VirtualClock", "capture_events", "capture_logs", "reset", "tether_reset"]
 
@@ -21,7 +20,6 @@ def reset() -> None:
 
     breakers.clear()
     default_store.reset()
-    token_ops(default_store).reset()
     with _pricing._warned_lock:
         _pricing._warned.clear()
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from tether.stores import _logic
 from tether.stores._logic import BreakerConfig, LimiterConfig
+from tether.stores._tokens import MemoryTokens
 
 __all__ = ["MemoryStore"]
 
@@ -18,6 +19,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._data: dict[str, dict[str, Any]] = {}
         self._configs: dict[str, str] = {}  # "kind:name" -> its configuration (see bind)
+        self._tokens = MemoryTokens()
 
     def _fields(self, kind: str, name: str) -> dict[str, Any]:
         return self._data.setdefault(f"{kind}:{name}", {})
@@ -87,9 +89,14 @@ class MemoryStore:
                 self._data.clear()
                 self._configs.clear()
             else:
-                for kind in ("breaker", "budget", "limiter"):
+                for kind in ("breaker", "budget", "limiter", "token budget"):
                     self._data.pop(f"{kind}:{name}", None)
                     self._configs.pop(f"{kind}:{name}", None)
+        self._tokens.reset(name)
+
+    def tokens(self) -> MemoryTokens:
+        """The token budgets' operations (:class:`tether.TokenBudget`)."""
+        return self._tokens
 
     def __repr__(self) -> str:
         return "MemoryStore()"

@@ -250,20 +250,11 @@ _OPS_LOCK = threading.Lock()
 
 
 def token_ops(store: Any) -> TokenOps:
-    """The token operations of ``store``: its own (``store.tokens()``), the Redis twin for
-    a ``RedisStore``, or state in memory beside any other store (one per store object)."""
+    """The token operations of ``store``: its own (``store.tokens()``: the memory and Redis
+    stores), or state in this process's memory beside a store that has none."""
     own = getattr(store, "tokens", None)
     if callable(own):
         ops: TokenOps = own()
         return ops
     with _OPS_LOCK:
-        found = _OPS.get(store)
-        if found is None:
-            if type(store).__name__ == "RedisStore":
-                from tether.stores.redis._tokens import RedisTokens
-
-                found = RedisTokens(store)
-            else:
-                found = MemoryTokens()
-            _OPS[store] = found
-        return found
+        return _OPS.setdefault(store, MemoryTokens())

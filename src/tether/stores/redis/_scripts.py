@@ -17,6 +17,7 @@ from __future__ import annotations
 from string import Template
 
 from tether.stores import _logic
+from tether.stores.redis._tokens import TOKENS
 
 __all__ = ["CONSTANTS", "SCRIPTS", "SOURCES", "render", "rendered"]
 
@@ -320,6 +321,7 @@ SOURCES: dict[str, str] = {
     "budget_refund": BUDGET_REFUND,
     "limiter_acquire": LIMITER_ACQUIRE,
     "limiter_feedback": LIMITER_FEEDBACK,
+    "tokens": TOKENS,
 }
 
 

@@ -32,6 +32,7 @@ from tether.stores.redis._breaker import Breakers
 from tether.stores.redis._budget import Budgets
 from tether.stores.redis._connection import Connection
 from tether.stores.redis._limiter import Limiters
+from tether.stores.redis._tokens import Tokens
 
 __all__ = ["RedisStore"]
 
@@ -89,6 +90,7 @@ class RedisStore:
         self._breakers = Breakers(self._conn, self.cache_ttl)
         self._budgets = Budgets(self._conn, self.cache_ttl)
         self._limiters = Limiters(self._conn)
+        self._tokens = Tokens(self._conn)
 
     def __repr__(self) -> str:
         return f"RedisStore({self.url!r})"
@@ -230,6 +232,10 @@ class RedisStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def tokens(self) -> Tokens:
+        """The token budgets' operations (:class:`tether.TokenBudget`)."""
+        return self._tokens
+
     def reset(self, name: str | None = None) -> None:
         """Delete the shared state of one name, or every key under this prefix."""
         self._breakers.cache.clear()
@@ -239,3 +245,4 @@ class RedisStore:
         self._limiters.gate.clear()
         self.fallback.reset(name)
         self._conn.delete(name, KINDS)
+        self._tokens.reset(name)

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tether.stores._tokens import PROBE_WAIT, MemoryTokens, Settlement, TokenConfig
+from tether.stores._tokens import PROBE_WAIT, Settlement, TokenConfig, tokens_view
 
 if TYPE_CHECKING:
-    from tether.stores._tokens import Four
+    from tether.stores._tokens import Four, TokenOps
+    from tether.stores.redis._connection import Connection, Plan
 
-__all__ = ["TOKENS", "RedisTokens"]
+__all__ = ["TOKENS", "Tokens"]
 
 # ARGV: now, mode ('reserve' | 'settle'), ttl_ms, probe_timeout, horizon, the 4 configured
 # limits, the 4 needs, then the settlement's 15 numbers (Settlement.args).
@@ -97,115 +98,61 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RedisTokens:
-    """The token operations of a :class:`~tether.stores.RedisStore` (see its module)."""
+class Tokens:
+    """The token budget operations of a :class:`~tether.stores.RedisStore` (see the module)."""
 
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self.fallback = MemoryTokens()
-        self._script = store.client.register_script(TOKENS)
-        self._ascript: Any = None
-        self._aclient: Any = None
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
 
     def key(self, name: str) -> str:
-        return f"{self.store.prefix}:tokens:{{{name}}}"
+        return f"{self.conn.prefix}:tokens:{{{name}}}"
 
-    def _args(
-        self, mode: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+    @property
+    def fallback(self) -> TokenOps:
+        return self.conn.fallback.tokens()
+
+    def _p_run(
+        self, mode: str, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
         pending: Settlement | None,
-    ) -> list[Any]:  # fmt: skip
+    ) -> Plan[tuple[bool, float, float] | None]:  # fmt: skip
         s = pending or Settlement()
-        return [now, mode, self.store._ttl_ms, cfg.probe_timeout, horizon, *cfg.limits, *need,
+        args = [now, mode, self.conn.ttl_ms, cfg.probe_timeout, horizon, *cfg.limits, *need,
                 *s.args()]  # fmt: skip
-
-    def _may_run(self) -> bool:
-        return bool(self.store._may_run("tokens"))
-
-    def _answer(self, r: Any) -> tuple[bool, float, float]:
+        r = yield ("tokens", self.key(name), args)
+        if r is None:
+            if mode == "settle":
+                self.fallback.settle(name, now, cfg, s)
+                return None
+            return self.fallback.reserve(name, now, cfg, need, horizon, pending)
         return bool(int(r[0])), float(_s(r[1])), float(_s(r[2]))
 
     def reserve(
         self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
         pending: Settlement | None = None,
     ) -> tuple[bool, float, float]:  # fmt: skip
-        if self._may_run():
-            try:
-                r = self._script(keys=[self.key(name)],
-                                 args=self._args("reserve", now, cfg, need, horizon, pending))  # fmt: skip
-            except self.store._errors as exc:
-                self.store._unavailable(exc)
-            else:
-                self.store._answered()
-                return self._answer(r)
-        return self.fallback.reserve(name, now, cfg, need, horizon, pending)
-
-    def settle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None:
-        if self._may_run():
-            try:
-                self._script(keys=[self.key(name)],
-                             args=self._args("settle", now, cfg, (0, 0, 0, 0), 0.0, s))  # fmt: skip
-            except self.store._errors as exc:
-                self.store._unavailable(exc)
-            else:
-                self.store._answered()
-                return
-        self.fallback.settle(name, now, cfg, s)
-
-    def _async_script(self) -> Any:
-        """The script on the store's asyncio client of the running loop, or None (a store
-        built on a sync client only runs its scripts in a worker thread)."""
-        if self.store._aurl is None and self.store._aclient_given is None:
-            return None
-        self.store._async_scripts()  # makes the asyncio client of this loop if needed
-        client = self.store._aclient_made or self.store._aclient_given
-        if client is not self._aclient:
-            self._aclient, self._ascript = client, client.register_script(TOKENS)
-        return self._ascript
+        answer = self.conn.drive(self._p_run("reserve", name, now, cfg, need, horizon, pending))
+        assert answer is not None
+        return answer
 
     async def areserve(
         self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
         pending: Settlement | None = None,
     ) -> tuple[bool, float, float]:  # fmt: skip
-        script = self._async_script()
-        if script is None:
-            import asyncio
+        plan = self._p_run("reserve", name, now, cfg, need, horizon, pending)
+        answer = await self.conn.adrive(plan)
+        assert answer is not None
+        return answer
 
-            return await asyncio.to_thread(self.reserve, name, now, cfg, need, horizon, pending)
-        if self._may_run():
-            try:
-                r = await script(keys=[self.key(name)],
-                                 args=self._args("reserve", now, cfg, need, horizon, pending))  # fmt: skip
-            except self.store._errors as exc:
-                self.store._unavailable(exc)
-            else:
-                self.store._answered()
-                return self._answer(r)
-        return self.fallback.reserve(name, now, cfg, need, horizon, pending)
+    def settle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None:
+        self.conn.drive(self._p_run("settle", name, now, cfg, (0.0, 0.0, 0.0, 0.0), 0.0, s))
 
     async def asettle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None:
-        script = self._async_script()
-        if script is None:
-            import asyncio
-
-            await asyncio.to_thread(self.settle, name, now, cfg, s)
-            return
-        if self._may_run():
-            try:
-                await script(keys=[self.key(name)],
-                             args=self._args("settle", now, cfg, (0, 0, 0, 0), 0.0, s))  # fmt: skip
-            except self.store._errors as exc:
-                self.store._unavailable(exc)
-            else:
-                self.store._answered()
-                return
-        self.fallback.settle(name, now, cfg, s)
+        await self.conn.adrive(self._p_run("settle", name, now, cfg, (0.0, 0.0, 0.0, 0.0), 0.0, s))
 
     def view(self, name: str, now: float, cfg: TokenConfig) -> dict[str, Any]:
-        from tether.stores._tokens import tokens_view
-
         try:
-            raw = self.store.client.hgetall(self.key(name))
-        except self.store._errors:
+            raw = self.conn.client.hgetall(self.key(name))
+        except self.conn.errors:
             return self.fallback.view(name, now, cfg)
         f: dict[str, Any] = {_s(a): float(_s(b)) for a, b in raw.items()}
         if f:
@@ -213,14 +160,14 @@ class RedisTokens:
         return tokens_view(f, now, cfg)
 
     def reset(self, name: str | None = None) -> None:
-        self.fallback.reset(name)
+        """Delete one name's buckets, or every name's (one key at a time: the names'
+        keys may be on several nodes of a cluster)."""
         try:
             if name is None:
-                keys = list(self.store.client.scan_iter(match=f"{self.store.prefix}:tokens:*"))
+                keys = list(self.conn.client.scan_iter(match=f"{self.conn.prefix}:tokens:*"))
             else:
                 keys = [self.key(name)]
-            if keys:
-                for key in keys:  # one by one: keys of several names may be on several nodes
-                    self.store.client.delete(key)
-        except self.store._errors:
+            for key in keys:
+                self.conn.client.delete(key)
+        except self.conn.errors:
             pass
