@@ -54,6 +54,9 @@ class Relay:
                 client, _ = self._server.accept()
             except OSError:
                 return
+            if self._closed:  # accepted while closing: refuse it, as a dead server would
+                client.close()
+                return
             upstream = socket.create_connection(self.target)
             for s in (client, upstream):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -103,6 +106,10 @@ class Relay:
 
     def close(self) -> None:
         self._closed = True
+        try:  # wakes the thread blocked in accept(): close() alone does not on Linux
+            self._server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._server.close()
         self.drop()
 

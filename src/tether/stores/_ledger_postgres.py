@@ -1,8 +1,13 @@
 """The ledger in PostgreSQL: ``INSERT ... ON CONFLICT DO NOTHING`` and row locks.
 
-Connections come from a pool (``psycopg_pool``) that checks each one before handing
-it out, so a server restart costs the calls in flight at that moment, not every call
-after it. Leases are measured on the server's clock (``clock_timestamp()``).
+Connections come from a pool (``psycopg_pool``). A new key costs two round trips (the
+claim, then the result). The pool does not probe a connection before handing it out (that
+was a round trip per checkout): a connection found broken on its first statement (the
+server restarted, or killed it while it sat idle) is thrown away and the statement sent
+again once on a fresh one, so a restart costs the calls in flight at that moment, not
+every call after it. Every statement here may be sent twice: each is idempotent for its
+owner (a repeat of the owner's own claim is claimed again, see ``decide_claim``). Leases
+are measured on the server's clock (``clock_timestamp()``).
 """
 
 from __future__ import annotations
@@ -29,21 +34,32 @@ _EPOCH = "extract(epoch from clock_timestamp())::float8"
 
 
 class _Counting:
-    """A connection that counts the statements it sends (``round_trips``)."""
+    """A connection that counts the statements it sends (``round_trips``) and whether one
+    of them has been answered yet (``answered``: a failure before that is a broken idle
+    connection, safe to try again on a fresh one)."""
+
+    __slots__ = ("_conn", "_owner", "answered")
 
     def __init__(self, conn: Any, owner: Any) -> None:
         self._conn = conn
         self._owner = owner
+        self.answered = False
 
     def execute(self, *args: Any, **kwargs: Any) -> Any:
         with self._owner._count_lock:
             self._owner.round_trips += 1
-        return self._conn.execute(*args, **kwargs)
+        cur = self._conn.execute(*args, **kwargs)
+        self.answered = True
+        return cur
 
     def transaction(self) -> Any:
         with self._owner._count_lock:
             self._owner.round_trips += 2  # BEGIN and COMMIT
         return self._conn.transaction()
+
+    @property
+    def broken(self) -> bool:
+        return bool(self._conn.broken or self._conn.closed)
 
 
 class PostgresLedgerBackend:
@@ -56,10 +72,10 @@ class PostgresLedgerBackend:
         self.table = table
         self.round_trips = 0  # statements sent to the server
         self._count_lock = threading.Lock()
+        self.reconnects = 0  # statements sent again after a broken idle connection
         self._pool = pool_mod.ConnectionPool(
             dsn, min_size=1, max_size=pool_size, open=False, name=f"tether-ledger-{table}",
             kwargs={"autocommit": True, "connect_timeout": 10},
-            check=pool_mod.ConnectionPool.check_connection,
         )  # fmt: skip
         self._pool_errors = (pool_mod.PoolTimeout, pool_mod.PoolClosed)
         try:
@@ -85,15 +101,34 @@ class PostgresLedgerBackend:
         return f"PostgresLedgerBackend({self.dsn!r}, table={self.table!r})"
 
     def _exec(self, fn: Any) -> Any:
-        try:
-            with self._pool.connection(timeout=10.0) as conn:
-                return fn(_Counting(conn, self))
-        except (self._psycopg.OperationalError, self._psycopg.InterfaceError,
-                *self._pool_errors) as exc:  # fmt: skip
-            raise StoreUnavailable(
-                f"the ledger's PostgreSQL at {self.dsn} did not answer ({type(exc).__name__}: "
-                f"{safe_url(str(exc))})"
-            ) from exc
+        lost = (self._psycopg.OperationalError, self._psycopg.InterfaceError)
+        for attempt in (1, 2):
+            counting = None
+            try:
+                with self._pool.connection(timeout=10.0) as conn:
+                    counting = _Counting(conn, self)
+                    return fn(counting)
+            except lost as exc:
+                # a connection that broke before answering anything had died while idle:
+                # the pool throws it away, and the statement goes once more on a fresh one
+                if (
+                    attempt == 1
+                    and counting is not None
+                    and not counting.answered
+                    and counting.broken
+                ):
+                    self.reconnects += 1
+                    continue
+                raise self._unavailable(exc) from exc
+            except self._pool_errors as exc:
+                raise self._unavailable(exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"the ledger's PostgreSQL at {self.dsn} did not answer ({type(exc).__name__}: "
+            f"{safe_url(str(exc))})"
+        )
 
     def _row(self, row: Any) -> Record | None:
         return None if row is None else Record.from_row(dict(zip(COLUMNS, row, strict=True)))

@@ -43,6 +43,17 @@ CREATE TABLE IF NOT EXISTS tether_ledger (
 """
 
 
+_REPLACE = (
+    f"INSERT OR REPLACE INTO tether_ledger ({', '.join(COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in COLUMNS)})"
+)
+# a claim of a key the ledger has never seen (or has forgotten) needs no decision
+_INSERT_NEW = (
+    f"INSERT INTO tether_ledger ({', '.join(COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in COLUMNS)}) ON CONFLICT (key) DO NOTHING"
+)
+
+
 class SqliteLedgerBackend:
     def __init__(self, path: str, *, timeout: float = 30.0) -> None:
         self.path = path
@@ -89,15 +100,15 @@ class SqliteLedgerBackend:
 
     def _put(self, record: Record) -> None:
         row = record.to_row()
-        self._db.execute(
-            f"INSERT OR REPLACE INTO tether_ledger ({', '.join(COLUMNS)}) "
-            f"VALUES ({', '.join('?' for _ in COLUMNS)})",
-            [row[c] for c in COLUMNS],
-        )
+        self._db.execute(_REPLACE, [row[c] for c in COLUMNS])
 
     def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
         now = system_clock.wall() if now is None else now
         new = record.at(now)
+        row = claimed_record(new, None).to_row()
+        with self._lock:  # a fresh key: one statement, its own transaction
+            if self._db.execute(_INSERT_NEW, [row[c] for c in COLUMNS]).rowcount == 1:
+                return True, None
 
         def decide(existing: Record | None) -> tuple[bool, Record | None]:
             claimed, previous = decide_claim(existing, new, now)
@@ -133,6 +144,14 @@ class SqliteLedgerBackend:
         ttl: float,
     ) -> Completion:
         expires = (system_clock.wall() if now is None else now) + ttl
+        with self._lock:  # the owner's live claim: one statement, its own transaction
+            done = self._db.execute(
+                "UPDATE tether_ledger SET state = ?, result = ?, error = ?, expires_at = ? "
+                "WHERE key = ? AND owner = ? AND state IN ('pending', 'unknown')",
+                (state.value, result, error, expires, key, owner),
+            )
+            if done.rowcount == 1:
+                return Completion.RECORDED
 
         def decide(existing: Record | None) -> Completion:
             verdict = decide_complete(existing, owner)
