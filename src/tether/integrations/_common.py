@@ -13,7 +13,7 @@ from typing import Any, ClassVar, TypeVar
 
 from tether import telemetry
 from tether.guards._breaker import breakers
-from tether.retries._policy import RetryPolicy, _CallState
+from tether.retries._policy import RetryPolicy
 from tether.run._run import Run
 from tether.run._tool import Tool, _is_async, schema_from_hints
 
@@ -117,19 +117,19 @@ class ModelRetries:
     def __init__(self, policy: RetryPolicy, run: Run | None) -> None:
         self.policy = policy
         self.run = run
-        self._state = _CallState(0.0, None, policy.base)
+        self._waits = policy.waits()
 
     def wait(self, verdict: Any, attempt: int) -> float | None:
         """The wait before the next attempt after attempt ``attempt`` failed with
         ``verdict``; None when there is none (not retryable, no attempts or time left)."""
         if attempt <= 1:
-            self._state = _CallState(0.0, None, self.policy.base)  # a new request: fresh tiers
+            self._waits = self.policy.waits()  # a new request: fresh tiers
         run = self.run
         if not verdict.retryable or attempt >= self.policy.max_attempts:
             return None
         if run is not None and run.stopped is not None:
             return None
-        delay = self.policy._delay(self._state, verdict)
+        delay = self._waits.next(verdict)
         left = None if run is None else run.time_left()
         if left is not None and delay >= left:
             return None

@@ -84,25 +84,47 @@ def notify(event: str, payload: Any) -> None:
             _log.exception("tether %s hook %r raised; ignored", event, fn)
 
 
+_UNLOADED: Any = object()
+#: the ``opentelemetry.trace`` module once looked for (None: not installed)
+_trace: Any = _UNLOADED
+
+
 def _api() -> Any:
     """The ``opentelemetry.trace`` module, or None when the API is not installed."""
-    if "trace" not in _state:
-        try:
-            from opentelemetry import metrics, trace
-        except ImportError:
-            _state["trace"] = None
-            _state["metrics"] = None
-        else:
-            _state["trace"] = trace
-            _state["metrics"] = metrics
-    return _state["trace"]
+    global _trace, _DIRECT
+    try:
+        return _state["trace"]
+    except KeyError:
+        pass
+    try:
+        from opentelemetry import metrics, trace
+        from opentelemetry.metrics import _internal as metrics_internal
+    except ImportError:
+        _state["trace"] = _state["metrics"] = _state["metrics_internal"] = None
+    else:
+        _state["trace"] = trace
+        _state["metrics"] = metrics
+        _state["metrics_internal"] = metrics_internal
+    _trace = _state["trace"]
+    _DIRECT = _trace is not None and hasattr(_trace, "_TRACER_PROVIDER") and not _ENV_PROVIDER
+    return _trace
+
+
+def _tracer() -> Any:
+    """tether's tracer, asked for once (a proxy tracer follows a provider set later)."""
+    tracer = _state.get("tracer")
+    if tracer is None:
+        tracer = _state["tracer"] = _api().get_tracer(_NAME)
+    return tracer
 
 
 def _instrument(kind: str, name: str, **kw: Any) -> Any:
     key = f"{kind}:{name}"
     inst = _state.get(key)
     if inst is None:
-        meter = _state["metrics"].get_meter(_NAME)
+        meter = _state.get("meter")
+        if meter is None:
+            meter = _state["meter"] = _state["metrics"].get_meter(_NAME)
         inst = getattr(meter, kind)(name, **kw)
         _state[key] = inst
     return inst
@@ -110,7 +132,9 @@ def _instrument(kind: str, name: str, **kw: Any) -> Any:
 
 def reset() -> None:
     """Forget cached tracers and instruments (tests swap providers)."""
+    global _trace
     _state.clear()
+    _trace = _UNLOADED
 
 
 def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,18 +165,38 @@ def enabled() -> bool:
     Called on every guarded step, so it avoids the public lookup (which reads the
     environment each time) when the API exposes its global directly.
     """
-    trace = _api()
+    trace = _trace if _trace is not _UNLOADED else _api()
     if trace is None:
         return False
+    if _DIRECT:  # the one check paid while nothing records
+        return trace._TRACER_PROVIDER is not None
     provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
-    if provider is _UNKNOWN or (provider is None and _ENV_PROVIDER):
+    if provider is None and not _ENV_PROVIDER:
+        return False  # the one check paid while nothing records
+    if provider is _UNKNOWN or provider is None:
         # a proxy provider means nobody configured OpenTelemetry: every span would be dropped
         return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
     return provider is not None
 
 
+def metering() -> bool:
+    """True when OpenTelemetry is installed and a meter provider has been set: before
+    that, a counter would drop what it is given."""
+    if _api() is None:
+        return False
+    internal = _state["metrics_internal"]
+    provider = getattr(internal, "_METER_PROVIDER", _UNKNOWN)
+    if provider is _UNKNOWN or (provider is None and _ENV_METER):
+        metrics = _state["metrics"]
+        return type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
+    return provider is not None
+
+
 _UNKNOWN = object()
 _ENV_PROVIDER = bool(os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"))
+#: the API exposes its global provider and no environment variable names one: read it
+_DIRECT = False
+_ENV_METER = bool(os.environ.get("OTEL_PYTHON_METER_PROVIDER"))
 
 
 def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
@@ -167,8 +211,7 @@ def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]
 def _span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
     trace = _api()
     try:
-        tracer = trace.get_tracer(_NAME)
-        cm = tracer.start_as_current_span(name, attributes=_clean(attributes))
+        cm = _tracer().start_as_current_span(name, attributes=_clean(attributes))
         current = cm.__enter__()
     except Exception:
         _log.debug("telemetry: could not start span %s", name, exc_info=True)
@@ -178,8 +221,8 @@ def _span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
         yield current
     except BaseException as exc:
         with contextlib.suppress(Exception):  # the exception event, its message redacted
-            current.add_event("exception", _clean({"exception.type": type(exc).__qualname__,
-                                                   "exception.message": str(exc)[:1000]}))  # fmt: skip
+            said = {"exception.type": type(exc).__qualname__, "exception.message": str(exc)[:1000]}
+            current.add_event("exception", _clean(said))
             current.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
         with contextlib.suppress(Exception):
             cm.__exit__(None, None, None)  # the SDK would record the raw message again
@@ -200,18 +243,19 @@ def set_attributes(target: Any, **attributes: Any) -> None:
 
 
 def add_event(name: str, **attributes: Any) -> None:
-    """An event on the current span."""
-    trace = _api()
-    if trace is None:
+    """An event on the current span (nothing is built unless that span records)."""
+    if not enabled():
         return
     try:
-        trace.get_current_span().add_event(name, _clean(attributes))
+        current = _api().get_current_span()
+        if current.is_recording():
+            current.add_event(name, _clean(attributes))
     except Exception:
         _log.debug("telemetry: add_event %s failed", name, exc_info=True)
 
 
 def _count(name: str, value: float = 1, **attributes: Any) -> None:
-    if _api() is None:
+    if not metering():
         return
     try:
         _instrument("create_counter", name).add(value, _clean(attributes))
@@ -241,7 +285,7 @@ def start_step(**attributes: Any) -> StepSpan | None:
         from opentelemetry import context as otel_context
 
         trace = _api()
-        step = trace.get_tracer(_NAME).start_span("tether.step", attributes=_clean(attributes))
+        step = _tracer().start_span("tether.step", attributes=_clean(attributes))
         token = otel_context.attach(trace.set_span_in_context(step))
         return StepSpan(step, token)
     except Exception:
@@ -262,21 +306,23 @@ def end_step(step: StepSpan | None) -> None:
 
 
 def record_retry(event: RetryEvent) -> None:
-    notify("retry", event)
-    if _api() is None:
-        return
+    if _hooks["retry"]:
+        notify("retry", event)
     v = event.verdict
-    attrs = {
-        "tether.name": event.name,
-        "tether.attempt": event.attempt,
-        "tether.verdict": v.kind.value,
-        "http.response.status_code": v.status,
-        "tether.error.code": v.code,
-        "tether.delay_s": event.delay,
-        "tether.retry_after_s": v.retry_after,
-        "error.type": type(event.error).__name__,
-    }
-    add_event("tether.retry", **attrs)
+    if enabled():
+        attrs = {
+            "tether.name": event.name,
+            "tether.attempt": event.attempt,
+            "tether.verdict": v.kind.value,
+            "http.response.status_code": v.status,
+            "tether.error.code": v.code,
+            "tether.delay_s": event.delay,
+            "tether.retry_after_s": v.retry_after,
+            "error.type": type(event.error).__name__,
+        }
+        add_event("tether.retry", **attrs)
+    if not metering():
+        return
     _count("tether.retries", 1, **{"tether.name": event.name, "tether.verdict": v.kind.value})
     try:
         _instrument("create_histogram", "tether.retry.delay", unit="s").record(
@@ -287,21 +333,21 @@ def record_retry(event: RetryEvent) -> None:
 
 
 def record_breaker(event: BreakerEvent) -> None:
-    notify("breaker_change", event)
-    if _api() is None:
-        return
-    add_event(
-        "tether.breaker",
-        **{"tether.breaker": event.name, "tether.breaker.from": event.old,
-           "tether.breaker.to": event.new, "tether.reason": event.reason},
-    )  # fmt: skip
+    if _hooks["breaker_change"]:
+        notify("breaker_change", event)
+    if enabled():
+        attrs = {
+            "tether.breaker": event.name,
+            "tether.breaker.from": event.old,
+            "tether.breaker.to": event.new,
+            "tether.reason": event.reason,
+        }
+        add_event("tether.breaker", **attrs)
     _count("tether.breaker.transitions", 1, **{"tether.breaker": event.name, "to": event.new})
 
 
 def record_stop(reason: str, status: str, **attributes: Any) -> None:
-    if _api() is None:
-        return
-    add_event(
-        "tether.stop", **{"tether.stop_reason": reason, "tether.status": status}, **attributes
-    )
+    if enabled():
+        attrs = {"tether.stop_reason": reason, "tether.status": status}
+        add_event("tether.stop", **attrs, **attributes)
     _count("tether.stops", 1, **{"tether.stop_reason": reason, "tether.status": status})

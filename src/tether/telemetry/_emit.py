@@ -46,18 +46,20 @@ def safe_call(hook: Callable[[Any], object] | None, event: object) -> None:
 
 
 def emit_retry(event: RetryEvent) -> None:
-    v = event.verdict
-    text = str(event.error).strip().splitlines()[0][:200] if str(event.error).strip() else ""
-    logger.info(
-        "retry %s: attempt %d failed (%s%s: %s%s), next attempt in %.3f s",
-        event.name,
-        event.attempt,
-        v.kind.value,
-        f" {v.status}" if v.status is not None else "",
-        type(event.error).__name__,
-        f": {text}" if text else "",
-        event.delay,
-    )
+    if logger.isEnabledFor(logging.INFO):  # the text is built only for a logger that writes it
+        v = event.verdict
+        said = str(event.error).strip()
+        text = said.splitlines()[0][:200] if said else ""
+        logger.info(
+            "retry %s: attempt %d failed (%s%s: %s%s), next attempt in %.3f s",
+            event.name,
+            event.attempt,
+            v.kind.value,
+            f" {v.status}" if v.status is not None else "",
+            type(event.error).__name__,
+            f": {text}" if text else "",
+            event.delay,
+        )
     from tether import telemetry
 
     telemetry.record_retry(event)
