@@ -3,6 +3,7 @@ checkpoints' document store so that it survives a restart with its run."""
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import logging
@@ -10,6 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tether._errors import TetherError
+from tether.stores._documents import DocKind
 
 __all__ = [
     "APPROVED",
@@ -18,13 +20,32 @@ __all__ = [
     "USED",
     "ApprovalError",
     "ApprovalRecord",
+    "ApprovalStatus",
     "Approvals",
     "approval_id",
 ]
 
 _log = logging.getLogger("tether")
 
-PENDING, APPROVED, REJECTED, USED = "pending", "approved", "rejected", "used"
+
+class ApprovalStatus(enum.StrEnum):
+    """An approval's status; the values are what the records keep (and compare equal to them).
+
+    ``pending`` -> ``approved`` or ``rejected`` (a person's decision) -> ``used`` (the run
+    made the approved call, once)."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    USED = "used"
+
+
+PENDING, APPROVED, REJECTED, USED = (
+    ApprovalStatus.PENDING,
+    ApprovalStatus.APPROVED,
+    ApprovalStatus.REJECTED,
+    ApprovalStatus.USED,
+)
 
 
 class ApprovalError(TetherError, ValueError):
@@ -40,13 +61,24 @@ class ApprovalRecord:
     tool: str
     args: Any  # redacted: what the approver sees
     key: str  # the intent the approval covers
-    status: str
+    status: ApprovalStatus  # given as its text ("pending") or a member
     requested_at: float
     checkpoint_id: str | None = None
     task: str = ""
     decided_by: str | None = None
     decided_at: float | None = None
     note: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.status, ApprovalStatus):
+            try:
+                status = ApprovalStatus(self.status)
+            except ValueError:
+                raise ValueError(
+                    f"status must be one of {[s.value for s in ApprovalStatus]}, "
+                    f"got {self.status!r}"
+                ) from None
+            object.__setattr__(self, "status", status)
 
     def to_doc(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,7 +97,7 @@ class Approvals:
     """Approval records in a document store (the checkpoints' store: SQLite, PostgreSQL,
     memory), so that they survive a restart with the run they belong to."""
 
-    kind = "approval"
+    kind = DocKind.APPROVAL
 
     def __init__(self, store: Any) -> None:
         self.store = store
@@ -83,7 +115,9 @@ class Approvals:
             ApprovalRecord.from_doc(json.loads(t)) for _, t in self.store.list(self.kind, limit)
         ]
 
-    def decide(self, record_id: str, status: str, by: str, note: str, at: float) -> ApprovalRecord:
+    def decide(
+        self, record_id: str, status: ApprovalStatus | str, by: str, note: str, at: float
+    ) -> ApprovalRecord:
         record = self.get(record_id)
         if record is None:
             raise ApprovalError(f"no approval {record_id!r} in this store")
@@ -92,7 +126,9 @@ class Approvals:
                 f"approval {record_id!r} was already {record.status}"
                 + (f" by {record.decided_by}" if record.decided_by else "")
             )
-        decided = replace(record, status=status, decided_by=by, decided_at=at, note=note)
+        decided = replace(
+            record, status=ApprovalStatus(status), decided_by=by, decided_at=at, note=note
+        )
         self.put(decided, at)
         _log.info("tether: %s %s (%s) by %s", record.tool, status, record_id, by)
         return decided

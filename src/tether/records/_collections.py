@@ -7,6 +7,7 @@ corrupt or foreign document is a :class:`CheckpointError` that says what is wron
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import re
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tether._errors import CheckpointError, TetherError
 from tether.redaction._redact import redact, redacted_paths
 from tether.stores._documents import (
+    DocKind,
     DocumentStore,
     MemoryDocuments,
     PostgresDocuments,
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RUN_ID_RULE",
+    "CaseState",
     "CheckpointError",
     "Checkpoints",
     "DeadLetter",
@@ -40,6 +43,19 @@ __all__ = [
 ]
 
 CHECKPOINT_FORMAT = "tether.checkpoint/1"
+
+
+class CaseState(enum.StrEnum):
+    """A handoff's case state; the values are what the records keep (a case filed before
+    cases had a state is open)."""
+
+    OPEN = "open"
+    CLAIMED = "claimed"  # a person took it
+    RESOLVED = "resolved"  # closed, with a note
+
+
+#: the order the inbox lists cases in
+_CASE_ORDER = {CaseState.OPEN: 0, CaseState.CLAIMED: 1, CaseState.RESOLVED: 2}
 #: How long a replay's record is kept: a letter replayed once stays replayed.
 REPLAY_TTL = 400 * 86_400.0
 
@@ -56,7 +72,7 @@ def check_run_id(value: object, name: str = "run_id") -> str:
 
 
 class _Collection:
-    kind = ""
+    kind: DocKind
 
     def __init__(self, store: DocumentStore) -> None:
         self.store = store
@@ -89,7 +105,7 @@ class _Collection:
 class Checkpoints(_Collection):
     """Where a run's state is saved on every stop, to resume it later."""
 
-    kind = "checkpoint"
+    kind = DocKind.CHECKPOINT
 
     def save(self, doc: dict[str, Any], created_at: float) -> str:
         checkpoint_id = f"ckpt_{uuid.uuid4().hex[:20]}"
@@ -215,7 +231,7 @@ def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
 class DeadLetters(_Collection):
     """Permanent failures, with their (redacted) inputs, for a person to fix and replay."""
 
-    kind = "dead_letter"
+    kind = DocKind.DEAD_LETTER
 
     def __init__(self, store: DocumentStore, *, redact_pattern: str | None = None) -> None:
         super().__init__(store)
@@ -366,11 +382,11 @@ class Handoffs(_Collection):
     """A table of handoff records (a sink for :class:`tether.Escalation`), each with its
     case state: ``open`` -> ``claimed`` (by a person) -> ``resolved`` (with a note)."""
 
-    kind = "handoff"
+    kind = DocKind.HANDOFF
 
     def __call__(self, record: Any) -> None:
         doc = record.to_doc()
-        doc.setdefault("state", "open")
+        doc.setdefault("state", CaseState.OPEN)
         self.store.put(self.kind, doc["id"], doc, doc["at"])
 
     def get(self, handoff_id: str) -> dict[str, Any]:
@@ -378,32 +394,35 @@ class Handoffs(_Collection):
         if text is None:
             raise KeyError(f"no handoff {handoff_id!r}")
         doc: dict[str, Any] = json.loads(text)
-        doc.setdefault("state", "open")
+        doc.setdefault("state", CaseState.OPEN)
         return doc
 
     def list(self, limit: int = 50) -> list[dict[str, Any]]:
         """Open cases first (then claimed, then resolved), newest first in each."""
         docs = [json.loads(text) for _, text in self.store.list(self.kind, limit)]
-        order = {"open": 0, "claimed": 1, "resolved": 2}
         for doc in docs:
-            doc.setdefault("state", "open")
-        return sorted(docs, key=lambda d: (order.get(d["state"], 3), -float(d.get("at") or 0)))
+            doc.setdefault("state", CaseState.OPEN)
+        return sorted(
+            docs, key=lambda d: (_CASE_ORDER.get(d["state"], 3), -float(d.get("at") or 0))
+        )
 
     def claim(self, handoff_id: str, *, by: str, at: float) -> dict[str, Any]:
         """A person takes the case (a resolved case cannot be claimed again)."""
         doc = self.get(handoff_id)
-        if doc["state"] == "resolved":
+        if doc["state"] == CaseState.RESOLVED:
             raise ValueError(f"handoff {handoff_id} is resolved already")
-        doc.update(state="claimed", claimed_by=_who(by), claimed_at=at)
+        doc.update(state=CaseState.CLAIMED, claimed_by=_who(by), claimed_at=at)
         self.store.put(self.kind, handoff_id, doc, float(doc["at"]))
         return doc
 
     def resolve(self, handoff_id: str, *, by: str, note: str, at: float) -> dict[str, Any]:
         """The case is closed, with what was done (the note is redacted)."""
         doc = self.get(handoff_id)
-        if doc["state"] == "resolved":
+        if doc["state"] == CaseState.RESOLVED:
             raise ValueError(f"handoff {handoff_id} is resolved already")
-        doc.update(state="resolved", resolved_by=_who(by), resolved_at=at, resolution=redact(note))
+        doc.update(
+            state=CaseState.RESOLVED, resolved_by=_who(by), resolved_at=at, resolution=redact(note)
+        )
         self.store.put(self.kind, handoff_id, doc, float(doc["at"]))
         return doc
 

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from tether.records._approvals import APPROVED, REJECTED, Approvals
 from tether.records._collections import (
+    CaseState,
     Checkpoints,
     DeadLetters,
     Handoffs,
 )
 from tether.records._retention import Pruned, prune
 from tether.records._runs import DAY, Overview, RunPage, Runs, Tables, portable
-from tether.stores._documents import PostgresDocuments, SqliteDocuments
+from tether.stores._documents import DocKind, PostgresDocuments, SqliteDocuments
 
 if TYPE_CHECKING:
     from tether.clock import Clock
@@ -46,7 +47,7 @@ DEFAULT_RETENTION = timedelta(days=30)
 #: how long a worker holds a decision it took before another worker may take it
 DECISION_LEASE = 900.0
 #: the field that holds each kind's state (indexed: the inbox and the workers query by it)
-_STATE_FIELDS = {"approval": "status", "handoff": "state"}
+_STATE_FIELDS: dict[str, str] = {DocKind.APPROVAL: "status", DocKind.HANDOFF: "state"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +186,7 @@ class Records:
         )
         while True:
             rows = self._docs(
-                "approval",
+                DocKind.APPROVAL,
                 (APPROVED, REJECTED),
                 limit,
                 newest=False,
@@ -220,7 +221,7 @@ class Records:
         checkpoint_id = str(doc.get("checkpoint_id") or "")
         messages: tuple[Any, ...] = ()
         if checkpoint_id:
-            text = self.store.get("checkpoint", checkpoint_id)
+            text = self.store.get(DocKind.CHECKPOINT, checkpoint_id)
             stored = json.loads(text).get("messages") if text else None
             messages = tuple(stored) if isinstance(stored, list) else ()
         return Decision(
@@ -261,7 +262,7 @@ class Records:
             raise ValueError(f"kind must be one of {sorted(_STATE_FIELDS)}, got {kind!r}")
         name = self.tables.field(_STATE_FIELDS[kind])
         parts = [(f"kind = '{kind}' AND {name} = ?", [state]) for state in states]
-        if kind == "handoff" and "open" in states:  # a case filed before it had a state is open
+        if kind == DocKind.HANDOFF and CaseState.OPEN in states:  # filed before cases had one
             parts.append((f"kind = '{kind}' AND {name} IS NULL", []))
         return parts
 

@@ -16,8 +16,9 @@ from datetime import timedelta
 from typing import Any
 
 from tether.records._approvals import APPROVED, PENDING, REJECTED
+from tether.records._collections import CaseState
 from tether.records._runs import Tables
-from tether.stores._documents import PostgresDocuments, Sql, SqliteDocuments
+from tether.stores._documents import DocKind, PostgresDocuments, Sql, SqliteDocuments
 
 __all__ = ["Pruned", "prune"]
 
@@ -74,12 +75,16 @@ def prune(
         for run_id in keep_runs:
             row = sql.rows(f"SELECT checkpoint_id FROM {t.runs} WHERE run_id = ?", (run_id,))
             keep_checkpoints.update(str(r[0]) for r in row if r[0])
-        checkpoints = _old(sql, t.docs, "checkpoint", cutoff)
+        checkpoints = _old(sql, t.docs, DocKind.CHECKPOINT, cutoff)
         handoffs = [
-            i for i, d in _old_docs(sql, t.docs, "handoff", cutoff) if d.get("state") == "resolved"
+            i
+            for i, d in _old_docs(sql, t.docs, DocKind.HANDOFF, cutoff)
+            if d.get("state") == CaseState.RESOLVED
         ]
         letters = [
-            i for i, d in _old_docs(sql, t.docs, "dead_letter", cutoff) if d.get("replayed") is True
+            i
+            for i, d in _old_docs(sql, t.docs, DocKind.DEAD_LETTER, cutoff)
+            if d.get("replayed") is True
         ]
         ledgers = [name for name in t.ledgers if _has_table(sql, t.dialect, name)]
     runs = [r for r in old_runs if r not in keep_runs]
@@ -93,10 +98,10 @@ def prune(
             sql.run(f"DELETE FROM {t.tools} WHERE run_id IN ({marks})", chunk)
             sql.run(f"DELETE FROM {t.runs} WHERE run_id IN ({marks})", chunk)
         for kind, ids in (
-            ("checkpoint", checkpoints),
-            ("approval", old_approvals),
-            ("handoff", handoffs),
-            ("dead_letter", letters),
+            (DocKind.CHECKPOINT, checkpoints),
+            (DocKind.APPROVAL, old_approvals),
+            (DocKind.HANDOFF, handoffs),
+            (DocKind.DEAD_LETTER, letters),
         ):
             _delete(sql, t.docs, kind, ids)
         sql.many(f"DELETE FROM {t.decisions} WHERE approval_id = ?", [(a,) for a in old_approvals])
@@ -124,11 +129,11 @@ def _kept(t: Tables, sql: Sql, now: float, cutoff: float) -> tuple[set[str], set
     ended = dict(
         sql.rows(
             f"SELECT run_id, ended_at FROM {t.runs} WHERE run_id IN "
-            f"(SELECT {t.field('run_id')} FROM {t.docs} WHERE kind = 'approval')"
+            f"(SELECT {t.field('run_id')} FROM {t.docs} WHERE kind = '{DocKind.APPROVAL}')"
         )
     )
     removable: list[str] = []
-    for doc_id, doc, at in _docs(sql, t.docs, "approval"):
+    for doc_id, doc, at in _docs(sql, t.docs, DocKind.APPROVAL):
         status, run_id = doc.get("status"), str(doc.get("run_id") or "")
         resumed = doc_id in done or float(ended.get(run_id) or 0.0) > float(
             doc.get("decided_at") or now
@@ -138,10 +143,10 @@ def _kept(t: Tables, sql: Sql, now: float, cutoff: float) -> tuple[set[str], set
             keep_checkpoints.add(str(doc.get("checkpoint_id") or ""))
         elif at < cutoff:
             removable.append(doc_id)
-    for _, doc, _ in _docs(sql, t.docs, "handoff"):
-        if doc.get("state", "open") != "resolved":
+    for _, doc, _ in _docs(sql, t.docs, DocKind.HANDOFF):
+        if doc.get("state", CaseState.OPEN) != CaseState.RESOLVED:
             keep_runs.add(str(doc.get("run_id") or ""))
-    for _, doc, _ in _docs(sql, t.docs, "dead_letter"):
+    for _, doc, _ in _docs(sql, t.docs, DocKind.DEAD_LETTER):
         if doc.get("replayed") is not True:
             keep_runs.add(str(doc.get("run_id") or ""))
     return keep_runs, keep_checkpoints, removable

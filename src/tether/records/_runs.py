@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.records._collections import _Collection
-from tether.stores._documents import PostgresDocuments, SqliteDocuments
+from tether.stores._documents import DocKind, PostgresDocuments, SqliteDocuments
 
 __all__ = ["DAY", "Overview", "RunPage", "Runs", "Tables", "portable"]
 
@@ -100,9 +100,9 @@ class Tables:
             f"CREATE INDEX IF NOT EXISTS {self.decisions}_by_run ON {self.decisions} (run_id)",
             # the inbox and the workers ask for approvals and cases by state
             f"CREATE INDEX IF NOT EXISTS {self.docs}_approval_state ON {self.docs} "
-            f"({self.field('status')}, created_at) WHERE kind = 'approval'",
+            f"({self.field('status')}, created_at) WHERE kind = '{DocKind.APPROVAL}'",
             f"CREATE INDEX IF NOT EXISTS {self.docs}_handoff_state ON {self.docs} "
-            f"({self.field('state')}, created_at) WHERE kind = 'handoff'",
+            f"({self.field('state')}, created_at) WHERE kind = '{DocKind.HANDOFF}'",
         ]
 
 
@@ -186,7 +186,7 @@ class Runs(_Collection):
     """Every ended run's outcome (status, reason, usage, cost, duration, task, open issues,
     the customer message, its tool calls and steps), one record per run, the latest state."""
 
-    kind = "run"
+    kind = DocKind.RUN
 
     def __init__(
         self, store: SqliteDocuments | PostgresDocuments, tables: Tables | None = None

@@ -33,10 +33,12 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from tether._errors import require
 from tether.records._approvals import APPROVED, PENDING, REJECTED, USED, ApprovalError
-from tether.records._collections import RedactedArguments, check_run_id
+from tether.records._collections import CaseState, RedactedArguments, check_run_id
 from tether.records._records import DAY, Records
 from tether.redaction._redact import masks_pii, redact
 from tether.run._outcome import STATUSES, StopReason
+from tether.stores._documents import DocKind
+from tether.stores._logic import BreakerState
 
 require("starlette", "serve")
 require("jinja2", "serve")
@@ -323,7 +325,7 @@ class App:
 
     def run(self, request: Request) -> tuple[str, dict[str, Any]]:
         run_id = check_run_id(request.path_params["run_id"])
-        text = self.records.store.get("run", run_id)
+        text = self.records.store.get(DocKind.RUN, run_id)
         if text is None:
             raise LookupError(f"no run {run_id!r} in these records")
         view = run_view(text)
@@ -383,11 +385,12 @@ class App:
 
     def _inbox(self) -> dict[str, Any]:
         records = self.records
-        pending, waiting = records.pending("approval", (PENDING,), limit=INBOX)
-        cases, open_cases = records.pending("handoff", ("open", "claimed"), limit=INBOX)
-        cases.sort(key=lambda h: 0 if h.get("state", "open") == "open" else 1)
-        resolved = records.recent("handoff", ("resolved",), limit=20)
-        decided = records.recent("approval", (APPROVED, REJECTED, USED), limit=20)
+        pending, waiting = records.pending(DocKind.APPROVAL, (PENDING,), limit=INBOX)
+        open_states = (CaseState.OPEN, CaseState.CLAIMED)
+        cases, open_cases = records.pending(DocKind.HANDOFF, open_states, limit=INBOX)
+        cases.sort(key=lambda h: 0 if h.get("state", CaseState.OPEN) == CaseState.OPEN else 1)
+        resolved = records.recent(DocKind.HANDOFF, (CaseState.RESOLVED,), limit=20)
+        decided = records.recent(DocKind.APPROVAL, (APPROVED, REJECTED, USED), limit=20)
         taken = records.resumptions([d["id"] for d in decided])
         runs = {d["run_id"]: records.runs.get(d["run_id"]) for d in decided if d.get("run_id")}
         return {
@@ -459,7 +462,7 @@ class App:
             now = self.clock()
             for name in self.redis.breaker_names():
                 state, retry_at = self.redis.breaker_state(name, now)
-                retry_in = max(0.0, retry_at - now) if state == "open" else 0.0
+                retry_in = max(0.0, retry_at - now) if state == BreakerState.OPEN else 0.0
                 rows.append({"name": name, "state": state, "retry_in": retry_in})
         return "breakers.html", {"breakers": rows}
 
@@ -504,11 +507,13 @@ class App:
     def force(self, request: Request, form: dict[str, str]) -> str:
         if self.redis is None:
             raise ValueError("no Redis store: start tether serve with --redis URL")
-        name, state = request.path_params["name"], request.path_params["state"]
+        name = request.path_params["name"]
+        is_open = request.path_params["state"] == BreakerState.OPEN
         seconds = float(form.get("seconds") or 60)
-        if state == "open" and not 0 < seconds <= 86_400:
+        if is_open and not 0 < seconds <= 86_400:
             raise ValueError("seconds must be between 0 and 86400")
-        self.redis.breaker_force(name, "open" if state == "open" else "closed", seconds)
+        state = BreakerState.OPEN if is_open else BreakerState.CLOSED
+        self.redis.breaker_force(name, state, seconds)
         return "/breakers"
 
     async def home(self, request: Request) -> Response:
@@ -543,10 +548,10 @@ class App:
 
 #: the records whose values /values/{kind}/{id} serves whole
 VALUE_KINDS = {
-    "run": "run",
-    "dead-letter": "dead_letter",
-    "approval": "approval",
-    "handoff": "handoff",
+    "run": DocKind.RUN,
+    "dead-letter": DocKind.DEAD_LETTER,
+    "approval": DocKind.APPROVAL,
+    "handoff": DocKind.HANDOFF,
 }
 
 
@@ -554,7 +559,7 @@ def _case(doc: dict[str, Any]) -> dict[str, Any]:
     """A handoff as the inbox shows it, with what a person must check for each effect whose
     outcome is unknown (the tool, its redacted arguments, the ledger key)."""
     case: dict[str, Any] = short({k: v for k, v in doc.items() if k != "history"})
-    case.setdefault("state", "open")
+    case.setdefault("state", CaseState.OPEN)
     case["unknown"] = [
         {"tool": short(e.get("tool")), "args": preview(e.get("args")), "key": short(e.get("key"))}
         for e in doc.get("history") or ()

@@ -3,6 +3,7 @@ are kept (this process's memory, a SQLite file, or PostgreSQL for a fleet)."""
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 import threading
@@ -13,7 +14,24 @@ from typing import Any, Protocol
 from tether._errors import CheckpointError, StoreUnavailable, require
 from tether.redaction._redact import safe_url
 
-__all__ = ["DocumentStore", "MemoryDocuments", "PostgresDocuments", "Sql", "SqliteDocuments"]
+__all__ = [
+    "DocKind",
+    "DocumentStore",
+    "MemoryDocuments",
+    "PostgresDocuments",
+    "Sql",
+    "SqliteDocuments",
+]
+
+
+class DocKind(enum.StrEnum):
+    """The kinds of documents a store keeps (the ``kind`` column; the values are stored)."""
+
+    CHECKPOINT = "checkpoint"
+    APPROVAL = "approval"
+    HANDOFF = "handoff"
+    DEAD_LETTER = "dead_letter"
+    RUN = "run"
 
 
 class DocumentStore(Protocol):

@@ -14,6 +14,7 @@ object made with the same name and another configuration is refused.
 
 from __future__ import annotations
 
+import enum
 import functools
 from dataclasses import dataclass, fields
 from typing import Any
@@ -23,8 +24,11 @@ __all__ = [
     "DENY",
     "PROBE",
     "BreakerConfig",
+    "BreakerState",
     "BudgetConfig",
     "LimiterConfig",
+    "LimiterOutcome",
+    "Permit",
     "breaker_acquire",
     "breaker_record",
     "next_probe_wait",
@@ -35,7 +39,33 @@ __all__ = [
     "limiter_feedback",
 ]
 
-CALL, PROBE, DENY = "call", "probe", "deny"
+
+class BreakerState(enum.StrEnum):
+    """A breaker's state; the values are what the stores keep (and compare equal to them)."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class Permit(enum.StrEnum):
+    """What a breaker answers a call that asks to go out."""
+
+    CALL = "call"  # closed: go
+    PROBE = "probe"  # half-open: go, as one of the probes
+    DENY = "deny"  # open, or half-open with its probes out: do not go
+
+
+class LimiterOutcome(enum.StrEnum):
+    """What a limited call's answer tells the limiter."""
+
+    OK = "ok"
+    THROTTLED = "throttled"  # 429, 529: the dependency asks for less
+    FAILED = "failed"  # any other retryable failure
+
+
+CALL, PROBE, DENY = Permit.CALL, Permit.PROBE, Permit.DENY
+CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 Fields = dict[str, Any]
 
 # The numbers of the state machines. The Redis store's Lua scripts are rendered from
@@ -90,7 +120,7 @@ def next_probe_wait(f: Fields, now: float, cfg: BreakerConfig) -> float:
     """
     if cfg.probe_interval <= 0:
         return cfg.cooldown
-    if f["state"] != "half_open":  # a trip from closed
+    if f["state"] != HALF_OPEN:  # a trip from closed
         return min(cfg.cooldown, cfg.probe_interval)
     grown = max(cfg.probe_interval, PROBE_SHARE * (now - f["opened_at"]))
     return float(min(cfg.cooldown, PROBE_GROWTH * max(f["open_wait"], cfg.probe_interval), grown))
@@ -126,7 +156,7 @@ def config_text(cfg: BreakerConfig | BudgetConfig | LimiterConfig) -> str:
 def _breaker_defaults(f: Fields) -> None:
     if "state" in f:
         return
-    f.setdefault("state", "closed")
+    f.setdefault("state", CLOSED)
     f.setdefault("failures", 0)
     f.setdefault("retry_at", 0.0)
     f.setdefault("inflight", 0)
@@ -141,29 +171,29 @@ def breaker_acquire(f: Fields, now: float, cfg: BreakerConfig) -> tuple[str, str
     """May a call go out? Returns (old state, new state, retry_at, CALL|PROBE|DENY)."""
     _breaker_defaults(f)
     old = f["state"]
-    if f["state"] == "open":
+    if f["state"] == OPEN:
         if now < f["retry_at"]:
-            return old, "open", f["retry_at"], DENY
-        f["state"], f["inflight"], f["probe_ok"] = "half_open", 0, 0
-    if f["state"] == "half_open":
+            return old, OPEN, f["retry_at"], DENY
+        f["state"], f["inflight"], f["probe_ok"] = HALF_OPEN, 0, 0
+    if f["state"] == HALF_OPEN:
         if f["inflight"] > 0 and now >= f["probe_deadline"]:
             f["inflight"] = 0  # the probes' callers vanished: let new ones through
         # slow start: one probe at first, one more in flight for every probe that succeeded
         if f["inflight"] < 1 + f["probe_ok"] and f["probe_ok"] < cfg.half_open_max_calls:
             f["inflight"] += 1
             f["probe_deadline"] = now + cfg.cooldown
-            return old, "half_open", 0.0, PROBE
+            return old, HALF_OPEN, 0.0, PROBE
         # the probes answer within a call's latency: ask again soon, not after a cooldown
         ask_again = now + min(PROBE_ASK_AGAIN, cfg.cooldown)
-        return old, "half_open", min(f["probe_deadline"], ask_again), DENY
-    return old, "closed", 0.0, CALL
+        return old, HALF_OPEN, min(f["probe_deadline"], ask_again), DENY
+    return old, CLOSED, 0.0, CALL
 
 
 def _trip(f: Fields, now: float, cfg: BreakerConfig) -> None:
     wait = next_probe_wait(f, now, cfg)
-    if f["state"] != "half_open":
+    if f["state"] != HALF_OPEN:
         f["opened_at"] = now
-    f["state"], f["retry_at"], f["open_wait"] = "open", now + wait, wait
+    f["state"], f["retry_at"], f["open_wait"] = OPEN, now + wait, wait
     f["failures"], f["window"], f["inflight"], f["probe_ok"] = 0, "", 0, 0
 
 
@@ -173,18 +203,18 @@ def breaker_record(
     """Record a call's outcome. Returns (old state, new state, retry_at)."""
     _breaker_defaults(f)
     old = f["state"]
-    if not failed and old == "closed" and not f["failures"] and not cfg.window:
+    if not failed and old == CLOSED and not f["failures"] and not cfg.window:
         return old, old, f["retry_at"]  # a success with nothing to reset: the common case
-    if permit == PROBE and f["state"] == "half_open":
+    if permit == PROBE and f["state"] == HALF_OPEN:
         f["inflight"] = max(0, f["inflight"] - 1)
         if failed:
             _trip(f, now, cfg)
         else:
             f["probe_ok"] += 1
             if f["probe_ok"] >= cfg.half_open_max_calls:
-                f["state"], f["failures"], f["window"] = "closed", 0, ""
+                f["state"], f["failures"], f["window"] = CLOSED, 0, ""
                 f["inflight"], f["probe_ok"], f["retry_at"] = 0, 0, 0.0
-    elif f["state"] == "closed":
+    elif f["state"] == CLOSED:
         f["failures"] = f["failures"] + 1 if failed else 0
         trip = f["failures"] >= cfg.failure_threshold
         if cfg.window > 0:
@@ -259,7 +289,7 @@ def limiter_feedback(f: Fields, now: float, outcome: str, cfg: LimiterConfig) ->
     """
     _limiter_defaults(f, now, cfg)
     rate = f["rate"]
-    if outcome == "ok":
+    if outcome == LimiterOutcome.OK:
         f["ok_since_decrease"] += 1
         if rate < f["ssthresh"]:
             rate += RATE_STEP  # one more per success: doubles every 1/ln2 s of full admission
@@ -272,7 +302,9 @@ def limiter_feedback(f: Fields, now: float, outcome: str, cfg: LimiterConfig) ->
         f["failed_since_decrease"] >= OUTAGE_FAILURES
         and f["failed_since_decrease"] >= OUTAGE_RATIO * f["ok_since_decrease"]
     )
-    if (outcome == "throttled" or outage) and now - f["last_decrease"] >= cfg.decrease_interval:
+    if (outcome == LimiterOutcome.THROTTLED or outage) and now - f[
+        "last_decrease"
+    ] >= cfg.decrease_interval:
         if f["ok_since_decrease"] > 0:
             f["ssthresh"] = max(cfg.min_rate, rate * cfg.beta)
         f["rate"] = max(cfg.min_rate, rate * cfg.beta)
@@ -280,7 +312,7 @@ def limiter_feedback(f: Fields, now: float, outcome: str, cfg: LimiterConfig) ->
         f["ok_since_decrease"] = 0
         f["failed_since_decrease"] = 0
     elif (
-        outcome == "failed"
+        outcome == LimiterOutcome.FAILED
         and rate < f["ssthresh"]
         and BROWNOUT_RATIO * f["ok_since_decrease"] >= f["failed_since_decrease"]
     ):

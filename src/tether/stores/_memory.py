@@ -6,7 +6,7 @@ import threading
 from typing import Any
 
 from tether.stores import _logic
-from tether.stores._logic import BreakerConfig, LimiterConfig
+from tether.stores._logic import CLOSED, HALF_OPEN, OPEN, BreakerConfig, LimiterConfig
 from tether.stores._tokens import MemoryTokens
 
 __all__ = ["MemoryStore"]
@@ -34,8 +34,8 @@ class MemoryStore:
         self, name: str, now: float, cfg: BreakerConfig
     ) -> tuple[str, str, float, str]:
         f = self._data.get(f"breaker:{name}")
-        if f is not None and f.get("state") == "closed":  # a read needs no lock (the GIL)
-            return "closed", "closed", 0.0, _logic.CALL
+        if f is not None and f.get("state") == CLOSED:  # a read needs no lock (the GIL)
+            return CLOSED, CLOSED, 0.0, _logic.CALL
         with self._lock:
             return _logic.breaker_acquire(self._fields("breaker", name), now, cfg)
 
@@ -46,20 +46,20 @@ class MemoryStore:
         if (
             not failed
             and f is not None
-            and f.get("state") == "closed"
+            and f.get("state") == CLOSED
             and not f.get("failures")
             and not cfg.window
         ):
-            return "closed", "closed", 0.0  # a success with nothing to reset
+            return CLOSED, CLOSED, 0.0  # a success with nothing to reset
         with self._lock:
             return _logic.breaker_record(self._fields("breaker", name), now, permit, failed, cfg)
 
     def breaker_state(self, name: str, now: float) -> tuple[str, float]:
         with self._lock:
             f = self._fields("breaker", name)
-            state, retry_at = f.get("state", "closed"), f.get("retry_at", 0.0)
-        if state == "open" and now >= retry_at:
-            return "half_open", retry_at
+            state, retry_at = f.get("state", CLOSED), f.get("retry_at", 0.0)
+        if state == OPEN and now >= retry_at:
+            return HALF_OPEN, retry_at
         return state, retry_at
 
     def budget_spend(self, name: str, capacity: float, cost: float) -> tuple[bool, float]:

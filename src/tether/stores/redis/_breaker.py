@@ -15,7 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 from tether.clock import system_clock
-from tether.stores._logic import CALL, DENY, BreakerConfig
+from tether.stores._logic import (
+    CALL,
+    CLOSED,
+    DENY,
+    HALF_OPEN,
+    OPEN,
+    BreakerConfig,
+    BreakerState,
+    Permit,
+)
 from tether.stores.redis._connection import Connection, Plan, text
 
 __all__ = ["Breakers"]
@@ -28,7 +37,7 @@ class Breakers:
         self.conn = conn
         self.cache_ttl = cache_ttl
         # name -> (state, retry_at, failures, fetched at, version); see the module docstring
-        self.cache: dict[str, tuple[str, float, int, float, int]] = {}
+        self.cache: dict[str, tuple[BreakerState, float, int, float, int]] = {}
         self._asking: dict[str, Any] = {}  # name -> future of the task asking Redis
 
     def _cached_acquire(self, name: str, now: float) -> tuple[str, str, float, str] | None:
@@ -37,11 +46,11 @@ class Breakers:
         if cached is not None:
             state, retry_at = cached[0], cached[1]
             # an open breaker cannot change before its retry_at: no need to ask until then
-            if state in ("open", "half_open") and now < retry_at:
+            if state in (OPEN, HALF_OPEN) and now < retry_at:
                 return state, state, retry_at, DENY
             fresh = self.cache_ttl > 0 and system_clock.now() - cached[3] < self.cache_ttl
-            if state == "closed" and fresh:
-                return "closed", "closed", 0.0, CALL
+            if state == CLOSED and fresh:
+                return CLOSED, CLOSED, 0.0, CALL
         return None
 
     def _p_acquire(
@@ -55,7 +64,7 @@ class Breakers:
         r = yield ("breaker_acquire", conn.key("breaker", name), args)
         if r is None:
             return conn.fallback.breaker_acquire(name, now, cfg)
-        old, new, permit = text(r[0]), text(r[1]), text(r[3])
+        old, new, permit = BreakerState(text(r[0])), BreakerState(text(r[1])), Permit(text(r[3]))
         retry_at = conn.caller_time(float(text(r[2])), now, float(text(r[6])))
         old = self._remember(name, old, new, retry_at, int(r[4]), int(r[5]))
         return old, new, retry_at, permit
@@ -100,11 +109,17 @@ class Breakers:
         fresh = self.cache_ttl == 0 or (
             cached is not None and system_clock.now() - cached[3] < self.cache_ttl
         )
-        return cached is not None and cached[0] == "closed" and cached[2] == 0 and fresh
+        return cached is not None and cached[0] == CLOSED and cached[2] == 0 and fresh
 
     def _remember(
-        self, name: str, old: str, new: str, retry_at: float, failures: int, version: int
-    ) -> str:
+        self,
+        name: str,
+        old: BreakerState,
+        new: BreakerState,
+        retry_at: float,
+        failures: int,
+        version: int,
+    ) -> BreakerState:
         """Cache what the store said; the state this process knew before, when another
         process moved it meanwhile (so that this process's hooks hear of it too)."""
         cached = self.cache.get(name)
@@ -117,7 +132,7 @@ class Breakers:
         self, name: str, now: float, permit: str, failed: bool, cfg: BreakerConfig
     ) -> Plan[tuple[str, str, float]]:
         if self._nothing_to_record(name, permit, failed, cfg):
-            return "closed", "closed", 0.0
+            return CLOSED, CLOSED, 0.0
         conn = self.conn
         args = [
             conn.when(now),
@@ -135,7 +150,7 @@ class Breakers:
         r = yield ("breaker_record", conn.key("breaker", name), args)
         if r is None:
             return conn.fallback.breaker_record(name, now, permit, failed, cfg)
-        old, new = text(r[0]), text(r[1])
+        old, new = BreakerState(text(r[0])), BreakerState(text(r[1]))
         retry_at = conn.caller_time(float(text(r[2])), now, float(text(r[5])))
         old = self._remember(name, old, new, retry_at, int(r[3]), int(r[4]))
         return old, new, retry_at
@@ -144,7 +159,7 @@ class Breakers:
         self, name: str, now: float, permit: str, failed: bool, cfg: BreakerConfig
     ) -> tuple[str, str, float]:
         if self._nothing_to_record(name, permit, failed, cfg):
-            return "closed", "closed", 0.0
+            return CLOSED, CLOSED, 0.0
         return self.conn.drive(self._p_record(name, now, permit, failed, cfg))
 
     async def arecord(
@@ -158,11 +173,11 @@ class Breakers:
         if answer is None:
             return conn.fallback.breaker_state(name, now)
         state, retry_at, seconds, micros = answer
-        st = text(state) if state else "closed"
+        st = BreakerState(text(state)) if state else CLOSED
         store_now = int(seconds) + int(micros) / 1e6 if conn.server_time else now
         at = conn.caller_time(float(text(retry_at)) if retry_at else 0.0, now, store_now)
-        if st == "open" and now >= at:
-            return "half_open", at
+        if st == OPEN and now >= at:
+            return HALF_OPEN, at
         return st, at
 
     def names(self, limit: int = 1000) -> list[str]:
@@ -177,7 +192,7 @@ class Breakers:
 
     def force(self, name: str, state: str, seconds: float = 0.0) -> None:
         """Open a breaker for ``seconds``, or close it; every process sees it at its next read."""
-        if state not in ("open", "closed"):
+        if state not in (OPEN, CLOSED):
             raise ValueError(f"state must be 'open' or 'closed', got {state!r}")
         conn = self.conn
         key = conn.key("breaker", name)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether.stores._logic import LimiterConfig
+from tether.stores._logic import LimiterConfig, LimiterOutcome
 from tether.stores.redis._connection import Connection, Plan, text
 
 __all__ = ["Limiters"]
 
 _OK_BATCH = 16  # successes recorded without an acquire are sent at least this often
+#: the outcome a script is sent with the held successes only (the Lua twin's 'none')
+_ONLY_SUCCESSES = "none"
 
 
 class Limiters:
@@ -65,7 +67,7 @@ class Limiters:
     def _fallback_oks(self, name: str, now: float, count: int, cfg: LimiterConfig) -> None:
         """The successes held for Redis, told to the fallback instead (Redis is away)."""
         for _ in range(count):
-            self.conn.fallback.limiter_feedback(name, now, "ok", cfg)
+            self.conn.fallback.limiter_feedback(name, now, LimiterOutcome.OK, cfg)
 
     def acquire(self, name: str, now: float, cfg: LimiterConfig) -> tuple[float, bool]:
         return self.conn.drive(self._p_acquire(name, now, cfg))
@@ -91,18 +93,18 @@ class Limiters:
     def _p_feedback(self, name: str, now: float, outcome: str, cfg: LimiterConfig) -> Plan[float]:
         conn = self.conn
         held = self.pending_ok.get(name, 0)
-        if outcome == "ok" and not conn.degraded and held < _OK_BATCH - 1:
+        if outcome == LimiterOutcome.OK and not conn.degraded and held < _OK_BATCH - 1:
             # a success travels with this process's next acquire: no round trip of its own
             self.pending_ok[name] = held + 1
             return self.rate.get(name, cfg.initial_rate)
         pending = self.pending_ok.pop(name, 0)
         sent = outcome
-        if outcome == "ok":  # the batch is full: send it, this success with it
-            pending, sent = pending + 1, "none"
+        if outcome == LimiterOutcome.OK:  # the batch is full: send it, this success with it
+            pending, sent = pending + 1, _ONLY_SUCCESSES
         args = [*self._args(now, cfg), pending, sent]
         r = yield ("limiter_feedback", conn.key("limiter", name), args)
         if r is None:
-            if outcome == "ok":
+            if outcome == LimiterOutcome.OK:
                 pending -= 1  # the fallback hears this success as itself
             self._fallback_oks(name, now, pending, cfg)
             return conn.fallback.limiter_feedback(name, now, outcome, cfg)
