@@ -1,158 +1,109 @@
 """The OpenAI Agents SDK under tether: ``await run(agent, input, guard=guard)``.
 
-One tether run per agent run. Every model call is one step: checked before it is sent
-(budgets, loops, the cost of the next call, a model a cost budget could not price) in
-:class:`TetherHooks`' ``on_llm_start``, and counted with the response's usage in
-``on_llm_end``. A guard's stop raises :class:`GuardStopped` from that hook, so the SDK ends
-the run without another paid request and attaches the items produced so far; :func:`run`
-turns that into a :class:`tether.Outcome`. Every function tool goes through
-``run.acall_tool`` (:func:`guard_tools`): loop checks, the tool's timeout, its breaker,
-retries at one layer, the ledger for the tools named in ``side_effects``. Model calls are
-retried by the SDK's runner under ``ModelSettings(retry=...)`` with tether's
-classification, backoff and ``Retry-After``, within the run's time budget.
+One tether run per agent run. Every model call is one step, the calls of nested agents
+(``as_tool``) and guardrail agents too: checked before it is sent (budgets, loops, the
+cost of the next call, a model a cost budget could not price) in :class:`TetherHooks`'
+``on_llm_start``, and counted with the response's usage in ``on_llm_end``. A guard's stop
+raises :class:`GuardStopped` from that hook, so the SDK ends the run without another paid
+request and attaches the items produced so far; :func:`run` turns that into an
+:class:`AgentOutcome` (a :class:`tether.Outcome`). Every function tool and MCP tool of
+every agent the run reaches (handoffs, bare or ``handoff()`` objects) goes through
+``run.acall_tool``: loop checks, the tool's timeout, its breaker, retries at one layer,
+the ledger for the tools named in ``side_effects``. Model calls are retried by the SDK's
+runner under ``ModelSettings(retry=...)`` with tether's classification, backoff and
+``Retry-After``, within the run's time budget.
 
-``max_turns`` ends the run as ``StopReason.MAX_STEPS`` (never a ``MaxTurnsExceeded`` for
-the caller); without an explicit ``max_turns`` the guard's step budget sets it.
+The SDK's own signals stay the SDK's: a tool call that needs approval ends the run
+``AWAITING_APPROVAL`` with the SDK's interruptions and ``to_state()`` (approve, then run
+again from the state); a guardrail's tripwire is ``outcome.tripwire``; the agent a
+conversation continues with is ``outcome.last_agent``. ``max_turns`` ends the run as
+``StopReason.MAX_STEPS`` (never a ``MaxTurnsExceeded`` for the caller); without an explicit
+``max_turns`` the guard's step budget sets it.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tether._errors import require
-from tether.integrations._common import (
-    ModelRetries,
-    ToolRules,
-    blocking,
-    malformed_arguments,
-    require_a_place_to_wait,
-)
-from tether.retries._policy import RetryPolicy
+from tether.integrations._common import ToolRules, blocking, require_a_place_to_wait
+from tether.redaction._redact import redact
 from tether.run._guard import Guard
-from tether.run._outcome import Outcome, Stopped, StopReason, ToolError
+from tether.run._outcome import Outcome, Stopped, StopReason
 from tether.run._pricing import UnknownModelError
 from tether.run._run import Run
 
 require("agents", "openai-agents")
 
-from agents import (  # noqa: E402 - after the extra check
-    Agent,
-    FunctionTool,
-    ModelSettings,
-    RunConfig,
-    RunContextWrapper,
-    RunHooks,
-    Runner,
-)
+from agents import Agent, RunConfig, Runner, RunState  # noqa: E402 - after the extra check
 from agents.exceptions import (  # noqa: E402
-    AgentsException,
     InputGuardrailTripwireTriggered,
     MaxTurnsExceeded,
     OutputGuardrailTripwireTriggered,
     UserError,
 )
-from agents.items import ItemHelpers, ModelResponse  # noqa: E402
-from agents.retry import ModelRetrySettings, RetryDecision, RetryPolicyContext  # noqa: E402
+from agents.items import ItemHelpers  # noqa: E402
 from agents.run import DEFAULT_MAX_TURNS  # noqa: E402 - the SDK's own, when nothing sets one
 
-__all__ = ["GuardStopped", "TetherHooks", "guard_tools", "model_retry", "run", "run_sync"]
+from tether.integrations._agents_graph import (  # noqa: E402
+    Guarding,
+    guarded_tool,
+    model_retry,
+)
+from tether.integrations._agents_hooks import (  # noqa: E402
+    GuardStopped,
+    TetherHooks,
+    model_name,
+)
 
-_log = logging.getLogger("tether")
+__all__ = [
+    "AgentOutcome",
+    "AgentStream",
+    "GuardStopped",
+    "TetherHooks",
+    "guard_tools",
+    "model_retry",
+    "run",
+    "run_streamed",
+    "run_sync",
+]
 
-
-class GuardStopped(AgentsException):
-    """A guard stopped the run before the next model call (raised from the hooks; the SDK
-    attaches the run's items to it as ``run_data``)."""
-
-    def __init__(self, reason: StopReason, detail: str = "") -> None:
-        text = f" ({detail})" if detail else ""
-        super().__init__(f"tether stopped the run: {reason.value}{text}")
-        self.reason = reason
-        self.detail = detail
-
-
-def _model_name(agent: Any, run_config: Any = None) -> str:
-    """The model an agent calls: its name, a Model object's ``model`` (else its class name,
-    so that its cost is unknown rather than zero), or the SDK's default."""
-    for model in (getattr(run_config, "model", None), getattr(agent, "model", None)):
-        if isinstance(model, str) and model:
-            return model
-        name = getattr(model, "model", None)
-        if isinstance(name, str) and name:
-            return name
-        if model is not None:  # a Model with no name: priced only if the guard knows its class
-            return type(model).__name__
-    from agents.models import get_default_model
-
-    return str(get_default_model())
+_model_name = model_name  # the name the tests of model naming import
 
 
-class TetherHooks(RunHooks[Any]):
-    """Run hooks that put every model call of an SDK run under ``run``'s guards.
+@dataclass(frozen=True, slots=True)
+class AgentOutcome(Outcome):
+    """A :class:`tether.Outcome` with what the SDK's ``RunResult`` gives a caller.
 
-    ``on_llm_start`` starts a step (raising :class:`GuardStopped` when a guard says no);
-    ``on_llm_end`` counts the response's tokens and prices them. Subclass it to add your
-    own hooks, calling ``super()`` in the two LLM methods.
+    ``messages`` is the conversation as the SDK's input items (``to_input_list()``): a list
+    the next turn appends to. ``last_agent`` is the caller's agent the run ended in (the
+    next turn starts there), ``new_items`` the SDK's items of this run, ``interruptions``
+    the tool calls waiting for approval (``AWAITING_APPROVAL``), ``tripwire`` the SDK's
+    guardrail exception when a guardrail refused the run (``REFUSED``).
     """
 
-    def __init__(self, run: Run, *, model: str | None = None) -> None:
-        if not isinstance(run, Run):
-            raise TypeError(f"TetherHooks needs a tether Run (guard.start()), got {run!r}")
-        self.run = run
-        self.model = model
+    messages: list[Any] = field(default_factory=list)
+    last_agent: Any = None
+    new_items: list[Any] = field(default_factory=list)
+    interruptions: list[Any] = field(default_factory=list)
+    tripwire: Exception | None = None
+    _result: Any = field(default=None, repr=False, compare=False)
 
-    async def on_llm_start(
-        self, context: RunContextWrapper[Any], agent: Agent[Any], system_prompt: str | None,
-        input_items: list[Any],
-    ) -> None:  # fmt: skip
-        run = self.run
-        if run.stopped is None and run.proceed():
-            run.check_model(self.model or _model_name(agent))
-            return
-        assert run.stopped is not None
-        raise GuardStopped(run.stopped, run.stop_detail)
-
-    async def on_llm_end(
-        self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse
-    ) -> None:
-        usage = response.usage
-        cached = int(getattr(usage.input_tokens_details, "cached_tokens", 0) or 0)
-        self.run.record_model_call(
-            model=self.model or _model_name(agent),
-            input_tokens=max(0, int(usage.input_tokens) - cached),
-            output_tokens=int(usage.output_tokens),
-            cache_read_tokens=cached,
-        )
-
-
-class _ModelRetries(ModelRetries):
-    """The SDK runner's model-retry policy, decided by tether."""
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _ModelRetries:
-        return self  # the SDK copies model settings; the run they count into is one
-
-    def __call__(self, context: RetryPolicyContext) -> RetryDecision:
-        verdict = self.policy.classifier(context.error)
-        delay = self.wait(verdict, context.attempt)
-        if delay is None:
-            return RetryDecision(retry=False, reason=verdict.reason)
-        return RetryDecision(retry=True, delay=delay, reason=verdict.reason)
-
-
-def model_retry(policy: RetryPolicy | None = None, run: Run | None = None) -> ModelRetrySettings:
-    """``ModelSettings(retry=...)`` that retries model calls the way tether does.
-
-    Build the SDK's OpenAI client with ``max_retries=0`` as well, so that retries happen
-    at this one layer.
-    """
-    policy = policy or RetryPolicy(name="model")
-    return ModelRetrySettings(
-        max_retries=policy.max_attempts - 1, policy=_ModelRetries(policy, run)
-    )
+    def to_state(self) -> RunState[Any]:
+        """The SDK's ``RunState`` of the run: approve or reject ``interruptions`` on it, store
+        it (``to_json()``), and pass it as the ``input`` of the next :func:`run`."""
+        if self._result is None:
+            raise RuntimeError(
+                f"run {self.run_id} ended ({self.stopped_because.value}) before the SDK "
+                "returned a result: there is no RunState to resume; run again from "
+                "outcome.messages"
+            )
+        state: RunState[Any] = self._result.to_state()
+        return state
 
 
 def guard_tools(
@@ -180,87 +131,13 @@ def guard_tools(
     """
     if not isinstance(run, Run):
         raise TypeError(f"guard_tools needs a tether Run (guard.start()), got {run!r}")
-    rules = side_effects if isinstance(side_effects, ToolRules) else ToolRules(
-        side_effects, timeouts, requires_approval, compensate, labels=labels)  # fmt: skip
-    require_a_place_to_wait(run.guard, rules.needing_approval())
-    return [_guarded(tool, run, rules) for tool in tools]
-
-
-def _guarded(tool: Any, run: Run, rules: ToolRules) -> Any:
-    if not isinstance(tool, FunctionTool):
-        return tool
-    name = tool.name
-    # the tool body without the SDK's failure formatter: tether must see the exception
-    # (a timeout after a refund was sent is not a tool result to record)
-    body = getattr(tool.on_invoke_tool, "_invoke_tool_impl", tool.on_invoke_tool)
-    options = rules.options(name, tool.timeout_seconds)
-
-    async def invoke(ctx: Any, raw: str) -> Any:
-        try:
-            args = json.loads(raw) if raw else {}
-        except ValueError:
-            args = None
-        try:
-            if not isinstance(args, dict):
-                return await run.acall_tool(
-                    name, lambda **_: malformed_arguments(raw), {"arguments": raw}
-                )
-
-            async def call(**_: Any) -> Any:
-                return await body(ctx, raw)
-
-            return await run.acall_tool(name, call, args, **options)
-        except ToolError as exc:
-            return exc.model_message
-        except Stopped as exc:  # the next model call raises GuardStopped
-            return f"stopped: {exc.reason.value}"
-
-    guarded = copy.copy(tool)
-    guarded.on_invoke_tool = invoke
-    guarded.timeout_seconds = None
-    return guarded
-
-
-_warned: set[int] = set()
-
-
-def _warn_client_retries(model: Any) -> None:
-    """The SDK keeps an OpenAI client's own retries on a model call's first attempt: say
-    once per client that it should be built with ``max_retries=0``."""
-    client = getattr(model, "_client", None)
-    retries = getattr(client, "max_retries", 0)
-    if isinstance(retries, int) and retries > 0 and id(client) not in _warned:
-        _warned.add(id(client))
-        _log.warning("tether: the OpenAI client retries on its own (max_retries=%d); build it "
-                     "with max_retries=0 so that retries happen at one layer", retries)  # fmt: skip
-
-
-def _guard_agent(agent: Agent[Any], run: Run, rules: ToolRules, policy: RetryPolicy,
-                 seen: dict[int, Agent[Any]]) -> Agent[Any]:  # fmt: skip
-    """A clone of ``agent`` (and of the agents it hands off to) with guarded tools and
-    tether's model retries."""
-    if id(agent) in seen:
-        return seen[id(agent)]
-    settings = agent.model_settings
-    if settings.retry is not None:
-        _log.warning("tether: agent %r has its own ModelSettings.retry; tether's replaces it "
-                     "so that retries happen at one layer", agent.name)  # fmt: skip
-    _warn_client_retries(agent.model)
-    clone = agent.clone(
-        tools=guard_tools(agent.tools, run, rules),
-        model_settings=settings.resolve(ModelSettings(retry=model_retry(policy, run))),
+    rules = (
+        side_effects
+        if isinstance(side_effects, ToolRules)
+        else ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
     )
-    seen[id(agent)] = clone
-    clone.handoffs = [
-        _guard_agent(h, run, rules, policy, seen) if isinstance(h, Agent) else h
-        for h in agent.handoffs
-    ]
-    return clone
-
-
-def _items(input: Any, new_items: Iterable[Any]) -> list[Any]:
-    """The conversation as the SDK's input list (what ``RunResult.to_input_list()`` gives)."""
-    return [*ItemHelpers.input_to_new_input_list(input), *(i.to_input_item() for i in new_items)]
+    require_a_place_to_wait(run.guard, rules.needing_approval())
+    return [guarded_tool(tool, run, rules) for tool in tools]
 
 
 def _task(input: Any) -> str:
@@ -282,9 +159,182 @@ def _max_turns(guard: Guard, max_turns: int | None) -> int:
     return steps + 1 if steps is not None else DEFAULT_MAX_TURNS
 
 
+class _Session:
+    """One call of :func:`run` or :func:`run_streamed`: the checks made before any request,
+    the guarded agent graph, and the translation of the SDK's ending into the run's."""
+
+    def __init__(
+        self,
+        agent: Any,
+        input: Any,
+        guard: Any,
+        *,
+        resume: str | None,
+        key: str | None,
+        max_turns: int | None,
+        run_config: RunConfig | None,
+        context: Any,
+        rules: ToolRules,
+        options: dict[str, Any],
+    ) -> None:
+        if not isinstance(guard, Guard):
+            raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+        if not isinstance(agent, Agent):
+            raise TypeError(f"agent must be an agents.Agent, got {agent!r}")
+        if "hooks" in options:
+            raise TypeError(
+                "run() owns the run hooks: subclass TetherHooks and call Runner.run "
+                "yourself (see guard_tools) to add your own"
+            )
+        require_a_place_to_wait(guard, rules.needing_approval())
+        self.agent, self.input, self.guard, self.rules = agent, input, guard, rules
+        self.resume, self.key, self.run_config, self.context = resume, key, run_config, context
+        self.turns = _max_turns(guard, max_turns)
+        self.options = options
+        self.guarding: Guarding | None = None
+        self.result: Any = None
+        self.tripwire: Exception | None = None
+        self.last_agent: Any = None
+        self.items: list[Any] = []
+
+    def start(self) -> AbstractContextManager[Run]:
+        if self.resume:
+            return self.guard.resume(self.resume)
+        original = getattr(self.input, "_original_input", self.input)  # a RunState: its input
+        return self.guard.start(task=_task(original), key=self.key)
+
+    async def prepare(self, run: Run) -> tuple[Any, Any, dict[str, Any]]:
+        """The guarded starting agent, the SDK's input and the keyword arguments of the
+        runner's call."""
+        policy = self.guard.retry.replace(name="model", clock=run.clock)
+        guarding = self.guarding = Guarding(run, self.rules, policy)
+        agent = guarding.agent(self.agent)
+        configured = getattr(self.run_config, "model", None)
+        hooks = TetherHooks(run, model=model_name(None, self.run_config) if configured else None)
+        hooks.nested = guarding.agent
+        sdk_input = self.input
+        if isinstance(sdk_input, RunState):
+            sdk_input = await _rebound(sdk_input, agent, self.context)
+        kwargs = {
+            "context": self.context,
+            "max_turns": self.turns,
+            "hooks": hooks,
+            "run_config": self.run_config,
+            **self.options,
+        }
+        return agent, sdk_input, kwargs
+
+    def finished(self, run: Run, result: Any) -> None:
+        """The SDK returned: the run succeeded, or waits for an approval."""
+        self.result, self.items = result, list(result.new_items)
+        self.last_agent = result.last_agent
+        run.messages = result.to_input_list()
+        if result.interruptions:
+            names = ", ".join(sorted({str(i.name) for i in result.interruptions}))
+            raise run.halt(StopReason.AWAITING_APPROVAL, f"the agent waits for approval of {names}")
+        run.succeed(result.final_output)
+
+    def failed(self, run: Run, exc: BaseException) -> None:
+        """The SDK raised: the run's stop for it (raises Stopped), or the caller's error."""
+        data = getattr(exc, "run_data", None)
+        if data is not None:
+            self.items, self.last_agent = list(data.new_items), data.last_agent
+            run.messages = [
+                *ItemHelpers.input_to_new_input_list(self._sdk_input(data)),
+                *(i.to_input_item() for i in data.new_items),
+            ]
+        if isinstance(exc, GuardStopped):
+            raise Stopped(exc.reason, exc.detail) from None
+        if isinstance(exc, MaxTurnsExceeded):
+            raise run.halt(
+                StopReason.MAX_STEPS,
+                f"the agent used its max_turns ({self.turns}) without an answer",
+            ) from None
+        if isinstance(exc, InputGuardrailTripwireTriggered | OutputGuardrailTripwireTriggered):
+            self.tripwire = exc
+            guardrail = exc.guardrail_result.guardrail
+            name = getattr(guardrail, "get_name", lambda: type(guardrail).__name__)()
+            raise run.halt(StopReason.REFUSED, f"guardrail {name} tripped") from None
+        if isinstance(exc, UserError | UnknownModelError | Stopped) or not isinstance(
+            exc, Exception
+        ):
+            raise exc  # the caller's configuration (fix it), or a cancellation
+        raise run.model_call_failed(exc) from None  # the model failed after its retries
+
+    def _sdk_input(self, data: Any) -> Any:
+        given = getattr(data, "input", None)
+        return given if given is not None else getattr(self.input, "_original_input", self.input)
+
+    def outcome(self, run: Run) -> AgentOutcome:
+        base = run.outcome
+        guarding = self.guarding
+        last = self.last_agent if guarding is None else guarding.original(self.last_agent)
+        waiting = list(self.result.interruptions) if self.result is not None else []
+        values = {f.name: getattr(base, f.name) for f in fields(Outcome)}
+        values["messages"] = list(base.messages)
+        if waiting and values["pending_approval"] is None:
+            values["pending_approval"] = _pending(waiting)
+        return AgentOutcome(
+            **values,
+            last_agent=last if last is not None else self.agent,
+            new_items=self.items,
+            interruptions=waiting,
+            tripwire=self.tripwire,
+            _result=self.result,
+        )
+
+
+async def _rebound(state: RunState[Any], agent: Agent[Any], context: Any) -> RunState[Any]:
+    """``state`` on tether's copies of its agents (their tools under the run), with the
+    state's own application context, and each decision the caller made on it (approve or
+    reject, by tool call) made again on the copy.
+
+    The SDK binds a decision to the agent object it was made with, so the caller's
+    decisions on their own agents would not apply to tether's copies; they are carried
+    over call by call, never by tool name alone."""
+    wrapper = state._context  # the SDK keeps the state's context and decisions here
+    if context is None and wrapper is not None:
+        context = wrapper.context
+    rebound = await RunState.from_json(agent, state.to_json(), context_override=context)
+    if wrapper is None:
+        return rebound
+    for item in rebound.get_interruptions():
+        name, call_id = item.name, item.call_id
+        if not name or not call_id:
+            continue
+        decided = wrapper.is_tool_approved(name, call_id)
+        if decided is True:
+            rebound.approve(item)
+        elif decided is False:
+            why = wrapper.get_rejection_message(name, call_id, existing_pending=item)
+            rebound.reject(item, rejection_message=why)
+    return rebound
+
+
+def _pending(waiting: list[Any]) -> dict[str, Any]:
+    """``outcome.pending_approval`` for the SDK's interruptions: the first call's tool and
+    (redacted) arguments, and every call waiting."""
+    calls = []
+    for item in waiting:
+        try:
+            args = json.loads(item.arguments or "{}")
+        except ValueError:
+            args = {"arguments": item.arguments}
+        calls.append(
+            {
+                "tool": str(item.name),
+                "args": redact(args),
+                "call_id": getattr(item.raw_item, "call_id", None)
+                if not isinstance(item.raw_item, Mapping)
+                else item.raw_item.get("call_id"),
+            }
+        )
+    return {**calls[0], "calls": calls}
+
+
 async def run(
     agent: Agent[Any],
-    input: str | list[Any],
+    input: str | list[Any] | RunState[Any],
     *,
     guard: Guard,
     side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
@@ -298,69 +348,128 @@ async def run(
     max_turns: int | None = None,
     run_config: RunConfig | None = None,
     **runner_options: Any,
-) -> Outcome:
-    """Run ``agent`` on ``input`` under ``guard``; the :class:`tether.Outcome`.
+) -> AgentOutcome:
+    """Run ``agent`` on ``input`` under ``guard``; the :class:`AgentOutcome`.
 
-    ``outcome.result`` is the agent's ``final_output`` when it finished, and
-    ``outcome.messages`` the conversation as the SDK's input items (the partial one when
-    a guard stopped the run). ``requires_approval`` and ``compensate`` (by tool name) are
-    the governance options of ``run.call_tool``; ``resume=outcome.checkpoint_id`` continues
-    a run that stopped (for an approval: pass ``outcome.messages`` as ``input``); ``key``
-    names the request the run serves (``guard.start(task, key=...)``). Other keyword
-    arguments go to ``Runner.run``.
+    ``input`` is what ``Runner.run`` takes: text, input items (``outcome.messages`` of the
+    last turn, with the customer's next message appended), or the SDK's ``RunState``
+    (``outcome.to_state()`` after its interruptions were approved or rejected).
+    ``outcome.result`` is the agent's ``final_output`` when it finished.
+    ``requires_approval`` and ``compensate`` (by tool name) are the governance options of
+    ``run.call_tool``; ``resume=outcome.checkpoint_id`` continues a run that stopped;
+    ``key`` names the request the run serves (``guard.start(task, key=...)``). Other
+    keyword arguments go to ``Runner.run``.
     """
-    if not isinstance(guard, Guard):
-        raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
-    if not isinstance(agent, Agent):
-        raise TypeError(f"agent must be an agents.Agent, got {agent!r}")
-    if "hooks" in runner_options:
-        raise TypeError("run() owns the run hooks: subclass TetherHooks and call Runner.run "
-                        "yourself (see guard_tools) to add your own")  # fmt: skip
-    turns = _max_turns(guard, max_turns)
     rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
-    require_a_place_to_wait(guard, rules.needing_approval())
-    with guard.resume(resume) if resume else guard.start(task=_task(input), key=key) as tether_run:
-        policy = guard.retry.replace(name="model", clock=tether_run.clock)
-        guarded = _guard_agent(agent, tether_run, rules, policy, {})
-        hooks = TetherHooks(tether_run, model=_model_name(agent, run_config) or None)
+    session = _Session(
+        agent,
+        input,
+        guard,
+        resume=resume,
+        key=key,
+        max_turns=max_turns,
+        run_config=run_config,
+        context=context,
+        rules=rules,
+        options=runner_options,
+    )
+    with session.start() as tether_run:
+        guarded, sdk_input, kwargs = await session.prepare(tether_run)
         try:
-            result = await Runner.run(guarded, input, context=context, max_turns=turns,
-                                      hooks=hooks, run_config=run_config, **runner_options)  # fmt: skip
-        except GuardStopped as exc:
-            _keep_items(tether_run, input, exc)
-            raise Stopped(exc.reason, exc.detail) from None
-        except MaxTurnsExceeded as exc:
-            _keep_items(tether_run, input, exc)
-            raise tether_run.halt(
-                StopReason.MAX_STEPS, f"the agent used its max_turns ({turns}) without an answer"
-            ) from None
-        except (InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered) as exc:
-            _keep_items(tether_run, input, exc)
-            name = type(exc.guardrail_result.guardrail).__name__
-            guardrail = getattr(exc.guardrail_result.guardrail, "get_name", lambda: name)()
-            raise tether_run.halt(StopReason.REFUSED, f"guardrail {guardrail} tripped") from None
-        except (UserError, UnknownModelError, Stopped):
-            raise  # the caller's configuration: fix it, nothing to retry
-        except Exception as exc:  # the model failed after its retries, or misbehaved
-            _keep_items(tether_run, input, exc)
-            raise tether_run.model_call_failed(exc) from None
-        tether_run.messages = result.to_input_list()
-        tether_run.succeed(result.final_output)
-    return tether_run.outcome
+            result = await Runner.run(guarded, sdk_input, **kwargs)
+        except BaseException as exc:
+            session.failed(tether_run, exc)
+        else:
+            session.finished(tether_run, result)
+    return session.outcome(tether_run)
 
 
-def _keep_items(run: Run, input: Any, exc: BaseException) -> None:
-    data = getattr(exc, "run_data", None)
-    run.messages = _items(input, data.new_items) if data is not None else None
+class AgentStream:
+    """A streamed :func:`run`: ``async for event in stream.stream_events()`` gives the SDK's
+    stream events while tether guards the run; ``stream.outcome`` is its
+    :class:`AgentOutcome` once the events are read (a guard's stop ends the stream, it
+    raises nothing)."""
+
+    def __init__(self, session: _Session) -> None:
+        self._session = session
+        self._outcome: AgentOutcome | None = None
+        self._read = False
+        #: the SDK's ``RunResultStreaming`` while the run streams
+        self.result: Any = None
+
+    @property
+    def outcome(self) -> AgentOutcome:
+        if self._outcome is None:
+            raise RuntimeError(
+                "the run has not ended: read stream.stream_events() to its end first"
+            )
+        return self._outcome
+
+    async def stream_events(self) -> AsyncIterator[Any]:
+        """The SDK's stream events of the run, read once."""
+        if self._read:
+            raise RuntimeError("stream_events() reads a run once")
+        self._read = True
+        session = self._session
+        with session.start() as tether_run:
+            guarded, sdk_input, kwargs = await session.prepare(tether_run)
+            streamed = self.result = Runner.run_streamed(guarded, sdk_input, **kwargs)
+            try:
+                async for event in streamed.stream_events():
+                    yield event
+            except GeneratorExit:  # the caller stopped reading: so does the run
+                streamed.cancel()
+                tether_run.halt(StopReason.FAILED, "the caller stopped reading the stream")
+            except BaseException as exc:
+                session.failed(tether_run, exc)
+            else:
+                session.finished(tether_run, streamed)
+        self._outcome = session.outcome(tether_run)
+
+
+def run_streamed(
+    agent: Agent[Any],
+    input: str | list[Any] | RunState[Any],
+    *,
+    guard: Guard,
+    side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+    timeouts: Mapping[str, float] | None = None,
+    requires_approval: Mapping[str, Any] | None = None,
+    compensate: Mapping[str, Callable[[Any], Any]] | None = None,
+    resume: str | None = None,
+    key: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    context: Any = None,
+    max_turns: int | None = None,
+    run_config: RunConfig | None = None,
+    **runner_options: Any,
+) -> AgentStream:
+    """:func:`run` as ``Runner.run_streamed``: the same arguments, checked at once; read
+    ``stream_events()``, then ``stream.outcome``."""
+    rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
+    return AgentStream(
+        _Session(
+            agent,
+            input,
+            guard,
+            resume=resume,
+            key=key,
+            max_turns=max_turns,
+            run_config=run_config,
+            context=context,
+            rules=rules,
+            options=runner_options,
+        )
+    )
 
 
 def run_sync(
     agent: Agent[Any],
-    input: str | list[Any],
+    input: str | list[Any] | RunState[Any],
     *,
     guard: Guard,
     side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
     **options: Any,
-) -> Outcome:
+) -> AgentOutcome:
     """:func:`run` from synchronous code (not from inside a running event loop)."""
     return blocking(lambda: run(agent, input, guard=guard, side_effects=side_effects, **options))

@@ -156,6 +156,8 @@ class Ending(RunState):
         facts = redact(self._read_facts(issues))
         undone = [str(c.get("effect") or SOME_STEP) for c in self._compensated]
         said = "in_progress" if reason is StopReason.IN_PROGRESS and status == "partial" else status
+        if reason is StopReason.REFUSED and status == "failed":
+            said = "refused"  # a refusal is final: trying again gets the same answer
         # a person is promised only when a case is filed: the handoff below says whether
         handoff = self._outcome.handoff if self._outcome is not None else None
         filed = status == "escalated" and (handoff is None or self._case_filed)

@@ -130,6 +130,7 @@ class CustomerMessages:
         "We could not complete this request, so we reversed what had already been done.{done} "
         "You can try again, or reply here for help."
     )
+    refused: str = "We can't help with this request.{done}"
     in_progress: str = (
         "Your request is being completed.{done} We will confirm here as soon as it is done; "
         "there is no need to ask again."
@@ -158,7 +159,9 @@ class CustomerMessages:
         done = f"{self.done_prefix}{'; '.join(facts)}." if facts else ""
         if undone:
             done += f"{self.undone_prefix}{'; '.join(undone)}."
-        if status in ("failed", "partial", "escalated") and any(True for _ in unconfirmed):
+        if status in ("failed", "partial", "escalated", "refused") and any(
+            True for _ in unconfirmed
+        ):
             status = "unconfirmed"
         elif status in ("failed", "partial") and undone and not facts:
             status = "rolled_back"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +126,7 @@ class Outcome:
     handoff: Any = None
     #: the whole conversation in the provider's own message format (agent loops), so a
     #: chat can append the customer's next message and run again
-    messages: tuple[Any, ...] = ()
+    messages: Sequence[Any] = ()
     #: the redacted type and message of the failure that ended the run, if one did
     error: str | None = None
     #: what ``run.rollback()`` undid, newest first: ``{"tool", "args", "result"}`` (redacted)

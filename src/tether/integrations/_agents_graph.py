@@ -1,0 +1,259 @@
+"""tether's copy of an Agents SDK agent graph: every agent a run can reach (handoffs, bare or
+``handoff()`` objects, in cycles; nested agents started inside the run), with its function
+tools and its MCP servers' tools under the run, and tether's model retries.
+
+The caller's agents are never changed; :meth:`Guarding.original` maps a copy back to the
+agent it was made from (``outcome.last_agent`` is the caller's own)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import weakref
+from typing import Any
+
+from tether._errors import require
+from tether.integrations._agents_hooks import GuardStopped
+from tether.integrations._common import ModelRetries, ToolRules, malformed_arguments
+from tether.retries._policy import RetryPolicy
+from tether.run._outcome import Stopped, ToolError
+from tether.run._run import Run
+
+require("agents", "openai-agents")
+
+from agents import Agent, FunctionTool, ModelSettings  # noqa: E402 - after the extra check
+from agents.handoffs import Handoff  # noqa: E402
+from agents.mcp import MCPServer  # noqa: E402
+from agents.retry import ModelRetrySettings, RetryDecision, RetryPolicyContext  # noqa: E402
+
+_log = logging.getLogger("tether")
+
+
+class _ModelRetries(ModelRetries):
+    """The SDK runner's model-retry policy, decided by tether."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _ModelRetries:
+        return self  # the SDK copies model settings; the run they count into is one
+
+    def __call__(self, context: RetryPolicyContext) -> RetryDecision:
+        verdict = self.policy.classifier(context.error)
+        delay = self.wait(verdict, context.attempt)
+        if delay is None:
+            return RetryDecision(retry=False, reason=verdict.reason)
+        return RetryDecision(retry=True, delay=delay, reason=verdict.reason)
+
+
+def model_retry(policy: RetryPolicy | None = None, run: Run | None = None) -> ModelRetrySettings:
+    """``ModelSettings(retry=...)`` that retries model calls the way tether does.
+
+    Build the SDK's OpenAI client with ``max_retries=0`` as well, so that retries happen
+    at this one layer.
+    """
+    policy = policy or RetryPolicy(name="model")
+    return ModelRetrySettings(
+        max_retries=policy.max_attempts - 1, policy=_ModelRetries(policy, run)
+    )
+
+
+def guarded_tool(tool: Any, run: Run, rules: ToolRules) -> Any:
+    """A copy of ``tool`` whose calls go through ``run`` (hosted tools pass unchanged)."""
+    if not isinstance(tool, FunctionTool):
+        return tool
+    name = tool.name
+    # the tool body without the SDK's failure formatter: tether must see the exception
+    # (a timeout after a refund was sent is not a tool result to record)
+    body = getattr(tool.on_invoke_tool, "_invoke_tool_impl", tool.on_invoke_tool)
+    options = rules.options(name, tool.timeout_seconds)
+
+    async def invoke(ctx: Any, raw: str) -> Any:
+        try:
+            args = json.loads(raw) if raw else {}
+        except ValueError:
+            args = None
+        try:
+            if not isinstance(args, dict):
+                return await run.acall_tool(
+                    name, lambda **_: malformed_arguments(raw), {"arguments": raw}
+                )
+
+            async def call(**_: Any) -> Any:
+                try:
+                    return await body(ctx, raw)
+                except GuardStopped as stop:  # a nested agent's run was stopped by the guard
+                    raise Stopped(stop.reason, stop.detail) from None
+
+            return await run.acall_tool(name, call, args, **options)
+        except ToolError as exc:
+            return exc.model_message
+        except Stopped as exc:  # the next model call raises GuardStopped
+            return f"stopped: {exc.reason.value}"
+
+    guarded = copy.copy(tool)
+    guarded.on_invoke_tool = invoke
+    guarded.timeout_seconds = None
+    return guarded
+
+
+_warned: set[int] = set()
+
+
+def _warn_client_retries(model: Any) -> None:
+    """The SDK keeps an OpenAI client's own retries on a model call's first attempt: say
+    once per client that it should be built with ``max_retries=0``."""
+    client = getattr(model, "_client", None)
+    retries = getattr(client, "max_retries", 0)
+    if isinstance(retries, int) and retries > 0 and id(client) not in _warned:
+        _warned.add(id(client))
+        _log.warning(
+            "tether: the OpenAI client retries on its own (max_retries=%d); build it "
+            "with max_retries=0 so that retries happen at one layer",
+            retries,
+        )
+
+
+class Guarding:
+    """One run's guarded copies of the agents it reaches, made once each."""
+
+    def __init__(self, run: Run, rules: ToolRules, policy: RetryPolicy) -> None:
+        self.run, self.rules, self.policy = run, rules, policy
+        self._copies: dict[int, tuple[Agent[Any], Agent[Any]]] = {}  # id(original) -> both
+        self._made: dict[int, Agent[Any]] = {}  # id(copy) -> original
+
+    def agent(self, agent: Any) -> Any:
+        """tether's copy of ``agent`` (``agent`` itself when it is one already)."""
+        if not isinstance(agent, Agent) or id(agent) in self._made:
+            return agent
+        if id(agent) in self._copies:
+            return self._copies[id(agent)][1]
+        settings = agent.model_settings
+        if settings.retry is not None:
+            _log.warning(
+                "tether: agent %r has its own ModelSettings.retry; tether's replaces "
+                "it so that retries happen at one layer",
+                agent.name,
+            )
+        _warn_client_retries(agent.model)
+        clone = agent.clone(
+            tools=[guarded_tool(tool, self.run, self.rules) for tool in agent.tools],
+            model_settings=settings.resolve(
+                ModelSettings(retry=model_retry(self.policy, self.run))
+            ),
+            mcp_servers=[_GuardedServer(server, self) for server in agent.mcp_servers],
+        )
+        self._copies[id(agent)] = (agent, clone)
+        self._made[id(clone)] = agent
+        clone.handoffs = [self.handoff(h) for h in agent.handoffs]
+        return clone
+
+    def original(self, agent: Any) -> Any:
+        """The caller's agent that ``agent`` is tether's copy of (or ``agent`` itself)."""
+        return self._made.get(id(agent), agent)
+
+    def handoff(self, handoff: Any) -> Any:
+        """A ``handoff()`` object (or a bare agent) whose target is tether's copy; the
+        handoff's own hook, input filter and settings are kept as they are."""
+        if isinstance(handoff, Agent):
+            return self.agent(handoff)
+        if not isinstance(handoff, Handoff):
+            return handoff
+        invoke = handoff.on_invoke_handoff
+
+        async def on_invoke_handoff(ctx: Any, arguments: str) -> Any:
+            return self.agent(await invoke(ctx, arguments))  # the hook runs as the SDK's
+
+        guarded = copy.copy(handoff)
+        guarded.on_invoke_handoff = on_invoke_handoff
+        target = handoff._agent_ref() if handoff._agent_ref is not None else None
+        if isinstance(target, Agent):  # the SDK finds a handoff's agent through this reference
+            guarded._agent_ref = weakref.ref(self.agent(target))
+        return guarded
+
+    async def call_mcp(
+        self,
+        server: MCPServer,
+        name: str,
+        arguments: dict[str, Any] | None,
+        meta: dict[str, Any] | None,
+    ) -> Any:
+        """An MCP tool call through the run: the rules of ``name`` (a side effect runs at
+        most once per intent); a refusal or a stop goes back to the model as an error result."""
+        from mcp import types
+
+        async def call(**args: Any) -> Any:
+            result = await (
+                server.call_tool(name, args)
+                if meta is None
+                else server.call_tool(name, args, meta=meta)
+            )
+            if getattr(result, "is_error", False):
+                texts = [getattr(c, "text", "") for c in result.content]
+                raise ToolError(" ".join(t for t in texts if t) or "the tool failed")
+            return result
+
+        try:
+            result = await self.run.acall_tool(
+                name, call, dict(arguments or {}), **self.rules.options(name)
+            )
+        except ToolError as exc:
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=exc.model_message)], is_error=True
+            )
+        except Stopped as exc:
+            text = f"stopped: {exc.reason.value}"
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=text)], is_error=True
+            )
+        if isinstance(result, dict):  # replayed from the ledger: the same result again
+            return types.CallToolResult.model_validate(result)
+        return result
+
+
+class _GuardedServer(MCPServer):
+    """An agent's MCP server whose tool calls go through the run; everything else (its
+    connection, its tool list, its settings) is the server's own."""
+
+    def __init__(self, server: MCPServer, guarding: Guarding) -> None:
+        # no MCPServer.__init__: the server's own settings are read through __getattr__
+        self._server, self._guarding = server, guarding
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_server", "_guarding"):  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self._server, name)
+
+    @property
+    def name(self) -> str:
+        return self._server.name
+
+    @property
+    def cached_tools(self) -> Any:
+        return self._server.cached_tools
+
+    async def connect(self) -> None:
+        server: Any = self._server  # the SDK leaves these two untyped
+        await server.connect()
+
+    async def cleanup(self) -> None:
+        server: Any = self._server
+        await server.cleanup()
+
+    async def list_tools(self, run_context: Any = None, agent: Any = None) -> Any:
+        return await self._server.list_tools(run_context, agent)
+
+    async def call_tool(
+        self, tool_name: str, arguments: dict[str, Any] | None, meta: dict[str, Any] | None = None
+    ) -> Any:
+        return await self._guarding.call_mcp(self._server, tool_name, arguments, meta)
+
+    async def list_prompts(self) -> Any:
+        return await self._server.list_prompts()
+
+    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
+        return await self._server.get_prompt(name, arguments)
+
+    async def list_resources(self, cursor: str | None = None) -> Any:
+        return await self._server.list_resources(cursor)
+
+    async def list_resource_templates(self, cursor: str | None = None) -> Any:
+        return await self._server.list_resource_templates(cursor)
