@@ -367,3 +367,63 @@ def test_a_test_model_named_after_a_real_one_is_priced_as_that_one() -> None:
             "hi",
             guard=Guard(budget=Budget(max_cost_usd=1.0)),
         )
+
+
+def test_a_delegate_without_tethers_capability_is_counted_from_pydantic_ais_usage() -> None:
+    """flight_booking as written (usage=ctx.usage, no capability on the delegate): its
+    request is counted from PydanticAI's usage, before the next request; unpriced, since
+    tether never saw its model."""
+    agent, sent = flight_agents([], priced=True)
+    outcome = ta_pydantic.run_sync(agent, "find a flight to ANC", guard=Guard())
+    assert outcome.status == "success" and outcome.usage.model_calls == len(sent) == 4
+    assert outcome.usage.unpriced_calls == 1 and outcome.usage.input_tokens == 4 * 500
+
+
+def test_a_delegate_without_the_capability_is_budgeted_from_the_next_request() -> None:
+    """max_model_calls=2: the delegate's request is the 2nd; the 3rd is never sent."""
+    agent, sent = flight_agents([])
+    outcome = ta_pydantic.run_sync(agent, "find", guard=Guard(budget=Budget(max_model_calls=2)))
+    assert len(sent) == 2 and outcome.usage.model_calls == 2
+    assert outcome.stopped_because is StopReason.MAX_MODEL_CALLS
+
+
+def test_under_a_cost_budget_an_unseen_delegate_model_is_refused_and_the_fix_is_named() -> None:
+    agent, sent = flight_agents([], priced=True)
+    with pytest.raises(tether.UnknownModelError, match=r"Delegate\(\)"):
+        ta_pydantic.run_sync(agent, "find", guard=Guard(budget=Budget(max_cost_usd=1.0)))
+    assert len(sent) == 2  # the request after the delegate's is never sent
+
+
+def test_delegates_in_parallel_tool_calls_are_counted_once() -> None:
+    """Two tool calls in one response, each running a delegate (one with the capability,
+    one without): every request once, as PydanticAI's own count."""
+
+    def extract(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        return ModelResponse([TextPart("AK123")], usage=USAGE)
+
+    seen = Agent(FunctionModel(extract), capabilities=[ta_pydantic.Delegate()])
+    unseen = Agent(FunctionModel(extract))
+
+    def search(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        if not tool_results(messages):
+            calls = [ToolCallPart("page", {"n": n}, tool_call_id=f"p{n}") for n in (1, 2)]
+            return ModelResponse(calls, usage=USAGE)
+        return ModelResponse([TextPart("AK123 it is.")], usage=USAGE)
+
+    def build() -> Agent[None, str]:
+        agent: Agent[None, str] = Agent(FunctionModel(search))
+
+        @agent.tool
+        async def page(ctx: RunContext[None], n: int) -> str:
+            """Read a page with a delegate."""
+            delegate = seen if n == 1 else unseen
+            first = await delegate.run(f"page {n}", usage=ctx.usage)
+            second = await delegate.run(f"page {n} again", usage=ctx.usage)
+            return first.output + second.output
+
+        return agent
+
+    alone = asyncio.run(build().run("find"))
+    outcome = ta_pydantic.run_sync(build(), "find", guard=Guard())
+    assert outcome.usage.model_calls == alone.usage.requests == 6
+    assert outcome.usage.unpriced_calls == 2  # the two requests of the delegate tether never saw

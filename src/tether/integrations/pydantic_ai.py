@@ -67,6 +67,8 @@ _CONTROL_FLOW = (ToolRetryError, CallDeferred, ApprovalRequired, SkipToolExecuti
 _CALLER: contextvars.ContextVar[_Live | None] = contextvars.ContextVar(
     "tether_pydantic_ai_caller", default=None
 )
+#: What tether calls the model of a delegate's request it did not see (it has no price).
+DELEGATED = "unknown model of a delegate agent"
 #: Finished runs' outcomes kept for :meth:`TetherCapability.outcome` (the oldest go first).
 KEPT_OUTCOMES = 256
 
@@ -82,7 +84,19 @@ class RunStopped(Exception):
 class _Live:
     """One agent run's tether state (a delegate's shares its caller's run and rules)."""
 
-    __slots__ = ("delegate", "messages", "permit", "policy", "raised", "retries", "rules", "run")
+    __slots__ = (
+        "base",
+        "counted",
+        "delegate",
+        "messages",
+        "permit",
+        "policy",
+        "raised",
+        "retries",
+        "rules",
+        "run",
+        "usage",
+    )
 
     def __init__(
         self, run: Run, policy: RetryPolicy, rules: ToolRules, *, delegate: bool = False
@@ -96,6 +110,52 @@ class _Live:
         self.permit: tuple[Any, str] | None = None
         self.retries = ModelRetries(policy, run)
         self.raised: list[BaseException] = []  # what the tools raised themselves
+        # PydanticAI's RunUsage of the run (a delegate with usage=ctx.usage adds to it), its
+        # totals when the run began, and what tether counted of it: (requests, in, out)
+        self.usage: Any = None
+        self.base = (0, 0, 0)
+        self.counted = [0, 0, 0]
+
+    def watch(self, usage: Any, counted: list[int] | None = None) -> None:
+        self.usage = usage
+        self.base = _totals(usage)
+        if counted is not None:
+            self.counted = counted  # shared with the caller: one RunUsage, one account
+
+    def settle_delegated(self) -> None:
+        """Count the requests that PydanticAI added to the run's usage and tether did not
+        see: a delegate agent without tether's capability, run with ``usage=ctx.usage``.
+        Their model is unknown: they count as unpriced (under a cost budget the run raises
+        UnknownModelError, since the budget cannot hold)."""
+        if self.usage is None:
+            return
+        now = _totals(self.usage)
+        extra = [n - b - c for n, b, c in zip(now, self.base, self.counted, strict=True)]
+        if extra[0] <= 0:
+            return
+        for i, value in enumerate(extra):
+            self.counted[i] += max(0, value)
+        n, tokens_in, tokens_out = extra[0], max(0, extra[1]), max(0, extra[2])
+        try:
+            for i in range(n):
+                first = i == 0
+                self.run.record_model_call(
+                    model=DELEGATED,
+                    input_tokens=tokens_in // n + (tokens_in % n if first else 0),
+                    output_tokens=tokens_out // n + (tokens_out % n if first else 0),
+                )
+        except UnknownModelError:
+            raise UnknownModelError(
+                f"{n} model request(s) of a delegate agent (run in a tool with usage=ctx.usage) "
+                "went past tether, so the cost budget cannot count them: give the delegate "
+                "tether's capability, Agent(..., capabilities=[ta_pydantic.Delegate()])"
+            ) from None
+
+
+def _totals(usage: Any) -> tuple[int, int, int]:
+    names = ("requests", "input_tokens", "output_tokens")
+    requests, tokens_in, tokens_out = (int(getattr(usage, n, 0) or 0) for n in names)
+    return requests, tokens_in, tokens_out
 
 
 def free_test_model(model: Any) -> bool:
@@ -189,8 +249,10 @@ class TetherCapability(AbstractCapability[Any]):
         )
         run.__enter__()
         key = str(ctx.run_id)
+        live = _Live(run, self._policy, self.rules)
+        live.watch(ctx.usage)
         with self._lock:
-            self._live[key] = _Live(run, self._policy, self.rules)
+            self._live[key] = live
         try:
             result = await handler()
         except BaseException:  # on_run_error ended it; else a cancellation: the run ends too
@@ -198,6 +260,7 @@ class TetherCapability(AbstractCapability[Any]):
                 run.halt(StopReason.ERROR, "the agent run was cancelled")
                 self._finish(key, run, self._messages(ctx))
             raise
+        _settle_quietly(live)
         run.succeed(result.output)
         self._finish(key, run, result.all_messages())
         return result
@@ -206,8 +269,12 @@ class TetherCapability(AbstractCapability[Any]):
         """The agent run of a delegate: its model requests and tools count in the caller's
         run (budgets, loops, breaker, retries); the caller's run ends, not this one."""
         key = str(ctx.run_id)
+        live = _Live(caller.run, caller.policy, caller.rules, delegate=True)
+        if ctx.usage is caller.usage:  # usage=ctx.usage: what it counts is the caller's too
+            live.watch(caller.usage, caller.counted)
+            live.base = caller.base
         with self._lock:
-            self._live[key] = _Live(caller.run, caller.policy, caller.rules, delegate=True)
+            self._live[key] = live
         try:
             return await handler()
         finally:
@@ -221,6 +288,7 @@ class TetherCapability(AbstractCapability[Any]):
         if live is None or not isinstance(error, Exception) or live.delegate:
             raise error
         run = live.run
+        _settle_quietly(live)
         if any(error is raised for raised in live.raised):  # PydanticAI's contract: it raises
             run.note_error(error)
             run.halt(StopReason.PERMANENT_ERROR, f"a tool raised {type(error).__name__}")
@@ -264,6 +332,7 @@ class TetherCapability(AbstractCapability[Any]):
             return await handler(request_context)
         run = live.run
         live.messages = ctx.messages
+        live.settle_delegated()  # what delegates spent counts before the next request
         if run.stopped is not None or not run.proceed():
             assert run.stopped is not None
             raise Stopped(run.stopped, run.stop_detail)
@@ -300,6 +369,9 @@ class TetherCapability(AbstractCapability[Any]):
             return response
         await self._settle(live, None)
         usage = response.usage
+        live.counted[0] += 1
+        live.counted[1] += int(usage.input_tokens)
+        live.counted[2] += int(usage.output_tokens)
         cache_read, cache_write = int(usage.cache_read_tokens), int(usage.cache_write_tokens)
         model = response.model_name or str(getattr(request_context.model, "model_name", ""))
         live.run.record_model_call(
@@ -403,6 +475,14 @@ class Delegate(TetherCapability):
         if caller is None:
             return await handler()
         return await self._delegate(ctx, handler, caller)
+
+
+def _settle_quietly(live: _Live) -> None:
+    """At the end of a run: count what delegates spent (an unpriced call stays unpriced)."""
+    try:
+        live.settle_delegated()
+    except UnknownModelError:
+        pass
 
 
 def _provider(model: Any) -> str | None:
