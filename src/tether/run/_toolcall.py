@@ -257,7 +257,7 @@ class ToolCalls(RunState):
         if isinstance(exc, UnknownOutcome):  # what a person must check (the case shows it)
             entry.update(args=redact(jsonable(call.args)), key=exc.key)
         self.transcript.append(entry)
-        if isinstance(exc, Stopped):
+        if isinstance(exc, Stopped | ReturnedAwaitable):  # the latter: the code's mistake
             return exc
         if isinstance(exc, ToolUnresponsive):
             return self._not_answering(call, exc)
@@ -523,6 +523,7 @@ class ToolCalls(RunState):
                     gate()  # the ledger's claim is won
                 return await fn(**args)
 
+            attempt = _aattempt_span(name, attempt)
             if health is not None:
                 attempt = health.coro(check, attempt)
 
@@ -538,9 +539,9 @@ class ToolCalls(RunState):
             def body() -> Any:
                 if gate is not None:
                     gate()
-                return fn(**args)
+                return _not_awaitable(name, fn(**args))
 
-            sync = self._effect(call, body, idempotent, lookup, timeout)
+            sync = self._effect(call, _attempt_span(name, body), idempotent, lookup, timeout)
             if progress is not None:
                 sync = functools.partial(progress.run, sync)
 
@@ -633,12 +634,21 @@ def _current_approval(approvals: Any, base: str) -> tuple[str | None, ApprovalRe
     return None, None
 
 
+class ReturnedAwaitable(TypeError):
+    """A tool's plain function returned an awaitable: a mistake of the code, raised to it
+    (never retried, never shown to the model), in both shells."""
+
+
 def _not_awaitable(name: str, result: Any) -> Any:
+    """One behaviour for both shells: a plain function that returns an awaitable is
+    refused (the coroutine is closed, never started: nothing ran). Declare the tool
+    ``async def`` and call it with ``await run.acall_tool(...)``."""
     if inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()  # never started: nothing ran
-        raise TypeError(
-            f"tool {name!r} returned an awaitable: call it with `await run.acall_tool(...)`"
+        raise ReturnedAwaitable(
+            f"tool {name!r} is a plain function that returned an awaitable: declare it "
+            "`async def` and call it with `await run.acall_tool(...)`"
         )
     return result
 
@@ -663,6 +673,23 @@ def _arguments(name: str, args: Any) -> dict[str, Any]:
             f"(passed as fn(**args)), got a {type(args).__name__}: {args!r:.80}"
         )
     return dict(args)
+
+
+def _aattempt_span(name: str, fn: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+    """The async form of :func:`_attempt_span`: the same spans for an awaited attempt."""
+    if not telemetry.enabled():
+        return fn
+    attempts = [0]
+
+    async def attempt() -> Any:
+        attempts[0] += 1
+        telemetry.record_attempt(name, attempts[0])
+        with telemetry.span(
+            "tether.attempt", **{"gen_ai.tool.name": name, "tether.attempt": attempts[0]}
+        ):
+            return await fn()
+
+    return attempt
 
 
 def _attempt_span(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
