@@ -64,6 +64,7 @@ __all__ = [
     "redact",
     "redact_conversation",
     "redact_text",
+    "redacted_json",
     "redacted_paths",
     "register_secrets",
     "safe_url",
@@ -206,14 +207,17 @@ def redact(value: Any, *, extra: re.Pattern[str] | None = None, pii: bool = Fals
 
 
 def _redact(value: Any, extra: re.Pattern[str] | None, pii: bool, depth: int, key: str) -> Any:
-    if isinstance(value, str):
+    kind = type(value)
+    if kind is str or isinstance(value, str):
         text = _text(value, pii, key) if len(value) >= 5 else value
         return extra.sub(REDACTED, text) if extra is not None else text
-    if value is None or isinstance(value, bool | int | float):
+    if value is None or kind is int or kind is float or kind is bool:
+        return value
+    if isinstance(value, bool | int | float):
         return value
     if depth > 64:
         return REDACTED
-    if isinstance(value, Mapping):
+    if kind is dict or isinstance(value, Mapping):
         out = {}
         for k, v in value.items():
             name = str(k)
@@ -232,6 +236,26 @@ _THINKING = frozenset({"thinking", "redacted_thinking", "reasoning"})
 
 
 _THOUGHT_TEXT = frozenset({"thinking", "content", "text", "summary"})
+
+
+def redacted_json(value: Any, text: str | None = None) -> Any:
+    """The JSON form of ``value`` with its secrets redacted: what every audience of a run
+    (its outcome, checkpoint, handoff and record) reads of a recorded value, made once
+    when the value is recorded. ``text`` is the value's canonical JSON when the caller
+    has encoded it already (the intent key did): it is parsed, not encoded again. A value
+    JSON cannot hold is taken as its ``repr``, like :func:`redact` does.
+
+    >>> redacted_json({"card": "4242 4242 4242 4242", "n": 1}, '{"card":"4242 4242 4242 4242","n":1}')
+    {'card': '[redacted]', 'n': 1}
+    """
+    import json
+
+    if text is None:
+        try:
+            text = json.dumps(value, ensure_ascii=False, default=repr)
+        except (TypeError, ValueError):  # a circular value, a key JSON cannot hold
+            return _redact(repr(value), None, False, 0, "")
+    return _redact(json.loads(text), None, False, 0, "")
 
 
 def redact_conversation(messages: Iterable[Any], *, keep_last: bool = False) -> tuple[Any, ...]:

@@ -184,6 +184,8 @@ def _compiled() -> dict[str, Any]:
             if _extra_patterns
             else None,
             "fragments": _fragments(),
+            # what each text redacted to, with these patterns (made anew when they change)
+            "memo": {},
         }
         _state["compiled"] = found
     return found
@@ -354,8 +356,29 @@ def _lower(text: str) -> str:
     return "".join(c if len(c.lower()) != 1 else c.lower() for c in text)  # İ and the like
 
 
+#: texts up to this long are remembered with what they redact to (at most _MEMO_SIZE of
+#: them): a run's arguments and results repeat their names, ids and phrases from call to
+#: call, and each is scanned once
+_MEMO_TEXT = 512
+_MEMO_SIZE = 8192
+
+
 def _text(text: str, pii: bool, context: str) -> str:
     compiled = _compiled()
+    if len(text) > _MEMO_TEXT:
+        return _scan(text, pii, context, compiled)
+    memo: dict[tuple[str, bool, str], str] = compiled["memo"]
+    key = (text, pii, context)
+    found = memo.get(key)
+    if found is None:
+        found = _scan(text, pii, context, compiled)
+        if len(memo) >= _MEMO_SIZE:
+            memo.clear()
+        memo[key] = found
+    return found
+
+
+def _scan(text: str, pii: bool, context: str, compiled: dict[str, Any]) -> str:
     if "-----BEGIN" in text or "PuTTY-User-Key" in text:
         text = _PEM.sub(REDACTED, text)
     if "://" in text:

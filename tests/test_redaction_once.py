@@ -1,0 +1,85 @@
+"""Redacting once: texts remembered with what they redact to, and the recorded JSON view."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from decimal import Decimal
+
+import pytest
+
+import tether
+from tether.effects._canonical import canonical_json, jsonable
+from tether.redaction._redact import _reset, redact, redact_text, redacted_json
+
+
+@pytest.fixture(autouse=True)
+def fresh_secrets() -> Iterator[None]:
+    _reset()
+    yield
+    _reset()
+
+
+def test_a_remembered_text_follows_new_patterns() -> None:
+    """A text seen before is scanned again once the patterns change."""
+    text = "ticket ZZ-123456 opened"
+    assert redact_text(text) == text
+    assert redact({"note": text}) == {"note": text}
+    tether.add_secret_patterns(r"ZZ-\d{6}")
+    assert redact_text(text) == "ticket [redacted] opened"
+    assert redact({"note": text}) == {"note": "ticket [redacted] opened"}
+
+
+def test_a_remembered_field_follows_new_names() -> None:
+    """A field name seen before is a secret once it is registered as one."""
+    assert redact({"zorkword": "abcdef123"}) == {"zorkword": "abcdef123"}
+    tether.add_secret_names("zorkword")
+    assert redact({"zorkword": "abcdef123"}) == {"zorkword": "[redacted]"}
+
+
+def test_the_same_text_under_another_name_is_judged_again() -> None:
+    """The memo keeps the field a text sat under: a card number named an order stays."""
+    card = "4242424242424242"
+    assert redact({"note": card}) == {"note": "[redacted]"}
+    assert redact({"order_id": card}) == {"order_id": card}
+    assert redact({"note": card}) == {"note": "[redacted]"}
+
+
+def test_the_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long texts are not remembered, and the memo starts afresh when full."""
+    from tether.redaction import _secret_text
+
+    monkeypatch.setattr(_secret_text, "_MEMO_SIZE", 10)
+    for i in range(25):
+        redact_text(f"plain text number {i}")
+    redact_text("x" * (_secret_text._MEMO_TEXT + 1))
+    memo = _secret_text._compiled()["memo"]
+    assert 0 < len(memo) <= 10
+    assert all(len(text) <= _secret_text._MEMO_TEXT for text, _, _ in memo)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"order": "A-1", "api_key": "sk-live-1234567890", "note": "token=abc123def456"},
+        {
+            "items": [{"sku": "S-1", "qty": 2}],
+            "headers": [["Authorization", "Bearer abcdefghijkl"]],
+        },
+        {"when": dt.datetime(2026, 1, 2, 3, 4, 5), "amount": Decimal("12.50"), "tags": ("a", "b")},
+        ["mail me at someone@example.com", 3, None, True],
+    ],
+)
+def test_the_recorded_view_is_what_redacting_at_the_end_gave(value: object) -> None:
+    """redacted_json from the canonical text equals redact(jsonable(value)) as the ending made it."""
+    assert redacted_json(value, canonical_json(value, ignore=())) == redact(jsonable(value))
+
+
+def test_the_recorded_view_of_what_json_cannot_hold() -> None:
+    """A value with no JSON form is its redacted repr, as redact gives it."""
+
+    class Opaque:
+        def __repr__(self) -> str:
+            return "Opaque(password=hunter2hunter2)"
+
+    assert redacted_json({"x": Opaque()}) == {"x": "Opaque(password=[redacted])"}
