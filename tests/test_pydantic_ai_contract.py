@@ -227,6 +227,9 @@ def test_deferred_tools_and_approvals_pass_through_unchanged() -> None:
         == ["refund"]
     )
     assert [c.tool_name for c in requests.calls] == ["ledger_lookup"] and executed == []
+    assert first.status == "awaiting_approval"  # paused, not "success"
+    assert first.stopped_because is StopReason.AWAITING_APPROVAL
+    assert "approval of refund" in first.detail and "ledger_lookup" in first.detail
     results = DeferredToolResults(approvals={"r1": True}, calls={"l1": "balance ok"})
     second = ta_pydantic.run_sync(
         agent,
@@ -236,7 +239,7 @@ def test_deferred_tools_and_approvals_pass_through_unchanged() -> None:
         message_history=first.messages,
         deferred_tool_results=results,
     )
-    assert executed == ["A-1"]
+    assert executed == ["A-1"] and second.status == "success"
     assert second.result == "done: ['balance ok', 'refunded A-1']"
     assert type(second.messages[-1]).__name__ == "ModelResponse"
 

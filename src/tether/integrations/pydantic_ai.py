@@ -15,11 +15,19 @@ When a guard stops the run, ``agent.run()`` raises :class:`RunStopped` carrying 
 far): an early end never goes through the agent's output validation, so a caller that
 expects a typed output is never handed a value of another type. :func:`run` returns that
 outcome instead of raising; ``UsageLimitExceeded`` and ``RunTimedOut`` become stop reasons.
+
+PydanticAI's own contract holds: a tool's exception that tether does not retry goes on
+unchanged (the run raises it, as without tether; the tether run ends ``PERMANENT_ERROR``),
+``ModelRetry``, deferred tools and approvals reach the framework unchanged, and a run that
+ends with PydanticAI's ``DeferredToolRequests`` is ``AWAITING_APPROVAL`` with those requests
+as ``outcome.result``. A delegate agent run inside a tool call counts in that call's run
+(:class:`Delegate`, or from PydanticAI's usage when it has no tether capability).
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
 import threading
 from collections import OrderedDict
@@ -55,6 +63,7 @@ from pydantic_ai.exceptions import (  # noqa: E402
     UsageLimitExceeded,
     UserError,
 )
+from pydantic_ai.tools import DeferredToolRequests  # noqa: E402
 
 __all__ = ["Delegate", "RunStopped", "TetherCapability", "free_test_model", "run", "run_sync"]
 
@@ -261,6 +270,10 @@ class TetherCapability(AbstractCapability[Any]):
                 self._finish(key, run, self._messages(ctx))
             raise
         _settle_quietly(live)
+        if isinstance(result.output, DeferredToolRequests):  # PydanticAI's own pause
+            run.halt(StopReason.AWAITING_APPROVAL, _waiting_for(result.output))
+            self._finish(key, run, result.all_messages(), result.output)
+            return result
         run.succeed(result.output)
         self._finish(key, run, result.all_messages())
         return result
@@ -313,10 +326,12 @@ class TetherCapability(AbstractCapability[Any]):
         live = self._state(ctx)
         return list(ctx.messages or (live.messages if live is not None else ()))
 
-    def _finish(self, key: str, run: Run, messages: Any) -> Outcome:
+    def _finish(self, key: str, run: Run, messages: Any, paused: Any = None) -> Outcome:
         run.messages = list(messages or ())
         run.__exit__(None, None, None)
         outcome = run.outcome
+        if paused is not None:  # what the caller answers to go on (DeferredToolRequests)
+            outcome = dataclasses.replace(outcome, result=paused)
         with self._lock:
             self._live.pop(key, None)
             self._outcomes[key] = outcome
@@ -475,6 +490,14 @@ class Delegate(TetherCapability):
         if caller is None:
             return await handler()
         return await self._delegate(ctx, handler, caller)
+
+
+def _waiting_for(requests: Any) -> str:
+    approvals = sorted({str(c.tool_name) for c in requests.approvals})
+    calls = sorted({str(c.tool_name) for c in requests.calls})
+    said = [f"approval of {', '.join(approvals)}"] if approvals else []
+    said += [f"the result of {', '.join(calls)} (run elsewhere)"] if calls else []
+    return "the agent waits for " + " and ".join(said)
 
 
 def _settle_quietly(live: _Live) -> None:
