@@ -24,19 +24,16 @@ input.
 
 from __future__ import annotations
 
-import base64
-import dataclasses
-import datetime as _dt
-import decimal
 import enum
 import functools
 import hashlib
 import json
 import math
 import re
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from tether.effects._tagged import NO_FIELDS, Tag, escape_key, fields_of, tag
 
 __all__ = ["MAX_DEPTH", "VOLATILE_FIELDS", "canonical_json", "intent_key"]
 
@@ -108,7 +105,8 @@ def _text(value: str, path: str) -> str:
 
 
 def _key(k: str, path: str) -> str:
-    return "$" + k if k[:1] == "$" else _text(k, path)
+    escaped = escape_key(k)
+    return escaped if escaped is not k else _text(k, path)
 
 
 class _Walk:
@@ -161,48 +159,24 @@ class _Walk:
             sub = f"{path}[{k!r}]"
             pairs.append([self(k, sub, depth + 1), self(v, sub, depth + 1)])
         pairs.sort(key=_dumps)
-        return {"$map": pairs}
+        return {Tag.MAP: pairs}
 
     def _tagged(self, obj: Any, path: str, depth: int) -> Any:
         if isinstance(obj, enum.Enum):
             return self(obj.value, path, depth)
-        if isinstance(obj, _dt.datetime):
-            if obj.tzinfo is not None:
-                obj = obj.astimezone(_dt.UTC)
-            return {"$dt": obj.isoformat()}
-        if isinstance(obj, _dt.date):
-            return {"$date": obj.isoformat()}
-        if isinstance(obj, _dt.time):
-            return {"$time": obj.isoformat()}
-        if isinstance(obj, decimal.Decimal):
-            if not obj.is_finite():
-                raise ValueError(f"{path}: NaN and infinite Decimals are not allowed")
-            return {"$dec": str(obj.normalize())}
-        if isinstance(obj, uuid.UUID):
-            return {"$uuid": str(obj)}
-        if isinstance(obj, bytes | bytearray | memoryview):
-            return {"$bytes": base64.b64encode(bytes(obj)).decode("ascii")}
+        try:
+            tagged = tag(obj, canonical=True)
+        except ValueError as exc:  # a NaN or infinite Decimal
+            raise ValueError(f"{path}: {exc}") from None
+        if tagged is not None:
+            return tagged
         if isinstance(obj, set | frozenset):
             items = [self(v, f"{path}{{}}", depth + 1) for v in obj]
-            return {"$set": sorted(items, key=_dumps)}
-        if not isinstance(obj, type):
-            fields = _fields(obj)
-            if fields is not None:
-                return {"$obj": [type(obj).__qualname__, self(fields, path, depth + 1)]}
+            return {Tag.SET: sorted(items, key=_dumps)}
+        fields = fields_of(obj)
+        if fields is not NO_FIELDS:
+            return {Tag.OBJ: [type(obj).__qualname__, self(fields, path, depth + 1)]}
         raise TypeError(f"{path}: cannot encode a {type(obj).__name__}; {_TYPES_HINT}")
-
-
-def _fields(obj: Any) -> Mapping[str, Any] | None:
-    """The fields of a dataclass, a pydantic model or an object with ``to_dict``."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-    for method, kwargs in (("model_dump", {"mode": "python"}), ("to_dict", {})):
-        fn = getattr(obj, method, None)
-        if callable(fn):
-            found = fn(**kwargs)
-            if isinstance(found, Mapping):
-                return found
-    return None
 
 
 Paths = Iterable[str | tuple[str, ...]]
