@@ -241,6 +241,16 @@ def test_deferred_tools_and_approvals_pass_through_unchanged() -> None:
     )
     assert executed == ["A-1"] and second.status == "success"
     assert second.result == "done: ['balance ok', 'refunded A-1']"
+    # the worker answers the same approval again (a retry after a crash): nothing runs twice
+    again = ta_pydantic.run_sync(
+        agent,
+        None,
+        guard=guard,
+        side_effects=["refund"],
+        message_history=first.messages,
+        deferred_tool_results=results,
+    )
+    assert executed == ["A-1"] and again.result == second.result
     assert type(second.messages[-1]).__name__ == "ModelResponse"
 
 
@@ -310,6 +320,7 @@ def test_alone_pydantic_ai_counts_the_delegates_request() -> None:
 
 @pytest.mark.parametrize("delegate", ["Delegate", "TetherCapability"])
 def test_a_delegate_agents_request_counts_in_the_callers_run(delegate: str) -> None:
+    """Sync entry here; the async one in the test below."""
     capability = (
         ta_pydantic.Delegate() if delegate == "Delegate" else ta_pydantic.TetherCapability(Guard())
     )
@@ -372,12 +383,18 @@ def test_a_test_model_named_after_a_real_one_is_priced_as_that_one() -> None:
         )
 
 
-def test_a_delegate_without_tethers_capability_is_counted_from_pydantic_ais_usage() -> None:
+@pytest.mark.parametrize("entry", ["run_sync", "run"])
+def test_a_delegate_without_tethers_capability_is_counted_from_pydantic_ais_usage(
+    entry: str,
+) -> None:
     """flight_booking as written (usage=ctx.usage, no capability on the delegate): its
     request is counted from PydanticAI's usage, before the next request; unpriced, since
     tether never saw its model."""
     agent, sent = flight_agents([], priced=True)
-    outcome = ta_pydantic.run_sync(agent, "find a flight to ANC", guard=Guard())
+    if entry == "run":
+        outcome = asyncio.run(ta_pydantic.run(agent, "find a flight to ANC", guard=Guard()))
+    else:
+        outcome = ta_pydantic.run_sync(agent, "find a flight to ANC", guard=Guard())
     assert outcome.status == "success" and outcome.usage.model_calls == len(sent) == 4
     assert outcome.usage.unpriced_calls == 1 and outcome.usage.input_tokens == 4 * 500
 

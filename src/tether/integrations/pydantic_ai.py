@@ -492,6 +492,15 @@ class Delegate(TetherCapability):
         return await self._delegate(ctx, handler, caller)
 
 
+def _paused_request(history: Any) -> str | None:
+    """The request of the run that paused on deferred tool calls: its PydanticAI run id."""
+    for message in reversed(list(history or ())):
+        run_id = getattr(message, "run_id", None)
+        if getattr(message, "kind", None) == "response" and run_id:
+            return f"pydantic-ai-run:{run_id}"
+    return None
+
+
 def _waiting_for(requests: Any) -> str:
     approvals = sorted({str(c.tool_name) for c in requests.approvals})
     calls = sorted({str(c.tool_name) for c in requests.calls})
@@ -535,9 +544,14 @@ async def run(
     options of ``run.call_tool``; ``resume=outcome.checkpoint_id`` continues a run that
     stopped (pass ``message_history=outcome.messages``); ``key`` names the request the run
     serves (``guard.start(task, key=...)``). Other keyword arguments go to ``agent.run``.
+    A run that answers PydanticAI's deferred requests (``deferred_tool_results=`` with the
+    paused run's ``message_history``) serves the paused run's request unless ``key`` says
+    otherwise, so answering the same approval twice runs its effect once.
     """
     if not isinstance(agent, Agent):
         raise TypeError(f"agent must be a pydantic_ai.Agent, got {agent!r}")
+    if key is None and agent_options.get("deferred_tool_results") is not None:
+        key = _paused_request(agent_options.get("message_history"))
     capability = TetherCapability(guard, side_effects, timeouts=timeouts, compensate=compensate,
                                   requires_approval=requires_approval, resume=resume, key=key,
                                   labels=labels)  # fmt: skip
