@@ -19,6 +19,7 @@ from tether.records._approvals import APPROVED, PENDING, REJECTED
 from tether.records._collections import CaseState
 from tether.records._runs import Tables
 from tether.stores._documents import DocKind, PostgresDocuments, Sql, SqliteDocuments
+from tether.stores._sql import DIALECTS
 
 __all__ = ["Pruned", "prune"]
 
@@ -178,6 +179,4 @@ def _delete(sql: Sql, table: str, kind: str, ids: list[str]) -> None:
 
 
 def _has_table(sql: Sql, dialect: str, name: str) -> bool:
-    if dialect == "postgres":
-        return bool(sql.rows("SELECT to_regclass(?) IS NOT NULL", (name,))[0][0])
-    return bool(sql.rows("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)))
+    return bool(sql.rows(DIALECTS[dialect].has_table, (name,))[0][0])

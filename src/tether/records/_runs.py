@@ -14,6 +14,7 @@ from typing import Any
 
 from tether.records._collections import _Collection
 from tether.stores._documents import DocKind, PostgresDocuments, SqliteDocuments
+from tether.stores._sql import DIALECTS, Dialect
 
 __all__ = ["DAY", "Overview", "RunPage", "Runs", "Tables", "portable"]
 
@@ -59,21 +60,22 @@ class Tables:
             return (self.runs.removesuffix("runs") + "ledger", "tether_replays")
         return ("tether_ledger",)
 
+    @property
+    def sql(self) -> Dialect:
+        """The dialect's differences (stores/_sql.py)."""
+        return DIALECTS[self.dialect]
+
     def field(self, name: str) -> str:
         """A document's top-level JSON field, as text (``name`` is one of ours, never input)."""
-        if self.dialect == "postgres":
-            return f"((body::jsonb) ->> '{name}')"
-        return f"json_extract(body, '$.{name}')"
+        return self.sql.field(name)
 
     @property
     def day(self) -> str:
         """The UTC day (days since the epoch) of ``ended_at``."""
-        if self.dialect == "postgres":
-            return "CAST(FLOOR(ended_at / 86400) AS BIGINT)"
-        return "CAST(ended_at / 86400 AS INTEGER)"
+        return self.sql.day("ended_at")
 
     def schema(self) -> list[str]:
-        real = "DOUBLE PRECISION"
+        real = "DOUBLE PRECISION"  # on SQLite too: the type these tables were made with
         return [
             f"CREATE TABLE IF NOT EXISTS {self.runs} (run_id TEXT PRIMARY KEY, "
             f"ended_at {real} NOT NULL, status TEXT NOT NULL, reason TEXT NOT NULL, "
@@ -271,7 +273,7 @@ class Runs(_Collection):
             params.append(reason)
         if text and text.strip():
             words = text.strip().lower()
-            like = "ILIKE" if t.dialect == "postgres" else "LIKE"  # SQLite's LIKE ignores case
+            like = t.sql.like
             where.append(f"(r.run_id LIKE ? ESCAPE '\\' OR r.task {like} ? ESCAPE '\\')")
             params += [_like(text.strip()) + "%", f"%{_like(words)}%"]
         if since is not None:

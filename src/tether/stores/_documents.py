@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from tether._errors import CheckpointError, StoreUnavailable, require
 from tether.redaction._redact import safe_url
+from tether.stores._sql import DIALECTS, POSTGRES, SQLITE, DocumentSql
 
 __all__ = [
     "DocKind",
@@ -71,10 +72,11 @@ class Sql:
 
     def __init__(self, conn: Any, dialect: str) -> None:
         self._conn = conn
-        self._pg = dialect == "postgres"
+        self._dialect = DIALECTS[dialect]
+        self._pg = self._dialect is POSTGRES
 
     def _sql(self, sql: str) -> str:
-        return sql.replace("?", "%s") if self._pg else sql
+        return self._dialect(sql)
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return list(self._conn.execute(self._sql(sql), tuple(params)).fetchall())
@@ -96,12 +98,13 @@ class Sql:
 
 class SqliteDocuments:
     #: the SQL dialect and documents table, for the queries of :class:`tether.Records`
-    dialect = "sqlite"
+    dialect = SQLITE.name
     table = "tether_documents"
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._q = DocumentSql(self.table, SQLITE)
         import sqlite3  # imported when first used: `import tether` loads no sqlite3
 
         try:
@@ -109,40 +112,27 @@ class SqliteDocuments:
                 path, timeout=30.0, isolation_level=None, check_same_thread=False
             )
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS tether_documents (kind TEXT NOT NULL, id TEXT NOT NULL, "
-                "created_at REAL NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, id))"
-            )
+            self._db.execute(self._q.create)
         except sqlite3.DatabaseError as exc:
             raise CheckpointError(f"cannot open the tether database at {path!r}: {exc}") from exc
 
     def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
         with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO tether_documents VALUES (?, ?, ?, ?)",
-                (kind, doc_id, created_at, json.dumps(doc, default=str)),
-            )
+            self._db.execute(self._q.put, (kind, doc_id, created_at, json.dumps(doc, default=str)))
 
     def get(self, kind: str, doc_id: str) -> str | None:
         with self._lock:
-            row = self._db.execute(
-                "SELECT body FROM tether_documents WHERE kind = ? AND id = ?", (kind, doc_id)
-            ).fetchone()
+            row = self._db.execute(self._q.get, (kind, doc_id)).fetchone()
         return None if row is None else str(row[0])
 
     def list(self, kind: str, limit: int) -> list[tuple[str, str]]:
         with self._lock:
-            rows = self._db.execute(
-                "SELECT id, body FROM tether_documents WHERE kind = ? ORDER BY created_at DESC LIMIT ?",
-                (kind, limit),
-            ).fetchall()
+            rows = self._db.execute(self._q.list, (kind, limit)).fetchall()
         return [(str(r[0]), str(r[1])) for r in reversed(rows)]
 
     def delete(self, kind: str, doc_id: str) -> None:
         with self._lock:
-            self._db.execute(
-                "DELETE FROM tether_documents WHERE kind = ? AND id = ?", (kind, doc_id)
-            )
+            self._db.execute(self._q.delete, (kind, doc_id))
 
     @contextmanager
     def sql(self, *, write: bool = False) -> Iterator[Sql]:
@@ -168,7 +158,7 @@ class PostgresDocuments:
     """Documents in a PostgreSQL table, over a small pool of connections (a page that
     reads a large record never holds up the others)."""
 
-    dialect = "postgres"
+    dialect = POSTGRES.name
 
     def __init__(self, dsn: str, table: str = "tether_documents", *, pool_size: int = 4) -> None:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", table):
@@ -177,6 +167,7 @@ class PostgresDocuments:
         pool_mod: Any = require("psycopg_pool", "postgres")
         self.dsn = dsn
         self.table = table
+        self._q = DocumentSql(table, POSTGRES)
         self._pool = pool_mod.ConnectionPool(
             dsn,
             min_size=1,
@@ -195,38 +186,26 @@ class PostgresDocuments:
                 f"cannot connect to PostgreSQL for tether documents at {safe_url(dsn)}: {exc}"
             ) from exc
         with self._pool.connection() as conn:
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {table} (kind TEXT NOT NULL, id TEXT NOT NULL, "
-                "created_at DOUBLE PRECISION NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, id))"
-            )
+            conn.execute(self._q.create)
 
     def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
         body = json.dumps(doc, default=str)
         with self._pool.connection() as conn:
-            conn.execute(
-                f"INSERT INTO {self.table} VALUES (%s, %s, %s, %s) ON CONFLICT (kind, id) "
-                "DO UPDATE SET body = EXCLUDED.body",
-                (kind, doc_id, created_at, body),
-            )
+            conn.execute(self._q.put, (kind, doc_id, created_at, body))
 
     def get(self, kind: str, doc_id: str) -> str | None:
         with self._pool.connection() as conn:
-            row = conn.execute(
-                f"SELECT body FROM {self.table} WHERE kind = %s AND id = %s", (kind, doc_id)
-            ).fetchone()
+            row = conn.execute(self._q.get, (kind, doc_id)).fetchone()
         return None if row is None else str(row[0])
 
     def list(self, kind: str, limit: int) -> list[tuple[str, str]]:
         with self._pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT id, body FROM {self.table} WHERE kind = %s ORDER BY created_at DESC LIMIT %s",
-                (kind, limit),
-            ).fetchall()
+            rows = conn.execute(self._q.list, (kind, limit)).fetchall()
         return [(str(r[0]), str(r[1])) for r in reversed(rows)]
 
     def delete(self, kind: str, doc_id: str) -> None:
         with self._pool.connection() as conn:
-            conn.execute(f"DELETE FROM {self.table} WHERE kind = %s AND id = %s", (kind, doc_id))
+            conn.execute(self._q.delete, (kind, doc_id))
 
     @contextmanager
     def sql(self, *, write: bool = False) -> Iterator[Sql]:
