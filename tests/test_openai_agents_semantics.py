@@ -279,6 +279,54 @@ def test_a_rejected_call_is_not_made_and_the_model_hears_it(shell: str) -> None:
     assert second.status == "success" and second.result == "I could not get the temperature."
 
 
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_run_resumed_from_the_sdks_state_keeps_its_budget(shell: str, tmp_path: Any) -> None:
+    """With a guard that keeps checkpoints, ``resume=outcome.checkpoint_id`` continues the same
+    tether run after the pause: one run id, and the model-call budget counts both halves."""
+    import tether
+
+    model = scripted(approval_script())
+    agent, looked = approval_desk(model)
+    guard = Guard(
+        checkpoints=tether.Checkpoints.sqlite(str(tmp_path / "runs.db")),
+        budget=Budget(max_model_calls=1),
+    )
+    first = drive(shell, agent, "Weather and temperature in Oakland?", guard=guard)
+    assert first.stopped_because is StopReason.AWAITING_APPROVAL and first.checkpoint_id
+    state = first.to_state()
+    state.approve(first.interruptions[0])
+    second = drive(shell, agent, state, guard=guard, resume=first.checkpoint_id)
+    assert second.run_id == first.run_id
+    assert second.stopped_because is StopReason.MAX_MODEL_CALLS and len(model.calls) == 1
+    assert looked == ["weather Oakland", "temperature Oakland"]  # the approved call ran
+
+
+def test_a_stream_the_caller_stops_reading_ends_the_run() -> None:
+    """Leaving the stream early cancels the SDK's run and ends tether's: no more requests."""
+    steps = [[function_call("search", {"q": f"invoice {i}"}, call_id=f"c{i}")] for i in range(5)]
+    model = scripted([*steps, [assistant_message("found")]])
+
+    @function_tool
+    def search(q: str) -> str:
+        """Search invoices."""
+        return "no result"
+
+    async def main() -> Any:
+        stream = ta_agents.run_streamed(
+            Agent(name="clerk", model=model, tools=[search]), "find", guard=Guard()
+        )
+        events = stream.stream_events()
+        async for event in events:
+            if getattr(event, "name", "") == "tool_output":
+                break
+        await events.aclose()  # type: ignore[attr-defined]
+        return stream.outcome
+
+    outcome = asyncio.run(main())
+    assert outcome.status == "failed" and "stopped reading" in outcome.detail
+    assert len(model.calls) == 1
+
+
 # --- 11: every model call counts: nested agents and guardrail agents ---------------------------
 
 

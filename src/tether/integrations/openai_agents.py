@@ -46,7 +46,7 @@ from agents.exceptions import (  # noqa: E402
     OutputGuardrailTripwireTriggered,
     UserError,
 )
-from agents.items import ItemHelpers  # noqa: E402
+from agents.items import ItemHelpers, ToolApprovalItem  # noqa: E402
 from agents.run import DEFAULT_MAX_TURNS  # noqa: E402 - the SDK's own, when nothing sets one
 
 from tether.integrations._agents_graph import (  # noqa: E402
@@ -241,7 +241,7 @@ class _Session:
             self.items, self.last_agent = list(data.new_items), data.last_agent
             run.messages = [
                 *ItemHelpers.input_to_new_input_list(self._sdk_input(data)),
-                *(i.to_input_item() for i in data.new_items),
+                *(i.to_input_item() for i in data.new_items if not isinstance(i, ToolApprovalItem)),
             ]
         if isinstance(exc, GuardStopped):
             raise Stopped(exc.reason, exc.detail) from None
