@@ -70,12 +70,14 @@ if TYPE_CHECKING:
         redact,
         register_secrets,
     )
+    from tether.run._budget import Budget
     from tether.run._governance import ApprovalRejected, PolicyDenied
+    from tether.run._guard import Guard
     from tether.run._handoff import CustomerMessages, Escalation, HandoffRecord, webhook
     from tether.run._loops import LoopPolicy
     from tether.run._outcome import Outcome, Stopped, StopReason, ToolError, Usage
     from tether.run._pricing import PRICES, Price, PriceTable, UnknownModelError
-    from tether.run._run import Budget, Guard, Run
+    from tether.run._run import Run
     from tether.run._tool import Tool
 
 #: public name -> the module it is imported from on first use
@@ -87,7 +89,7 @@ _LAZY: dict[str, str] = {
     "ApprovalRecord": "tether.records._approvals",
     "ApprovalRejected": "tether.run._governance",
     "BreakerRegistry": "tether.guards._breaker",
-    "Budget": "tether.run._run",
+    "Budget": "tether.run._budget",
     "CONNECTORS": "tether.effects._wrap",
     "CallMeta": "tether.effects._wrap",
     "CheckpointError": "tether.records._collections",
@@ -99,7 +101,7 @@ _LAZY: dict[str, str] = {
     "DeadLetters": "tether.records._collections",
     "EffectFailed": "tether.effects._ledger",
     "Escalation": "tether.run._handoff",
-    "Guard": "tether.run._run",
+    "Guard": "tether.run._guard",
     "HandoffRecord": "tether.run._handoff",
     "Handoffs": "tether.records._collections",
     "Ledger": "tether.effects._ledger",

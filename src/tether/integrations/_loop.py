@@ -20,9 +20,10 @@ from tether.integrations._common import (
     result_text,
     unknown_tool,
 )
+from tether.run._guard import Guard
 from tether.run._outcome import Stopped, StopReason, ToolError
 from tether.run._pricing import UnknownModelError
-from tether.run._run import Guard, Run
+from tether.run._run import Run
 from tether.run._tool import Tool
 
 __all__ = [

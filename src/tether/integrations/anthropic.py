@@ -23,8 +23,9 @@ from tether.integrations._loop import (
     task_of,
 )
 from tether.retries._policy import RetryPolicy
+from tether.run._guard import Guard
 from tether.run._outcome import Outcome, StopReason
-from tether.run._run import Guard, Run
+from tether.run._run import Run
 from tether.run._tool import Tool
 
 __all__ = ["GuardedAnthropic", "Tool", "arun_agent", "guarded", "run_agent"]

@@ -15,7 +15,7 @@ from tether.effects._canonical import jsonable
 from tether.records._runs import portable
 from tether.redaction._redact import redact, redact_conversation
 from tether.run._handoff import SOME_STEP, HandoffRecord, _Delivery
-from tether.run._outcome import Outcome, Stopped, StopReason, Usage
+from tether.run._outcome import Outcome, Status, Stopped, StopReason, Usage
 from tether.run._runstate import RunState
 
 __all__ = ["Ending"]
@@ -109,24 +109,24 @@ class Ending(RunState):
             self._unconfirmed.extend(tool for tool, _, _ in self._effects)
             return []
 
-    def _status(self, reason: StopReason) -> str:
+    def _status(self, reason: StopReason) -> Status:
         esc = self.guard.escalation
         if reason is StopReason.GOAL_REACHED and not self._escalate:
-            return "success"
+            return Status.SUCCESS
         if reason is StopReason.AWAITING_APPROVAL and not self._escalate:
-            return "awaiting_approval"
+            return Status.AWAITING_APPROVAL
         if reason is StopReason.IN_PROGRESS and not self._escalate:
-            return "partial"  # another worker of this request is doing the rest
+            return Status.PARTIAL  # another worker of this request is doing the rest
         # a handoff is made when the code asks for one, when a trigger fires, or, for any
         # run that did not reach its goal, when a sink is configured to receive it
         if self._escalate or (esc is not None and (reason in esc.on or esc.sink is not None)):
-            return "escalated"
+            return Status.ESCALATED
         if (
             reason in (StopReason.PERMANENT_ERROR, StopReason.ERROR, StopReason.FAILED)
             or not self.partial
         ):
-            return "failed"
-        return "partial"
+            return Status.FAILED
+        return Status.PARTIAL
 
     def finish(self) -> Outcome:
         """Close the run: status, reason, checkpoint, handoff, customer message."""

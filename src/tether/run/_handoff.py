@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,3 +189,10 @@ class _Delivery:
             self.errors.append(f"handoff delivery failed: {type(exc).__name__}")
             return False
         return True
+
+
+def _describe(label: str, args: Any, result: Any) -> str | None:
+    """The default words for a completed effect: its tool's label ("refund completed"), or
+    a neutral phrase when the tool declares none; with the result's id as a reference."""
+    ref = result.get("id") if isinstance(result, Mapping) else getattr(result, "id", None)
+    return f"{label or SOME_STEP} completed" + (f" (reference {ref})" if ref else "")

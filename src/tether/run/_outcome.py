@@ -9,7 +9,7 @@ from typing import Any
 
 from tether._errors import TetherError
 
-__all__ = ["Outcome", "StopReason", "Stopped", "ToolError", "Usage"]
+__all__ = ["STATUSES", "Outcome", "Status", "StopReason", "Stopped", "ToolError", "Usage"]
 
 
 class StopReason(enum.Enum):
@@ -98,8 +98,19 @@ class Usage:
         )
 
 
+class Status(enum.StrEnum):
+    """What an outcome's ``status`` can be, in the order of how well the run went (str
+    values: ``outcome.status == "success"`` holds)."""
+
+    SUCCESS = "success"
+    PARTIAL = "partial"
+    AWAITING_APPROVAL = "awaiting_approval"
+    ESCALATED = "escalated"
+    FAILED = "failed"
+
+
 #: What an outcome's ``status`` can be, in the order of how well the run went.
-STATUSES = ("success", "partial", "awaiting_approval", "escalated", "failed")
+STATUSES: tuple[Status, ...] = tuple(Status)
 
 
 @dataclass(frozen=True, slots=True)

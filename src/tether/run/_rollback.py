@@ -13,7 +13,7 @@ from tether.effects._canonical import jsonable
 from tether.redaction._redact import redact
 from tether.run._governance import JournalEntry
 from tether.run._handoff import SOME_STEP
-from tether.run._outcome import Outcome, StopReason
+from tether.run._outcome import Outcome, Status, StopReason
 from tether.run._runstate import RunState
 from tether.run._tool import _is_async
 
@@ -187,7 +187,7 @@ class Rollback(RunState):
         """A rollback after the run ended: the outcome says what was undone (and escalates
         when something could not be), with a new checkpoint."""
         assert self._outcome is not None
-        status = "escalated" if self._escalate else self._outcome.status
+        status = Status.ESCALATED if self._escalate else self._outcome.status
         outcome: Outcome = self._conclude(status, amend=True)  # type: ignore[attr-defined]
         return outcome
 

@@ -15,19 +15,18 @@ from typing import Any
 from tether import telemetry
 from tether.effects._canonical import canonical_json
 from tether.run._ending import Ending
-from tether.run._guard import Budget, Guard
 from tether.run._outcome import StopReason
 from tether.run._pricing import UnknownModelError
 from tether.run._rollback import Rollback
 from tether.run._toolcall import ToolCalls
 
-__all__ = ["Budget", "Guard", "Run"]
+__all__ = ["Run"]
 
 _log = logging.getLogger("tether")
 
 
 class Run(ToolCalls, Rollback, Ending):
-    """One guarded run of an agent; see :class:`Guard`."""
+    """One guarded run of an agent; see :class:`tether.Guard`."""
 
     def __repr__(self) -> str:
         return (

@@ -20,7 +20,7 @@ from tether.run._pricing import UnknownModelError
 
 if TYPE_CHECKING:
     from tether.retries._policy import RetryPolicy
-    from tether.run._guard import Guard
+    from tether.run._settings import RunSettings
 
 T = TypeVar("T")
 
@@ -79,7 +79,7 @@ class Tail(list[dict[str, Any]]):
 class RunState:
     """What a run counts and remembers; the parts of :class:`tether.Run` share it."""
 
-    def __init__(self, guard: Guard, task: str, run_id: str, *, key: str | None = None,
+    def __init__(self, guard: RunSettings, task: str, run_id: str, *, key: str | None = None,
                  request: str | None = None) -> None:  # fmt: skip
         self.guard = guard
         self.task = task
@@ -200,7 +200,7 @@ class RunState:
     def _effect_text(self, tool: str, args: Any, result: Any) -> str | None:
         """An effect in the customer's words: the guard's ``describe_effect``, or (the
         default) the tool's label, never its name."""
-        from tether.run._guard import _describe
+        from tether.run._handoff import _describe
 
         describe = self.guard.describe_effect
         if describe is _describe:
