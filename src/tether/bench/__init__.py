@@ -136,11 +136,18 @@ def run(
                 scenario, policy, cell = fut.result()
                 shape = FLEET_SCENARIOS[scenario]
                 calls, seconds = lower_bounds(scenario, CLIENTS, CAPACITY)
-                entry = fleet.setdefault(scenario, {
-                    "clients": CLIENTS, "capacity_rps": CAPACITY, "outage_s": shape["outage_s"],
-                    "brownout_s": shape["brownout_s"], "lower_bound_calls": calls,
-                    "lower_bound_s": seconds, "policies": {},
-                })  # fmt: skip
+                entry = fleet.setdefault(
+                    scenario,
+                    {
+                        "clients": CLIENTS,
+                        "capacity_rps": CAPACITY,
+                        "outage_s": shape["outage_s"],
+                        "brownout_s": shape["brownout_s"],
+                        "lower_bound_calls": calls,
+                        "lower_bound_s": seconds,
+                        "policies": {},
+                    },
+                )
                 entry["policies"][policy] = cell
                 note(f"fleet: {scenario} / {policy}", len(fleet_jobs))
             out["suites"]["fleet"] = {

@@ -69,8 +69,17 @@ class _Tally:
 
 def _result(world: World, tally: _Tally, status: str, reason: str) -> TaskResult:
     duplicates = sum(n - 1 for n in world.paid.values() if n > 1)
-    return TaskResult(status, reason, tally.steps, world.dependency_calls, world.clock.now(), tally.tokens,
-                      tally.cost, world.dependency_calls, duplicates)  # fmt: skip
+    return TaskResult(
+        status,
+        reason,
+        tally.steps,
+        world.dependency_calls,
+        world.clock.now(),
+        tally.tokens,
+        tally.cost,
+        world.dependency_calls,
+        duplicates,
+    )
 
 
 def _accept(final: Final) -> tuple[str, str]:
@@ -209,10 +218,14 @@ def run_tether(scenario: Scenario, rng: random.Random) -> TaskResult:
                     run.stop(StopReason.TRUNCATED, "reply cut at max_tokens twice")
                 break
             try:
-                last = run.call_tool(move.tool, world.tool(move.tool), move.args,
-                                     timeout=scenario.tool_timeout,
-                                     idempotent=scenario.idempotent(move.tool),
-                                     lookup=world.lookup(move.tool))  # fmt: skip
+                last = run.call_tool(
+                    move.tool,
+                    world.tool(move.tool),
+                    move.args,
+                    timeout=scenario.tool_timeout,
+                    idempotent=scenario.idempotent(move.tool),
+                    lookup=world.lookup(move.tool),
+                )
             except ToolError as exc:
                 last = f"Error: {exc.model_message}"
             if scenario.observe_state and world.state is not None:

@@ -24,29 +24,71 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
     tables: dict[str, tuple[list[str], list[list[str]]]] = {}
     suites = results.get("suites", {})
     if "agents" in suites:
-        head = ["scenario", "policy", "success", "escalated", "runaway", "dup. effects", "false stops",
-                "avg steps", "p50 s", "p95 s", "cost $", "dep. calls", "stopped by"]  # fmt: skip
+        head = [
+            "scenario",
+            "policy",
+            "success",
+            "escalated",
+            "runaway",
+            "dup. effects",
+            "false stops",
+            "avg steps",
+            "p50 s",
+            "p95 s",
+            "cost $",
+            "dep. calls",
+            "stopped by",
+        ]
         rows = []
         for scenario, cell in suites["agents"]["scenarios"].items():
             for policy, m in cell["policies"].items():
                 stops = ", ".join(
                     f"{k} {v}" for k, v in sorted(m["stopped"].items(), key=lambda kv: -kv[1])[:2]
                 )
-                rows.append([scenario, policy, f"{m['success']:.1%}", f"{m['escalated']:.1%}", str(m["runaway"]),
-                             str(m["duplicate_effects"]), str(m["false_stops"]), f"{m['avg_steps']:.1f}",
-                             f"{m['p50_latency_s']:.1f}", f"{m['p95_latency_s']:.1f}", f"{m['cost_usd']:.2f}",
-                             str(m["dependency_calls"]), stops])  # fmt: skip
+                rows.append(
+                    [
+                        scenario,
+                        policy,
+                        f"{m['success']:.1%}",
+                        f"{m['escalated']:.1%}",
+                        str(m["runaway"]),
+                        str(m["duplicate_effects"]),
+                        str(m["false_stops"]),
+                        f"{m['avg_steps']:.1f}",
+                        f"{m['p50_latency_s']:.1f}",
+                        f"{m['p95_latency_s']:.1f}",
+                        f"{m['cost_usd']:.2f}",
+                        str(m["dependency_calls"]),
+                        stops,
+                    ]
+                )
         tables["agents"] = (head, rows)
     if "fleet" in suites:
-        head = ["scenario", "policy", "success", "total calls", "x lower bound", "peak load / capacity",
-                "completion s", "x lower bound"]  # fmt: skip
+        head = [
+            "scenario",
+            "policy",
+            "success",
+            "total calls",
+            "x lower bound",
+            "peak load / capacity",
+            "completion s",
+            "x lower bound",
+        ]
         rows = []
         for scenario, entry in suites["fleet"]["scenarios"].items():
             for policy, m in entry["policies"].items():
-                rows.append([scenario, policy, f"{m['success']:.1%}", str(m["total_calls"]),
-                             f"{m['total_calls'] / entry['lower_bound_calls']:.2f}",
-                             f"{m['peak_load_ratio']:.2f}", f"{m['completion_s']:.1f}",
-                             f"{m['completion_s'] / entry['lower_bound_s']:.2f}"])  # fmt: skip
+                rows.append(
+                    [
+                        scenario,
+                        policy,
+                        f"{m['success']:.1%}",
+                        str(m["total_calls"]),
+                        f"{m['total_calls'] / entry['lower_bound_calls']:.2f}",
+                        f"{m['peak_load_ratio']:.2f}",
+                        f"{m['completion_s']:.1f}",
+                        f"{m['completion_s'] / entry['lower_bound_s']:.2f}",
+                    ]
+                )
         tables["fleet"] = (head, rows)
         head = ["backoff", "calls", "completion s"]
         rows = [
@@ -55,28 +97,55 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
         ]
         tables["contention (AWS backoff article experiment, 100 clients)"] = (head, rows)
     if "fleet-live" in suites:
-        head = ["scenario", "run", "success", "calls", "x bound", "peak / capacity", "completion s",
-                "x bound", "Redis round trips / call"]  # fmt: skip
+        head = [
+            "scenario",
+            "run",
+            "success",
+            "calls",
+            "x bound",
+            "peak / capacity",
+            "completion s",
+            "x bound",
+            "Redis round trips / call",
+        ]
         rows = []
         for scenario, e in suites["fleet-live"]["scenarios"].items():
             for run in ("live", "simulated"):
                 m = e[run]
                 done = m["completion_s"]
-                rows.append([scenario, run, f"{m['success']:.1%}", str(m["total_calls"]),
-                             f"{m['total_calls'] / e['lower_bound_calls']:.2f}", f"{m['peak_load_ratio']:.2f}",
-                             "-" if done is None else f"{done:.1f}",
-                             "-" if done is None else f"{done / e['lower_bound_s']:.2f}",
-                             f"{m['round_trips_per_call']:.2f}" if "round_trips_per_call" in m else ""])  # fmt: skip
-        tables[f"fleet-live ({e['clients']} clients in {e['workers']} processes, {e['capacity_rps']} req/s)"] = (
-            head, rows)  # fmt: skip
+                rows.append(
+                    [
+                        scenario,
+                        run,
+                        f"{m['success']:.1%}",
+                        str(m["total_calls"]),
+                        f"{m['total_calls'] / e['lower_bound_calls']:.2f}",
+                        f"{m['peak_load_ratio']:.2f}",
+                        "-" if done is None else f"{done:.1f}",
+                        "-" if done is None else f"{done / e['lower_bound_s']:.2f}",
+                        f"{m['round_trips_per_call']:.2f}" if "round_trips_per_call" in m else "",
+                    ]
+                )
+        tables[
+            f"fleet-live ({e['clients']} clients in {e['workers']} processes, {e['capacity_rps']} req/s)"
+        ] = (head, rows)
         load = suites["fleet-live"].get("redis_load")
         if load:
             shard = load["shard"]
-            title = (f"Redis load of a fleet (per client: {load['per_client']['outage']:.3f} round trips/s in an "
-                     f"outage, {load['per_client']['recovery']:.3f} in recovery; one shard here: "
-                     f"{shard['ops_per_s']:,} script calls/s, planned at {load['headroom']:.0%})")  # fmt: skip
-            rows = [[f"{int(n):,}", f"{m['outage_ops_per_s']:,}", f"{m['recovery_ops_per_s']:,}", str(m["shards"])]
-                    for n, m in load["fleets"].items()]  # fmt: skip
+            title = (
+                f"Redis load of a fleet (per client: {load['per_client']['outage']:.3f} round trips/s in an "
+                f"outage, {load['per_client']['recovery']:.3f} in recovery; one shard here: "
+                f"{shard['ops_per_s']:,} script calls/s, planned at {load['headroom']:.0%})"
+            )
+            rows = [
+                [
+                    f"{int(n):,}",
+                    f"{m['outage_ops_per_s']:,}",
+                    f"{m['recovery_ops_per_s']:,}",
+                    str(m["shards"]),
+                ]
+                for n, m in load["fleets"].items()
+            ]
             tables[title] = (["clients", "ops/s in an outage", "ops/s in recovery", "shards"], rows)
     if "tau" in suites:
         from tether.bench._tau_report import tau_tables
@@ -97,8 +166,15 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
                     extra = f"{m['run_state_bytes'] / 1e6:.1f} MB of run state after {m['steps']:,} steps"
                     rows.append([case, impl, f"{m['ns_per_call']:.0f}", extra])
                 else:
-                    rows.append([case, impl, "", f"{m['bytes_after_all_steps']} B after {m['steps']} steps "
-                                 f"({m['bytes_after_10k_steps']} B after 10k)"])  # fmt: skip
+                    rows.append(
+                        [
+                            case,
+                            impl,
+                            "",
+                            f"{m['bytes_after_all_steps']} B after {m['steps']} steps "
+                            f"({m['bytes_after_10k_steps']} B after 10k)",
+                        ]
+                    )
         tables["soak"] = (head, rows)
     return tables
 

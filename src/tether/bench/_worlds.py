@@ -233,8 +233,10 @@ def _pay_model(world: World, step: int, last: Any) -> Action | Final:
     if isinstance(last, dict) and last.get("refund"):
         return Final("refund issued")
     # the model mints a fresh idempotency key on every attempt: it protects nothing
-    return Action("issue_refund", {"order": "A-1001", "amount": 4999,
-                                   "uuid": f"{world.rng.getrandbits(64):016x}"})  # fmt: skip
+    return Action(
+        "issue_refund",
+        {"order": "A-1001", "amount": 4999, "uuid": f"{world.rng.getrandbits(64):016x}"},
+    )
 
 
 def _pay_tool(world: World, name: str, args: dict[str, Any]) -> Any:
@@ -307,26 +309,74 @@ def _nothing(world: World) -> None:
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
-        Scenario("seed-profile", "seed 002: 30% of attempts hang past the 15 s tool timeout, 10% malformed",
-                 _nothing, _process_model, _process_tool,
-                 budget=Budget(max_steps=10, max_seconds=120.0), tokens_growth=100),
-        Scenario("rate-limit-storm", "bursts of 429 with Retry-After", _rl_setup, _fetch_model, _rl_tool),
-        Scenario("outage", "the dependency answers 503 for up to 90 s", _outage_setup, _fetch_model, _outage_tool),
-        Scenario("stuck-search", 'the model repeats search("invoice 99")', _nothing, _stuck_model,
-                 _search_tool),
-        Scenario("state-cycle", "A -> B -> A with different actions", _cycle_setup, _cycle_model, _cycle_tool,
-                 observe_state=True),
-        Scenario("polling", "legitimate repeats of job_status until the job is done", _poll_setup,
-                 _poll_model, _poll_tool, legitimate=True),
-        Scenario("no-progress", "novel but useless actions", _nothing, _novel_model, _useless_tool,
-                 ),
-        Scenario("duplicate-payment", "the refund commits, the response is lost, the model re-issues",
-                 _pay_setup, _pay_model, _pay_tool, idempotent=lambda name: name != "issue_refund",
-                 lookup=_pay_lookup),
+        Scenario(
+            "seed-profile",
+            "seed 002: 30% of attempts hang past the 15 s tool timeout, 10% malformed",
+            _nothing,
+            _process_model,
+            _process_tool,
+            budget=Budget(max_steps=10, max_seconds=120.0),
+            tokens_growth=100,
+        ),
+        Scenario(
+            "rate-limit-storm", "bursts of 429 with Retry-After", _rl_setup, _fetch_model, _rl_tool
+        ),
+        Scenario(
+            "outage",
+            "the dependency answers 503 for up to 90 s",
+            _outage_setup,
+            _fetch_model,
+            _outage_tool,
+        ),
+        Scenario(
+            "stuck-search",
+            'the model repeats search("invoice 99")',
+            _nothing,
+            _stuck_model,
+            _search_tool,
+        ),
+        Scenario(
+            "state-cycle",
+            "A -> B -> A with different actions",
+            _cycle_setup,
+            _cycle_model,
+            _cycle_tool,
+            observe_state=True,
+        ),
+        Scenario(
+            "polling",
+            "legitimate repeats of job_status until the job is done",
+            _poll_setup,
+            _poll_model,
+            _poll_tool,
+            legitimate=True,
+        ),
+        Scenario(
+            "no-progress",
+            "novel but useless actions",
+            _nothing,
+            _novel_model,
+            _useless_tool,
+        ),
+        Scenario(
+            "duplicate-payment",
+            "the refund commits, the response is lost, the model re-issues",
+            _pay_setup,
+            _pay_model,
+            _pay_tool,
+            idempotent=lambda name: name != "issue_refund",
+            lookup=_pay_lookup,
+        ),
         Scenario("hanging-tool", "the tool never returns", _nothing, _fetch_model, _hang_tool),
-        Scenario("cost-blowup", "each model call costs more than the last",
-                 _blowup_setup, _blowup_model, _blowup_tool,
-                 budget=Budget(max_steps=100, max_seconds=3600.0, max_cost_usd=1.0), tokens_growth=4000),
+        Scenario(
+            "cost-blowup",
+            "each model call costs more than the last",
+            _blowup_setup,
+            _blowup_model,
+            _blowup_tool,
+            budget=Budget(max_steps=100, max_seconds=3600.0, max_cost_usd=1.0),
+            tokens_growth=4000,
+        ),
         Scenario("truncated", "replies cut at max_tokens", _nothing, _trunc_model, _trunc_tool),
     ]
-}  # fmt: skip
+}

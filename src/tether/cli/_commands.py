@@ -296,12 +296,17 @@ def _dlq(args: argparse.Namespace) -> int:
     from tether.records._collections import DeadLetters
 
     if not args.db:
-        print("tether dlq: --db PATH is required (the SQLite file of the dead letters)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "tether dlq: --db PATH is required (the SQLite file of the dead letters)",
+            file=sys.stderr,
+        )
         return 2
     if not os.path.isfile(args.db):
-        print(f"tether dlq: {args.db}: no such file (give the SQLite file your "
-              "DeadLetters.sqlite(...) writes)", file=sys.stderr)  # fmt: skip
+        print(
+            f"tether dlq: {args.db}: no such file (give the SQLite file your "
+            "DeadLetters.sqlite(...) writes)",
+            file=sys.stderr,
+        )
         return 2
     with DeadLetters.sqlite(args.db) as letters:
         if args.dlq_command == "list":
@@ -345,8 +350,11 @@ def _serve(args: argparse.Namespace) -> int:
     from tether.serve import create_app, host_name, is_loopback
 
     if not is_loopback(args.host) and not args.token:
-        print(f"tether serve: {args.host} is not a loopback address: give a token (--token or "
-              "TETHER_SERVE_TOKEN) so that only people who have it can act", file=sys.stderr)  # fmt: skip
+        print(
+            f"tether serve: {args.host} is not a loopback address: give a token (--token or "
+            "TETHER_SERVE_TOKEN) so that only people who have it can act",
+            file=sys.stderr,
+        )
         return 2
     if args.allowed_host and not args.token:
         return _refused(
@@ -369,8 +377,11 @@ def _serve(args: argparse.Namespace) -> int:
     from tether.records._records import Records
 
     if not Records.is_dsn(args.db) and not os.path.isfile(args.db):
-        print(f"tether serve: {args.db}: no such file (give the SQLite file your "
-              "Records.sqlite(...) writes, or a PostgreSQL DSN)", file=sys.stderr)  # fmt: skip
+        print(
+            f"tether serve: {args.db}: no such file (give the SQLite file your "
+            "Records.sqlite(...) writes, or a PostgreSQL DSN)",
+            file=sys.stderr,
+        )
         return 2
     handler = None
     if args.handler:
@@ -452,16 +463,20 @@ def _replay(letters: Any, letter: Any, spec: str, force: bool, lookup_spec: str 
         print(f"tether dlq: {exc}", file=sys.stderr)
         return 2
     except UnknownOutcome as exc:
-        print(f"tether dlq: an earlier replay of {letter.id} may have happened ({exc}); the "
-              "handler was not called. Give --lookup module:function to check your records",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"tether dlq: an earlier replay of {letter.id} may have happened ({exc}); the "
+            "handler was not called. Give --lookup module:function to check your records",
+            file=sys.stderr,
+        )
         return 1
     except Exception as exc:
         print(f"tether dlq: the handler failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     if again:
-        print(f"{letter.id} was replayed before: the handler was not called again (its "
-              f"recorded result: {result!r}); pass --force to call it again")  # fmt: skip
+        print(
+            f"{letter.id} was replayed before: the handler was not called again (its "
+            f"recorded result: {result!r}); pass --force to call it again"
+        )
     else:
         print(f"replayed {letter.id}{' (forced)' if force else ''}: {result!r}")
     return 0

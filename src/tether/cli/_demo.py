@@ -65,8 +65,11 @@ class PaymentService:
                 if service.mode == "down":
                     self._reply(503, {"error": "payment service unavailable"})
                     return
-                refund = {"id": f"re_{len(service.refunds) + 1:04d}", "order": body["order"],
-                          "amount": body["amount"]}  # fmt: skip
+                refund = {
+                    "id": f"re_{len(service.refunds) + 1:04d}",
+                    "order": body["order"],
+                    "amount": body["amount"],
+                }
                 service.refunds.append(refund)
                 if service.mode == "lose_response":
                     service.mode = "ok"
@@ -141,10 +144,19 @@ def main() -> int:
 
 def _issue_refund(service: PaymentService, story: Story):  # type: ignore[no-untyped-def]
     def issue_refund(order: str, amount: int, uuid: str) -> dict[str, Any]:
-        data = json.dumps({"order": order, "amount": amount,
-                           "idempotency_key": tether.current_idempotency_key() or uuid}).encode()  # fmt: skip
-        req = urllib.request.Request(f"{service.url}/refunds", data=data, method="POST",
-                                     headers={"content-type": "application/json"})  # fmt: skip
+        data = json.dumps(
+            {
+                "order": order,
+                "amount": amount,
+                "idempotency_key": tether.current_idempotency_key() or uuid,
+            }
+        ).encode()
+        req = urllib.request.Request(
+            f"{service.url}/refunds",
+            data=data,
+            method="POST",
+            headers={"content-type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=2.0) as resp:
                 return dict(json.loads(resp.read()))
@@ -179,8 +191,12 @@ def _act_one(story: Story, service: PaymentService) -> None:
     handoffs: list[tether.HandoffRecord] = []
 
     def on_retry(event: tether.RetryEvent) -> None:
-        story.say("tether", f"attempt {event.attempt} failed ({event.verdict.reason}); retrying in "
-                  f"{event.delay:.2f} s with backoff and jitter", "yellow")  # fmt: skip
+        story.say(
+            "tether",
+            f"attempt {event.attempt} failed ({event.verdict.reason}); retrying in "
+            f"{event.delay:.2f} s with backoff and jitter",
+            "yellow",
+        )
 
     def on_breaker(event: tether.BreakerEvent) -> None:
         story.say("breaker", f"{event.name}: {event.old} → {event.new}", "red")
@@ -206,16 +222,27 @@ def _act_one(story: Story, service: PaymentService) -> None:
     tether.telemetry.unsubscribe("breaker_change", on_breaker)
     out = run.outcome
     story.say("tether", f"run {out.status}: {out.stopped_because.name} — {out.detail}", "magenta")
-    story.say("service", f"{service.requests} requests reached the payment service; refunds issued: "
-              f"{len(service.refunds)}", "green")  # fmt: skip
+    story.say(
+        "service",
+        f"{service.requests} requests reached the payment service; refunds issued: "
+        f"{len(service.refunds)}",
+        "green",
+    )
     story.box("customer sees", out.customer_message)
     if handoffs:
         h = handoffs[0]
-        lines = [f"  step {e['step']}: {e['tool']} " + ("ok" if e.get("ok") else f"failed: {e.get('error', '')}")
-                 for e in h.history if "tool" in e]  # fmt: skip
+        lines = [
+            f"  step {e['step']}: {e['tool']} "
+            + ("ok" if e.get("ok") else f"failed: {e.get('error', '')}")
+            for e in h.history
+            if "tool" in e
+        ]
         history = "\n".join(lines)
-        story.box("handoff to a person", f"case {h.id} · reason {h.reason.value}\n{h.task}\nhistory:\n{history}\n"
-                  f"open issues: {'; '.join(h.open_issues)}")  # fmt: skip
+        story.box(
+            "handoff to a person",
+            f"case {h.id} · reason {h.reason.value}\n{h.task}\nhistory:\n{history}\n"
+            f"open issues: {'; '.join(h.open_issues)}",
+        )
 
 
 def _act_two(story: Story, service: PaymentService) -> None:
@@ -237,8 +264,12 @@ def _act_two(story: Story, service: PaymentService) -> None:
 
     def checked_lookup(key: str) -> Any:
         found = lookup(key)
-        story.say("ledger", "outcome unknown: reading the payment service's records… "
-                  + (f"found {found['id']}: not paying again" if found else "nothing there"), "green")  # fmt: skip
+        story.say(
+            "ledger",
+            "outcome unknown: reading the payment service's records… "
+            + (f"found {found['id']}: not paying again" if found else "nothing there"),
+            "green",
+        )
         return found
 
     with guard.start(task="Customer NW-1042 asks for a refund of $49.99") as run:
@@ -259,8 +290,12 @@ def _act_two(story: Story, service: PaymentService) -> None:
                 )
     ledger.close()
     out = run.outcome
-    story.say("service", f"refunds issued for NW-1042: {len(service.refunds)} in its records "
-              f"({', '.join(r['id'] for r in service.refunds if r['order'] == 'NW-1042')})", "green")  # fmt: skip
+    story.say(
+        "service",
+        f"refunds issued for NW-1042: {len(service.refunds)} in its records "
+        f"({', '.join(r['id'] for r in service.refunds if r['order'] == 'NW-1042')})",
+        "green",
+    )
     story.box("customer sees", out.customer_message)
     story.say(
         "tether",

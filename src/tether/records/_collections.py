@@ -109,8 +109,12 @@ class Checkpoints(_Collection):
 
     def save(self, doc: dict[str, Any], created_at: float) -> str:
         checkpoint_id = f"ckpt_{uuid.uuid4().hex[:20]}"
-        self.store.put(self.kind, checkpoint_id, {"format": CHECKPOINT_FORMAT, "id": checkpoint_id, **doc},
-                       created_at)  # fmt: skip
+        self.store.put(
+            self.kind,
+            checkpoint_id,
+            {"format": CHECKPOINT_FORMAT, "id": checkpoint_id, **doc},
+            created_at,
+        )
         return checkpoint_id
 
     def load(self, checkpoint_id: str) -> dict[str, Any]:
@@ -136,8 +140,17 @@ class Checkpoints(_Collection):
         return [json.loads(text) for _, text in self.store.list(self.kind, limit)]
 
 
-_USAGE_INTS = ("steps", "model_calls", "tool_calls", "input_tokens", "output_tokens",
-               "cache_write_tokens", "cache_read_tokens", "retries", "unpriced_calls")  # fmt: skip
+_USAGE_INTS = (
+    "steps",
+    "model_calls",
+    "tool_calls",
+    "input_tokens",
+    "output_tokens",
+    "cache_write_tokens",
+    "cache_read_tokens",
+    "retries",
+    "unpriced_calls",
+)
 
 
 def _check_shape(checkpoint_id: str, doc: dict[str, Any]) -> None:
@@ -196,10 +209,21 @@ class DeadLetter:
     last_at: float | None = None
 
     def to_doc(self) -> dict[str, Any]:
-        return {"id": self.id, "tool": self.tool, "args": self.args, "error_type": self.error_type,
-                "error": self.error, "run_id": self.run_id, "task": self.task, "at": self.at,
-                "replayed": self.replayed, "redacted": list(self.redacted), "key": self.key,
-                "asked": self.asked, "last_at": self.last_at}  # fmt: skip
+        return {
+            "id": self.id,
+            "tool": self.tool,
+            "args": self.args,
+            "error_type": self.error_type,
+            "error": self.error,
+            "run_id": self.run_id,
+            "task": self.task,
+            "at": self.at,
+            "replayed": self.replayed,
+            "redacted": list(self.redacted),
+            "key": self.key,
+            "asked": self.asked,
+            "last_at": self.last_at,
+        }
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> DeadLetter:
@@ -239,9 +263,16 @@ class DeadLetters(_Collection):
         self._ledger: Ledger | None = None
 
     def park(
-        self, *, tool: str, args: Any, error: BaseException, run_id: str, task: str, at: float,
+        self,
+        *,
+        tool: str,
+        args: Any,
+        error: BaseException,
+        run_id: str,
+        task: str,
+        at: float,
         key: str = "",
-    ) -> DeadLetter:  # fmt: skip
+    ) -> DeadLetter:
         """File a permanent failure. ``key`` is the call's intent (its ledger key): a call
         of the same intent parked again joins its letter (``asked`` grows, the newest error
         is kept) instead of filing another one that a person could replay again."""
@@ -255,17 +286,28 @@ class DeadLetters(_Collection):
             found = self.store.get(self.kind, letter_id)
             if found is not None:
                 old = DeadLetter.from_doc(json.loads(found))
-                joined = replace(old, asked=old.asked + 1, last_at=at, error_type=type(error).__name__,
-                                 error=error_text)  # fmt: skip
+                joined = replace(
+                    old,
+                    asked=old.asked + 1,
+                    last_at=at,
+                    error_type=type(error).__name__,
+                    error=error_text,
+                )
                 self.store.put(self.kind, letter_id, joined.to_doc(), old.at)
                 return joined
         stored = redact(args, extra=self.extra)
         letter = DeadLetter(
-            id=letter_id, tool=tool, args=stored,
-            error_type=type(error).__name__, error=error_text,
-            run_id=run_id, task=redact(task, extra=self.extra), at=at,
-            redacted=tuple(redacted_paths(stored)), key=key,
-        )  # fmt: skip
+            id=letter_id,
+            tool=tool,
+            args=stored,
+            error_type=type(error).__name__,
+            error=error_text,
+            run_id=run_id,
+            task=redact(task, extra=self.extra),
+            at=at,
+            redacted=tuple(redacted_paths(stored)),
+            key=key,
+        )
         self.store.put(self.kind, letter.id, letter.to_doc(), at)
         return letter
 
@@ -281,9 +323,14 @@ class DeadLetters(_Collection):
         ]
 
     def replay(
-        self, letter_id: str, handler: Callable[..., Any], *, force: bool = False,
-        ledger: Ledger | None = None, lookup: Callable[[str], Any] | None = None,
-    ) -> Any:  # fmt: skip
+        self,
+        letter_id: str,
+        handler: Callable[..., Any],
+        *,
+        force: bool = False,
+        ledger: Ledger | None = None,
+        lookup: Callable[[str], Any] | None = None,
+    ) -> Any:
         """Call ``handler(**args)`` (or ``handler(args)``) at most once per intent.
 
         The call goes through a ledger under the letter's intent (by default a ledger
