@@ -103,9 +103,14 @@ class ToolRules:
         return [name for name, rule in self.requires_approval.items() if rule is not False]
 
     def options(self, name: str, timeout: float | None = None) -> dict[str, Any]:
-        return {"timeout": self.timeouts.get(name, timeout), "idempotent": name not in self.side_effects,
-                "lookup": self.side_effects.get(name), "requires_approval": self.requires_approval.get(name, False),
-                "compensate": self.compensate.get(name), "label": self.labels.get(name)}  # fmt: skip
+        return {
+            "timeout": self.timeouts.get(name, timeout),
+            "idempotent": name not in self.side_effects,
+            "lookup": self.side_effects.get(name),
+            "requires_approval": self.requires_approval.get(name, False),
+            "compensate": self.compensate.get(name),
+            "label": self.labels.get(name),
+        }
 
 
 class ModelRetries:
@@ -323,8 +328,13 @@ class _StreamUsage:
 
     def record(self, run: Run | None) -> None:
         if run is not None and (self.input or self.output):
-            run.record_model_call(input_tokens=self.input, output_tokens=self.output, model=self.model,
-                                  cache_write_tokens=self.cache_write, cache_read_tokens=self.cache_read)  # fmt: skip
+            run.record_model_call(
+                input_tokens=self.input,
+                output_tokens=self.output,
+                model=self.model,
+                cache_write_tokens=self.cache_write,
+                cache_read_tokens=self.cache_read,
+            )
 
 
 class _StreamBase:
@@ -416,13 +426,16 @@ def _response_attributes(span: Any, response: Any) -> None:
     )
     telemetry.set_attributes(
         span,
-        **{"gen_ai.response.id": getattr(response, "id", None),
-           "gen_ai.response.model": getattr(response, "model", None),
-           "gen_ai.response.finish_reasons": [r for r in reasons if r],
-           "gen_ai.usage.input_tokens": getattr(usage, "input_tokens", None) or getattr(usage, "prompt_tokens", None),
-           "gen_ai.usage.output_tokens": getattr(usage, "output_tokens", None)
-           or getattr(usage, "completion_tokens", None)},
-    )  # fmt: skip
+        **{
+            "gen_ai.response.id": getattr(response, "id", None),
+            "gen_ai.response.model": getattr(response, "model", None),
+            "gen_ai.response.finish_reasons": [r for r in reasons if r],
+            "gen_ai.usage.input_tokens": getattr(usage, "input_tokens", None)
+            or getattr(usage, "prompt_tokens", None),
+            "gen_ai.usage.output_tokens": getattr(usage, "output_tokens", None)
+            or getattr(usage, "completion_tokens", None),
+        },
+    )
 
 
 class _Node:

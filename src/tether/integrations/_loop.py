@@ -51,8 +51,15 @@ class ToolUse:
 class Turns(abc.ABC):
     """One provider's side of the loop."""
 
-    def __init__(self, tools: Sequence[Tool], history: list[Any], params: dict[str, Any],
-                 limit_name: str, limit: int | None, continue_on_max_tokens: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tools: Sequence[Tool],
+        history: list[Any],
+        params: dict[str, Any],
+        limit_name: str,
+        limit: int | None,
+        continue_on_max_tokens: bool,
+    ) -> None:
         self.tools = {t.name: t for t in tools}
         self.history = history
         self.params = params
@@ -92,8 +99,9 @@ class Turns(abc.ABC):
         return []
 
 
-def open_run(guard: Guard, resume: str | None, task: str, key: str | None = None,
-             tools: Sequence[Tool] = ()) -> Run:  # fmt: skip
+def open_run(
+    guard: Guard, resume: str | None, task: str, key: str | None = None, tools: Sequence[Tool] = ()
+) -> Run:
     """The run of an agent loop: a new one (serving request ``key``), or the checkpointed
     one it continues; refused before any request when a tool may need an approval the guard
     has nowhere to wait for."""
@@ -133,9 +141,15 @@ def _prepare(
 def _tool_kwargs(tool: Tool | None) -> dict[str, Any]:
     if tool is None:
         return {}
-    return {"timeout": tool.timeout, "idempotent": tool.idempotent, "lookup": tool.lookup,
-            "requires_approval": tool.requires_approval, "compensate": tool.compensate,
-            "volatile": tool.volatile, "label": tool.label or None}  # fmt: skip
+    return {
+        "timeout": tool.timeout,
+        "idempotent": tool.idempotent,
+        "lookup": tool.lookup,
+        "requires_approval": tool.requires_approval,
+        "compensate": tool.compensate,
+        "volatile": tool.volatile,
+        "label": tool.label or None,
+    }
 
 
 def run_tool(run: Run, turns: Turns, use: ToolUse) -> tuple[ToolUse, str, bool]:

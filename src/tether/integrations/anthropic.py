@@ -102,9 +102,15 @@ class _Turns(Turns):
 
     @staticmethod
     def _uses(blocks: list[dict[str, Any]]) -> list[ToolUse]:
-        return [ToolUse(str(b.get("id")), str(b.get("name", "")),
-                        b["input"] if isinstance(b.get("input"), dict) else None, str(b.get("input")))
-                for b in blocks]  # fmt: skip
+        return [
+            ToolUse(
+                str(b.get("id")),
+                str(b.get("name", "")),
+                b["input"] if isinstance(b.get("input"), dict) else None,
+                str(b.get("input")),
+            )
+            for b in blocks
+        ]
 
     def answer(self, results: list[tuple[ToolUse, str, bool]]) -> None:
         blocks = []
@@ -116,8 +122,15 @@ class _Turns(Turns):
         self.history.append({"role": "user", "content": blocks})
 
 
-def _setup(messages: Sequence[dict[str, Any]], tools: Sequence[Tool], model: str, max_tokens: int,
-           system: str | None, continue_on_max_tokens: bool, create_kwargs: dict[str, Any]) -> _Turns:  # fmt: skip
+def _setup(
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[Tool],
+    model: str,
+    max_tokens: int,
+    system: str | None,
+    continue_on_max_tokens: bool,
+    create_kwargs: dict[str, Any],
+) -> _Turns:
     params: dict[str, Any] = {"model": model, **create_kwargs}
     if tools:
         params["tools"] = [_tool_param(t) for t in tools]

@@ -75,8 +75,10 @@ def guarded(
 
 
 def _tool_param(tool: Tool) -> dict[str, Any]:
-    return {"type": "function",
-            "function": {"name": tool.name, "description": tool.description, "parameters": tool.schema}}  # fmt: skip
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": tool.schema},
+    }
 
 
 class _Turns(Turns):
@@ -99,8 +101,12 @@ class _Turns(Turns):
         if not calls:
             run.succeed(message.content or "")
             return []
-        return [ToolUse(c.id, c.function.name, _arguments(c.function.arguments), str(c.function.arguments))
-                for c in calls]  # fmt: skip
+        return [
+            ToolUse(
+                c.id, c.function.name, _arguments(c.function.arguments), str(c.function.arguments)
+            )
+            for c in calls
+        ]
 
     def pending(self) -> list[ToolUse]:
         answered: set[str] = set()
@@ -111,15 +117,26 @@ class _Turns(Turns):
             if message.get("role") != "assistant":
                 return []
             calls = [c for c in message.get("tool_calls") or () if str(c.get("id")) not in answered]
-            return [ToolUse(str(c.get("id")), str(c.get("function", {}).get("name", "")),
-                            _arguments(c.get("function", {}).get("arguments")),
-                            str(c.get("function", {}).get("arguments"))) for c in calls]  # fmt: skip
+            return [
+                ToolUse(
+                    str(c.get("id")),
+                    str(c.get("function", {}).get("name", "")),
+                    _arguments(c.get("function", {}).get("arguments")),
+                    str(c.get("function", {}).get("arguments")),
+                )
+                for c in calls
+            ]
         return []
 
     def answer(self, results: list[tuple[ToolUse, str, bool]]) -> None:
         for use, text, error in results:
-            self.history.append({"role": "tool", "tool_call_id": use.id,
-                                 "content": f"error: {text}" if error else text})  # fmt: skip
+            self.history.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": use.id,
+                    "content": f"error: {text}" if error else text,
+                }
+            )
 
 
 def _arguments(raw: str | None) -> dict[str, Any] | None:
@@ -133,8 +150,15 @@ def _arguments(raw: str | None) -> dict[str, Any] | None:
 _LIMITS = ("max_completion_tokens", "max_tokens")
 
 
-def _setup(messages: Sequence[dict[str, Any]], tools: Sequence[Tool], model: str, max_tokens: int | None,
-           system: str | None, continue_on_max_tokens: bool, create_kwargs: dict[str, Any]) -> _Turns:  # fmt: skip
+def _setup(
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[Tool],
+    model: str,
+    max_tokens: int | None,
+    system: str | None,
+    continue_on_max_tokens: bool,
+    create_kwargs: dict[str, Any],
+) -> _Turns:
     history = [dict(m) for m in messages]
     if system is not None:
         history.insert(0, {"role": "system", "content": system})

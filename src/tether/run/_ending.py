@@ -174,12 +174,22 @@ class Ending(RunState):
         }
         checkpoint_id = None
         if self.guard.checkpoints is not None:
-            doc = {"run_id": self.run_id, "key": self.key, "request": self._request,
-                   "task": task, "status": status, "reason": reason.value,
-                   "detail": detail, "usage": _usage_doc(usage), **steps, "open_issues": issues,
-                   "omitted": {"partial": omitted, "transcript": self.transcript.summary()},
-                   "journal": [e.to_doc() for e in self._journal], "compensated": list(self._compensated),
-                   "pending": pending}  # fmt: skip
+            doc = {
+                "run_id": self.run_id,
+                "key": self.key,
+                "request": self._request,
+                "task": task,
+                "status": status,
+                "reason": reason.value,
+                "detail": detail,
+                "usage": _usage_doc(usage),
+                **steps,
+                "open_issues": issues,
+                "omitted": {"partial": omitted, "transcript": self.transcript.summary()},
+                "journal": [e.to_doc() for e in self._journal],
+                "compensated": list(self._compensated),
+                "pending": pending,
+            }
             if self.messages is not None:  # a worker in another process resumes the conversation
                 doc["messages"] = redact(portable(self.messages))
             try:
@@ -192,11 +202,22 @@ class Ending(RunState):
                 _log.error("tether: run %s: checkpoint failed: %s", self.run_id, redact(str(exc)))
                 issues.append(f"checkpoint failed: {type(exc).__name__}")
         if status == "escalated" and handoff is None:
-            handoff = HandoffRecord(f"ho_{uuid.uuid4().hex[:20]}", self.run_id, task, reason, detail,
-                                    tuple(steps["transcript"]), tuple(facts), tuple(issues),
-                                    message, self.clock.wall())  # fmt: skip
-            for sink in (esc.sink if esc is not None else None,
-                         self.guard.records.handoffs if self.guard.records is not None else None):  # fmt: skip
+            handoff = HandoffRecord(
+                f"ho_{uuid.uuid4().hex[:20]}",
+                self.run_id,
+                task,
+                reason,
+                detail,
+                tuple(steps["transcript"]),
+                tuple(facts),
+                tuple(issues),
+                message,
+                self.clock.wall(),
+            )
+            for sink in (
+                esc.sink if esc is not None else None,
+                self.guard.records.handoffs if self.guard.records is not None else None,
+            ):
                 delivery = _Delivery(sink)
                 self._case_filed = delivery.deliver(handoff) or self._case_filed
                 issues.extend(delivery.errors)
@@ -207,10 +228,24 @@ class Ending(RunState):
                     "the handoff reached no one (give Guard(records=...) or "
                     "Escalation(sink=...)): the customer was promised no person"
                 )
-        self._outcome = Outcome(status, reason, self._result, tuple(steps["partial"]), detail, tuple(issues),
-                                usage, checkpoint_id, message, self.run_id, handoff,
-                                self._conversation(status), self._error, tuple(self._compensated),
-                                pending, omitted["omitted"])  # fmt: skip
+        self._outcome = Outcome(
+            status,
+            reason,
+            self._result,
+            tuple(steps["partial"]),
+            detail,
+            tuple(issues),
+            usage,
+            checkpoint_id,
+            message,
+            self.run_id,
+            handoff,
+            self._conversation(status),
+            self._error,
+            tuple(self._compensated),
+            pending,
+            omitted["omitted"],
+        )
         self._record(self._outcome, task, steps)
         if amend:
             return self._outcome
@@ -239,13 +274,31 @@ class Ending(RunState):
             return  # a record we cannot read: the run resumes as before
         detail = str(record.get("detail") or "")
         self._stop, self._result = (reason, detail), record.get("result")
-        self._outcome = Outcome(status, reason, self._result, tuple(record.get("partial") or ()), detail,
-                                tuple(record.get("open_issues") or ()), usage, record.get("checkpoint_id"),
-                                str(record.get("customer_message") or ""), self.run_id, None, (),
-                                record.get("error"), tuple(record.get("compensated") or ()),
-                                record.get("pending_approval"), int(record.get("partial_omitted") or 0))  # fmt: skip
-        _log.info("tether: run %s was resumed from checkpoint %s, which it has moved past: its "
-                  "recorded outcome (%s) stands", self.run_id, self._resumed_from, status)  # fmt: skip
+        self._outcome = Outcome(
+            status,
+            reason,
+            self._result,
+            tuple(record.get("partial") or ()),
+            detail,
+            tuple(record.get("open_issues") or ()),
+            usage,
+            record.get("checkpoint_id"),
+            str(record.get("customer_message") or ""),
+            self.run_id,
+            None,
+            (),
+            record.get("error"),
+            tuple(record.get("compensated") or ()),
+            record.get("pending_approval"),
+            int(record.get("partial_omitted") or 0),
+        )
+        _log.info(
+            "tether: run %s was resumed from checkpoint %s, which it has moved past: its "
+            "recorded outcome (%s) stands",
+            self.run_id,
+            self._resumed_from,
+            status,
+        )
 
     def _overtaken(self) -> bool:
         """Another worker that resumed the same checkpoint ended the run first: this ending
@@ -286,14 +339,28 @@ class Ending(RunState):
             )
             return
         usage = outcome.usage
-        doc = {"run_id": self.run_id, "task": task, "status": outcome.status, "reason": outcome.stopped_because.value,
-               "detail": outcome.detail, "usage": _usage_doc(usage), "cost_usd": usage.cost_usd,
-               "steps": usage.steps, "seconds": usage.seconds, "open_issues": list(outcome.open_issues),
-               "customer_message": outcome.customer_message, "result": redact(jsonable(outcome.result)),
-               **steps, "partial_omitted": outcome.partial_omitted,
-               "checkpoint_id": outcome.checkpoint_id, "error": outcome.error,
-               "handoff_id": getattr(outcome.handoff, "id", None), "compensated": list(outcome.compensated),
-               "pending_approval": outcome.pending_approval, "ended_at": self.clock.wall()}  # fmt: skip
+        doc = {
+            "run_id": self.run_id,
+            "task": task,
+            "status": outcome.status,
+            "reason": outcome.stopped_because.value,
+            "detail": outcome.detail,
+            "usage": _usage_doc(usage),
+            "cost_usd": usage.cost_usd,
+            "steps": usage.steps,
+            "seconds": usage.seconds,
+            "open_issues": list(outcome.open_issues),
+            "customer_message": outcome.customer_message,
+            "result": redact(jsonable(outcome.result)),
+            **steps,
+            "partial_omitted": outcome.partial_omitted,
+            "checkpoint_id": outcome.checkpoint_id,
+            "error": outcome.error,
+            "handoff_id": getattr(outcome.handoff, "id", None),
+            "compensated": list(outcome.compensated),
+            "pending_approval": outcome.pending_approval,
+            "ended_at": self.clock.wall(),
+        }
         try:
             records.runs.save(doc, self.clock.wall())
             self._filed.add(outcome.checkpoint_id)

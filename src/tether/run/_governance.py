@@ -69,8 +69,9 @@ def takes_run(policy: Callable[..., Any]) -> bool:
         return False
 
 
-def check_policies(policies: tuple[tuple[Callable[..., Any], bool], ...], tool: str, args: Any,
-                   run: Any) -> str | None:  # fmt: skip
+def check_policies(
+    policies: tuple[tuple[Callable[..., Any], bool], ...], tool: str, args: Any, run: Any
+) -> str | None:
     """The first policy's reason to deny the call, or None. ``policies`` pairs each policy
     with whether it takes the run. A policy that raises denies (fail closed) and is logged."""
     for policy, wants_run in policies:
@@ -78,8 +79,12 @@ def check_policies(policies: tuple[tuple[Callable[..., Any], bool], ...], tool: 
             reason = policy(tool, args, run=run) if wants_run else policy(tool, args)
         except Exception as exc:
             name = getattr(policy, "__name__", type(policy).__name__)
-            _log.error("tether: policy %s raised %s on %s; the call is denied", name,
-                       type(exc).__name__, tool)  # fmt: skip
+            _log.error(
+                "tether: policy %s raised %s on %s; the call is denied",
+                name,
+                type(exc).__name__,
+                tool,
+            )
             return f"the policy {name} could not decide ({type(exc).__name__})"
         if reason:
             return str(reason)
@@ -101,13 +106,25 @@ class JournalEntry:
     def to_doc(self) -> dict[str, Any]:
         from tether.redaction._redact import redact
 
-        doc = {"tool": self.tool, "args": redact(self.args), "key": self.key, "in_ledger": self.in_ledger,
-               "state": self.state}  # fmt: skip
+        doc = {
+            "tool": self.tool,
+            "args": redact(self.args),
+            "key": self.key,
+            "in_ledger": self.in_ledger,
+            "state": self.state,
+        }
         if not self.in_ledger:  # only an idempotent call's result lives here, redacted
             doc["result"] = redact(jsonable(self.result))
         return doc
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> JournalEntry:
-        return cls(str(doc["tool"]), doc.get("args"), str(doc["key"]), doc.get("result"),
-                   bool(doc.get("in_ledger")), None, str(doc.get("state", "done")))  # fmt: skip
+        return cls(
+            str(doc["tool"]),
+            doc.get("args"),
+            str(doc["key"]),
+            doc.get("result"),
+            bool(doc.get("in_ledger")),
+            None,
+            str(doc.get("state", "done")),
+        )

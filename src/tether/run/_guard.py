@@ -97,9 +97,10 @@ class Guard:
         if clock is not None and not isinstance(clock, Clock):
             raise TypeError(f"clock must be a tether clock (tether.VirtualClock()), got {clock!r}")
         if breaker_threshold is not None and (
-            not isinstance(breaker_threshold, int) or isinstance(breaker_threshold, bool)
+            not isinstance(breaker_threshold, int)
+            or isinstance(breaker_threshold, bool)
             or breaker_threshold < 1
-        ):  # fmt: skip
+        ):
             raise ValueError(
                 f"breaker_threshold must be an int >= 1 or None, got {breaker_threshold!r}"
             )
@@ -159,15 +160,19 @@ class Guard:
         self.policies = tuple(policies)
         for policy in self.policies:
             if not callable(policy):
-                raise TypeError(f"policies must be callables policy(tool, args) -> None | reason, "
-                                f"got {policy!r}")  # fmt: skip
+                raise TypeError(
+                    f"policies must be callables policy(tool, args) -> None | reason, "
+                    f"got {policy!r}"
+                )
         # whether each takes the run, read from its signature once, not on every call
         self._policy_calls = tuple((p, takes_run(p)) for p in self.policies)
         self.rollback_on = frozenset(rollback_on)
         for when in self.rollback_on:
             if not isinstance(when, StopReason) and when not in STATUSES:
-                raise ValueError(f"rollback_on takes StopReason members or statuses "
-                                 f"({', '.join(sorted(STATUSES))}), got {when!r}")  # fmt: skip
+                raise ValueError(
+                    f"rollback_on takes StopReason members or statuses "
+                    f"({', '.join(sorted(STATUSES))}), got {when!r}"
+                )
         #: exceptions whose (redacted) message the model may read: failures a tool raises on
         #: purpose (business rules); every other failure reaches it as a short generic text
         self.model_errors = model_errors
@@ -183,8 +188,13 @@ class Guard:
             name = f"tool:{tool}"
             if (self.breaker_threshold, self.breaker_cooldown) != (10, 30.0):  # not the usual
                 name += f"[failure_threshold={self.breaker_threshold}, cooldown={self.breaker_cooldown:g}]"
-            breaker = CircuitBreaker(name, failure_threshold=self.breaker_threshold,
-                                     cooldown=self.breaker_cooldown, store=self.store, clock=self.clock)  # fmt: skip
+            breaker = CircuitBreaker(
+                name,
+                failure_threshold=self.breaker_threshold,
+                cooldown=self.breaker_cooldown,
+                store=self.store,
+                clock=self.clock,
+            )
             self._breakers[tool] = breaker
         return breaker
 
@@ -193,8 +203,11 @@ class Guard:
         policy = self._policies.get((tool, timeout, effect))
         if policy is None:
             attempt_timeout = timeout if timeout is not None else self.retry.attempt_timeout
-            policy = self.retry.replace(name=tool, breaker=self.breaker(tool),
-                                        attempt_timeout=None if effect else attempt_timeout)  # fmt: skip
+            policy = self.retry.replace(
+                name=tool,
+                breaker=self.breaker(tool),
+                attempt_timeout=None if effect else attempt_timeout,
+            )
             self._policies[(tool, timeout, effect)] = policy
         return policy
 
@@ -265,9 +278,13 @@ class Guard:
             except CheckpointError:
                 pass
         key, request = doc.get("key"), doc.get("request")  # the run keeps its request
-        run = Run(self, str(doc["task"]), str(doc.get("run_id") or checkpoint_id),
-                  key=key if isinstance(key, str) else None,
-                  request=request if isinstance(request, str) else None)  # fmt: skip
+        run = Run(
+            self,
+            str(doc["task"]),
+            str(doc.get("run_id") or checkpoint_id),
+            key=key if isinstance(key, str) else None,
+            request=request if isinstance(request, str) else None,
+        )
         try:
             usage = Usage(**doc["usage"])
         except TypeError as exc:

@@ -18,9 +18,14 @@ _log = logging.getLogger("tether")
 SOME_STEP = "a step of your request"
 
 DEFAULT_TRIGGERS = frozenset(
-    {StopReason.CIRCUIT_OPEN, StopReason.IDENTICAL_FAILURES, StopReason.UNKNOWN_OUTCOME,
-     StopReason.HUNG_TOOLS, StopReason.PERMANENT_ERROR}
-)  # fmt: skip
+    {
+        StopReason.CIRCUIT_OPEN,
+        StopReason.IDENTICAL_FAILURES,
+        StopReason.UNKNOWN_OUTCOME,
+        StopReason.HUNG_TOOLS,
+        StopReason.PERMANENT_ERROR,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +44,18 @@ class HandoffRecord:
     at: float
 
     def to_doc(self) -> dict[str, Any]:
-        return {"id": self.id, "run_id": self.run_id, "task": self.task, "reason": self.reason.value,
-                "detail": self.detail, "history": list(self.history), "facts": list(self.facts),
-                "open_issues": list(self.open_issues), "customer_message": self.customer_message,
-                "at": self.at}  # fmt: skip
+        return {
+            "id": self.id,
+            "run_id": self.run_id,
+            "task": self.task,
+            "reason": self.reason.value,
+            "detail": self.detail,
+            "history": list(self.history),
+            "facts": list(self.facts),
+            "open_issues": list(self.open_issues),
+            "customer_message": self.customer_message,
+            "at": self.at,
+        }
 
 
 Sink = Callable[[HandoffRecord], object]
@@ -83,8 +96,12 @@ def webhook(url: str, *, timeout: float = 10.0, headers: dict[str, str] | None =
         import urllib.request  # imported when first used: `import tether` loads no HTTP client
 
         body = json.dumps(record.to_doc(), default=str).encode()
-        req = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"content-type": "application/json", **(headers or {})})  # fmt: skip
+        req = urllib.request.Request(
+            url,
+            data=body,
+            method="POST",
+            headers={"content-type": "application/json", **(headers or {})},
+        )
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             resp.read()
 
@@ -148,8 +165,15 @@ class CustomerMessages:
     done_prefix: str = " Done: "
     undone_prefix: str = " Undone: "
 
-    def render(self, status: str, facts: Iterable[str], *, unconfirmed: Iterable[str] = (),
-               undone: Iterable[str] = (), case_filed: bool = True) -> str:  # fmt: skip
+    def render(
+        self,
+        status: str,
+        facts: Iterable[str],
+        *,
+        unconfirmed: Iterable[str] = (),
+        undone: Iterable[str] = (),
+        case_filed: bool = True,
+    ) -> str:
         """The message for a run that ended with ``status``; a run with an effect whose
         outcome is unknown never tells the customer that nothing happened, a failed run
         that did something says what it did (the ``partial`` text, never "try again"), and a

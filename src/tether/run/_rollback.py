@@ -67,8 +67,10 @@ class Rollback(RunState):
         done = []
         for undo in self._undos(compensations):
             if _is_async(undo.fn):
-                raise TypeError(f"the compensation of {undo.entry.tool} is a coroutine function: "
-                                "use `await run.arollback()`")  # fmt: skip
+                raise TypeError(
+                    f"the compensation of {undo.entry.tool} is a coroutine function: "
+                    "use `await run.arollback()`"
+                )
             try:
                 value = undo.policy.call(
                     lambda u=undo: u.ledger.once(u.key, lambda: u.fn(u.original))
@@ -104,8 +106,14 @@ class Rollback(RunState):
             entry = self._journal[index]
             fn = self._compensation(entry, given)
             if fn is not None:
-                yield _Undo(entry, fn, self._original(entry), self._undo_key(entry, index), self.guard.ledger,
-                            self.guard._policy(f"undo:{entry.tool}", None, effect=True))  # fmt: skip
+                yield _Undo(
+                    entry,
+                    fn,
+                    self._original(entry),
+                    self._undo_key(entry, index),
+                    self.guard.ledger,
+                    self.guard._policy(f"undo:{entry.tool}", None, effect=True),
+                )
 
     # --- the parts both shells share ----------------------------------------------------
 
@@ -139,8 +147,12 @@ class Rollback(RunState):
     def _undone(self, entry: JournalEntry, original: Any, value: Any) -> dict[str, Any]:
         entry.state = "compensated"
         effect = self._effect_text(entry.tool, entry.args, original) or SOME_STEP
-        record = {"tool": entry.tool, "args": redact(jsonable(entry.args)), "result": redact(jsonable(value)),
-                  "effect": str(redact(effect.replace(" completed", "", 1)))}  # fmt: skip
+        record = {
+            "tool": entry.tool,
+            "args": redact(jsonable(entry.args)),
+            "result": redact(jsonable(value)),
+            "effect": str(redact(effect.replace(" completed", "", 1))),
+        }
         _log.info("tether: run %s: compensated %s", self.run_id, entry.tool)
         telemetry.add_event("tether.compensated", **{"gen_ai.tool.name": entry.tool})
         return record
@@ -148,10 +160,15 @@ class Rollback(RunState):
     def _undo_elsewhere(self, entry: JournalEntry, exc: EffectInProgress) -> None:
         """Another worker holds this compensation's claim: it is being done there (or, if
         that worker died, it is taken over once its lease ends). Nothing for a person yet."""
-        self._issues.append(f"undoing {entry.tool} is being done by another worker (it holds the claim "
-                            "until its lease ends): roll back again after that to confirm it")  # fmt: skip
-        _log.info("tether: run %s: the compensation of %s is being done by another worker",
-                  self.run_id, entry.tool)  # fmt: skip
+        self._issues.append(
+            f"undoing {entry.tool} is being done by another worker (it holds the claim "
+            "until its lease ends): roll back again after that to confirm it"
+        )
+        _log.info(
+            "tether: run %s: the compensation of %s is being done by another worker",
+            self.run_id,
+            entry.tool,
+        )
 
     def _undo_failed(self, entry: JournalEntry, exc: Exception) -> None:
         """A compensation that failed (after its retries) or may have happened: a person
@@ -161,14 +178,22 @@ class Rollback(RunState):
         if isinstance(exc, UnknownOutcome):
             entry.state = "unknown"
             self._unconfirmed.append(entry.tool)
-            self._issues.append(f"undoing {entry.tool} may or may not have happened: check before "
-                                "undoing it by hand")  # fmt: skip
+            self._issues.append(
+                f"undoing {entry.tool} may or may not have happened: check before "
+                "undoing it by hand"
+            )
         else:
             entry.state = "failed"
-            self._issues.append(f"undoing {entry.tool} failed ({type(exc).__name__}): it is still done; "
-                                "undo it by hand")  # fmt: skip
-        _log.error("tether: run %s: the compensation of %s failed: %s", self.run_id, entry.tool,
-                   redact(f"{type(exc).__name__}: {exc}"))  # fmt: skip
+            self._issues.append(
+                f"undoing {entry.tool} failed ({type(exc).__name__}): it is still done; "
+                "undo it by hand"
+            )
+        _log.error(
+            "tether: run %s: the compensation of %s failed: %s",
+            self.run_id,
+            entry.tool,
+            redact(f"{type(exc).__name__}: {exc}"),
+        )
 
     def _after_rollback(self, done: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
         self._compensated.extend(done)

@@ -147,8 +147,12 @@ class Run(ToolCalls, Rollback, Ending):
         to refuse it before paying). ``unmeasured=True`` says the provider reported no
         token counts for the call: its cost is unknown too, never zero.
         """
-        counts = {"input_tokens": input_tokens, "output_tokens": output_tokens,
-                  "cache_write_tokens": cache_write_tokens, "cache_read_tokens": cache_read_tokens}  # fmt: skip
+        counts = {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cache_write_tokens": cache_write_tokens,
+            "cache_read_tokens": cache_read_tokens,
+        }
         for name, value in counts.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
@@ -156,8 +160,14 @@ class Run(ToolCalls, Rollback, Ending):
             cost_usd = None
         elif cost_usd is None:
             if model:
-                cost_usd = self.guard.prices.cost(model, input_tokens, output_tokens, cache_write_tokens,
-                                                  cache_read_tokens, provider=provider)  # fmt: skip
+                cost_usd = self.guard.prices.cost(
+                    model,
+                    input_tokens,
+                    output_tokens,
+                    cache_write_tokens,
+                    cache_read_tokens,
+                    provider=provider,
+                )
             elif self.budget.max_cost_usd is not None and (input_tokens or output_tokens):
                 raise ValueError(
                     "a cost budget is set: pass model= (priced from the table) or cost_usd="
@@ -175,14 +185,30 @@ class Run(ToolCalls, Rollback, Ending):
             self.cost_usd += cost_usd
             self._last_costs = [*self._last_costs[-1:], cost_usd]
         self._last_tokens = input_tokens + output_tokens + cache_write_tokens + cache_read_tokens
-        telemetry.add_event("gen_ai.client.inference", **{"gen_ai.request.model": model or None,
-                            "gen_ai.usage.input_tokens": input_tokens, "gen_ai.usage.output_tokens": output_tokens,
-                            "tether.cost_usd": cost_usd})  # fmt: skip
-        self.transcript.append({"step": self.steps, "model": model, "input_tokens": input_tokens,
-                                "output_tokens": output_tokens, "cost_usd": cost_usd})  # fmt: skip
+        telemetry.add_event(
+            "gen_ai.client.inference",
+            **{
+                "gen_ai.request.model": model or None,
+                "gen_ai.usage.input_tokens": input_tokens,
+                "gen_ai.usage.output_tokens": output_tokens,
+                "tether.cost_usd": cost_usd,
+            },
+        )
+        self.transcript.append(
+            {
+                "step": self.steps,
+                "model": model,
+                "input_tokens": input_tokens,
+                "output_tokens": output_tokens,
+                "cost_usd": cost_usd,
+            }
+        )
         if cost_usd is None and self.budget.max_cost_usd is not None:
-            why = "the provider reported no token counts for this call" if unmeasured else (
-                self.guard.prices.missing(model))  # fmt: skip
+            why = (
+                "the provider reported no token counts for this call"
+                if unmeasured
+                else (self.guard.prices.missing(model))
+            )
             raise UnknownModelError(f"{why}; the cost budget cannot count this call")
         return cost_usd
 

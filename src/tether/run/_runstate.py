@@ -79,8 +79,15 @@ class Tail(list[dict[str, Any]]):
 class RunState:
     """What a run counts and remembers; the parts of :class:`tether.Run` share it."""
 
-    def __init__(self, guard: RunSettings, task: str, run_id: str, *, key: str | None = None,
-                 request: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        guard: RunSettings,
+        task: str,
+        run_id: str,
+        *,
+        key: str | None = None,
+        request: str | None = None,
+    ) -> None:
         self.guard = guard
         self.task = task
         self.run_id = run_id
@@ -193,9 +200,19 @@ class RunState:
         return self._stop[0] if self._stop else None
 
     def usage(self) -> Usage:
-        return Usage(self.steps, self.model_calls, self.tool_calls, self.input_tokens, self.output_tokens,
-                     self.cache_write_tokens, self.cache_read_tokens, round(self.cost_usd, 10),
-                     self.retries, self.elapsed, self.unpriced_calls)  # fmt: skip
+        return Usage(
+            self.steps,
+            self.model_calls,
+            self.tool_calls,
+            self.input_tokens,
+            self.output_tokens,
+            self.cache_write_tokens,
+            self.cache_read_tokens,
+            round(self.cost_usd, 10),
+            self.retries,
+            self.elapsed,
+            self.unpriced_calls,
+        )
 
     def _effect_text(self, tool: str, args: Any, result: Any) -> str | None:
         """An effect in the customer's words: the guard's ``describe_effect``, or (the
@@ -272,8 +289,11 @@ class RunState:
                     f"(max_cost_usd={self.budget.max_cost_usd:g}) that could not hold, so no "
                     "request was sent"
                 )
-            _log.warning("tether: model %r has no price and counts as free (unknown='zero'): "
-                         "the cost budget cannot hold for it", model)  # fmt: skip
+            _log.warning(
+                "tether: model %r has no price and counts as free (unknown='zero'): "
+                "the cost budget cannot hold for it",
+                model,
+            )
         self._checked_models.add(model)
 
     def model_call_failed(self, exc: BaseException) -> Stopped:
@@ -370,8 +390,12 @@ class RunState:
             _log.info(
                 "run %s stops: %s%s", self.run_id, reason.value, f" ({detail})" if detail else ""
             )
-            if reason in (StopReason.REPEATED_ACTION, StopReason.REPEATED_SEQUENCE,
-                          StopReason.STATE_CYCLE, StopReason.NO_PROGRESS):  # fmt: skip
+            if reason in (
+                StopReason.REPEATED_ACTION,
+                StopReason.REPEATED_SEQUENCE,
+                StopReason.STATE_CYCLE,
+                StopReason.NO_PROGRESS,
+            ):
                 telemetry.add_event("tether.loop_detected", **{"tether.stop_reason": reason.value})
             elif reason.name.startswith("MAX_") or reason is StopReason.TIMEOUT:
                 telemetry.add_event(

@@ -13,8 +13,14 @@ from tether.effects._canonical import rules
 
 __all__ = ["Tool", "schema_from_hints"]
 
-_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
-                               list: "array", dict: "object"}  # fmt: skip
+_JSON_TYPES: dict[Any, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+}
 
 
 def _json_type(hint: Any) -> dict[str, Any]:
@@ -89,15 +95,19 @@ class Tool:
         if not callable(self.fn):
             raise TypeError(f"Tool {self.name!r}: fn must be callable")
         if not isinstance(self.requires_approval, bool) and not callable(self.requires_approval):
-            raise TypeError(f"Tool {self.name!r}: requires_approval must be a bool or a predicate of the "
-                            f"arguments, got {self.requires_approval!r}")  # fmt: skip
+            raise TypeError(
+                f"Tool {self.name!r}: requires_approval must be a bool or a predicate of the "
+                f"arguments, got {self.requires_approval!r}"
+            )
         if self.compensate is not None and not callable(self.compensate):
             raise TypeError(
                 f"Tool {self.name!r}: compensate must be callable, got {self.compensate!r}"
             )
         if isinstance(self.volatile, str):
-            raise TypeError(f"Tool {self.name!r}: volatile takes a list of paths, e.g. "
-                            f"volatile=[{self.volatile!r}]")  # fmt: skip
+            raise TypeError(
+                f"Tool {self.name!r}: volatile takes a list of paths, e.g. "
+                f"volatile=[{self.volatile!r}]"
+            )
         object.__setattr__(self, "volatile", tuple(self.volatile))
         rules(self.volatile)  # a malformed path fails here, naming it
         if not isinstance(self.label, str):

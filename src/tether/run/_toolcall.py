@@ -73,8 +73,14 @@ class _Call:
 class ToolCalls(RunState):
     """Calls a tool under every guard (mixed into :class:`tether.Run`)."""
 
-    def _before_tool(self, name: str, args: Any, timeout: float | None, idempotent: bool,
-                     volatile: tuple[str, ...] = ()) -> _Call:  # fmt: skip
+    def _before_tool(
+        self,
+        name: str,
+        args: Any,
+        timeout: float | None,
+        idempotent: bool,
+        volatile: tuple[str, ...] = (),
+    ) -> _Call:
         if self._stop is not None:
             raise self._halt(*self._stop)
         self._began = True
@@ -115,8 +121,14 @@ class ToolCalls(RunState):
 
     def _effect_timeout(self, timeout: float | None) -> float | None:
         """An effect's timeout: the tool's (or the policy's), never past the run's time."""
-        bounds = [t for t in (timeout if timeout is not None else self.guard.retry.attempt_timeout,
-                              self.time_left()) if t is not None]  # fmt: skip
+        bounds = [
+            t
+            for t in (
+                timeout if timeout is not None else self.guard.retry.attempt_timeout,
+                self.time_left(),
+            )
+            if t is not None
+        ]
         return min(bounds) if bounds else None
 
     def _lease(self, timeout: float | None) -> float:
@@ -124,13 +136,20 @@ class ToolCalls(RunState):
         lease = self.guard.ledger.lease
         return lease if timeout is None else max(lease, 2.0 * timeout)
 
-    def _effect(self, call: _Call, attempt: Callable[[], Any], idempotent: bool,
-                lookup: Callable[[str], Any] | None, timeout: float | None) -> Callable[[], Any]:  # fmt: skip
+    def _effect(
+        self,
+        call: _Call,
+        attempt: Callable[[], Any],
+        idempotent: bool,
+        lookup: Callable[[str], Any] | None,
+        timeout: float | None,
+    ) -> Callable[[], Any]:
         if idempotent:
             return attempt
         ledger, key, lease = self.guard.ledger, self._effect_key(call), self._lease(timeout)
-        return lambda: ledger.once(key, attempt, lookup=lookup, lease=lease,
-                                   timeout=self._effect_timeout(timeout))  # fmt: skip
+        return lambda: ledger.once(
+            key, attempt, lookup=lookup, lease=lease, timeout=self._effect_timeout(timeout)
+        )
 
     def _effect_key(self, call: _Call) -> str:
         """The ledger key of a non-idempotent call, noted so that the outcome can state
@@ -153,8 +172,9 @@ class ToolCalls(RunState):
         if reason is not None:
             said = str(redact(reason))
             _log.warning("tether: run %s: policy denied %s: %s", self.run_id, call.name, said)
-            telemetry.add_event("tether.policy_denied", **{"gen_ai.tool.name": call.name,
-                                                           "tether.reason": said})  # fmt: skip
+            telemetry.add_event(
+                "tether.policy_denied", **{"gen_ai.tool.name": call.name, "tether.reason": said}
+            )
             raise self._after_failure(call, PolicyDenied(f"denied by policy: {said}"))
         gate = self._approval(call) if needs_approval(requires_approval, call.args) else None
         self._tool_counts[call.name] += 1
@@ -195,8 +215,16 @@ class ToolCalls(RunState):
         if record is not None and record.status == gov.REJECTED:
             why = f"rejected by {record.decided_by}" + (f": {record.note}" if record.note else "")
             raise self._after_failure(call, ApprovalRejected(why))
-        self._pending = ApprovalRecord(record_id, self.run_id, call.name, redact(jsonable(call.args)), call.action,
-                                       gov.PENDING, now, task=str(redact(self.task)))  # fmt: skip
+        self._pending = ApprovalRecord(
+            record_id,
+            self.run_id,
+            call.name,
+            redact(jsonable(call.args)),
+            call.action,
+            gov.PENDING,
+            now,
+            task=str(redact(self.task)),
+        )
         raise self._halt(StopReason.AWAITING_APPROVAL, f"{call.name} needs a person's approval")
 
     def _use_approval(self, approvals: Any, record: ApprovalRecord) -> None:
@@ -205,11 +233,18 @@ class ToolCalls(RunState):
         try:
             approvals.put(replace(record, status=gov.USED), self.clock.wall())
         except Exception as exc:
-            _log.error("tether: run %s: approval %s could not be marked used (%s); the ledger "
-                       "still runs %s once", self.run_id, record.id, type(exc).__name__, record.tool)  # fmt: skip
+            _log.error(
+                "tether: run %s: approval %s could not be marked used (%s); the ledger "
+                "still runs %s once",
+                self.run_id,
+                record.id,
+                type(exc).__name__,
+                record.tool,
+            )
 
-    def _gated(self, call: _Call, gate: Callable[[], None] | None, idempotent: bool,
-               timeout: float | None) -> tuple[_Call, bool]:  # fmt: skip
+    def _gated(
+        self, call: _Call, gate: Callable[[], None] | None, idempotent: bool, timeout: float | None
+    ) -> tuple[_Call, bool]:
         """A call under an approval runs through the ledger whatever ``idempotent`` says."""
         if gate is None or not idempotent:
             return call, idempotent
@@ -295,8 +330,10 @@ class ToolCalls(RunState):
         limit = self.budget.max_identical_failures
         if limit is not None and self._failures[signature] >= limit:
             self._park(call, exc)
-            return self._halt(StopReason.IDENTICAL_FAILURES,
-                              f"{call.name} failed {limit} times the same way ({type(exc).__name__})")  # fmt: skip
+            return self._halt(
+                StopReason.IDENTICAL_FAILURES,
+                f"{call.name} failed {limit} times the same way ({type(exc).__name__})",
+            )
         try:
             self._check_retry_escalation()
         except Stopped as stopped:
@@ -336,8 +373,15 @@ class ToolCalls(RunState):
         letters = self.guard.dead_letters
         if letters is None:
             return
-        letter = letters.park(tool=call.name, args=call.args, error=exc, run_id=self.run_id,
-                              task=self.task, at=self.clock.wall(), key=call.key)  # fmt: skip
+        letter = letters.park(
+            tool=call.name,
+            args=call.args,
+            error=exc,
+            run_id=self.run_id,
+            task=self.task,
+            at=self.clock.wall(),
+            key=call.key,
+        )
         issue = f"{call.name} failed permanently; dead letter {letter.id}"
         if issue not in self._issues:  # the model asking again joins the same letter
             self._issues.append(issue)
@@ -532,8 +576,9 @@ class ToolCalls(RunState):
                 coro = functools.partial(progress.arun, attempt)  # what the ledger runs
 
                 async def attempt() -> Any:
-                    return await ledger.aonce(key, coro, lookup=lookup, lease=lease,
-                                              timeout=self._effect_timeout(timeout))  # fmt: skip
+                    return await ledger.aonce(
+                        key, coro, lookup=lookup, lease=lease, timeout=self._effect_timeout(timeout)
+                    )
         else:
 
             def body() -> Any:
@@ -659,8 +704,10 @@ def _paths(name: str, volatile: Any) -> tuple[str, ...]:
     if not volatile:
         return ()
     if isinstance(volatile, str):
-        raise TypeError(f"volatile of tool {name!r} takes a list of paths, e.g. "
-                        f"volatile=[{volatile!r}], got the string {volatile!r}")  # fmt: skip
+        raise TypeError(
+            f"volatile of tool {name!r} takes a list of paths, e.g. "
+            f"volatile=[{volatile!r}], got the string {volatile!r}"
+        )
     return tuple(volatile)
 
 
