@@ -83,3 +83,34 @@ def test_the_recorded_view_of_what_json_cannot_hold() -> None:
             return "Opaque(password=hunter2hunter2)"
 
     assert redacted_json({"x": Opaque()}) == {"x": "Opaque(password=[redacted])"}
+
+
+def test_a_recorded_call_is_redacted_once_as_the_ending_redacted_it() -> None:
+    """The view of a recorded call equals redact(jsonable(call)) and is made only once."""
+    from tether.effects._canonical import intent_keys, intent_keys_and_text
+    from tether.redaction._redact import RecordedEntry, redacted_entries
+
+    args = {"to": "a@example.com", "api_key": "sk-live-1234567890abcdef", "items": [1, 2]}
+    result = {"id": "R-1", "note": "token=abc123def456", "when": dt.datetime(2026, 1, 2)}
+    action, key, text = intent_keys_and_text("refund", args, "scope")
+    assert (action, key) == intent_keys("refund", args, "scope")
+    assert text == canonical_json(args, ignore=())
+    entry = {"step": 3, "tool": "refund", "args": args, "result": result}
+    recorded = RecordedEntry(entry, {"args": text, "result": canonical_json(result, ignore=())})
+    assert recorded == entry  # the raw call, as a plain dict
+    view = recorded.redacted(jsonable)
+    assert view == redact(jsonable(entry))
+    assert view["args"]["api_key"] == "[redacted]" and "abc123def456" not in str(view)
+    assert recorded.redacted(jsonable) is view
+    restored = redact(jsonable(entry))  # an entry read back from a checkpoint: as before
+    assert redacted_entries([recorded, restored], jsonable) == [view, redact(jsonable(restored))]
+
+
+def test_no_text_when_the_intent_left_fields_out() -> None:
+    """Arguments with a volatile field (or declared ones) give no text: the record encodes them."""
+    from tether.effects._canonical import intent_keys_and_text
+
+    assert intent_keys_and_text("t", {"q": 1, "request_id": "r-1"}, "")[2] is None
+    assert intent_keys_and_text("t", {"q": 1, "at": 2}, "", ("at",))[2] is None
+    assert intent_keys_and_text("t", {"q": 1, "at": 2}, "", ())[2] == '{"at":2,"q":1}'
+    assert intent_keys_and_text("t", [1, 2], "")[2] == "[1,2]"

@@ -306,6 +306,20 @@ def intent_keys(tool: str, args: Any, scope: str, ignore: Paths | None = None) -
     return action, (digest(tool, text, scope) if scope else action)
 
 
+def intent_keys_and_text(
+    tool: str, args: Any, scope: str, ignore: Paths | None = None
+) -> tuple[str, str, str | None]:
+    """:func:`intent_keys` and the canonical text they were made from, when that text holds
+    every argument (nothing was ignored: the run records the call from it); else None."""
+    _check(tool, scope)
+    text = canonical_json(args, ignore=ignore)
+    action = digest(tool, text)
+    key = digest(tool, text, scope) if scope else action
+    top, deep = rules(ignore)
+    whole = not deep and (not top or not isinstance(args, Mapping) or top.isdisjoint(args))
+    return action, key, text if whole else None
+
+
 def _check(tool: str, scope: str) -> None:
     if not isinstance(tool, str) or not tool:
         raise ValueError(f"tool must be a non-empty string, got {tool!r}")

@@ -52,6 +52,7 @@ from tether.redaction._secret_text import _URL_USER, EMAIL_MASK, PHONE_MASK
 from tether.redaction._secret_text import _text as _text
 
 __all__ = [
+    "RecordedEntry",
     "EMAIL_MASK",
     "PHONE_MASK",
     "REDACTED",
@@ -64,6 +65,7 @@ __all__ = [
     "redact",
     "redact_conversation",
     "redact_text",
+    "redacted_entries",
     "redacted_json",
     "redacted_paths",
     "register_secrets",
@@ -207,6 +209,53 @@ def redact(value: Any, *, extra: re.Pattern[str] | None = None, pii: bool = Fals
 
 
 def _redact(value: Any, extra: re.Pattern[str] | None, pii: bool, depth: int, key: str) -> Any:
+    if extra is None:
+        return _plain(value, pii, depth, key)
+    return _any(value, extra, pii, depth, key)
+
+
+def _plain(value: Any, pii: bool, depth: int, key: str) -> Any:
+    """:func:`_any` without ``extra``, the plain JSON types taken without a call each (the
+    leaves are most of a value): the same result, in a third of the time."""
+    kind = type(value)
+    if kind is str:
+        return _text(value, pii, key) if len(value) >= 5 else value
+    if value is None or kind is int or kind is float or kind is bool:
+        return value
+    if depth > 64 or (kind is not dict and kind is not list and kind is not tuple):
+        return _any(value, None, pii, depth, key)  # subclasses, other mappings, objects
+    if kind is dict:
+        out: dict[Any, Any] = {}
+        tiers = _tiers
+        for k, v in value.items():
+            name = k if type(k) is str else str(k)
+            tier = tiers.get(name)
+            if tier is None:
+                tier = _tier(name)
+            if tier and ((tier == 2 and v not in (None, "")) or (tier == 1 and _weak_secret(v))):
+                out[k] = REDACTED
+                continue
+            vk = type(v)
+            if vk is str:
+                out[k] = _text(v, pii, name) if len(v) >= 5 else v
+            elif v is None or vk is int or vk is float or vk is bool:
+                out[k] = v
+            else:
+                out[k] = _plain(v, pii, depth + 1, name)
+        return _named_value(value, out) if "value" in out else out
+    items: list[Any] = []
+    for v in value:
+        vk = type(v)
+        if vk is str:
+            items.append(_text(v, pii, key) if len(v) >= 5 else v)
+        elif v is None or vk is int or vk is float or vk is bool:
+            items.append(v)
+        else:
+            items.append(_secret_pair(v) or _plain(v, pii, depth + 1, key))
+    return items
+
+
+def _any(value: Any, extra: re.Pattern[str] | None, pii: bool, depth: int, key: str) -> Any:
     kind = type(value)
     if kind is str or isinstance(value, str):
         text = _text(value, pii, key) if len(value) >= 5 else value
@@ -256,6 +305,56 @@ def redacted_json(value: Any, text: str | None = None) -> Any:
         except (TypeError, ValueError):  # a circular value, a key JSON cannot hold
             return _redact(repr(value), None, False, 0, "")
     return _redact(json.loads(text), None, False, 0, "")
+
+
+class RecordedEntry(dict[str, Any]):
+    """An entry a run records (a completed tool call: ``step``, ``tool``, ``args``,
+    ``result``) with the canonical JSON its fields were encoded to already (the intent
+    key encoded the arguments, the progress check the result).
+
+    Its redacted JSON view (what the outcome, a checkpoint, a handoff and the run record
+    hold) is made on first reading, from those texts, and kept: the ending never encodes
+    a call again, a second ending (after a late rollback) never walks it again, and a call
+    the run let go (``keep_last``) is never redacted at all. The entry itself stays the
+    raw call, as a plain dict would.
+    """
+
+    __slots__ = ("_texts", "_view")
+
+    def __init__(self, entry: Mapping[str, Any], texts: Mapping[str, str | None]) -> None:
+        super().__init__(entry)
+        self._texts = texts
+        self._view: dict[str, Any] | None = None
+
+    def redacted(self, jsonable: Any) -> dict[str, Any]:
+        """The redacted JSON view; ``jsonable`` gives the JSON form of a field with no text."""
+        if self._view is None:
+            import json
+
+            form = {}
+            for name, value in self.items():
+                text = self._texts.get(name)
+                if text is not None:
+                    form[name] = json.loads(text)
+                elif value is None or type(value) in (str, int, bool):  # its own JSON form
+                    form[name] = value
+                else:
+                    form[name] = jsonable(value)
+            self._view = _redact(form, None, False, 0, "")
+        return self._view
+
+
+def redacted_entries(entries: Iterable[Any], jsonable: Any) -> list[Any]:
+    """Entries as their audiences read them: each :class:`RecordedEntry` by its view (made
+    once), any other (restored from a checkpoint: redacted when it was written) redacted
+    as :func:`redact` does, which leaves a redacted entry as it is."""
+    out = []
+    for entry in entries:
+        if isinstance(entry, RecordedEntry):
+            out.append(entry.redacted(jsonable))
+        else:
+            out.append(_redact(jsonable(entry), None, False, 0, ""))
+    return out
 
 
 def redact_conversation(messages: Iterable[Any], *, keep_last: bool = False) -> tuple[Any, ...]:
