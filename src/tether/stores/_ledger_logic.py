@@ -105,8 +105,20 @@ class Record:
 
     def at(self, now: float) -> Record:
         """This claim with its relative times made absolute at ``now``."""
-        return replace(self, lease_until=now + self.lease_until, expires_at=now + self.expires_at,
-                       created_at=now)  # fmt: skip
+        # built directly, not with dataclasses.replace: this runs on every claim
+        return Record(
+            self.key,
+            self.state,
+            self.payload_hash,
+            self.owner,
+            now + self.lease_until,
+            now + self.expires_at,
+            now,
+            self.result,
+            self.error,
+            self.detail,
+            self.attempts,
+        )
 
 
 def decide_claim(existing: Record | None, new: Record, now: float) -> tuple[bool, Record | None]:
@@ -129,7 +141,9 @@ def decide_claim(existing: Record | None, new: Record, now: float) -> tuple[bool
 
 def claimed_record(new: Record, previous: Record | None) -> Record:
     """The record a successful claim stores."""
-    return replace(new, attempts=previous.attempts + 1 if previous else 1)
+    if previous is None:
+        return new  # a claim of a new key is stored as made (attempts=1)
+    return replace(new, attempts=previous.attempts + 1)
 
 
 def decide_complete(existing: Record | None, owner: str) -> Completion:
@@ -160,7 +174,20 @@ def settled(
     existing: Record, state: State, result: str | None, error: str | None, now: float, ttl: float
 ) -> Record:
     """The record DONE or FAILED at ``now``: remembered ``ttl`` from now on."""
-    return replace(existing, state=state, result=result, error=error, expires_at=now + ttl)
+    e = existing  # built directly, not with dataclasses.replace: this runs on every effect
+    return Record(
+        e.key,
+        state,
+        e.payload_hash,
+        e.owner,
+        e.lease_until,
+        now + ttl,
+        e.created_at,
+        result,
+        error,
+        e.detail,
+        e.attempts,
+    )
 
 
 def unknown_at(existing: Record, detail: str, now: float, ttl: float, keep_lease: bool) -> Record:

@@ -1,0 +1,207 @@
+"""One effect at most once: the plan both forms of the ledger run, and their two drivers.
+
+:func:`claim_plan` holds the decisions before an effect runs: claim the key (waiting up
+to the ledger's ``wait`` for another worker's claim), replay a recorded outcome, or
+reconcile a takeover through ``lookup``. It yields the store steps it needs and the
+sleeps between claims; :func:`drive` runs them in this thread, :func:`adrive` on the
+event loop (a store that does I/O in a worker thread, never cut in half by a
+cancellation). What follows, running the effect and recording its outcome, is
+:func:`execute` and :func:`aexecute`: the same settlements (the :class:`Recorder`'s),
+told apart only where Python tells them apart: a sync effect past its timeout cannot be
+stopped (it keeps its claim and records itself when it ends), an async one is cancelled.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, NamedTuple, TypeVar
+
+from tether._errors import UnknownOutcome
+from tether.clock import Clock
+from tether.effects._heartbeat import heartbeat
+from tether.effects._recorder import NOT_FOUND, Recorder, current_key
+from tether.effects._steps import off_loop, settle
+from tether.stores._ledger_logic import Record, State
+
+__all__ = ["Step", "adrive", "aexecute", "check_call", "claim_plan", "drive", "execute"]
+
+T = TypeVar("T")
+
+
+class Step(NamedTuple):
+    """A store step (``fn(*args)``), or a sleep of ``args[0]`` seconds (``fn`` None).
+
+    ``undo`` and ``skipped`` say how to undo a step a cancellation interrupted
+    (see :func:`tether.effects._steps.off_loop`); only the async driver needs them.
+    """
+
+    fn: Callable[..., Any] | None
+    args: tuple[Any, ...]
+    undo: Callable[[Any], None] | None = None
+    skipped: Callable[[], object] | None = None
+
+
+def check_call(key: str, lease: float, timeout: float | None) -> float:
+    """The arguments ``once`` and ``aonce`` check alike; the lease, as a float."""
+    if not key or not isinstance(key, str):
+        raise ValueError("key must be a non-empty string")
+    if isinstance(lease, bool) or not isinstance(lease, int | float) or not lease > 0:
+        raise ValueError(f"lease must be > 0, got {lease!r}")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):
+        raise ValueError(f"timeout must be > 0 or None, got {timeout!r}")
+    return float(lease)
+
+
+def claim_plan(
+    r: Recorder,
+    wait: float,
+    poll_interval: float,
+    key: str,
+    payload: str | None,
+    lease: float,
+    lookup: Callable[[str], Any] | None,
+) -> Generator[Step, Any, tuple[str, Any]]:
+    """Claim ``key``; returns (owner, the outcome to hand back, or NOT_FOUND: run it)."""
+    clock = r.ledger.clock
+    deadline = clock.now() + wait if wait else 0.0
+
+    def unclaim(claimed: tuple[str, Record | None, Any] | None) -> None:
+        if claimed is not None and claimed[2] is NOT_FOUND:
+            r.unclaim(key, claimed[0], claimed[1])
+
+    while True:
+        last = not wait or clock.now() >= deadline
+        claimed = yield Step(r.try_claim, (key, payload, lease, last), unclaim)
+        if claimed is not None:
+            break
+        yield Step(None, (min(poll_interval, max(0.0, deadline - clock.now())),))
+    owner, previous, replay = claimed
+    if replay is not NOT_FOUND or previous is None:
+        return owner, replay
+
+    def give_back(found: Any) -> None:  # lookup said not done, and fn did not run
+        if found is NOT_FOUND:
+            r.unclaim(key, owner, None)
+
+    def untouched() -> None:  # the lookup never ran: the record is as it was
+        r.unclaim(key, owner, previous)
+
+    found = yield Step(r.reconcile, (key, owner, previous, lookup), give_back, untouched)
+    return owner, found
+
+
+def drive(plan: Generator[Step, Any, T], clock: Clock) -> T:
+    """Run a plan's steps in this thread."""
+    answer: Any = None
+    while True:
+        try:
+            step = plan.send(answer)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        if step.fn is None:
+            clock.sleep(step.args[0])
+            answer = None
+        else:
+            answer = step.fn(*step.args)
+
+
+async def adrive(plan: Generator[Step, Any, T], clock: Clock, backend: Any) -> T:
+    """Run a plan's steps from async code: store steps off the event loop."""
+    answer: Any = None
+    while True:
+        try:
+            step = plan.send(answer)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        if step.fn is None:
+            await clock.asleep(step.args[0])
+            answer = None
+        else:
+            answer = await off_loop(
+                backend, step.fn, *step.args, undo=step.undo, skipped=step.skipped
+            )
+
+
+def execute(
+    r: Recorder, key: str, owner: str, lease: float, timeout: float | None, fn: Callable[[], T]
+) -> T:
+    """Run the claimed effect and record its outcome (sync)."""
+    ledger = r.ledger
+    ended = None if timeout is None else threading.Event()
+    beat = not r.virtual
+    if beat:
+        heartbeat.add(ledger.backend, ledger.ttl, key, owner, lease)
+
+    def body() -> T:
+        token = current_key.set(key)
+        try:
+            try:
+                result = fn()
+            except BaseException as exc:
+                r.record_failure(key, owner, exc)
+                raise
+            finally:
+                current_key.reset(token)
+            r.record_done(key, owner, result)
+            return result
+        finally:
+            if ended is not None:
+                ended.set()
+            if beat:
+                heartbeat.remove(key, owner)
+
+    if timeout is None or ended is None:
+        return body()
+    try:
+        return ledger.clock.call_with_timeout(timeout, body)
+    except TimeoutError as exc:
+        if ended.is_set():
+            raise  # the effect's own timeout, already recorded
+        # abandoned: it keeps its claim (the heartbeat renews it) until it really ends
+        detail = f"did not return within {timeout:g} s and may still be running"
+        r.mark_unknown(key, owner, detail, keep_lease=True)
+        record = ledger.backend.get(key)
+        if record is not None and record.state is State.DONE:
+            return r.replay(record)  # type: ignore[no-any-return]
+        raise UnknownOutcome(key, detail) from exc
+
+
+async def aexecute(
+    r: Recorder,
+    key: str,
+    owner: str,
+    lease: float,
+    timeout: float | None,
+    fn: Callable[[], Awaitable[T]],
+) -> T:
+    """Run the claimed effect and record its outcome (async: a timeout cancels it)."""
+    ledger = r.ledger
+    backend = ledger.backend
+    beat = not r.virtual
+    if beat:
+        heartbeat.add(backend, ledger.ttl, key, owner, lease)
+    token = current_key.set(key)
+    try:
+        if timeout is None:
+            result = await fn()
+        else:
+            result = await ledger.clock.acall_with_timeout(timeout, fn)
+    except BaseException as exc:
+        if isinstance(exc, TimeoutError) and timeout is not None:
+            detail = f"cancelled after {timeout:g} s; it may have happened"
+            await settle(backend, r.mark_unknown, key, owner, detail)
+            raise UnknownOutcome(key, detail) from exc
+        if isinstance(exc, Exception):
+            await settle(backend, r.record_failure, key, owner, exc)
+        else:  # cancelled (also at loop shutdown): record it unknown before leaving
+            r.record_failure(key, owner, exc)
+        raise
+    finally:
+        current_key.reset(token)
+        if beat:
+            heartbeat.remove(key, owner)
+    await settle(backend, r.record_done, key, owner, result)
+    return result
