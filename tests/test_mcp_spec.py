@@ -246,3 +246,65 @@ def test_the_agents_sdk_runs_the_guarded_server(unannotated_reads: bool, log: Pa
     assert result.final_output == "22 degrees in London."
     assert calls(log) == (2 if unannotated_reads else 1)
     assert outcome.usage.tool_calls == 2 and outcome.status == "success"
+
+
+# --- destructive tools wait for a person, when asked ------------------------------------------
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_approve_destructive_asks_before_a_destructive_call(
+    transport: str, log: Path, tmp_path: Path
+) -> None:
+    """approve_destructive=True: get_weather (nothing declared: possibly destructive) and
+    reset_station (destructive, idempotent) wait for approval; forecast (read-only) and
+    add_alert (destructiveHint=false) do not. Approved, the run resumes and the call runs once."""
+    connect = connector(transport, log)
+    records = tether.Records.sqlite(str(tmp_path / "records.db"))
+
+    async def turn(guard: Guard, checkpoint: str | None = None) -> list[str]:
+        ran: list[str] = []
+        async with connect() as session:
+            with guard.resume(checkpoint) if checkpoint else guard.start(task="weather") as run:
+                guarded = ta_mcp.guarded(session, run, approve_destructive=True, timeout=2.0)
+                for tool in ("add_alert", "get_weather", "reset_station"):
+                    run.proceed()
+                    await guarded.call_tool(tool, {"city": "London"})
+                    ran.append(tool)
+                run.succeed()
+        outcomes.append(run.outcome)
+        return ran
+
+    outcomes: list[tether.Outcome] = []
+    guard = Guard(records=records)
+    assert asyncio.run(turn(guard)) == ["add_alert"]
+    first = outcomes[-1]
+    assert first.stopped_because is tether.StopReason.AWAITING_APPROVAL
+    assert first.pending_approval is not None and first.pending_approval["tool"] == "get_weather"
+    assert calls(log) == 0 and calls(log, "add_alert") == 1
+    assert first.checkpoint_id is not None
+    guard.approve(first.checkpoint_id, by="alice")
+    assert asyncio.run(turn(guard, first.checkpoint_id)) == ["add_alert", "get_weather"]
+    second = outcomes[-1]
+    assert second.pending_approval is not None
+    assert second.pending_approval["tool"] == "reset_station"
+    assert calls(log) == 1 and calls(log, "add_alert") == 1  # nothing ran twice
+    records.close()
+
+
+def test_approve_destructive_needs_a_place_to_wait() -> None:
+    with Guard().start() as run, pytest.raises(ValueError, match="checkpoints="):
+        ta_mcp.guarded(object(), run, approve_destructive=True)
+
+
+def test_may_destroy_reads_the_protocols_defaults() -> None:
+    from mcp.types import Tool, ToolAnnotations
+
+    def tool(**hints: Any) -> Tool:
+        notes = ToolAnnotations(**hints) if hints else None
+        return Tool(name="t", input_schema={"type": "object"}, annotations=notes)
+
+    assert ta_mcp.may_destroy(tool()) is True
+    assert ta_mcp.may_destroy(tool(), unannotated_reads=True) is False
+    assert ta_mcp.may_destroy(tool(read_only_hint=True, destructive_hint=True)) is False
+    assert ta_mcp.may_destroy(tool(destructive_hint=False)) is False
+    assert ta_mcp.may_destroy(tool(idempotent_hint=True)) is True

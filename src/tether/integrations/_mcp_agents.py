@@ -92,6 +92,7 @@ class GuardedAgentsServer(MCPServer):
             safe,
             self.timeout,
             self.lookups.get(tool_name),
+            self._tools.needs_approval(tool_name),
         )
 
     async def list_prompts(self) -> Any:

@@ -21,6 +21,12 @@ true, ``idempotentHint`` false):
   tools are reads (as those of many servers are); ``idempotent={"tool": True}``
   overrides any of it per tool.
 
+``destructiveHint`` changes nothing about retries (an additive update repeated adds
+again); with ``approve_destructive=True`` a call of a tool that may be destructive (it says
+so, or leaves the hint out, and is not read-only) waits for a person's approval before it
+runs (the run stops ``AWAITING_APPROVAL``; ``guard.approve`` and ``guard.resume`` go on),
+as the protocol asks clients to confirm destructive operations.
+
 A result with ``isError: true`` goes back as a :class:`tether.ToolError` with the tool's
 (redacted) text, which the model may read: the server said it on purpose.
 :func:`agents_server` puts the same guard around an OpenAI Agents SDK MCP server.
@@ -35,7 +41,7 @@ from tether._errors import require
 from tether.run._outcome import ToolError
 from tether.run._run import Run
 
-__all__ = ["GuardedSession", "agents_server", "guarded", "may_repeat"]
+__all__ = ["GuardedSession", "agents_server", "guarded", "may_destroy", "may_repeat"]
 
 #: The hints of ``ToolAnnotations`` that say what a call does (``title`` says nothing).
 HINTS = ("read_only_hint", "destructive_hint", "idempotent_hint")
@@ -57,9 +63,30 @@ def may_repeat(tool: Any, unannotated_reads: bool = False) -> bool:
     return bool(read_only) or bool(idempotent)
 
 
-def _check(unannotated_reads: Any, idempotent: Any) -> None:
-    if not isinstance(unannotated_reads, bool):
-        raise TypeError(f"unannotated_reads must be True or False, got {unannotated_reads!r}")
+def may_destroy(tool: Any, unannotated_reads: bool = False) -> bool:
+    """Whether a call of the MCP ``tool`` may destroy something: not read-only, and
+    ``destructiveHint`` true or left out (the protocol's default)."""
+    notes = getattr(tool, "annotations", None)
+    hints = [getattr(notes, hint, None) for hint in HINTS]
+    if all(h is None for h in hints):
+        return not unannotated_reads
+    read_only, destructive, _idempotent = hints
+    return not read_only and destructive is not False
+
+
+def _check(
+    run: Any, unannotated_reads: Any, idempotent: Any, approve_destructive: Any = False
+) -> None:
+    for name, flag in (
+        ("unannotated_reads", unannotated_reads),
+        ("approve_destructive", approve_destructive),
+    ):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    if approve_destructive:
+        from tether.integrations._common import require_a_place_to_wait
+
+        require_a_place_to_wait(getattr(run, "guard", None), ["destructive MCP tools"])
     if idempotent is not None and (
         not isinstance(idempotent, Mapping)
         or not all(isinstance(k, str) and isinstance(v, bool) for k, v in idempotent.items())
@@ -70,16 +97,34 @@ def _check(unannotated_reads: Any, idempotent: Any) -> None:
 class _Tools:
     """What the listed tools may be: name -> may run again."""
 
-    def __init__(self, unannotated_reads: bool, overrides: Mapping[str, bool] | None) -> None:
+    def __init__(
+        self,
+        unannotated_reads: bool,
+        overrides: Mapping[str, bool] | None,
+        approve_destructive: bool = False,
+    ) -> None:
         self.unannotated_reads = unannotated_reads
         self.overrides = dict(overrides or {})
+        self.approve_destructive = approve_destructive
         self.known: dict[str, bool] | None = None
+        self.destructive: set[str] = set()
 
     def remember(self, tools: Any) -> None:
         known = self.known if self.known is not None else {}
         for tool in tools or []:
             known[tool.name] = may_repeat(tool, self.unannotated_reads)
+            if may_destroy(tool, self.unannotated_reads):
+                self.destructive.add(tool.name)
+            else:
+                self.destructive.discard(tool.name)
         self.known = known
+
+    def needs_approval(self, name: str) -> bool:
+        """Under ``approve_destructive``: a listed tool that may destroy, or an unlisted one."""
+        if not self.approve_destructive:
+            return False
+        known = self.known or {}
+        return name in self.destructive or (name not in known and not self.unannotated_reads)
 
     def lookup(self, name: str) -> bool | None:
         """Known for ``name`` (an override first); None until the tools were listed."""
@@ -99,6 +144,7 @@ async def _through(
     safe: bool,
     timeout: float | None,
     lookup: Callable[[str], Any] | None,
+    approval: bool = False,
 ) -> Any:
     """One MCP tool call under ``run``; a result replayed from the ledger comes back as a
     ``CallToolResult`` again."""
@@ -110,7 +156,13 @@ async def _through(
         return result
 
     result = await run.acall_tool(
-        label, attempt, dict(arguments or {}), timeout=timeout, idempotent=safe, lookup=lookup
+        label,
+        attempt,
+        dict(arguments or {}),
+        timeout=timeout,
+        idempotent=safe,
+        lookup=lookup,
+        requires_approval=approval,
     )
     if isinstance(result, dict):  # replayed from the ledger: the same result again
         types: Any = require("mcp.types", "mcp")
@@ -131,14 +183,15 @@ class GuardedSession:
         idempotent: Mapping[str, bool] | None = None,
         lookup: Mapping[str, Callable[[str], Any]] | None = None,
         unannotated_reads: bool = False,
+        approve_destructive: bool = False,
     ) -> None:
-        _check(unannotated_reads, idempotent)
+        _check(run, unannotated_reads, idempotent, approve_destructive)
         self.session = session
         self.run = run
         self.server = server
         self.timeout = timeout
         self.lookups = dict(lookup or {})
-        self._tools = _Tools(unannotated_reads, idempotent)
+        self._tools = _Tools(unannotated_reads, idempotent, approve_destructive)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.session, name)
@@ -175,8 +228,17 @@ class GuardedSession:
         async def call(args: dict[str, Any]) -> Any:
             return await session.call_tool(name, args, **kwargs)
 
+        approval = self._tools.needs_approval(name)
         return await _through(
-            self.run, label, name, call, arguments, safe, self.timeout, self.lookups.get(name)
+            self.run,
+            label,
+            name,
+            call,
+            arguments,
+            safe,
+            self.timeout,
+            self.lookups.get(name),
+            approval,
         )
 
 
@@ -189,6 +251,7 @@ def guarded(
     idempotent: Mapping[str, bool] | None = None,
     lookup: Mapping[str, Callable[[str], Any]] | None = None,
     unannotated_reads: bool = False,
+    approve_destructive: bool = False,
 ) -> GuardedSession:
     """``session`` (an MCP ``ClientSession``) with every tool call under ``run``.
 
@@ -196,7 +259,9 @@ def guarded(
     the same name stay apart); ``timeout`` bounds each call; ``idempotent`` overrides
     the annotations per tool; ``lookup`` gives, per tool, the provider's records to ask
     when an earlier call's outcome is unknown; ``unannotated_reads=True`` treats the
-    tools that declare no hints as reads (the protocol's default makes them effects).
+    tools that declare no hints as reads (the protocol's default makes them effects);
+    ``approve_destructive=True`` makes every call of a tool that may be destructive wait
+    for a person's approval (the guard needs ``checkpoints=`` or ``records=``).
     """
     return GuardedSession(
         session,
@@ -206,6 +271,7 @@ def guarded(
         idempotent=idempotent,
         lookup=lookup,
         unannotated_reads=unannotated_reads,
+        approve_destructive=approve_destructive,
     )
 
 
@@ -217,6 +283,7 @@ def agents_server(
     idempotent: Mapping[str, bool] | None = None,
     lookup: Mapping[str, Callable[[str], Any]] | None = None,
     unannotated_reads: bool = False,
+    approve_destructive: bool = False,
 ) -> Any:
     """An OpenAI Agents SDK MCP server (``MCPServerStdio``, ``MCPServerStreamableHttp``...)
     whose tool calls go through ``run``: ``Agent(mcp_servers=[agents_server(server, run)])``.
@@ -227,7 +294,6 @@ def agents_server(
     """
     from tether.integrations._mcp_agents import guarded_agents_server
 
-    _check(unannotated_reads, idempotent)
-    return guarded_agents_server(
-        server, run, _Tools(unannotated_reads, idempotent), timeout, dict(lookup or {})
-    )
+    _check(run, unannotated_reads, idempotent, approve_destructive)
+    tools = _Tools(unannotated_reads, idempotent, approve_destructive)
+    return guarded_agents_server(server, run, tools, timeout, dict(lookup or {}))
