@@ -383,6 +383,42 @@ def test_a_model_call_budget_holds_across_nested_agents(shell: str) -> None:
     assert outcome.usage.model_calls == len(model.calls)
 
 
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_nested_agents_side_effect_runs_once(shell: str) -> None:
+    """The tools of an agent used as a tool are the run's too: its refund, committed then
+    timed out and asked again with a fresh uuid, is paid once (the SDK alone: twice)."""
+    paid: list[str] = []
+
+    @function_tool
+    def issue_refund(order: str, uuid: str) -> str:
+        """Refund an order."""
+        paid.append(order)
+        raise TimeoutError("payments: read timed out")
+
+    refund = [
+        function_call("issue_refund", {"order": "A-1", "uuid": str(i)}, call_id=f"r{i}")
+        for i in range(2)
+    ]
+    model = scripted(
+        [
+            [function_call("ask_cashier", {"input": "refund A-1"}, call_id="t1")],
+            [refund[0]],
+            [refund[1]],
+            [assistant_message("Refunded.")],  # the cashier, nested
+            [assistant_message("Your refund is on its way.")],
+        ]
+    )
+    cashier = Agent(name="cashier", model=model, tools=[issue_refund])
+    desk = Agent(
+        name="desk",
+        model=model,
+        tools=[cashier.as_tool(tool_name="ask_cashier", tool_description="Refunds")],
+    )
+    outcome = drive(shell, desk, "refund A-1", guard=quick(), side_effects=["issue_refund"])
+    assert paid == ["A-1"]
+    assert outcome.stopped_because is StopReason.UNKNOWN_OUTCOME
+
+
 def homework_desk(checker: ScriptedModel, model: ScriptedModel) -> Agent[Any]:
     """The input_guardrails shape: a guardrail that asks an agent of its own."""
     guardrail_agent = Agent(name="Guardrail check", model=checker, instructions="Math homework?")
