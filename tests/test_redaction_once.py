@@ -114,3 +114,76 @@ def test_no_text_when_the_intent_left_fields_out() -> None:
     assert intent_keys_and_text("t", {"q": 1, "at": 2}, "", ("at",))[2] is None
     assert intent_keys_and_text("t", {"q": 1, "at": 2}, "", ())[2] == '{"at":2,"q":1}'
     assert intent_keys_and_text("t", [1, 2], "")[2] == "[1,2]"
+
+
+_NAMES = [
+    "order",
+    "api_key",
+    "password",
+    "token",
+    "session",
+    "auth",
+    "name",
+    "key",
+    "value",
+    "header",
+    "note",
+    "headers",
+    "card_number",
+    "order_id",
+    "accessToken",
+    "X-Api-Key",
+    "pin",
+]
+_TEXTS = [
+    "ok",
+    "refund line item",
+    "sk-live-1234567890abcdef",
+    "Bearer abcdefghijklmnop",
+    "4242424242424242",
+    "token=abc123def456",
+    "my password is hunter2hunter2",
+    "api_key",
+    "postgres://user:secret@db:5432/x",
+    "someone@example.com",
+    "",
+    "1234",
+    "X-Api-Key",
+]
+
+
+def _json_values() -> object:
+    from hypothesis import strategies as st
+
+    leaves = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(10**6), 10**6),
+        st.sampled_from(_TEXTS),
+        st.text(max_size=30),
+    )
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.dictionaries(
+                st.one_of(st.sampled_from(_NAMES), st.text(max_size=10)), inner, max_size=5
+            ),
+        ),
+        max_leaves=25,
+    )
+
+
+def test_redacting_in_place_is_redacting_a_copy() -> None:
+    """The view made in place from a JSON text equals redact() of the value, for any JSON."""
+    import json
+
+    from hypothesis import given, settings
+
+    @settings(max_examples=400, deadline=None)
+    @given(_json_values())
+    def check(value: object) -> None:
+        text = json.dumps(value)
+        assert redacted_json(value, text) == redact(json.loads(text))
+
+    check()

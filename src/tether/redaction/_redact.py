@@ -255,6 +255,63 @@ def _plain(value: Any, pii: bool, depth: int, key: str) -> Any:
     return items
 
 
+def _scrub(value: Any, depth: int, key: str, memo: dict[tuple[str, bool, str], str]) -> Any:
+    """:func:`_plain` (no ``pii``) of a value ``json.loads`` just made, redacted in place:
+    the parsed value is private, so its containers are kept instead of copied, and each
+    text is looked up in the memo before it is scanned."""
+    kind = type(value)
+    if kind is str:
+        if len(value) < 5:
+            return value
+        found = memo.get((value, False, key))
+        return found if found is not None else _text(value, False, key)
+    if kind is dict:
+        if depth > 64:
+            return REDACTED
+        # {"name": "api_key", "value": ...}: the name as given, before it is redacted
+        named = (
+            value.get("name", value.get("key", value.get("header"))) if "value" in value else None
+        )
+        tiers = _tiers
+        for k, v in value.items():
+            tier = tiers.get(k)
+            if tier is None:
+                tier = _tier(k)
+            if tier and ((tier == 2 and v not in (None, "")) or (tier == 1 and _weak_secret(v))):
+                value[k] = REDACTED
+                continue
+            vk = type(v)
+            if vk is str:
+                if len(v) >= 5:
+                    found = memo.get((v, False, k))
+                    value[k] = found if found is not None else _text(v, False, k)
+            elif vk is dict or vk is list:
+                value[k] = _scrub(v, depth + 1, k, memo)
+        if isinstance(named, str) and _tier(named) and value["value"] not in (None, ""):
+            value["value"] = REDACTED
+        return value
+    if kind is list:
+        if depth > 64:
+            return REDACTED
+        for i, v in enumerate(value):
+            vk = type(v)
+            if vk is str:
+                if len(v) >= 5:
+                    found = memo.get((v, False, key))
+                    value[i] = found if found is not None else _text(v, False, key)
+            elif vk is dict or vk is list:
+                value[i] = _secret_pair(v) or _scrub(v, depth + 1, key, memo)
+        return value
+    return value  # numbers, booleans, None: JSON has nothing else
+
+
+def _memo() -> dict[tuple[str, bool, str], str]:
+    from tether.redaction._secret_text import _compiled
+
+    memo: dict[tuple[str, bool, str], str] = _compiled()["memo"]
+    return memo
+
+
 def _any(value: Any, extra: re.Pattern[str] | None, pii: bool, depth: int, key: str) -> Any:
     kind = type(value)
     if kind is str or isinstance(value, str):
@@ -304,7 +361,7 @@ def redacted_json(value: Any, text: str | None = None) -> Any:
             text = json.dumps(value, ensure_ascii=False, default=repr)
         except (TypeError, ValueError):  # a circular value, a key JSON cannot hold
             return _redact(repr(value), None, False, 0, "")
-    return _redact(json.loads(text), None, False, 0, "")
+    return _scrub(json.loads(text), 0, "", _memo())
 
 
 class RecordedEntry(dict[str, Any]):
@@ -335,12 +392,12 @@ class RecordedEntry(dict[str, Any]):
             for name, value in self.items():
                 text = self._texts.get(name)
                 if text is not None:
-                    form[name] = json.loads(text)
+                    form[name] = json.loads(text)  # private: redacted in place below
                 elif value is None or type(value) in (str, int, bool):  # its own JSON form
                     form[name] = value
                 else:
                     form[name] = jsonable(value)
-            self._view = _redact(form, None, False, 0, "")
+            self._view = _scrub(form, 0, "", _memo())  # the form is private: in place
         return self._view
 
 
