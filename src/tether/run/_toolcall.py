@@ -24,7 +24,7 @@ from tether.clock import hung_threads
 from tether.effects._canonical import VOLATILE_FIELDS, canonical_json, intent_keys, jsonable
 from tether.records import _approvals as gov
 from tether.records._approvals import ApprovalRecord, approval_id
-from tether.redaction._redact import masks_pii, redact
+from tether.redaction._redact import masks_pii, redact, redacted_paths
 from tether.retries._policy import RetryPolicy
 from tether.run._governance import (
     ApprovalRejected,
@@ -84,6 +84,7 @@ class ToolCalls(RunState):
         if self._stop is not None:
             raise self._halt(*self._stop)
         self._began = True
+        self._refuse_placeholders(name, args)
         b = self.budget
         if b.max_tool_calls is not None and self.tool_calls >= b.max_tool_calls:
             raise self._halt(
@@ -110,6 +111,33 @@ class ToolCalls(RunState):
         if name not in self.guard.loops.allow_repeat:
             self._step_counted = True
         return _Call(name, args, action, key, self.steps, policy)
+
+    def _refuse_placeholders(self, name: str, args: Any) -> None:
+        """A call whose arguments hold the redaction placeholder never runs: the value was
+        lost when the conversation was stored (a secret is never kept in clear), and the
+        placeholder is no card number. A resumed run stops FAILED saying so (its pending
+        call cannot be completed, nor approved again); the model of a live run is told to
+        ask for the value again."""
+        lost = redacted_paths(args)
+        if not lost:
+            return
+        fields = ", ".join(p.removeprefix("args.") for p in lost)
+        if self._resumed_from is not None:
+            self._issues.append(
+                f"{name} was not resumed: its argument {fields} was redacted when the run was "
+                "stored (secrets are never kept); ask the customer for it again"
+            )
+            raise self._halt(
+                StopReason.FAILED,
+                f"{name} cannot be resumed: its argument {fields} was redacted when the run was "
+                "stored",
+            )
+        raise ToolError(
+            name,
+            f"rejected: {fields} holds a redacted placeholder, not the value; ask the customer "
+            "for it again",
+            cause_kind="rejected",
+        )
 
     def _label(self, name: str, label: str | None) -> None:
         if label is not None:
