@@ -34,15 +34,34 @@ __all__ = ["Reservation", "TokenBudget", "estimate_tokens", "rate_limit_headers"
 
 #: header names per bucket (requests, input, output, tokens): limit, remaining, reset
 _HEADERS = (
-    [("anthropic-ratelimit-requests-limit", "anthropic-ratelimit-requests-remaining",
-      "anthropic-ratelimit-requests-reset"),
-     ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")],
-    [("anthropic-ratelimit-input-tokens-limit", "anthropic-ratelimit-input-tokens-remaining",
-      "anthropic-ratelimit-input-tokens-reset")],
-    [("anthropic-ratelimit-output-tokens-limit", "anthropic-ratelimit-output-tokens-remaining",
-      "anthropic-ratelimit-output-tokens-reset")],
+    [
+        (
+            "anthropic-ratelimit-requests-limit",
+            "anthropic-ratelimit-requests-remaining",
+            "anthropic-ratelimit-requests-reset",
+        ),
+        (
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+        ),
+    ],
+    [
+        (
+            "anthropic-ratelimit-input-tokens-limit",
+            "anthropic-ratelimit-input-tokens-remaining",
+            "anthropic-ratelimit-input-tokens-reset",
+        )
+    ],
+    [
+        (
+            "anthropic-ratelimit-output-tokens-limit",
+            "anthropic-ratelimit-output-tokens-remaining",
+            "anthropic-ratelimit-output-tokens-reset",
+        )
+    ],
     [("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")],
-)  # fmt: skip
+)
 
 
 def _number(raw: str | None) -> float | None:
@@ -228,8 +247,10 @@ class TokenBudget:
             return pending
 
     def _check(self, estimated_input_tokens: int, max_output_tokens: int) -> None:
-        for field, value in (("estimated_input_tokens", estimated_input_tokens),
-                             ("max_output_tokens", max_output_tokens)):  # fmt: skip
+        for field, value in (
+            ("estimated_input_tokens", estimated_input_tokens),
+            ("max_output_tokens", max_output_tokens),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{field} must be an int >= 0, got {value!r}")
 
@@ -273,8 +294,9 @@ class TokenBudget:
         waited = 0.0
         while True:
             horizon = self._horizon(waited, urgency, max_wait)
-            answer = self._ops.reserve(self.name, self.clock.wall(), self.config, need, horizon,
-                                       self._take_pending())  # fmt: skip
+            answer = self._ops.reserve(
+                self.name, self.clock.wall(), self.config, need, horizon, self._take_pending()
+            )
             pause = self._next(answer, waited, max_wait)
             wait = answer[1] if pause is None else pause
             if wait:
@@ -297,8 +319,9 @@ class TokenBudget:
         waited = 0.0
         while True:
             horizon = self._horizon(waited, urgency, max_wait)
-            answer = await self._ops.areserve(self.name, self.clock.wall(), self.config, need,
-                                              horizon, self._take_pending())  # fmt: skip
+            answer = await self._ops.areserve(
+                self.name, self.clock.wall(), self.config, need, horizon, self._take_pending()
+            )
             pause = self._next(answer, waited, max_wait)
             wait = answer[1] if pause is None else pause
             if wait:
@@ -328,8 +351,12 @@ class TokenBudget:
         else:
             used_in = float(input_tokens or 0)
             used_out = float(output_tokens or 0)
-            s.refund = [0.0, r.need[1] - used_in, r.need[2] - used_out,
-                        r.need[3] - used_in - used_out]  # fmt: skip
+            s.refund = [
+                0.0,
+                r.need[1] - used_in,
+                r.need[2] - used_out,
+                r.need[3] - used_in - used_out,
+            ]
             if r.estimated_input_tokens > 0 and used_in > 0:
                 with self._lock:
                     self._ratio = 0.8 * self._ratio + 0.2 * (used_in / r.estimated_input_tokens)
@@ -340,8 +367,10 @@ class TokenBudget:
         if status == 429:
             wait = retry_after_from_headers(headers, now_wall=now, include_reset=False)
             if wait is None:  # no Retry-After: the reset of an exhausted bucket
-                wait = max([x for i, x in enumerate(resets)
-                            if x is not None and remaining[i] == 0] or [1.0])  # fmt: skip
+                wait = max(
+                    [x for i, x in enumerate(resets) if x is not None and remaining[i] == 0]
+                    or [1.0]
+                )
             s.pause_until = now + wait
             urgent = True
             with self._lock:

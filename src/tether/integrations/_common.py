@@ -13,6 +13,8 @@ from typing import Any, ClassVar, TypeVar
 
 from tether import telemetry
 from tether.guards._breaker import breakers
+from tether.guards._tokens import budgets_for
+from tether.integrations._tokens import TokenGate, gate_for
 from tether.retries._policy import RetryPolicy
 from tether.run._run import Run
 from tether.run._tool import Tool, _is_async, schema_from_hints
@@ -237,15 +239,19 @@ class _Endpoint:
     def __call__(self, **kwargs: Any) -> Any:
         owner = self._owner
         left = self._prepare(kwargs)
+        gate = gate_for(owner.token_budgets, owner.run, owner.provider, self._target, kwargs)
         if owner.is_async:
-            return self._acall(kwargs, left)
+            return self._acall(kwargs, left, gate)
+        if gate is not None:  # the token budget's wait, before the retry loop
+            gate.begin()
+            left = owner.run.time_left() if owner.run is not None else left
         if kwargs.get("stream"):
-            return self._stream(kwargs, left)
+            return self._stream(kwargs, left, gate)
         with telemetry.span(
             f"chat {kwargs.get('model', '')}", **_request_attributes(owner, kwargs)
         ) as span:
             try:
-                response = owner.policy.call_within(left, lambda: self._target(**kwargs))
+                response = owner.policy.call_within(left, lambda: self._send(gate, kwargs))
             finally:
                 self._counted_retries()
             _response_attributes(span, response)
@@ -253,12 +259,21 @@ class _Endpoint:
             self._count(owner.run, response)
         return response
 
-    def _stream(self, kwargs: dict[str, Any], left: float | None) -> GuardedStream:
+    def _send(self, gate: TokenGate | None, kwargs: dict[str, Any]) -> Any:
+        """One attempt: through the token budget when one covers the model."""
+        return self._target(**kwargs) if gate is None else gate.call(self._target, kwargs)
+
+    async def _asend(self, gate: TokenGate | None, kwargs: dict[str, Any]) -> Any:
+        return await (self._target(**kwargs) if gate is None else gate.acall(self._target, kwargs))
+
+    def _stream(
+        self, kwargs: dict[str, Any], left: float | None, gate: TokenGate | None = None
+    ) -> GuardedStream:
         """Open the stream and read its first event inside the retry policy: a stream that
         breaks before its first event is retried; after that, nothing is replayed."""
 
         def open_first() -> tuple[Any, Any, Any]:
-            stream = self._target(**kwargs)
+            stream = self._send(gate, kwargs)
             events = iter(stream)
             return stream, events, next(events)
 
@@ -268,9 +283,11 @@ class _Endpoint:
             self._counted_retries()
         return GuardedStream(stream, events, first, self._owner.run)
 
-    async def _astream(self, kwargs: dict[str, Any], left: float | None) -> AsyncGuardedStream:
+    async def _astream(
+        self, kwargs: dict[str, Any], left: float | None, gate: TokenGate | None = None
+    ) -> AsyncGuardedStream:
         async def open_first() -> tuple[Any, Any, Any]:
-            stream = await self._target(**kwargs)
+            stream = await self._asend(gate, kwargs)
             events = stream.__aiter__()
             return stream, events, await events.__anext__()
 
@@ -280,15 +297,20 @@ class _Endpoint:
             self._counted_retries()
         return AsyncGuardedStream(stream, events, first, self._owner.run)
 
-    async def _acall(self, kwargs: dict[str, Any], left: float | None) -> Any:
+    async def _acall(
+        self, kwargs: dict[str, Any], left: float | None, gate: TokenGate | None = None
+    ) -> Any:
         owner = self._owner
+        if gate is not None:  # the token budget's wait, before the retry loop
+            await gate.abegin()
+            left = owner.run.time_left() if owner.run is not None else left
         if kwargs.get("stream"):
-            return await self._astream(kwargs, left)
+            return await self._astream(kwargs, left, gate)
         with telemetry.span(
             f"chat {kwargs.get('model', '')}", **_request_attributes(owner, kwargs)
         ) as span:
             try:
-                response = await owner.policy.acall_within(left, lambda: self._target(**kwargs))
+                response = await owner.policy.acall_within(left, lambda: self._asend(gate, kwargs))
             finally:
                 self._counted_retries()
             _response_attributes(span, response)
@@ -461,8 +483,16 @@ class Guarded:
     namespaces: ClassVar[dict[str, dict[str, Callable[[Run, Any], None]]]] = {}
 
     def __init__(
-        self, client: Any, policy: RetryPolicy | None = None, run: Run | None = None
+        self,
+        client: Any,
+        policy: RetryPolicy | None = None,
+        run: Run | None = None,
+        token_budget: Any = None,
     ) -> None:
+        #: the provider token budgets of this client's calls (besides its run's guard's)
+        self.token_budgets = budgets_for(
+            token_budget if token_budget is not None else getattr(client, "token_budgets", None)
+        )
         if isinstance(client, Guarded):
             client = client.raw
         self.raw: Any = client.with_options(max_retries=0)

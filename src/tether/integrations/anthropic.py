@@ -52,14 +52,22 @@ class GuardedAnthropic(Guarded):
 
 
 def guarded(
-    client: Any, policy: RetryPolicy | None = None, run: Run | None = None
+    client: Any,
+    policy: RetryPolicy | None = None,
+    run: Run | None = None,
+    *,
+    token_budget: Any = None,
 ) -> GuardedAnthropic:
     """``client`` (``anthropic.Anthropic`` or ``AsyncAnthropic``) under tether's policy.
 
     >>> client = guarded(anthropic.Anthropic())  # doctest: +SKIP
     >>> client.messages.create(model="claude-sonnet-4-5", max_tokens=512, messages=[...])  # doctest: +SKIP
+
+    ``token_budget``: a :class:`tether.TokenBudget` (or several): every attempt waits for
+    its place in the budget of its model, and the responses' rate-limit headers calibrate
+    it (a run's guard may bring budgets too: ``Guard(token_budget=...)``).
     """
-    return GuardedAnthropic(client, policy=policy, run=run)
+    return GuardedAnthropic(client, policy=policy, run=run, token_budget=token_budget)
 
 
 def _tool_param(tool: Tool) -> dict[str, Any]:

@@ -68,10 +68,16 @@ class GuardedOpenAI(Guarded):
 
 
 def guarded(
-    client: Any, policy: RetryPolicy | None = None, run: Run | None = None
+    client: Any,
+    policy: RetryPolicy | None = None,
+    run: Run | None = None,
+    *,
+    token_budget: Any = None,
 ) -> GuardedOpenAI:
-    """``client`` (``openai.OpenAI`` or ``AsyncOpenAI``) under tether's policy."""
-    return GuardedOpenAI(client, policy=policy, run=run)
+    """``client`` (``openai.OpenAI`` or ``AsyncOpenAI``) under tether's policy; with
+    ``token_budget``, every attempt waits for its place in the budget of its model (see
+    :func:`tether.integrations.anthropic.guarded`)."""
+    return GuardedOpenAI(client, policy=policy, run=run, token_budget=token_budget)
 
 
 def _tool_param(tool: Tool) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from tether.clock import Clock, system_clock
 from tether.effects._ledger import Ledger
 from tether.guards._breaker import CircuitBreaker
+from tether.guards._tokens import TokenBudget, budgets_for
 from tether.records._approvals import APPROVED, REJECTED, ApprovalError, ApprovalRecord, Approvals
 from tether.records._collections import CheckpointError, Checkpoints, DeadLetters, check_run_id
 from tether.records._records import Records
@@ -69,6 +70,7 @@ class Guard:
         rollback_on: Iterable[StopReason | str] = (),
         records: Records | None = None,
         keep_last: int | None = 1000,
+        token_budget: TokenBudget | Iterable[TokenBudget] | None = None,
     ) -> None:
         _expect("budget", budget, Budget, "tether.Budget(max_steps=...)")
         _expect("loops", loops, LoopPolicy, "tether.LoopPolicy(...)")
@@ -134,6 +136,8 @@ class Guard:
         self.prices = prices or PriceTable()
         self.messages = messages or CustomerMessages()
         self.store = store
+        #: the provider token budgets every model call of the guard's runs is admitted by
+        self.token_budgets = budgets_for(token_budget)
         # one unlucky call's retries alone never trip a tool's breaker
         self.breaker_threshold = breaker_threshold or max(5, 2 * self.retry.max_attempts)
         self.wait_for_recovery = wait_for_recovery

@@ -156,6 +156,7 @@ class Run(ToolCalls, Rollback, Ending):
         for name, value in counts.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        self._tokens.settle(model, input_tokens + cache_write_tokens, output_tokens)
         if unmeasured:
             cost_usd = None
         elif cost_usd is None:

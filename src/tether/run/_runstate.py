@@ -17,6 +17,7 @@ from tether.run._health import ToolHealth
 from tether.run._loops import LoopState
 from tether.run._outcome import Outcome, Stopped, StopReason, Usage
 from tether.run._pricing import UnknownModelError
+from tether.run._tokens import RunTokens
 
 if TYPE_CHECKING:
     from tether.retries._policy import RetryPolicy
@@ -114,6 +115,7 @@ class RunState:
         ) = 0
         self.cost_usd = 0.0
         self.unpriced_calls = 0
+        self._tokens = RunTokens(self)  # model calls held in the guard's token budgets
         self._error: str | None = None  # what ended the run, redacted
         self._checked_models: set[str] = set()
         self.messages: list[Any] | None = None  # the conversation, when an agent loop keeps one
@@ -269,12 +271,33 @@ class RunState:
         Raises :class:`tether.Stopped` (the run's own stop) when the run has stopped, and
         :class:`tether.UnknownModelError` for a model whose cost a cost budget could not
         count (:meth:`check_model`). ``estimated_input_tokens`` and ``max_output_tokens``
-        describe the request for the token budgets (accepted, not used yet).
+        describe the request for the guard's token budgets (``Guard(token_budget=...)``):
+        given an estimate, the call waits for its place in the budget of its model, and a
+        wait longer than the run's time left stops the run ``TIMEOUT`` before the request
+        (:mod:`tether.run._tokens`); :meth:`record_model_call` gives back what it did not use.
         """
         if self._stop is not None:
             raise self._halt(*self._stop)
         if model:
             self.check_model(model, provider)
+        self._tokens.reserve(model, provider, estimated_input_tokens, max_output_tokens)
+        return self.time_left()
+
+    async def abegin_model_call(
+        self,
+        *,
+        model: str = "",
+        provider: str | None = None,
+        estimated_input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
+    ) -> float | None:
+        """The async form of :meth:`begin_model_call`: a wait for the token budget sleeps
+        on the event loop."""
+        if self._stop is not None:
+            raise self._halt(*self._stop)
+        if model:
+            self.check_model(model, provider)
+        await self._tokens.areserve(model, provider, estimated_input_tokens, max_output_tokens)
         return self.time_left()
 
     def check_model(self, model: str, provider: str | None = None) -> None:
@@ -305,6 +328,7 @@ class RunState:
         from tether.classification._classify import classify
 
         self.note_error(exc)
+        self._tokens.release(exc)
         if isinstance(exc, DeadlineExceeded) and self.budget.max_seconds is not None:
             return self._halt(StopReason.TIMEOUT, "the time budget ran out waiting for the model")
         if isinstance(exc, CircuitOpenError):

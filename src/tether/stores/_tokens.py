@@ -97,8 +97,14 @@ class Settlement:
 
     def args(self) -> list[float]:
         """As 15 numbers, the order the Lua twin reads them in."""
-        return [*self.refund, *self.limit, *self.remaining, self.seen_at, self.pause_until,
-                1.0 if self.answered else 0.0]  # fmt: skip
+        return [
+            *self.refund,
+            *self.limit,
+            *self.remaining,
+            self.seen_at,
+            self.pause_until,
+            1.0 if self.answered else 0.0,
+        ]
 
 
 def _load(f: Fields, now: float, cfg: TokenConfig) -> None:
@@ -129,9 +135,11 @@ def tokens_settle(f: Fields, now: float, cfg: TokenConfig, s: Settlement) -> Non
             continue
         level = min(cap, f[f"lvl{i}"] + s.refund[i])
         if s.remaining[i] >= 0:
-            # the provider has less left than we think (callers outside the fleet, a
-            # limit configured too high): believe it, with what accrued since it said so
-            level = min(level, s.remaining[i] + cap * max(0.0, now - s.seen_at) / 60.0)
+            said = min(cap, s.remaining[i] + cap * max(0.0, now - s.seen_at) / 60.0)
+            # the provider has less left than we think (callers outside the fleet, a limit
+            # configured too high): believe it. Its first answer (the probe's: nothing else
+            # is out) is believed either way
+            level = said if s.answered and not f["known"] else min(level, said)
         f[f"lvl{i}"] = level
     if s.answered:
         f["known"], f["probe_until"] = 1, 0.0
@@ -185,18 +193,28 @@ class TokenOps(Protocol):
     """A store's token operations (see :func:`token_ops`)."""
 
     def reserve(
-        self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        self,
+        name: str,
+        now: float,
+        cfg: TokenConfig,
+        need: Four,
+        horizon: float,
         pending: Settlement | None = None,
-    ) -> tuple[bool, float, float]: ...  # fmt: skip
+    ) -> tuple[bool, float, float]: ...
 
     def settle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None: ...
 
     def view(self, name: str, now: float, cfg: TokenConfig) -> dict[str, Any]: ...
 
     async def areserve(
-        self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        self,
+        name: str,
+        now: float,
+        cfg: TokenConfig,
+        need: Four,
+        horizon: float,
         pending: Settlement | None = None,
-    ) -> tuple[bool, float, float]: ...  # fmt: skip
+    ) -> tuple[bool, float, float]: ...
 
     async def asettle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None: ...
 
@@ -211,9 +229,14 @@ class MemoryTokens:
         self._data: dict[str, Fields] = {}
 
     def reserve(
-        self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        self,
+        name: str,
+        now: float,
+        cfg: TokenConfig,
+        need: Four,
+        horizon: float,
         pending: Settlement | None = None,
-    ) -> tuple[bool, float, float]:  # fmt: skip
+    ) -> tuple[bool, float, float]:
         with self._lock:
             f = self._data.setdefault(name, {})
             if pending is not None and not pending.empty():
@@ -229,9 +252,14 @@ class MemoryTokens:
             return tokens_view(self._data.setdefault(name, {}), now, cfg)
 
     async def areserve(
-        self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        self,
+        name: str,
+        now: float,
+        cfg: TokenConfig,
+        need: Four,
+        horizon: float,
         pending: Settlement | None = None,
-    ) -> tuple[bool, float, float]:  # fmt: skip
+    ) -> tuple[bool, float, float]:
         return self.reserve(name, now, cfg, need, horizon, pending)
 
     async def asettle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None:

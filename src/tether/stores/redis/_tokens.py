@@ -57,7 +57,8 @@ for i = 1, 4 do
   if cap[i] > 0 then
     local level = math.min(cap[i], lvl[i] + refund)
     if remaining >= 0 then
-      level = math.min(level, remaining + cap[i] * math.max(0, now - seen_at) / 60.0)
+      local said = math.min(cap[i], remaining + cap[i] * math.max(0, now - seen_at) / 60.0)
+      if answered > 0 and known == 0 then level = said else level = math.min(level, said) end
     end
     lvl[i] = level
   end
@@ -112,12 +113,26 @@ class Tokens:
         return self.conn.fallback.tokens()
 
     def _p_run(
-        self, mode: str, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        self,
+        mode: str,
+        name: str,
+        now: float,
+        cfg: TokenConfig,
+        need: Four,
+        horizon: float,
         pending: Settlement | None,
-    ) -> Plan[tuple[bool, float, float] | None]:  # fmt: skip
+    ) -> Plan[tuple[bool, float, float] | None]:
         s = pending or Settlement()
-        args = [now, mode, self.conn.ttl_ms, cfg.probe_timeout, horizon, *cfg.limits, *need,
-                *s.args()]  # fmt: skip
+        args = [
+            now,
+            mode,
+            self.conn.ttl_ms,
+            cfg.probe_timeout,
+            horizon,
+            *cfg.limits,
+            *need,
+            *s.args(),
+        ]
         r = yield ("tokens", self.key(name), args)
         if r is None:
             if mode == "settle":
@@ -127,17 +142,27 @@ class Tokens:
         return bool(int(r[0])), float(_s(r[1])), float(_s(r[2]))
 
     def reserve(
-        self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        self,
+        name: str,
+        now: float,
+        cfg: TokenConfig,
+        need: Four,
+        horizon: float,
         pending: Settlement | None = None,
-    ) -> tuple[bool, float, float]:  # fmt: skip
+    ) -> tuple[bool, float, float]:
         answer = self.conn.drive(self._p_run("reserve", name, now, cfg, need, horizon, pending))
         assert answer is not None
         return answer
 
     async def areserve(
-        self, name: str, now: float, cfg: TokenConfig, need: Four, horizon: float,
+        self,
+        name: str,
+        now: float,
+        cfg: TokenConfig,
+        need: Four,
+        horizon: float,
         pending: Settlement | None = None,
-    ) -> tuple[bool, float, float]:  # fmt: skip
+    ) -> tuple[bool, float, float]:
         plan = self._p_run("reserve", name, now, cfg, need, horizon, pending)
         answer = await self.conn.adrive(plan)
         assert answer is not None

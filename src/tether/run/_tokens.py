@@ -1,0 +1,144 @@
+"""A run's model calls in the guard's token budgets: reserved at the turn's start, settled
+by its usage.
+
+:meth:`Run.begin_model_call` (``abegin_model_call``) with ``estimated_input_tokens`` takes
+the call's place in the budget that covers its model, waiting on the run's clock (the
+wait counts against the run's time budget); a wait longer than the run's time left stops
+the run ``TIMEOUT`` before the request. :meth:`Run.record_model_call` gives back what the
+call did not use. The guarded SDK clients reserve per attempt themselves (they also read
+the headers): they call ``begin_model_call`` without an estimate.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from tether._errors import LimiterTimeout
+from tether.guards._tokens import Reservation, TokenBudget, pick
+from tether.run._outcome import StopReason
+
+if TYPE_CHECKING:
+    from tether.run._runstate import RunState
+
+__all__ = ["RunTokens", "urgency"]
+
+
+def urgency(run: Any) -> float:
+    """How close ``run`` is to its end, in [0, 1]: the largest share of any of its budgets
+    (time, steps, model calls, tokens, cost) already spent. The token budget admits an
+    urgent run first."""
+    b = run.budget
+    shares = [0.0]
+    if b.max_seconds:
+        shares.append(run.elapsed / b.max_seconds)
+    for used, limit in (
+        (run.steps, b.max_steps),
+        (run.model_calls, b.max_model_calls),
+        (run.input_tokens + run.output_tokens, b.max_tokens),
+        (run.cost_usd, b.max_cost_usd),
+    ):
+        if limit:
+            shares.append(used / limit)
+    return min(1.0, max(shares))
+
+
+def provider_of(model: str) -> str | None:
+    """The provider a model name says, when it says one."""
+    if model.startswith("claude"):
+        return "anthropic"
+    if model.startswith(("gpt-", "o1", "o3", "o4", "chatgpt")):
+        return "openai"
+    return None
+
+
+def budget_for(
+    budgets: tuple[TokenBudget, ...], model: str, provider: str | None
+) -> TokenBudget | None:
+    """The budget of ``budgets`` that counts ``model`` (at ``provider``, or the provider its
+    name says, or any provider when it says none)."""
+    if not budgets:
+        return None
+    provider = provider or provider_of(model)
+    if provider is not None:
+        return pick(budgets, provider, model)
+    found = [b for b in budgets if (model or "").startswith(b.family)]
+    return max(found, key=lambda b: len(b.family)) if found else None
+
+
+class RunTokens:
+    """The reservations of a run's model calls still waiting for their usage."""
+
+    def __init__(self, run: RunState) -> None:
+        self.run = run
+        self.held: deque[tuple[TokenBudget, Reservation, str]] = deque()
+
+    def _budget(self, model: str, provider: str | None) -> TokenBudget | None:
+        return budget_for(getattr(self.run.guard, "token_budgets", ()), model, provider)
+
+    def _stopped(self, budget: TokenBudget, exc: LimiterTimeout) -> BaseException:
+        return self.run.halt(
+            StopReason.TIMEOUT,
+            f"the token budget {budget.name!r} would admit the next model call only in "
+            f"{exc.wait:.1f} s, past the run's time budget; no request was sent",
+        )
+
+    def reserve(
+        self, model: str, provider: str | None, estimated: int | None, max_out: int | None
+    ) -> None:
+        """Take the call's place (waiting for it); stop the run TIMEOUT when it would come
+        after the run's time budget."""
+        budget = self._budget(model, provider)
+        if budget is None or estimated is None:
+            return
+        try:
+            r = budget.reserve(
+                estimated_input_tokens=estimated,
+                max_output_tokens=max_out or 0,
+                max_wait=self.run.time_left(),
+                urgency=urgency(self.run),
+            )
+        except LimiterTimeout as exc:
+            raise self._stopped(budget, exc) from None
+        self.held.append((budget, r, model))
+
+    async def areserve(
+        self, model: str, provider: str | None, estimated: int | None, max_out: int | None
+    ) -> None:
+        """The async form of :meth:`reserve`."""
+        budget = self._budget(model, provider)
+        if budget is None or estimated is None:
+            return
+        try:
+            r = await budget.areserve(
+                estimated_input_tokens=estimated,
+                max_output_tokens=max_out or 0,
+                max_wait=self.run.time_left(),
+                urgency=urgency(self.run),
+            )
+        except LimiterTimeout as exc:
+            raise self._stopped(budget, exc) from None
+        self.held.append((budget, r, model))
+
+    def settle(self, model: str, input_tokens: int | None, output_tokens: int | None) -> None:
+        """Give back what the oldest held reservation (of this model, if named) did not use."""
+        if not self.held:
+            return
+        found = next((h for h in self.held if not model or h[2] == model), self.held[0])
+        self.held.remove(found)
+        budget, r, _ = found
+        budget.settle(r, input_tokens=input_tokens, output_tokens=output_tokens, status=200)
+
+    def release(self, exc: BaseException | None = None) -> None:
+        """The calls that got no answer (failed with ``exc``): everything back; a 429's
+        Retry-After pauses the family."""
+        from tether.guards._tokens import headers_of
+
+        status = getattr(exc, "status_code", None) if exc is not None else None
+        while self.held:
+            budget, r, _ = self.held.popleft()
+            budget.settle(
+                r,
+                headers=headers_of(exc) if exc is not None else None,
+                status=status if isinstance(status, int) else None,
+            )
