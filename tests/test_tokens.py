@@ -412,3 +412,60 @@ def test_redis_away_means_local_buckets_and_one_warning(caplog: pytest.LogCaptur
 def test_guard_reaches_the_public_name() -> None:
     """tether.TokenBudget is exported."""
     assert tether.TokenBudget is TokenBudget
+
+
+# --- the run protocol: what adapters call ------------------------------------------------
+
+
+def test_begin_model_call_reserves_and_record_model_call_refunds() -> None:
+    """An adapter's turn: begin_model_call with the estimate takes the place (waiting on the
+    run's clock), record_model_call gives back what the call did not use."""
+    clock = VirtualClock()
+    b = budget(MemoryStore(), clock)
+    calibrated(b)
+    guard = tether.Guard(clock=clock, token_budget=b)
+    with guard.start(task="t") as run:
+        run.begin_model_call(
+            model="claude-sonnet-4-5", estimated_input_tokens=100, max_output_tokens=1200
+        )
+        assert b.view()["levels"]["output"] == 0.0
+        run.record_model_call(model="claude-sonnet-4-5", input_tokens=100, output_tokens=600)
+        b.flush()
+        assert b.view()["levels"]["output"] == 600.0
+        run.begin_model_call(
+            model="claude-sonnet-4-5", estimated_input_tokens=100, max_output_tokens=1200
+        )
+        assert clock.now() == pytest.approx(30.0, abs=0.1)  # 600 more at 20 a second
+        run.succeed("done")
+    assert run.outcome.status == "success"
+
+
+def test_a_wait_past_the_time_budget_stops_the_run_timeout_at_once() -> None:
+    """The wait would end after the run's time budget: TIMEOUT now, no waiting, no request."""
+    clock = VirtualClock()
+    b = budget(MemoryStore(), clock)
+    calibrated(b)
+    b.reserve(estimated_input_tokens=1, max_output_tokens=1200)
+    guard = tether.Guard(clock=clock, token_budget=b, budget=tether.Budget(max_seconds=10))
+
+    async def main() -> tether.Outcome:
+        async with guard.start(task="t") as run:
+            await run.abegin_model_call(
+                model="claude-sonnet-4-5", estimated_input_tokens=10, max_output_tokens=600
+            )
+            run.succeed("never")
+        return run.outcome
+
+    outcome = asyncio.run(main())
+    assert outcome.stopped_because is tether.StopReason.TIMEOUT
+    assert clock.now() < 10.0
+
+
+def test_a_model_no_budget_covers_is_not_held() -> None:
+    """Another provider's model goes straight through."""
+    clock = VirtualClock()
+    b = budget(MemoryStore(), clock)
+    guard = tether.Guard(clock=clock, token_budget=b)
+    with guard.start(task="t") as run:
+        run.begin_model_call(model="gpt-4o", estimated_input_tokens=10**6, max_output_tokens=10**6)
+        assert b.reserved == 0

@@ -12,14 +12,11 @@ the headers): they call ``begin_model_call`` without an estimate.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tether._errors import LimiterTimeout
 from tether.guards._tokens import Reservation, TokenBudget, pick
 from tether.run._outcome import StopReason
-
-if TYPE_CHECKING:
-    from tether.run._runstate import RunState
 
 __all__ = ["RunTokens", "urgency"]
 
@@ -69,7 +66,7 @@ def budget_for(
 class RunTokens:
     """The reservations of a run's model calls still waiting for their usage."""
 
-    def __init__(self, run: RunState) -> None:
+    def __init__(self, run: Any) -> None:  # a RunState (which holds this object)
         self.run = run
         self.held: deque[tuple[TokenBudget, Reservation, str]] = deque()
 
@@ -77,11 +74,12 @@ class RunTokens:
         return budget_for(getattr(self.run.guard, "token_budgets", ()), model, provider)
 
     def _stopped(self, budget: TokenBudget, exc: LimiterTimeout) -> BaseException:
-        return self.run.halt(
+        stopped: BaseException = self.run.halt(
             StopReason.TIMEOUT,
             f"the token budget {budget.name!r} would admit the next model call only in "
             f"{exc.wait:.1f} s, past the run's time budget; no request was sent",
         )
+        return stopped
 
     def reserve(
         self, model: str, provider: str | None, estimated: int | None, max_out: int | None
