@@ -97,13 +97,19 @@ def test_a_recorded_call_is_redacted_once_as_the_ending_redacted_it() -> None:
     assert text == canonical_json(args, ignore=())
     entry = {"step": 3, "tool": "refund", "args": args, "result": result}
     recorded = RecordedEntry(entry, {"args": text, "result": canonical_json(result, ignore=())})
-    assert recorded == entry  # the raw call, as a plain dict
+    assert recorded == entry  # the raw call, as a plain dict, until it is redacted
+    want = redact(jsonable(entry))
     view = recorded.redacted(jsonable)
-    assert view == redact(jsonable(entry))
+    assert view is recorded and view == want
     assert view["args"]["api_key"] == "[redacted]" and "abc123def456" not in str(view)
-    assert recorded.redacted(jsonable) is view
+    assert recorded._texts is None  # only the view is kept: no raw value, no text
+    assert recorded.redacted(jsonable) == want  # made once: asking again changes nothing
     restored = redact(jsonable(entry))  # an entry read back from a checkpoint: as before
-    assert redacted_entries([recorded, restored], jsonable) == [view, redact(jsonable(restored))]
+    gathered = redacted_entries([recorded, restored], jsonable)
+    assert gathered == [want, redact(jsonable(restored))]
+    assert [type(e) for e in gathered] == [dict, dict]
+    lazy = RecordedEntry(entry, {"args": text, "result": None})  # redacted when gathered
+    assert redacted_entries([lazy], jsonable) == [want]
 
 
 def test_no_text_when_the_intent_left_fields_out() -> None:

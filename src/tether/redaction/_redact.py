@@ -369,46 +369,50 @@ class RecordedEntry(dict[str, Any]):
     ``result``) with the canonical JSON its fields were encoded to already (the intent
     key encoded the arguments, the progress check the result).
 
-    Its redacted JSON view (what the outcome, a checkpoint, a handoff and the run record
-    hold) is made on first reading, from those texts, and kept: the ending never encodes
-    a call again, a second ending (after a late rollback) never walks it again, and a call
-    the run let go (``keep_last``) is never redacted at all. The entry itself stays the
-    raw call, as a plain dict would.
+    :meth:`redacted` turns it into its redacted JSON view (what the outcome, a
+    checkpoint, a handoff and the run record hold), made from those texts, once: the
+    entry then holds the view and nothing else (no raw argument or result is kept alive,
+    no text), and the ending only gathers the views. Until then it is the raw call, as a
+    plain dict would be.
     """
 
-    __slots__ = ("_texts", "_view")
+    __slots__ = ("_texts",)
 
     def __init__(self, entry: Mapping[str, Any], texts: Mapping[str, str | None]) -> None:
         super().__init__(entry)
-        self._texts = texts
-        self._view: dict[str, Any] | None = None
+        self._texts: Mapping[str, str | None] | None = texts
 
-    def redacted(self, jsonable: Any) -> dict[str, Any]:
-        """The redacted JSON view; ``jsonable`` gives the JSON form of a field with no text."""
-        if self._view is None:
+    def redacted(self, jsonable: Any) -> RecordedEntry:
+        """This entry as its redacted JSON view (made on the first call); ``jsonable`` gives
+        the JSON form of a field it has no text for."""
+        texts = self._texts
+        if texts is not None:
             import json
 
             form = {}
             for name, value in self.items():
-                text = self._texts.get(name)
+                text = texts.get(name)
                 if text is not None:
                     form[name] = json.loads(text)  # private: redacted in place below
                 elif value is None or type(value) in (str, int, bool):  # its own JSON form
                     form[name] = value
                 else:
                     form[name] = jsonable(value)
-            self._view = _scrub(form, 0, "", _memo())  # the form is private: in place
-        return self._view
+            _scrub(form, 0, "", _memo())
+            self.clear()
+            self.update(form)
+            self._texts = None
+        return self
 
 
-def redacted_entries(entries: Iterable[Any], jsonable: Any) -> list[Any]:
-    """Entries as their audiences read them: each :class:`RecordedEntry` by its view (made
-    once), any other (restored from a checkpoint: redacted when it was written) redacted
-    as :func:`redact` does, which leaves a redacted entry as it is."""
-    out = []
+def redacted_entries(entries: Iterable[Any], jsonable: Any) -> list[dict[str, Any]]:
+    """Entries as their audiences read them, as plain dicts: each :class:`RecordedEntry`
+    by its view (made once), any other (restored from a checkpoint, redacted when it was
+    written) redacted as ``redact(jsonable(entry))`` always did."""
+    out: list[dict[str, Any]] = []
     for entry in entries:
         if isinstance(entry, RecordedEntry):
-            out.append(entry.redacted(jsonable))
+            out.append(dict(entry.redacted(jsonable)))
         else:
             out.append(_redact(jsonable(entry), None, False, 0, ""))
     return out
