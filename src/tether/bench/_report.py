@@ -287,32 +287,8 @@ def _plots(results: dict[str, Any], out: Path) -> list[tuple[str, str]]:
         images += tau_plot(suites["tau"], out, plt)
     if "agents" in suites:
         cells = suites["agents"]["scenarios"]
-        images.append(
-            _agent_bars(
-                plt,
-                cells,
-                out,
-                "agents.png",
-                [
-                    ("success", "tasks that reached their goal", _share),
-                    ("escalated", "tasks handed to a person", _share),
-                ],
-                "Success and escalation per scenario and policy",
-            )
-        )
-        images.append(
-            _agent_bars(
-                plt,
-                cells,
-                out,
-                "agents-effects.png",
-                [
-                    ("duplicate_effects", "duplicate effects (payments made twice...)", _count),
-                    ("cost_usd", "model cost of the tasks ($, log scale)", _dollars),
-                ],
-                "Duplicate effects and cost per scenario and policy",
-            )
-        )
+        for name, rows, title in _AGENT_PLOTS:
+            images.append(_agent_bars(plt, cells, out, name, rows, title))
         images.append(_latency(plt, cells, out))
     if "fleet" in suites:
         for scenario, entry in suites["fleet"]["scenarios"].items():
@@ -343,6 +319,27 @@ def _legend(fig: Any, handles: list[Any], labels: list[str]) -> None:
         bbox_to_anchor=(0.5, 1.0),
         fontsize=10,
     )
+
+
+#: the agents suite's bar charts: file, (metric, label, how shown) per panel, title
+_AGENT_PLOTS: list[tuple[str, list[tuple[str, str, Any]], str]] = [
+    (
+        "agents.png",
+        [
+            ("success", "tasks that reached their goal", _share),
+            ("escalated", "tasks handed to a person", _share),
+        ],
+        "Success and escalation per scenario and policy",
+    ),
+    (
+        "agents-effects.png",
+        [
+            ("duplicate_effects", "duplicate effects (payments made twice...)", _count),
+            ("cost_usd", "model cost of the tasks ($, log scale)", _dollars),
+        ],
+        "Duplicate effects and cost per scenario and policy",
+    ),
+]
 
 
 def _agent_bars(

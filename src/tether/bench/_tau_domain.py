@@ -332,14 +332,7 @@ class RetailDB:
     ) -> str:
         self._pending(order_id)
         order = self._writable_order(order_id)
-        order["address"] = {
-            "address1": address1,
-            "address2": address2,
-            "city": city,
-            "country": country,
-            "state": state,
-            "zip": zip,
-        }
+        order["address"] = _address(address1, address2, city, state, country, zip)
         return json.dumps(order)
 
     def modify_pending_order_payment(self, order_id: str, payment_method_id: str) -> str:
@@ -412,14 +405,7 @@ class RetailDB:
         zip: str,
     ) -> str:
         user = self._writable_user(user_id)
-        user["address"] = {
-            "address1": address1,
-            "address2": address2,
-            "city": city,
-            "country": country,
-            "state": state,
-            "zip": zip,
-        }
+        user["address"] = _address(address1, address2, city, state, country, zip)
         return json.dumps(user)
 
     def return_delivered_order_items(
@@ -474,6 +460,20 @@ def _evaluate(node: ast.AST) -> float:
         value = _evaluate(node.operand)
         return -value if isinstance(node.op, ast.USub) else value
     raise ValueError("not an arithmetic expression")
+
+
+def _address(
+    address1: str, address2: str, city: str, state: str, country: str, zip: str
+) -> dict[str, str]:
+    """An address as the domain's records hold it (its keys in their order)."""
+    return {
+        "address1": address1,
+        "address2": address2,
+        "city": city,
+        "country": country,
+        "state": state,
+        "zip": zip,
+    }
 
 
 def domain_of(folder: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tether.bench._tau_model import Answer, Call
@@ -90,21 +90,31 @@ def _usage(before: tuple[int, int]) -> dict[str, int]:
     return {"in": episode.input_tokens - before[0], "out": episode.output_tokens - before[1]}
 
 
-def anthropic_transport() -> Any:
-    """A MockTransport answering as the Messages API, from the running episode."""
+def _transport(
+    error: Callable[..., tuple[dict[str, Any], dict[str, str]]],
+    results: Callable[[Any], Any],
+    reply: Callable[[Any, Any, dict[str, int]], Any],
+) -> Any:
+    """A MockTransport answering from the running episode in one API's format: its
+    ``error`` body for a fault the episode injects, else its ``reply`` to the turn."""
     import httpx2
 
     def handle(request: Any) -> Any:
         episode = current()
         refused = episode.model_fault()
         if refused is not None:
-            body, headers = _anthropic_error(*refused)
+            body, headers = error(*refused)
             return httpx2.Response(refused[0], json=body, headers=headers)
         before = (episode.input_tokens, episode.output_tokens)
-        turn = episode.respond(_anthropic_results(json.loads(request.content)))
-        return httpx2.Response(200, json=_anthropic_reply(turn, episode.answered, _usage(before)))
+        turn = episode.respond(results(json.loads(request.content)))
+        return httpx2.Response(200, json=reply(turn, episode.answered, _usage(before)))
 
     return httpx2.MockTransport(handle)
+
+
+def anthropic_transport() -> Any:
+    """A MockTransport answering as the Messages API, from the running episode."""
+    return _transport(_anthropic_error, _anthropic_results, _anthropic_reply)
 
 
 # --- OpenAI chat completions -------------------------------------------------------------
@@ -170,34 +180,35 @@ def _openai_error(status: int, left: float) -> tuple[dict[str, Any], dict[str, s
 
 def openai_transport() -> Any:
     """A MockTransport answering as chat completions, from the running episode."""
-    import httpx2
-
-    def handle(request: Any) -> Any:
-        episode = current()
-        refused = episode.model_fault()
-        if refused is not None:
-            body, headers = _openai_error(*refused)
-            return httpx2.Response(refused[0], json=body, headers=headers)
-        before = (episode.input_tokens, episode.output_tokens)
-        turn = episode.respond(_openai_results(json.loads(request.content)))
-        return httpx2.Response(200, json=_openai_reply(turn, episode.answered, _usage(before)))
-
-    return httpx2.MockTransport(handle)
+    return _transport(_openai_error, _openai_results, _openai_reply)
 
 
 # --- LangChain ---------------------------------------------------------------------------
 
 
+def _sdk_exception(
+    sdk: Any,
+    url: str,
+    error: Callable[..., tuple[dict[str, Any], dict[str, str]]],
+    status: int,
+    left: float,
+) -> Exception:
+    """The error an SDK (``anthropic``, ``openai``) raises for this refusal at ``url``."""
+    import httpx2
+
+    body, headers = error(status, left)
+    request = httpx2.Request("POST", url)
+    response = httpx2.Response(status, json=body, headers=headers, request=request)
+    kind = sdk.RateLimitError if status == 429 else sdk.InternalServerError
+    return kind(str(body["error"]["message"]), response=response, body=body)  # type: ignore[no-any-return]
+
+
 def _anthropic_exception(status: int, left: float) -> Exception:
     """The error the Anthropic SDK raises for this refusal (what a LangChain model surfaces)."""
     import anthropic
-    import httpx2
 
-    body, headers = _anthropic_error(status, left)
-    request = httpx2.Request("POST", "https://api.anthropic.com/v1/messages")
-    response = httpx2.Response(status, json=body, headers=headers, request=request)
-    kind = anthropic.RateLimitError if status == 429 else anthropic.InternalServerError
-    return kind(str(body["error"]["message"]), response=response, body=body)
+    url = "https://api.anthropic.com/v1/messages"
+    return _sdk_exception(anthropic, url, _anthropic_error, status, left)
 
 
 _CHAT_MODEL: list[Any] = []
@@ -272,14 +283,10 @@ def chat_model() -> Any:
 
 def _openai_exception(status: int, left: float) -> Exception:
     """The error the OpenAI SDK raises for this refusal (what the Agents SDK's models surface)."""
-    import httpx2
     import openai
 
-    body, headers = _openai_error(status, left)
-    request = httpx2.Request("POST", "https://api.openai.com/v1/chat/completions")
-    response = httpx2.Response(status, json=body, headers=headers, request=request)
-    kind = openai.RateLimitError if status == 429 else openai.InternalServerError
-    return kind(str(body["error"]["message"]), response=response, body=body)
+    url = "https://api.openai.com/v1/chat/completions"
+    return _sdk_exception(openai, url, _openai_error, status, left)
 
 
 def _field(item: Any, name: str) -> Any:

@@ -4,7 +4,8 @@ Each tool is a plain async function with type hints and a docstring, so that eac
 framework builds its own schema from it (LangChain's ``StructuredTool``, the Agents SDK's
 ``function_tool``, PydanticAI's ``Tool``, ``tether.Tool``); ``SYNC`` holds the same tools
 as plain functions for the synchronous ``run_agent``. They act on the episode that runs
-in this process (:func:`tether.bench._tau_world.current`).
+in this process (:func:`tether.bench._tau_world.current`); a tool of many arguments sends
+its ``locals()``, which at the top of its body are exactly its arguments.
 
 ``LOOKUPS`` are the writes' lookups for tether: each reads the domain's records for the
 effect's own trace, the request id the write carried (``tether.current_idempotency_key()``
@@ -32,9 +33,7 @@ async def find_user_id_by_email(email: str) -> str:
 
 async def find_user_id_by_name_zip(first_name: str, last_name: str, zip: str) -> str:
     """Find a user id by first name, last name and zip code."""
-    return execute(
-        "find_user_id_by_name_zip", {"first_name": first_name, "last_name": last_name, "zip": zip}
-    )
+    return execute("find_user_id_by_name_zip", locals())
 
 
 async def get_user_details(user_id: str) -> str:
@@ -76,18 +75,7 @@ async def modify_pending_order_address(
     order_id: str, address1: str, address2: str, city: str, state: str, country: str, zip: str
 ) -> str:
     """Change the shipping address of a pending order."""
-    return execute(
-        "modify_pending_order_address",
-        {
-            "order_id": order_id,
-            "address1": address1,
-            "address2": address2,
-            "city": city,
-            "state": state,
-            "country": country,
-            "zip": zip,
-        },
-    )
+    return execute("modify_pending_order_address", locals())
 
 
 async def modify_pending_order_payment(order_id: str, payment_method_id: str) -> str:
@@ -102,58 +90,28 @@ async def modify_pending_order_items(
     order_id: str, item_ids: list[str], new_item_ids: list[str], payment_method_id: str
 ) -> str:
     """Swap items of a pending order for other options of the same products (once per order)."""
-    return execute(
-        "modify_pending_order_items",
-        {
-            "order_id": order_id,
-            "item_ids": item_ids,
-            "new_item_ids": new_item_ids,
-            "payment_method_id": payment_method_id,
-        },
-    )
+    return execute("modify_pending_order_items", locals())
 
 
 async def modify_user_address(
     user_id: str, address1: str, address2: str, city: str, state: str, country: str, zip: str
 ) -> str:
     """Change a user's default address."""
-    return execute(
-        "modify_user_address",
-        {
-            "user_id": user_id,
-            "address1": address1,
-            "address2": address2,
-            "city": city,
-            "state": state,
-            "country": country,
-            "zip": zip,
-        },
-    )
+    return execute("modify_user_address", locals())
 
 
 async def return_delivered_order_items(
     order_id: str, item_ids: list[str], payment_method_id: str
 ) -> str:
     """Return items of a delivered order; the refund goes to the original method or a gift card."""
-    return execute(
-        "return_delivered_order_items",
-        {"order_id": order_id, "item_ids": item_ids, "payment_method_id": payment_method_id},
-    )
+    return execute("return_delivered_order_items", locals())
 
 
 async def exchange_delivered_order_items(
     order_id: str, item_ids: list[str], new_item_ids: list[str], payment_method_id: str
 ) -> str:
     """Exchange items of a delivered order for other options of the same products (once per order)."""
-    return execute(
-        "exchange_delivered_order_items",
-        {
-            "order_id": order_id,
-            "item_ids": item_ids,
-            "new_item_ids": new_item_ids,
-            "payment_method_id": payment_method_id,
-        },
-    )
+    return execute("exchange_delivered_order_items", locals())
 
 
 async def transfer_to_human_agents(summary: str) -> str:

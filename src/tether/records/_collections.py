@@ -13,6 +13,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -71,7 +72,9 @@ def check_run_id(value: object, name: str = "run_id") -> str:
     return value
 
 
-class _Collection:
+class _Collection(AbstractContextManager[Any]):
+    """A kind of record in a document store; closes the store on leaving ``with``."""
+
     kind: DocKind
 
     def __init__(self, store: DocumentStore) -> None:
@@ -82,9 +85,6 @@ class _Collection:
         close = getattr(self.store, "close", None)
         if callable(close):
             close()
-
-    def __enter__(self) -> Any:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -161,16 +161,25 @@ return {old, state, fmt(retry_at), failures, version, fmt(now)}
 """
 )
 
-BUDGET_SPEND = (
-    _FMT
-    + """
+# A budget's tokens (a full bucket when it has none yet) and a save of them; ARGV: the
+# capacity, the amount to spend or refund, the key's ttl.
+_BUDGET_LOAD = """
 local k = KEYS[1]
-local cap, cost, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cap, amount, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local t = tonumber(redis.call('HGET', k, 'tokens')) or cap
-if t >= cost then
-  t = t - cost
+local function save()
   redis.call('HSET', k, 'tokens', fmt(t))
   redis.call('PEXPIRE', k, ttl)
+end
+"""
+
+BUDGET_SPEND = (
+    _FMT
+    + _BUDGET_LOAD
+    + """
+if t >= amount then
+  t = t - amount
+  save()
   return {1, fmt(t)}
 end
 return {0, fmt(t)}
@@ -179,13 +188,10 @@ return {0, fmt(t)}
 
 BUDGET_REFUND = (
     _FMT
+    + _BUDGET_LOAD
     + """
-local k = KEYS[1]
-local cap, amount, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local t = tonumber(redis.call('HGET', k, 'tokens')) or cap
 t = math.min(cap, t + amount)
-redis.call('HSET', k, 'tokens', fmt(t))
-redis.call('PEXPIRE', k, ttl)
+save()
 return fmt(t)
 """
 )

@@ -23,6 +23,7 @@ agent down, it only makes the guards local for a while.
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import AbstractContextManager
 from typing import Any
 
 from tether._errors import require
@@ -40,7 +41,7 @@ __all__ = ["RedisStore"]
 KINDS = ("breaker", "budget", "limiter")
 
 
-class RedisStore:
+class RedisStore(AbstractContextManager["RedisStore"]):
     """Breaker, budget and limiter state in Redis, shared by every process using it.
 
     >>> store = RedisStore("redis://127.0.0.1:6379/0")  # doctest: +SKIP
@@ -87,6 +88,14 @@ class RedisStore:
             server_time=server_time,
             errors=self._errors,
         )
+        #: the Redis URL, without its password (or the client's repr, when given one)
+        self.url: str = self._conn.url
+        self.prefix = prefix
+        self.reconnect_interval = self._conn.reconnect_interval
+        self.client: Any = self._conn.client  # the sync Redis client
+        #: where the state lives while Redis is unreachable: this process's memory
+        self.fallback: MemoryStore = self._conn.fallback
+        self.scripts_run: Counter[str] = self._conn.scripts_run  # round trips by script
         self._breakers = Breakers(self._conn, self.cache_ttl)
         self._budgets = Budgets(self._conn, self.cache_ttl)
         self._limiters = Limiters(self._conn)
@@ -98,37 +107,9 @@ class RedisStore:
     # --- the connection's state, as the store's -------------------------------------------
 
     @property
-    def url(self) -> str:
-        """The Redis URL, without its password (or the client's repr, when given one)."""
-        return self._conn.url
-
-    @property
-    def prefix(self) -> str:
-        return self._conn.prefix
-
-    @property
-    def client(self) -> Any:
-        """The sync Redis client."""
-        return self._conn.client
-
-    @property
-    def fallback(self) -> MemoryStore:
-        """Where the state lives while Redis is unreachable: this process's memory."""
-        return self._conn.fallback
-
-    @property
-    def reconnect_interval(self) -> float:
-        return self._conn.reconnect_interval
-
-    @property
     def round_trips(self) -> int:
         """Round trips to Redis made so far (scripts and reads)."""
         return self._conn.round_trips
-
-    @property
-    def scripts_run(self) -> Counter[str]:
-        """Round trips by script."""
-        return self._conn.scripts_run
 
     @property
     def degraded(self) -> bool:
@@ -225,9 +206,6 @@ class RedisStore:
     def close(self) -> None:
         """Close the connections to Redis."""
         self._conn.close()
-
-    def __enter__(self) -> RedisStore:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
