@@ -419,6 +419,28 @@ def test_a_nested_agents_side_effect_runs_once(shell: str) -> None:
     assert outcome.stopped_because is StopReason.UNKNOWN_OUTCOME
 
 
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_nested_request_that_failed_for_good_no_longer_counts_as_in_flight(shell: str) -> None:
+    """A nested agent's model call fails (not retryable): the tool fails, the agent answers,
+    and the budget of 2 model calls still has room for the answer."""
+    model = scripted(
+        [
+            [function_call("ask_cashier", {"input": "refund A-1"}, call_id="t1")],
+            ModelStep.raise_error(PermissionError("no access")),  # the cashier, nested
+            [assistant_message("The cashier is unavailable.")],
+        ]
+    )
+    cashier = Agent(name="cashier", model=model)
+    desk = Agent(
+        name="desk",
+        model=model,
+        tools=[cashier.as_tool(tool_name="ask_cashier", tool_description="Refunds")],
+    )
+    outcome = drive(shell, desk, "refund A-1", guard=Guard(budget=Budget(max_model_calls=2)))
+    assert outcome.status == "success" and outcome.result == "The cashier is unavailable."
+    assert len(model.calls) == 3 and outcome.usage.model_calls == 2
+
+
 def homework_desk(checker: ScriptedModel, model: ScriptedModel) -> Agent[Any]:
     """The input_guardrails shape: a guardrail that asks an agent of its own."""
     guardrail_agent = Agent(name="Guardrail check", model=checker, instructions="Math homework?")

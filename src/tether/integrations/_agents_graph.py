@@ -14,7 +14,7 @@ import weakref
 from typing import Any
 
 from tether._errors import require
-from tether.integrations._agents_hooks import GuardStopped
+from tether.integrations._agents_hooks import GuardStopped, request_failed
 from tether.integrations._common import ModelRetries, ToolRules, malformed_arguments
 from tether.retries._policy import RetryPolicy
 from tether.run._outcome import Stopped, ToolError
@@ -40,6 +40,7 @@ class _ModelRetries(ModelRetries):
         verdict = self.policy.classifier(context.error)
         delay = self.wait(verdict, context.attempt)
         if delay is None:
+            request_failed()
             return RetryDecision(retry=False, reason=verdict.reason)
         return RetryDecision(retry=True, delay=delay, reason=verdict.reason)
 

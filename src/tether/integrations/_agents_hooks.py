@@ -101,7 +101,7 @@ class TetherHooks(RunHooks[Any]):
     async def on_llm_end(
         self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse
     ) -> None:
-        self._in_flight = max(0, self._in_flight - 1)
+        self.answered()
         usage = response.usage
         cached = int(getattr(usage.input_tokens_details, "cached_tokens", 0) or 0)
         self.run.record_model_call(
@@ -110,6 +110,18 @@ class TetherHooks(RunHooks[Any]):
             output_tokens=int(usage.output_tokens),
             cache_read_tokens=cached,
         )
+
+    def answered(self) -> None:
+        """A request of this run got its answer, or failed for good: no longer in flight."""
+        self._in_flight = max(0, self._in_flight - 1)
+
+
+def request_failed() -> None:
+    """The model request of the current task failed and will not be retried (the SDK's
+    retry policy said so): it no longer counts as in flight."""
+    hooks = _ACTIVE.get()
+    if hooks is not None:
+        hooks.answered()
 
 
 class _Both(RunHooks[Any]):
