@@ -497,6 +497,39 @@ def test_a_runner_outside_a_tether_run_is_left_alone() -> None:
     assert result.final_output == "Sacramento." and len(checker.calls) == 2
 
 
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_guards_token_budget_holds_for_the_sdks_requests(shell: str) -> None:
+    """Guard(token_budget=...): a request the provider's limits would admit only after the
+    run's time is stopped TIMEOUT before it is sent (one request a minute, 10 s to run)."""
+    import tether
+    from tether.stores import MemoryStore
+
+    class Gpt(ScriptedModel):
+        model = "gpt-5-mini"
+
+    clock = tether.VirtualClock()
+    limits = tether.TokenBudget("openai", requests_per_minute=1, store=MemoryStore(), clock=clock)
+    model = Gpt(
+        [
+            [function_call("search", {"q": "invoice 99"}, call_id="c1")],
+            [assistant_message("Paid.")],
+        ],
+        default_usage=USAGE,
+    )
+
+    @function_tool
+    def search(q: str) -> str:
+        """Search invoices."""
+        return "paid"
+
+    guard = Guard(clock=clock, token_budget=limits, budget=Budget(max_seconds=10))
+    outcome = drive(
+        shell, Agent(name="clerk", model=model, tools=[search]), "invoice 99?", guard=guard
+    )
+    assert outcome.stopped_because is StopReason.TIMEOUT and "token budget" in outcome.detail
+    assert len(model.calls) == 1
+
+
 # --- 12: multi-turn, refusals, MCP servers, the streamed run ------------------------------------
 
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tether._errors import require
-from tether.run._outcome import StopReason
+from tether.guards._tokens import estimate_tokens
+from tether.run._outcome import Stopped, StopReason
 from tether.run._run import Run
 
 require("agents", "openai-agents")
@@ -91,7 +92,14 @@ class TetherHooks(RunHooks[Any]):
             # first call): the ones in flight count against the model-call budget too
             limit = run.budget.max_model_calls
             if limit is None or run.model_calls + self._in_flight < limit:
-                run.begin_model_call(model=self.model or model_name(agent))
+                try:  # the guard's token budget may make the request wait for its place
+                    await run.abegin_model_call(
+                        model=self.model or model_name(agent),
+                        estimated_input_tokens=estimate_tokens(system_prompt, input_items),
+                        max_output_tokens=agent.model_settings.max_tokens,
+                    )
+                except Stopped:  # a wait past the run's time: stopped before the request
+                    raise GuardStopped(run.stopped or StopReason.TIMEOUT, run.stop_detail) from None
                 self._in_flight += 1
                 return
             run.halt(StopReason.MAX_MODEL_CALLS, f"max model calls ({limit}) reached")
