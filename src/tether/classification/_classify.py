@@ -30,7 +30,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tether._errors import CircuitOpenError, DeadlineExceeded, LimiterTimeout, TransientError
+from tether._errors import (
+    CircuitOpenError,
+    DeadlineExceeded,
+    EffectInProgress,
+    LimiterTimeout,
+    StoreUnavailable,
+    TransientError,
+)
 
 __all__ = ["Kind", "Verdict", "classify", "register_classifier", "unregister_classifier"]
 
@@ -59,6 +66,10 @@ class Verdict:
     outcome_unknown: bool = False
     #: True when the failure was a timeout (a retry after a timeout costs more budget).
     timeout: bool = False
+    #: True when the failure is tether's own and not the dependency's (another worker
+    #: holds the effect's claim, tether's store did not answer): nothing was sent, so
+    #: breakers and limiters do not count it.
+    local: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "retry_after", sane_wait(self.retry_after))
@@ -482,6 +493,16 @@ def _from_exception(exc: BaseException, now_wall: float | None) -> tuple[int, Ve
         )
     if isinstance(exc, CircuitOpenError | LimiterTimeout):
         return _PROTOCOL, Verdict(Kind.TRANSIENT, str(exc))
+    if isinstance(exc, EffectInProgress):  # not a failure: another attempt is running it
+        return _PROTOCOL, Verdict(
+            Kind.TRANSIENT,
+            "another attempt holds this effect's claim: a retry replays its outcome",
+            local=True,
+        )
+    if isinstance(exc, StoreUnavailable) and "LedgerNotDurable" not in names:
+        return _PROTOCOL, Verdict(
+            Kind.TRANSIENT, "tether's store did not answer; nothing was executed", local=True
+        )
     if not isinstance(exc, Exception) or names & set(CANCELLATION):
         return _PROTOCOL, Verdict(Kind.PERMANENT, f"{type(exc).__name__}: cancellation")
 

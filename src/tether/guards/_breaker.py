@@ -146,7 +146,10 @@ class CircuitBreaker:
         return CircuitOpenError(self.name, wall + wait, wall, retry_in=wait)
 
     def _record(self, permit: object, verdict: Verdict | None) -> None:
-        """Record an outcome: ``verdict`` None for a success."""
+        """Record an outcome: ``verdict`` None for a success; a local verdict (tether's own
+        failure, nothing sent) is not the dependency's and is not recorded."""
+        if verdict is not None and verdict.local:
+            return
         failed = verdict is not None and verdict.retryable
         now = self._store_now()
         answer = self.store.breaker_record(self.name, now, str(permit), failed, self.config)
@@ -154,6 +157,8 @@ class CircuitBreaker:
 
     async def _arecord(self, permit: object, verdict: Verdict | None) -> None:
         """The async form of :meth:`_record`."""
+        if verdict is not None and verdict.local:
+            return
         failed = verdict is not None and verdict.retryable
         now = self._store_now()
         ops = async_ops(self.store)
@@ -197,6 +202,10 @@ class CircuitBreaker:
         return result
 
     async def acall(self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """The async form of :meth:`call`, with the same decisions (``_acquired``,
+        ``_recorded``). The store is asked synchronously, as before: a RedisStore's async
+        client outlives an event loop that ``asyncio.run`` closes (RetryPolicy.acall, which
+        runs inside the caller's loop, uses the async twins)."""
         permit = self._acquire()
         try:
             result = await fn(*args, **kwargs)

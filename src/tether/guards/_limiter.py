@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
 
+from tether._errors import LimiterTimeout
 from tether.classification._classify import Kind, Verdict
 from tether.clock import Clock, system_clock
 from tether.stores._base import async_ops, bind_name
@@ -104,15 +106,43 @@ class AdaptiveLimiter:
         Raises :class:`tether.LimiterTimeout` when admission would take longer than
         ``max_wait``.
         """
-        from tether._errors import LimiterTimeout
+        plan = self._admission(max_wait)
+        answer: tuple[float, bool] | None = None
+        while True:
+            try:
+                wait = plan.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            if wait is None:
+                answer = self.try_acquire()
+            else:
+                self.clock.sleep(wait)
+                answer = None
 
+    async def aacquire(self, max_wait: float | None = None) -> float:
+        """The async form of :meth:`acquire` (the same decisions, waits on the event loop)."""
+        plan = self._admission(max_wait)
+        answer: tuple[float, bool] | None = None
+        while True:
+            try:
+                wait = plan.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            if wait is None:
+                answer = await self.atry_acquire()
+            else:
+                await self.clock.asleep(wait)
+                answer = None
+
+    def _admission(self, max_wait: float | None) -> Generator[float | None, Any, float]:
+        """The decisions of :meth:`acquire`: yields None to ask the store, a wait to sleep."""
         waited = 0.0
         while True:
-            wait, admitted = self.try_acquire()
+            wait, admitted = yield None
             if max_wait is not None and waited + wait > max_wait:
                 raise LimiterTimeout(self.name, waited + wait)
             if wait > 0:
-                self.clock.sleep(wait)
+                yield wait
                 waited += wait
             if admitted:
                 return waited
@@ -126,13 +156,18 @@ class AdaptiveLimiter:
         return answer
 
     def record(self, verdict: Verdict | None) -> None:
-        """Feed back an outcome: None for a success."""
+        """Feed back an outcome: None for a success (a local verdict is not the dependency's:
+        it is not fed back)."""
+        if verdict is not None and verdict.local:
+            return
         self.rate = self.store.limiter_feedback(
             self.name, self.clock.wall(), _outcome(verdict), self.config
         )
 
     async def arecord(self, verdict: Verdict | None) -> None:
         """The async form of :meth:`record`."""
+        if verdict is not None and verdict.local:
+            return
         ops = async_ops(self.store)
         self.rate = await ops.alimiter_feedback(
             self.name, self.clock.wall(), _outcome(verdict), self.config

@@ -153,15 +153,13 @@ class _Permit:
 
 #: no breaker, or the breaker refused before calling
 NO_PERMIT: Any = _Permit("NO_PERMIT")
-#: the first attempt, made by a driver's fast path (no guard took part in it)
-FIRST: Any = _Permit("FIRST")
 
 
 def attempt_plan(s: Settings, st: CallState, first_error: Exception | None = None) -> Plan:
     """The attempt loop; ``first_error``: the first attempt was made already and failed."""
     if first_error is not None:
         st.attempt = 1
-        failure = yield from _after_failure(s, st, first_error, FIRST)
+        failure = yield from _after_failure(s, st, first_error, NO_PERMIT)
         yield Step(Op.SLEEP, failure)
     while True:
         permit = NO_PERMIT
@@ -219,10 +217,12 @@ def _after_failure(
 ) -> Generator[Step, Any, float]:
     """What follows a failed attempt: the wait before the next one, or raise."""
     if isinstance(exc, CircuitOpenError | LimiterTimeout) and permit is NO_PERMIT:
-        raise exc  # our own guard refused the attempt: nothing was called
+        # a breaker or limiter refused (ours, or one inside the function): it says when to
+        # come back, so the caller hears it at once, from the first attempt as from any other
+        raise exc
     verdict = s.classifier(exc)
     st.verdict = verdict
-    if s.breaker is not None and permit is not NO_PERMIT and permit is not FIRST:
+    if s.breaker is not None and permit is not NO_PERMIT:
         yield Step(Op.RECORD, permit, verdict)
     if s.limiter is not None:
         yield Step(Op.FEEDBACK, None, verdict)
