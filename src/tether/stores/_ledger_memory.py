@@ -47,8 +47,9 @@ class MemoryLedgerBackend:
         new = record.at(now)
         with self._lock:
             claimed, previous = decide_claim(self._records.get(new.key), new, now)
-            if claimed:
-                self._records[new.key] = claimed_record(new, previous)
+            if claimed:  # a fresh claim is stored as it came (claimed_record would copy it)
+                fresh = previous is None and new.attempts == 1
+                self._records[new.key] = new if fresh else claimed_record(new, previous)
             return claimed, previous
 
     def get(self, key: str) -> Record | None:
