@@ -6,16 +6,14 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from tether import telemetry
-from tether.classification._classify import classify
 from tether.effects._canonical import jsonable
 from tether.records._runs import portable
 from tether.redaction._redact import redact, redact_conversation
 from tether.run._handoff import SOME_STEP, HandoffRecord, _Delivery
-from tether.run._outcome import Outcome, Status, Stopped, StopReason, Usage
+from tether.run._outcome import Outcome, Status, StopReason, Usage
 from tether.run._runstate import RunState
 
 __all__ = ["Ending"]
@@ -23,59 +21,11 @@ __all__ = ["Ending"]
 _log = logging.getLogger("tether")
 
 
-class Ending(RunState):
-    """The end of a run (mixed into :class:`tether.Run`)."""
+class Ending:
+    """The end of a run (a part of :class:`tether.Run`): its status, facts, outcome, record."""
 
-    def __enter__(self) -> Self:
-        self._span_cm = telemetry.span(
-            "tether.run", **{"tether.run_id": self.run_id, "tether.task": self.task[:200]}
-        )
-        self._span_cm.__enter__()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        swallow = False
-        if isinstance(exc, Stopped):
-            swallow = True
-        elif isinstance(exc, Exception):
-            verdict = classify(exc)
-            reason = StopReason.PERMANENT_ERROR if not verdict.retryable else StopReason.ERROR
-            self.note_error(exc)
-            self._halt(reason, f"{type(exc).__name__}: {verdict.reason}")
-        self.finish()
-        if self._span_cm is not None:
-            self._span_cm.__exit__(None, None, None)
-        return swallow
-
-    async def __aenter__(self) -> Self:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        return self.__exit__(exc_type, exc, tb)
-
-    @property
-    def outcome(self) -> Outcome:
-        """The run's outcome, once it has ended (a stop condition holds, or its with-block
-        closed); the run is finished on first access. Raises RuntimeError while it runs."""
-        if self._outcome is None and self._stop is None:
-            raise RuntimeError(
-                f"run {self.run_id} has not ended: read run.outcome after its with-block, or "
-                "end it first (run.succeed(), run.fail(), run.stop(), run.escalate())"
-            )
-        if self._outcome is None:
-            self.finish()
-        assert self._outcome is not None
-        return self._outcome
+    def __init__(self, state: RunState) -> None:
+        self.s = state
 
     def facts(self) -> list[str]:
         """Effects of this run that the ledger records as done (and no rollback undid),
@@ -84,15 +34,15 @@ class Ending(RunState):
         Raises what the ledger's store raises when it cannot be read; :meth:`finish`
         turns that into an open issue.
         """
-        ledger = self.guard.ledger
-        undone = {e.key for e in self._journal if e.state == "compensated"}
+        ledger = self.s.guard.ledger
+        undone = {e.key for e in self.s._journal if e.state == "compensated"}
         out: list[str] = []
-        for tool, args, key in self._effects:
+        for tool, args, key in self.s._effects:
             if key in undone:
                 continue
             record = ledger.get(key)
             if record is not None and record.state.value == "done":
-                text = self._effect_text(tool, args, ledger.result(key))
+                text = self.s._effect_text(tool, args, ledger.result(key))
                 if text and text not in out:
                     out.append(text)
         return out
@@ -101,83 +51,66 @@ class Ending(RunState):
         try:
             return self.facts()
         except Exception as exc:  # a store that is down never loses the outcome
-            _log.error("tether: run %s: the ledger could not be read: %s", self.run_id, exc)
+            _log.error("tether: run %s: the ledger could not be read: %s", self.s.run_id, exc)
             issues.append(
                 f"the ledger could not be read ({type(exc).__name__}): what this run's effects "
                 "did is not confirmed; check the provider's records"
             )
-            self._unconfirmed.extend(tool for tool, _, _ in self._effects)
+            self.s._unconfirmed.extend(tool for tool, _, _ in self.s._effects)
             return []
 
     def _status(self, reason: StopReason) -> Status:
-        esc = self.guard.escalation
-        if reason is StopReason.GOAL_REACHED and not self._escalate:
+        esc = self.s.guard.escalation
+        if reason is StopReason.GOAL_REACHED and not self.s._escalate:
             return Status.SUCCESS
-        if reason is StopReason.AWAITING_APPROVAL and not self._escalate:
+        if reason is StopReason.AWAITING_APPROVAL and not self.s._escalate:
             return Status.AWAITING_APPROVAL
-        if reason is StopReason.IN_PROGRESS and not self._escalate:
+        if reason is StopReason.IN_PROGRESS and not self.s._escalate:
             return Status.PARTIAL  # another worker of this request is doing the rest
         # a handoff is made when the code asks for one, when a trigger fires, or, for any
         # run that did not reach its goal, when a sink is configured to receive it
-        if self._escalate or (esc is not None and (reason in esc.on or esc.sink is not None)):
+        if self.s._escalate or (esc is not None and (reason in esc.on or esc.sink is not None)):
             return Status.ESCALATED
         if (
             reason in (StopReason.PERMANENT_ERROR, StopReason.ERROR, StopReason.FAILED)
-            or not self.partial
+            or not self.s.partial
         ):
             return Status.FAILED
         return Status.PARTIAL
 
-    def finish(self) -> Outcome:
-        """Close the run: status, reason, checkpoint, handoff, customer message."""
-        if self._outcome is not None:
-            return self._outcome
-        if self._stop is None:
-            self._halt(StopReason.NO_RESULT, "the loop ended without run.succeed()")
-        assert self._stop is not None
-        reason = self._stop[0]
-        status = self._status(reason)
-        rollback_on = self.guard.rollback_on
-        if (reason in rollback_on or status in rollback_on) and any(
-            e.state == "done" for e in self._journal
-        ):
-            self._roll_back()  # what the guard says to undo for this ending (it may escalate)
-            status = self._status(reason)
-        return self._conclude(status, amend=False)
-
     def _conclude(self, status: str, *, amend: bool) -> Outcome:
         """The outcome of a run whose status is known (again, after a late rollback)."""
-        assert self._stop is not None
-        reason, detail = self._stop
-        esc = self.guard.escalation
-        issues = list(self._issues)
+        assert self.s._stop is not None
+        reason, detail = self.s._stop
+        esc = self.s.guard.escalation
+        issues = list(self.s._issues)
         if status != "success":
             issues.insert(0, f"stopped: {reason.value}" + (f" ({detail})" if detail else ""))
         facts = redact(self._read_facts(issues))
-        undone = [str(c.get("effect") or SOME_STEP) for c in self._compensated]
+        undone = [str(c.get("effect") or SOME_STEP) for c in self.s._compensated]
         said = "in_progress" if reason is StopReason.IN_PROGRESS and status == "partial" else status
         if reason is StopReason.REFUSED and status == "failed":
             said = "refused"  # a refusal is final: trying again gets the same answer
         # a person is promised only when a case is filed: the handoff below says whether
-        handoff = self._outcome.handoff if self._outcome is not None else None
-        filed = status == "escalated" and (handoff is None or self._case_filed)
+        handoff = self.s._outcome.handoff if self.s._outcome is not None else None
+        filed = status == "escalated" and (handoff is None or self.s._case_filed)
         message = self._message(said, facts, undone, case_filed=filed)
         # everything below leaves tether (the outcome's words, checkpoints, handoffs): redacted
-        detail, issues, task = redact(detail), redact(issues), redact(self.task)
-        usage = self.usage()
-        pending = self._pending.to_doc() if self._pending is not None else None
-        partial, omitted = self.partial.newest(), self.partial.summary()
+        detail, issues, task = redact(detail), redact(issues), redact(self.s.task)
+        usage = self.s.usage()
+        pending = self.s._pending.to_doc() if self.s._pending is not None else None
+        partial, omitted = self.s.partial.newest(), self.s.partial.summary()
         # the record of the steps, made once for the checkpoint, the handoff and the run record
         steps = {
             "partial": redact(jsonable(partial)),
-            "transcript": redact(jsonable(self.transcript.newest())),
+            "transcript": redact(jsonable(self.s.transcript.newest())),
         }
         checkpoint_id = None
-        if self.guard.checkpoints is not None:
+        if self.s.guard.checkpoints is not None:
             doc = {
-                "run_id": self.run_id,
-                "key": self.key,
-                "request": self._request,
+                "run_id": self.s.run_id,
+                "key": self.s.key,
+                "request": self.s._request,
                 "task": task,
                 "status": status,
                 "reason": reason.value,
@@ -185,26 +118,26 @@ class Ending(RunState):
                 "usage": _usage_doc(usage),
                 **steps,
                 "open_issues": issues,
-                "omitted": {"partial": omitted, "transcript": self.transcript.summary()},
-                "journal": [e.to_doc() for e in self._journal],
-                "compensated": list(self._compensated),
+                "omitted": {"partial": omitted, "transcript": self.s.transcript.summary()},
+                "journal": [e.to_doc() for e in self.s._journal],
+                "compensated": list(self.s._compensated),
                 "pending": pending,
             }
-            if self.messages is not None:  # a worker in another process resumes the conversation
-                doc["messages"] = redact(portable(self.messages))
+            if self.s.messages is not None:  # a worker in another process resumes the conversation
+                doc["messages"] = redact(portable(self.s.messages))
             try:
-                checkpoint_id = self.guard.checkpoints.save(doc, self.clock.wall())
-                if self._pending is not None and not amend:
-                    self._pending = replace(self._pending, checkpoint_id=checkpoint_id)
-                    self.guard._approvals().put(self._pending, self.clock.wall())
-                    pending = self._pending.to_doc()
+                checkpoint_id = self.s.guard.checkpoints.save(doc, self.s.clock.wall())
+                if self.s._pending is not None and not amend:
+                    self.s._pending = replace(self.s._pending, checkpoint_id=checkpoint_id)
+                    self.s.guard._approvals().put(self.s._pending, self.s.clock.wall())
+                    pending = self.s._pending.to_doc()
             except Exception as exc:  # a failing store never loses the outcome
-                _log.error("tether: run %s: checkpoint failed: %s", self.run_id, redact(str(exc)))
+                _log.error("tether: run %s: checkpoint failed: %s", self.s.run_id, redact(str(exc)))
                 issues.append(f"checkpoint failed: {type(exc).__name__}")
         if status == "escalated" and handoff is None:
             handoff = HandoffRecord(
                 f"ho_{uuid.uuid4().hex[:20]}",
-                self.run_id,
+                self.s.run_id,
                 task,
                 reason,
                 detail,
@@ -212,55 +145,55 @@ class Ending(RunState):
                 tuple(facts),
                 tuple(issues),
                 message,
-                self.clock.wall(),
+                self.s.clock.wall(),
             )
             for sink in (
                 esc.sink if esc is not None else None,
-                self.guard.records.handoffs if self.guard.records is not None else None,
+                self.s.guard.records.handoffs if self.s.guard.records is not None else None,
             ):
                 delivery = _Delivery(sink)
-                self._case_filed = delivery.deliver(handoff) or self._case_filed
+                self.s._case_filed = delivery.deliver(handoff) or self.s._case_filed
                 issues.extend(delivery.errors)
-            if not self._case_filed:  # nobody has the case: the customer is promised nobody
+            if not self.s._case_filed:  # nobody has the case: the customer is promised nobody
                 message = self._message(said, facts, undone, case_filed=False)
                 handoff = replace(handoff, customer_message=message)
                 issues.append(
                     "the handoff reached no one (give Guard(records=...) or "
                     "Escalation(sink=...)): the customer was promised no person"
                 )
-        self._outcome = Outcome(
+        self.s._outcome = Outcome(
             status,
             reason,
-            self._result,
+            self.s._result,
             tuple(steps["partial"]),
             detail,
             tuple(issues),
             usage,
             checkpoint_id,
             message,
-            self.run_id,
+            self.s.run_id,
             handoff,
             self._conversation(status),
-            self._error,
-            tuple(self._compensated),
+            self.s._error,
+            tuple(self.s._compensated),
             pending,
             omitted["omitted"],
         )
-        self._record(self._outcome, task, steps)
+        self._record(self.s._outcome, task, steps)
         if amend:
-            return self._outcome
-        telemetry.end_step(self._step_span)
-        self._step_span = None
+            return self.s._outcome
+        telemetry.end_step(self.s._step_span)
+        self.s._step_span = None
         telemetry.record_stop(
-            reason.value, status, **{"tether.run_id": self.run_id, "tether.steps": usage.steps}
+            reason.value, status, **{"tether.run_id": self.s.run_id, "tether.steps": usage.steps}
         )
-        telemetry.notify("stop", self._outcome)
-        if self.guard.on_stop is not None:
+        telemetry.notify("stop", self.s._outcome)
+        if self.s.guard.on_stop is not None:
             try:
-                self.guard.on_stop(self._outcome)
+                self.s.guard.on_stop(self.s._outcome)
             except Exception:
                 _log.exception("tether: on_stop hook raised; ignored")
-        return self._outcome
+        return self.s._outcome
 
     def _ended_as(self, record: Mapping[str, Any]) -> None:
         """This run was resumed from a checkpoint it has moved past (a redelivered job, a
@@ -273,18 +206,18 @@ class Ending(RunState):
         except (KeyError, TypeError, ValueError):
             return  # a record we cannot read: the run resumes as before
         detail = str(record.get("detail") or "")
-        self._stop, self._result = (reason, detail), record.get("result")
-        self._outcome = Outcome(
+        self.s._stop, self.s._result = (reason, detail), record.get("result")
+        self.s._outcome = Outcome(
             status,
             reason,
-            self._result,
+            self.s._result,
             tuple(record.get("partial") or ()),
             detail,
             tuple(record.get("open_issues") or ()),
             usage,
             record.get("checkpoint_id"),
             str(record.get("customer_message") or ""),
-            self.run_id,
+            self.s.run_id,
             None,
             (),
             record.get("error"),
@@ -295,52 +228,52 @@ class Ending(RunState):
         _log.info(
             "tether: run %s was resumed from checkpoint %s, which it has moved past: its "
             "recorded outcome (%s) stands",
-            self.run_id,
-            self._resumed_from,
+            self.s.run_id,
+            self.s._resumed_from,
             status,
         )
 
     def _overtaken(self) -> bool:
         """Another worker that resumed the same checkpoint ended the run first: this ending
         is not filed over its record (nor over a later one)."""
-        records = self.guard.records
-        if records is None or self._resumed_from is None:
+        records = self.s.guard.records
+        if records is None or self.s._resumed_from is None:
             return False
         try:
-            current = records.runs.get(self.run_id)
+            current = records.runs.get(self.s.run_id)
         except Exception:
             return False
         return current is not None and current.get("checkpoint_id") not in (
-            self._resumed_from,
-            *self._filed,
+            self.s._resumed_from,
+            *self.s._filed,
         )
 
     def _conversation(self, status: str) -> tuple[Any, ...]:
         """The conversation, redacted; a run that stopped keeps its last turn (the calls a
         resume makes keep their arguments)."""
-        return redact_conversation(self.messages or (), keep_last=status != "success")
+        return redact_conversation(self.s.messages or (), keep_last=status != "success")
 
     def _message(
         self, status: str, facts: list[str], undone: list[str], *, case_filed: bool
     ) -> str:
-        text = self.guard.messages.render(
-            status, facts, unconfirmed=self._unconfirmed, undone=undone, case_filed=case_filed
+        text = self.s.guard.messages.render(
+            status, facts, unconfirmed=self.s._unconfirmed, undone=undone, case_filed=case_filed
         )
         return str(redact(text))
 
     def _record(self, outcome: Outcome, task: str, steps: dict[str, Any]) -> None:
         """File the outcome in the guard's records (what the operator page lists)."""
-        records = self.guard.records
+        records = self.s.guard.records
         if records is None:
             return
         if self._overtaken():
             _log.info(
-                "tether: run %s: another worker ended it first; its record stands", self.run_id
+                "tether: run %s: another worker ended it first; its record stands", self.s.run_id
             )
             return
         usage = outcome.usage
         doc = {
-            "run_id": self.run_id,
+            "run_id": self.s.run_id,
             "task": task,
             "status": outcome.status,
             "reason": outcome.stopped_because.value,
@@ -359,18 +292,17 @@ class Ending(RunState):
             "handoff_id": getattr(outcome.handoff, "id", None),
             "compensated": list(outcome.compensated),
             "pending_approval": outcome.pending_approval,
-            "ended_at": self.clock.wall(),
+            "ended_at": self.s.clock.wall(),
         }
         try:
-            records.runs.save(doc, self.clock.wall())
-            self._filed.add(outcome.checkpoint_id)
+            records.runs.save(doc, self.s.clock.wall())
+            self.s._filed.add(outcome.checkpoint_id)
         except Exception as exc:  # a failing store never loses the outcome
             _log.error(
-                "tether: run %s: its record could not be written: %s", self.run_id, redact(str(exc))
+                "tether: run %s: its record could not be written: %s",
+                self.s.run_id,
+                redact(str(exc)),
             )
-
-    def _roll_back(self) -> None:
-        raise NotImplementedError  # the Rollback mixin of tether.Run
 
 
 def _usage_doc(usage: Usage) -> dict[str, Any]:

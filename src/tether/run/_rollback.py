@@ -13,7 +13,6 @@ from tether.effects._canonical import jsonable
 from tether.redaction._redact import redact
 from tether.run._governance import JournalEntry
 from tether.run._handoff import SOME_STEP
-from tether.run._outcome import Outcome, Status, StopReason
 from tether.run._runstate import RunState
 from tether.run._tool import _is_async
 
@@ -49,21 +48,14 @@ _log = logging.getLogger("tether")
 Compensations = Mapping[str, Callable[[Any], Any]] | None
 
 
-class Rollback(RunState):
-    """``run.rollback()`` (mixed into :class:`tether.Run`)."""
+class Rollback:
+    """The compensations of a run (a part of :class:`tether.Run`): each undone at most once."""
 
-    def rollback(self, compensations: Compensations = None) -> tuple[dict[str, Any], ...]:
-        """Undo the run's completed calls that have a compensation, newest first.
+    def __init__(self, state: RunState) -> None:
+        self.s = state
 
-        Each compensation runs at most once, through the guard's ledger under a key made
-        from the original call's key, with the guard's retry and breaker rules: calling
-        ``rollback()`` again, or in a process that resumed the run from its checkpoint
-        (``compensations`` gives the functions by tool name there), finishes what is left
-        and repeats nothing. A compensation that fails, or whose outcome is unknown, hands
-        the run to a person with the facts (the run escalates). Returns what this call
-        confirmed undone (including what an interrupted earlier rollback had undone, read
-        from the ledger); ``outcome.compensated`` has everything undone, newest first.
-        """
+    def rollback(self, compensations: Compensations = None) -> list[dict[str, Any]]:
+        """Make the compensations still to make, newest first; what this call undid."""
         done = []
         for undo in self._undos(compensations):
             if _is_async(undo.fn):
@@ -82,9 +74,9 @@ class Rollback(RunState):
                 self._undo_failed(undo.entry, exc)
                 continue
             done.append(self._undone(undo.entry, undo.original, value))
-        return self._after_rollback(done)
+        return done
 
-    async def arollback(self, compensations: Compensations = None) -> tuple[dict[str, Any], ...]:
+    async def arollback(self, compensations: Compensations = None) -> list[dict[str, Any]]:
         """The async form of :meth:`rollback` (async compensations awaited, sync ones in a
         worker thread)."""
         done = []
@@ -98,12 +90,12 @@ class Rollback(RunState):
                 self._undo_failed(undo.entry, exc)
                 continue
             done.append(self._undone(undo.entry, undo.original, value))
-        return self._after_rollback(done)
+        return done
 
     def _undos(self, given: Compensations) -> Iterator[_Undo]:
         """The compensations still to make, newest first, each with what it needs."""
-        for index in reversed(range(len(self._journal))):
-            entry = self._journal[index]
+        for index in reversed(range(len(self.s._journal))):
+            entry = self.s._journal[index]
             fn = self._compensation(entry, given)
             if fn is not None:
                 yield _Undo(
@@ -111,8 +103,8 @@ class Rollback(RunState):
                     fn,
                     self._original(entry),
                     self._undo_key(entry, index),
-                    self.guard.ledger,
-                    self.guard._policy(f"undo:{entry.tool}", None, effect=True),
+                    self.s.guard.ledger,
+                    self.s.guard._policy(f"undo:{entry.tool}", None, effect=True),
                 )
 
     # --- the parts both shells share ----------------------------------------------------
@@ -126,95 +118,73 @@ class Rollback(RunState):
             return None
         fn = entry.compensate or (given or {}).get(entry.tool)
         if fn is None:
-            self._issues.append(
+            self.s._issues.append(
                 f"{entry.tool} completed and has no compensation here: undo it by hand"
             )
             entry.state = "failed"
-            self._escalate = True
+            self.s._escalate = True
         return fn
 
     def _undo_key(self, entry: JournalEntry, index: int) -> str:
         """The ledger key of an undo: the original call's ledger key (one per intent), or for
         an idempotent call, its intent and place in this run."""
-        return f"undo:{entry.key}" if entry.in_ledger else f"undo:{self.run_id}:{index}:{entry.key}"
+        return (
+            f"undo:{entry.key}" if entry.in_ledger else f"undo:{self.s.run_id}:{index}:{entry.key}"
+        )
 
     def _original(self, entry: JournalEntry) -> Any:
         """What the call returned: kept in memory, or read back from the ledger."""
         if entry.compensate is not None or not entry.in_ledger:
             return entry.result
-        return self.guard.ledger.result(entry.key)
+        return self.s.guard.ledger.result(entry.key)
 
     def _undone(self, entry: JournalEntry, original: Any, value: Any) -> dict[str, Any]:
         entry.state = "compensated"
-        effect = self._effect_text(entry.tool, entry.args, original) or SOME_STEP
+        effect = self.s._effect_text(entry.tool, entry.args, original) or SOME_STEP
         record = {
             "tool": entry.tool,
             "args": redact(jsonable(entry.args)),
             "result": redact(jsonable(value)),
             "effect": str(redact(effect.replace(" completed", "", 1))),
         }
-        _log.info("tether: run %s: compensated %s", self.run_id, entry.tool)
+        _log.info("tether: run %s: compensated %s", self.s.run_id, entry.tool)
         telemetry.add_event("tether.compensated", **{"gen_ai.tool.name": entry.tool})
         return record
 
     def _undo_elsewhere(self, entry: JournalEntry, exc: EffectInProgress) -> None:
         """Another worker holds this compensation's claim: it is being done there (or, if
         that worker died, it is taken over once its lease ends). Nothing for a person yet."""
-        self._issues.append(
+        self.s._issues.append(
             f"undoing {entry.tool} is being done by another worker (it holds the claim "
             "until its lease ends): roll back again after that to confirm it"
         )
         _log.info(
             "tether: run %s: the compensation of %s is being done by another worker",
-            self.run_id,
+            self.s.run_id,
             entry.tool,
         )
 
     def _undo_failed(self, entry: JournalEntry, exc: Exception) -> None:
         """A compensation that failed (after its retries) or may have happened: a person
         takes over, with the facts."""
-        self._escalate = True
-        self.note_error(exc)
+        self.s._escalate = True
+        self.s.note_error(exc)
         if isinstance(exc, UnknownOutcome):
             entry.state = "unknown"
-            self._unconfirmed.append(entry.tool)
-            self._issues.append(
+            self.s._unconfirmed.append(entry.tool)
+            self.s._issues.append(
                 f"undoing {entry.tool} may or may not have happened: check before "
                 "undoing it by hand"
             )
         else:
             entry.state = "failed"
-            self._issues.append(
+            self.s._issues.append(
                 f"undoing {entry.tool} failed ({type(exc).__name__}): it is still done; "
                 "undo it by hand"
             )
         _log.error(
             "tether: run %s: the compensation of %s failed: %s",
-            self.run_id,
+            self.s.run_id,
             entry.tool,
             redact(f"{type(exc).__name__}: {exc}"),
         )
-
-    def _after_rollback(self, done: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
-        self._compensated.extend(done)
-        if self._escalate and self._stop is None:
-            self._halt(StopReason.ESCALATED, "a compensation could not be made")
-        if self._stop is None and not self._began and self._resumed_stop is not None:
-            # a run resumed only to roll back ends as its checkpoint had, with what was undone
-            self._halt(*self._resumed_stop)
-            self.finish()  # type: ignore[attr-defined]
-            return tuple(done)
-        if self._outcome is not None and (done or self._escalate):
-            self._amend_outcome()
-        return tuple(done)
-
-    def _amend_outcome(self) -> Outcome:
-        """A rollback after the run ended: the outcome says what was undone (and escalates
-        when something could not be), with a new checkpoint."""
-        assert self._outcome is not None
-        status = Status.ESCALATED if self._escalate else self._outcome.status
-        outcome: Outcome = self._conclude(status, amend=True)  # type: ignore[attr-defined]
-        return outcome
-
-    def _roll_back(self) -> None:
-        self.rollback()

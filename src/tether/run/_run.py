@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Self
 
 from tether import telemetry
+from tether.classification._classify import classify
 from tether.effects._canonical import canonical_json
 from tether.run._ending import Ending
-from tether.run._outcome import StopReason
+from tether.run._outcome import Outcome, Status, Stopped, StopReason
 from tether.run._pricing import UnknownModelError
-from tether.run._rollback import Rollback
+from tether.run._rollback import Compensations, Rollback
+from tether.run._settings import RunSettings
 from tether.run._toolcall import ToolCalls
 
 __all__ = ["Run"]
@@ -25,8 +29,137 @@ __all__ = ["Run"]
 _log = logging.getLogger("tether")
 
 
-class Run(ToolCalls, Rollback, Ending):
-    """One guarded run of an agent; see :class:`tether.Guard`."""
+class Run(ToolCalls):
+    """One guarded run of an agent; see :class:`tether.Guard`.
+
+    The run owns its parts: the ending (status, facts, outcome, record) and the
+    compensations; each gets the run's state, and only the run decides their order
+    (roll back, then conclude).
+    """
+
+    def __init__(
+        self,
+        guard: RunSettings,
+        task: str,
+        run_id: str,
+        *,
+        key: str | None = None,
+        request: str | None = None,
+    ) -> None:
+        super().__init__(guard, task, run_id, key=key, request=request)
+        self._ending = Ending(self)
+        self._undo = Rollback(self)
+
+    # --- the with-block and the ending ------------------------------------------------
+
+    def __enter__(self) -> Self:
+        self._span_cm = telemetry.span(
+            "tether.run", **{"tether.run_id": self.run_id, "tether.task": self.task[:200]}
+        )
+        self._span_cm.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        swallow = False
+        if isinstance(exc, Stopped):
+            swallow = True
+        elif isinstance(exc, Exception):
+            verdict = classify(exc)
+            reason = StopReason.PERMANENT_ERROR if not verdict.retryable else StopReason.ERROR
+            self.note_error(exc)
+            self._halt(reason, f"{type(exc).__name__}: {verdict.reason}")
+        self.finish()
+        if self._span_cm is not None:
+            self._span_cm.__exit__(None, None, None)
+        return swallow
+
+    async def __aenter__(self) -> Self:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+    @property
+    def outcome(self) -> Outcome:
+        """The run's outcome, once it has ended (a stop condition holds, or its with-block
+        closed); the run is finished on first access. Raises RuntimeError while it runs."""
+        if self._outcome is None and self._stop is None:
+            raise RuntimeError(
+                f"run {self.run_id} has not ended: read run.outcome after its with-block, or "
+                "end it first (run.succeed(), run.fail(), run.stop(), run.escalate())"
+            )
+        return self._outcome if self._outcome is not None else self.finish()
+
+    def facts(self) -> list[str]:
+        """Effects of this run that the ledger records as done (and no rollback undid), in
+        words. Raises what the ledger's store raises when it cannot be read; :meth:`finish`
+        turns that into an open issue."""
+        return self._ending.facts()
+
+    def finish(self) -> Outcome:
+        """Close the run: status, reason, checkpoint, handoff, customer message; first
+        what the guard says to undo for this ending (``Guard(rollback_on=...)``)."""
+        if self._outcome is not None:
+            return self._outcome
+        if self._stop is None:
+            self._halt(StopReason.NO_RESULT, "the loop ended without run.succeed()")
+        assert self._stop is not None
+        reason = self._stop[0]
+        status = self._ending._status(reason)
+        rollback_on = self.guard.rollback_on
+        if (reason in rollback_on or status in rollback_on) and any(
+            e.state == "done" for e in self._journal
+        ):
+            self.rollback()  # it may escalate: the status is read again
+            status = self._ending._status(reason)
+        return self._ending._conclude(status, amend=False)
+
+    def _ended_as(self, record: Mapping[str, Any]) -> None:
+        self._ending._ended_as(record)
+
+    def rollback(self, compensations: Compensations = None) -> tuple[dict[str, Any], ...]:
+        """Undo the run's completed calls that have a compensation, newest first.
+
+        Each compensation runs at most once, through the guard's ledger under a key made
+        from the original call's key, with the guard's retry and breaker rules: calling
+        ``rollback()`` again, or in a process that resumed the run from its checkpoint
+        (``compensations`` gives the functions by tool name there), finishes what is left
+        and repeats nothing. A compensation that fails, or whose outcome is unknown, hands
+        the run to a person with the facts (the run escalates). Returns what this call
+        confirmed undone (including what an interrupted earlier rollback had undone, read
+        from the ledger); ``outcome.compensated`` has everything undone, newest first.
+        """
+        return self._after_rollback(self._undo.rollback(compensations))
+
+    async def arollback(self, compensations: Compensations = None) -> tuple[dict[str, Any], ...]:
+        """The async form of :meth:`rollback` (async compensations awaited, sync ones in a
+        worker thread)."""
+        return self._after_rollback(await self._undo.arollback(compensations))
+
+    def _after_rollback(self, done: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+        """What a rollback leaves: a run resumed only to roll back ends as its checkpoint
+        had; a run that had ended gets its outcome amended (and escalates when something
+        could not be undone)."""
+        self._compensated.extend(done)
+        if self._escalate and self._stop is None:
+            self._halt(StopReason.ESCALATED, "a compensation could not be made")
+        if self._stop is None and not self._began and self._resumed_stop is not None:
+            self._halt(*self._resumed_stop)
+            self.finish()
+        elif self._outcome is not None and (done or self._escalate):
+            status = Status.ESCALATED if self._escalate else self._outcome.status
+            self._ending._conclude(status, amend=True)
+        return tuple(done)
 
     def __repr__(self) -> str:
         return (
