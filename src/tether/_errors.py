@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "CircuitOpenError",
+    "ControlSignal",
     "DeadlineExceeded",
     "EffectInProgress",
     "EffectNotRecorded",
@@ -24,6 +25,16 @@ class TetherError(Exception):
 
 class CheckpointError(TetherError, ValueError):
     """A checkpoint that cannot be used: missing, corrupt, or not tether's."""
+
+
+class ControlSignal(BaseException):
+    """A framework's control flow (LangGraph's ``interrupt()``) carried through a tool call:
+    the call did not happen. Not retried, not recorded; a ledger gives its claim back.
+    ``signal`` is the framework's own exception, raised again as it is."""
+
+    def __init__(self, signal: BaseException) -> None:
+        super().__init__(type(signal).__name__)
+        self.signal = signal
 
 
 class TransientError(Exception):

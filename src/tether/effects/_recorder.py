@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from tether._errors import (
+    ControlSignal,
     EffectInProgress,
     EffectNotRecorded,
     IdempotencyConflict,
@@ -206,6 +207,9 @@ class Recorder:
         released (it provably did not: refused, rate limited, quota)."""
         ledger = self.ledger
         try:
+            if isinstance(exc, ControlSignal):  # a framework's control flow: it did not happen
+                ledger.backend.release(key, owner)
+                return
             if not isinstance(exc, Exception):  # cancelled mid-effect: nobody knows
                 self.mark_unknown(key, owner, f"interrupted by {type(exc).__name__}")
                 return

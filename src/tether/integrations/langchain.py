@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Annotated, Any, NotRequired
 
-from tether._errors import TetherError, require
+from tether._errors import CheckpointError, TetherError, require
 from tether.integrations._common import ToolRules, require_a_place_to_wait, result_text
 from tether.run._guard import Guard
 from tether.run._outcome import Outcome, Stopped, StopReason, ToolError
@@ -31,7 +33,6 @@ require("langchain", "langchain")
 from langchain.agents.middleware.types import (  # noqa: E402 - after the extra check
     AgentMiddleware,
     AgentState,
-    PrivateStateAttr,
     hook_config,
 )
 from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
@@ -42,13 +43,51 @@ __all__ = ["TetherMiddleware", "TetherState", "ToolGuard"]
 _log = logging.getLogger("tether")
 
 
-class TetherState(AgentState[Any]):
-    """The agent's state with tether's fields: the run of this invocation, and its outcome."""
+def _newest(old: Any, new: Any) -> Any:
+    """Of two snapshots of one run (parallel tool calls each write one), the one further on;
+    a run started anew, or ended (None), replaces the old one."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return new
+    if old.get("run_id") != new.get("run_id"):
+        return new
+    return new if _progress(new) >= _progress(old) else old
 
-    tether_run_id: NotRequired[Annotated[str, UntrackedValue, PrivateStateAttr]]
-    tether_outcome: NotRequired[Any]
+
+def _progress(doc: Mapping[str, Any]) -> tuple[int, ...]:
+    found = doc.get("transcript")
+    transcript: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    entries = len(transcript.get("entries") or ()) + int(transcript.get("omitted") or 0)
+    return (int(doc.get("steps") or 0), int(doc.get("model_calls") or 0),
+            int(doc.get("tool_calls") or 0), entries, int(doc.get("stop") is not None))  # fmt: skip
+
+
+class TetherState(AgentState[Any]):
+    """The agent's state with tether's fields.
+
+    ``tether_run`` is the run of this turn as plain data (``run.snapshot()``): it lives in
+    LangGraph's checkpoint with the thread, so that a paused thread (``interrupt()``,
+    ``HumanInTheLoopMiddleware``, ``interrupt_before``) resumes the same run, in any
+    process, and nothing of it stays in the middleware's memory. ``tether_outcome`` (the
+    ``tether.Outcome`` of the turn) is returned by the invocation that ended it and never
+    written to the checkpoint; ``tether_ended`` is its summary there, as plain data.
+    """
+
+    tether_run: NotRequired[Annotated[dict[str, Any] | None, _newest]]
+    tether_outcome: NotRequired[Annotated[Any, UntrackedValue]]
+    tether_ended: NotRequired[dict[str, Any] | None]
     #: a checkpoint this invocation continues (a decided approval's ``checkpoint_id``)
     tether_resume: NotRequired[str | None]
+
+
+#: A read-only tool's own cap of identical calls (polling), as ``LoopPolicy.allow_repeat``.
+READ_ONLY_REPEATS = 30
+
+
+def _summary(outcome: Outcome) -> dict[str, Any]:
+    """An outcome in the checkpoint: plain data."""
+    return {"run_id": outcome.run_id, "status": outcome.status,
+            "stopped_because": outcome.stopped_because.value, "customer_message": outcome.customer_message,
+            "checkpoint_id": outcome.checkpoint_id}  # fmt: skip
 
 
 def _usage(message: Any) -> dict[str, int]:
@@ -76,7 +115,13 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     ``lookup`` (the provider's records, or None), or an iterable of names. They run at
     most once per intent through the guard's ledger; every other tool is treated as
     idempotent and retried through transient failures. ``labels`` names what the customer
-    reads for each tool's effect (``{"issue_refund": "refund"}``).
+    reads for each tool's effect (``{"issue_refund": "refund"}``). ``read_only`` names the
+    tools that only read (they may poll: identical calls count against their own cap,
+    :data:`READ_ONLY_REPEATS`), besides tools whose LangChain metadata says
+    ``readOnlyHint``. ``volatile`` maps a tool to the argument paths its model fills anew
+    on every call. ``key`` names the request a turn serves, as ``guard.start(key=)``: a
+    string, or a function of the invocation's ``RunnableConfig`` (``lambda config:
+    config["configurable"]["ticket"]``); None: every turn is its own request.
     """
 
     state_schema = TetherState
@@ -85,42 +130,71 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
                  | Iterable[str] | None = None, *, timeouts: Mapping[str, float] | None = None,
                  requires_approval: Mapping[str, Any] | None = None,
                  compensate: Mapping[str, Callable[[Any], Any]] | None = None,
-                 labels: Mapping[str, str] | None = None) -> None:  # fmt: skip
+                 labels: Mapping[str, str] | None = None, read_only: Iterable[str] = (),
+                 volatile: Mapping[str, Iterable[str]] | None = None,
+                 key: str | Callable[[Mapping[str, Any]], str | None] | None = None) -> None:  # fmt: skip
         super().__init__()
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+        if key is not None and not callable(key) and (not isinstance(key, str) or not key.strip()):
+            raise ValueError(
+                f"key must be a request id (str), a function of the config, or None, got {key!r}"
+            )
         self.guard = guard
+        self.key = key
         # model calls: retried at this one layer, classified by tether, within the run's time
         self._policy = guard.retry.replace(name="model")
         self._warned = False
-        self._tools = ToolGuard(
-            side_effects, timeouts, requires_approval, compensate, labels=labels
-        )
+        self._tools = ToolGuard(side_effects, timeouts, requires_approval, compensate,
+                                labels=labels, volatile=volatile, read_only=read_only)  # fmt: skip
         require_a_place_to_wait(guard, self._tools.rules.needing_approval())
         self.side_effects = self._tools.side_effects
-        self._runs: dict[str, Run] = {}
+        # runs rebuilt from a snapshot, shared by the hooks that hold them at once (parallel
+        # tool calls); weak: a run lives as long as a hook uses it, never for a paused thread
+        self._live: weakref.WeakValueDictionary[tuple[Any, ...], Run] = (
+            weakref.WeakValueDictionary()
+        )
         self._lock = threading.Lock()
 
-    # --- the run of an invocation -------------------------------------------------------
+    # --- the run of a turn: in the graph state, as plain data ----------------------------
 
     def _run(self, state: Any) -> Run | None:
-        run_id = state.get("tether_run_id") if isinstance(state, Mapping) else None
+        doc = state.get("tether_run") if isinstance(state, Mapping) else None
+        if not isinstance(doc, Mapping):
+            return None
+        mark = (doc.get("run_id"), *_progress(doc))
         with self._lock:
-            return self._runs.get(run_id) if run_id else None
+            run = self._live.get(mark)
+            if run is None:
+                try:
+                    run = self.guard.restore(doc)
+                except CheckpointError as exc:
+                    _log.warning(
+                        "tether: the run in the graph state cannot be read (%s): unguarded", exc
+                    )
+                    return None
+                self._live[mark] = run
+        return run
+
+    def _key(self) -> str | None:
+        if self.key is None or isinstance(self.key, str):
+            return self.key
+        from langgraph.config import get_config
+
+        key = self.key(get_config())
+        if key is not None and (not isinstance(key, str) or not key.strip()):
+            raise ValueError(f"key(config) must return a request id (str) or None, got {key!r}")
+        return key
 
     def before_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
         task = ""
         for message in state.get("messages", []):
             if getattr(message, "type", "") == "human":
-                task = str(getattr(message, "content", ""))[:200]
-                break
+                task = str(getattr(message, "content", ""))[:200]  # the turn's request
         resume = state.get("tether_resume")
-        run = self.guard.resume(resume) if resume else self.guard.start(task=task)
-        run.__enter__()
-        run.messages = None
-        with self._lock:
-            self._runs[run.run_id] = run
-        return {"tether_run_id": run.run_id, "tether_resume": None}  # a checkpoint continues once
+        run = self.guard.resume(resume) if resume else self.guard.start(task=task, key=self._key())
+        # a checkpoint continues once; the turn's run goes with the thread
+        return {"tether_run": run.snapshot(), "tether_resume": None, "tether_ended": None}
 
     async def abefore_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
         return self.before_agent(state, runtime)
@@ -131,7 +205,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         if run is None:
             return None
         if run.stopped is None and run.proceed():
-            return None
+            return {"tether_run": run.snapshot()}
         return self._end(run, state)
 
     @hook_config(can_jump_to=["end"])
@@ -148,7 +222,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         except Exception as exc:
             return self._model_failed(run, exc)
         self._count(run, request, response)
-        return response
+        return _with_run(response, run)
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         run = self._run(request.state)
@@ -164,7 +238,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         except Exception as exc:
             return self._model_failed(run, exc)
         self._count(run, request, response)
-        return response
+        return _with_run(response, run)
 
     def _before_model_call(self, run: Run, request: Any) -> None:
         run.check_model(_model_name(request.model))
@@ -179,11 +253,13 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         from langchain.agents.middleware.types import ModelResponse
 
         run.model_call_failed(exc)
-        return ModelResponse(result=[AIMessage(content="")])
+        return _with_run(ModelResponse(result=[AIMessage(content="")]), run)
 
     def _count(self, run: Run, request: Any, response: Any) -> None:
-        messages = getattr(response, "result", None) or [response]
-        for message in messages:
+        messages = getattr(response, "result", None)
+        if messages is None:
+            messages = getattr(getattr(response, "model_response", None), "result", None)
+        for message in messages or [response]:
             if getattr(message, "type", "") == "ai":
                 used = _usage(message)
                 run.record_model_call(model=_model_name(request.model), input_tokens=used["input_tokens"],
@@ -198,12 +274,10 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             last = state.get("messages", [])[-1:] if state.get("messages") else []
             run.succeed(str(getattr(last[0], "content", "")) if last else None)
         outcome = self._finish(run, state)
+        ended = {"tether_outcome": outcome, "tether_run": None, "tether_ended": _summary(outcome)}
         if outcome.stopped_because is StopReason.GOAL_REACHED:
-            return {"tether_outcome": outcome}
-        return {
-            "tether_outcome": outcome,
-            "messages": [AIMessage(content=outcome.customer_message)],
-        }
+            return ended
+        return {**ended, "messages": [AIMessage(content=outcome.customer_message)]}
 
     async def aafter_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
         return self.after_agent(state, runtime)
@@ -211,43 +285,68 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     def _finish(self, run: Run, state: Any) -> Outcome:
         run.messages = list(state.get("messages", []))
         run.__exit__(None, None, None)
-        with self._lock:
-            self._runs.pop(run.run_id, None)
         return run.outcome
 
     def _end(self, run: Run, state: Any) -> dict[str, Any]:
         """A guard stopped the run: end the agent with the customer message."""
         outcome = self._finish(run, state)
         return {"jump_to": "end", "messages": [AIMessage(content=outcome.customer_message)],
-                "tether_outcome": outcome}  # fmt: skip
+                "tether_outcome": outcome, "tether_run": None, "tether_ended": _summary(outcome)}  # fmt: skip
 
     # --- tools ----------------------------------------------------------------------
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         run = self._run(request.state)
-        return handler(request) if run is None else self._tools.call(run, request, handler)
+        if run is None:
+            return handler(request)
+        return _and_run(self._tools.call(run, request, handler), run)
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         run = self._run(request.state)
         if run is None:
             return await handler(request)
-        return await self._tools.acall(run, request, handler)
+        return _and_run(await self._tools.acall(run, request, handler), run)
 
 
-class _Passing(BaseException):
-    """A framework's control signal (LangGraph's ``GraphInterrupt``, ``ParentCommand``)
-    carried through a run's tool call untouched: no retry, no record, no message."""
+def _with_run(response: Any, run: Run) -> Any:
+    """The model's response, and the run as it stands, for the checkpoint."""
+    from langchain.agents.middleware.types import ExtendedModelResponse
+    from langgraph.types import Command
 
-    def __init__(self, signal: BaseException) -> None:
-        super().__init__()
-        self.signal = signal
+    update: dict[str, Any] = {"tether_run": run.snapshot()}
+    if isinstance(response, ExtendedModelResponse):
+        command = response.command
+        if command is not None and isinstance(command.update, Mapping):
+            update = {**command.update, **update}
+            command = replace(command, update=update)
+        return ExtendedModelResponse(response.model_response, command or Command(update=update))
+    if isinstance(response, AIMessage):
+        from langchain.agents.middleware.types import ModelResponse
+
+        response = ModelResponse(result=[response])
+    return ExtendedModelResponse(model_response=response, command=Command(update=update))
 
 
-def _passes(exc: BaseException) -> bool:
-    """LangGraph's own control flow (an ``interrupt()``, a ``Command`` to a parent graph)."""
+def _and_run(reply: Any, run: Run) -> list[Any]:
+    """The tool's reply as it is, and the run as it stands (a state update of its own)."""
+    from langgraph.types import Command
+
+    replies = reply if isinstance(reply, list) else [reply]
+    return [*replies, Command(update={"tether_run": run.snapshot()})]
+
+
+def _signals() -> tuple[type[BaseException], ...]:
+    """LangGraph's own control flow (an ``interrupt()``, a ``Command`` to a parent graph):
+    through a tool call untouched."""
     from langgraph.errors import GraphBubbleUp
 
-    return isinstance(exc, GraphBubbleUp)
+    return (GraphBubbleUp,)
+
+
+def _reads(request: Any) -> bool:
+    """A tool whose LangChain metadata says it only reads (MCP's ``readOnlyHint``)."""
+    meta = getattr(getattr(request, "tool", None), "metadata", None) or {}
+    return isinstance(meta, Mapping) and bool(meta.get("readOnlyHint") or meta.get("read_only"))
 
 
 def _tools_own_error(exc: ToolError) -> BaseException | None:
@@ -276,19 +375,26 @@ class ToolGuard:
                  requires_approval: Mapping[str, Any] | None = None,
                  compensate: Mapping[str, Callable[[Any], Any]] | None = None, *,
                  labels: Mapping[str, str] | None = None,
-                 volatile: Mapping[str, Iterable[str]] | None = None) -> None:  # fmt: skip
+                 volatile: Mapping[str, Iterable[str]] | None = None,
+                 read_only: Iterable[str] = ()) -> None:  # fmt: skip
         self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
         self.side_effects = self.rules.side_effects
         self.timeouts = self.rules.timeouts
         self.volatile = _volatile(volatile)
+        if isinstance(read_only, str) or not all(isinstance(n, str) for n in read_only):
+            raise TypeError(f"read_only must be a list of tool names, got {read_only!r}")
+        self.read_only = frozenset(read_only)
 
     def _plan(self, request: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
         call = request.tool_call
         name = str(call.get("name", ""))
         args = call.get("args") if isinstance(call.get("args"), dict) else {}
         options = self.rules.options(name)
+        options["passthrough"] = _signals()
         if name in self.volatile:
             options["volatile"] = self.volatile[name]
+        if name not in self.side_effects and (name in self.read_only or _reads(request)):
+            options["allow_repeat"] = READ_ONLY_REPEATS
         return name, dict(args), options
 
     def call(self, run: Run, request: Any, handler: Callable[[Any], Any]) -> Any:
@@ -296,18 +402,11 @@ class ToolGuard:
         replies: list[Any] = []
 
         def attempt(**_: Any) -> Any:
-            try:
-                replies.append(handler(request))
-            except Exception as exc:
-                if _passes(exc):
-                    raise _Passing(exc) from None
-                raise
+            replies.append(handler(request))
             return replies[-1]
 
         try:
             return _as_message(request, run.call_tool(name, attempt, args, **options), replies)
-        except _Passing as passing:
-            raise passing.signal from None
         except ToolError as exc:
             own = _tools_own_error(exc)
             if own is not None:
@@ -321,19 +420,12 @@ class ToolGuard:
         replies: list[Any] = []
 
         async def attempt(**_: Any) -> Any:
-            try:
-                replies.append(await handler(request))
-            except Exception as exc:
-                if _passes(exc):
-                    raise _Passing(exc) from None
-                raise
+            replies.append(await handler(request))
             return replies[-1]
 
         try:
             result = await run.acall_tool(name, attempt, args, **options)
             return _as_message(request, result, replies)
-        except _Passing as passing:
-            raise passing.signal from None
         except ToolError as exc:
             own = _tools_own_error(exc)
             if own is not None:

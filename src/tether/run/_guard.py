@@ -267,6 +267,14 @@ class Guard:
         """Approval records, newest first (pending, approved, rejected, used)."""
         return self._approvals().list(limit)
 
+    def restore(self, snapshot: Mapping[str, Any]) -> Run:
+        """The run that ``snapshot`` (``run.snapshot()``) describes, continuing under this
+        guard: its budgets spent, its loop detectors, its request. Raises
+        :class:`tether.CheckpointError` for a snapshot it cannot read."""
+        from tether.run._snapshot import restore
+
+        return restore(self, snapshot)
+
     def resume(self, checkpoint_id: str) -> Run:
         """A run that continues a checkpointed one, with the budget it had left."""
         if self.checkpoints is None:

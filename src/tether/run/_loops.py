@@ -107,9 +107,12 @@ class LoopState:
         self._window: int = policy.window or 64
         self._states: OrderedDict[str, int] = OrderedDict()
 
-    def check_action(self, tool: str, action: str, step: int) -> tuple[StopReason, str] | None:
-        """Why this call must not run (a repeat or a sequence), or None. Does not record."""
-        cap = self.policy.allow_repeat.get(tool)
+    def check_action(
+        self, tool: str, action: str, step: int, cap: int | None = None
+    ) -> tuple[StopReason, str] | None:
+        """Why this call must not run (a repeat or a sequence), or None. Does not record.
+        ``cap``: the call's own repeat cap, as if its tool were in ``allow_repeat``."""
+        cap = self.policy.allow_repeat.get(tool) if cap is None else cap
         if cap is not None:
             if self._allowed[action] + 1 > cap:
                 why = f"{tool} called {cap} times with identical arguments (its allow_repeat cap)"
@@ -142,8 +145,8 @@ class LoopState:
                 return p
         return 0
 
-    def record_action(self, tool: str, action: str) -> None:
-        if tool in self.policy.allow_repeat:
+    def record_action(self, tool: str, action: str, *, allowed: bool = False) -> None:
+        if allowed or tool in self.policy.allow_repeat:
             self._allowed[action] += 1
             if len(self._allowed) > self.policy.state_window:  # bound memory
                 self._allowed = Counter(dict(self._allowed.most_common(self.policy.state_window)))

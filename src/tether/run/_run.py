@@ -363,6 +363,13 @@ class Run(ToolCalls):
             )
         self._step_progress = True  # a state never seen before is a new fact
 
+    def snapshot(self) -> dict[str, Any]:
+        """The run as plain data (JSON-able), for a framework that keeps it in its own state
+        (LangGraph's checkpoint); ``guard.restore(doc)`` continues it, in any process."""
+        from tether.run._snapshot import snapshot
+
+        return snapshot(self)
+
     def succeed(self, result: Any = None) -> None:
         """The goal is reached: record the result; proceed() returns False from now on."""
         self._result = result

@@ -14,6 +14,7 @@ from typing import Any
 from tether import telemetry
 from tether._errors import (
     CircuitOpenError,
+    ControlSignal,
     DeadlineExceeded,
     EffectInProgress,
     StoreUnavailable,
@@ -68,6 +69,7 @@ class _Call:
     key: str  # the ledger's key: the intent, scoped by the guard's scope when it has one
     step: int
     policy: RetryPolicy
+    allow_repeat: int | None = None  # this call's own repeat cap (a read-only tool's polling)
 
 
 class ToolCalls(RunState):
@@ -80,6 +82,7 @@ class ToolCalls(RunState):
         timeout: float | None,
         idempotent: bool,
         volatile: tuple[str, ...] = (),
+        allow_repeat: int | None = None,
     ) -> _Call:
         if self._stop is not None:
             raise self._halt(*self._stop)
@@ -103,14 +106,19 @@ class ToolCalls(RunState):
             )
         ignore = (*VOLATILE_FIELDS, *volatile) if volatile else None
         action, key = intent_keys(name, args, self._scope, ignore)  # one encoding for both
-        loop = self._loops.check_action(name, action, self.steps)
+        loop = self._loops.check_action(name, action, self.steps, cap=allow_repeat)
         if loop is not None:
             raise self._halt(loop[0], f"{loop[1]} (step {self.steps})")
         self.tool_calls += 1
         self._step_calls += 1
-        if name not in self.guard.loops.allow_repeat:
+        if allow_repeat is None and name not in self.guard.loops.allow_repeat:
             self._step_counted = True
-        return _Call(name, args, action, key, self.steps, policy)
+        return _Call(name, args, action, key, self.steps, policy, allow_repeat)
+
+    def _not_made(self) -> None:
+        """A call that a framework's control flow interrupted did not happen."""
+        self.tool_calls -= 1
+        self._step_calls -= 1
 
     def _refuse_placeholders(self, name: str, args: Any) -> None:
         """A call whose arguments hold the redaction placeholder never runs: the value was
@@ -288,7 +296,7 @@ class ToolCalls(RunState):
             )
         # only completed calls count as repeats: a call that failed is the business of
         # max_identical_failures, so a model retrying a dead dependency is not a "loop"
-        self._loops.record_action(call.name, call.action)
+        self._loops.record_action(call.name, call.action, allowed=call.allow_repeat is not None)
         self.retries += call.policy.statistics.retries
         entry = {"step": call.step, "tool": call.name, "args": call.args, "result": result}
         self.partial.append(entry)
@@ -495,6 +503,8 @@ class ToolCalls(RunState):
         compensate: Callable[[Any], Any] | None = None,
         volatile: Iterable[str] = (),
         label: str | None = None,
+        allow_repeat: int | None = None,
+        passthrough: tuple[type[BaseException], ...] = (),
     ) -> Any:
         """Call a tool under every guard: policies, approval, loops and budgets, breaker,
         retries, ledger.
@@ -512,6 +522,11 @@ class ToolCalls(RunState):
         ``label`` is what the customer's message calls
         its effect (``"refund"``: "Done: refund completed"); the tool's name never reaches
         the customer.
+        ``allow_repeat`` gives this call its own repeat cap, as a tool named in
+        ``LoopPolicy.allow_repeat`` (a read-only tool that polls). ``passthrough`` names
+        exceptions that are a framework's control flow (LangGraph's ``GraphInterrupt``):
+        raised by ``fn``, they leave as they are, and the call counts as not made (no
+        retry, no record, a ledger's claim given back).
         Raises :class:`tether.Stopped` when a guard ends the run (the call is not made),
         or :class:`tether.ToolError` with a short text for the model when it fails.
         """
@@ -522,7 +537,8 @@ class ToolCalls(RunState):
             )
         args = _arguments(name, args)
         self._label(name, label)
-        call = self._before_tool(name, args, timeout, idempotent, _paths(name, volatile))
+        cap, fn = _repeat_cap(name, allow_repeat), _carried(fn, passthrough)
+        call = self._before_tool(name, args, timeout, idempotent, _paths(name, volatile), cap)
         gate = self._govern(call, requires_approval, compensate)
         call, idempotent = self._gated(call, gate, idempotent, timeout)
         if gate is None:
@@ -553,6 +569,9 @@ class ToolCalls(RunState):
                     ),
                     timeout=timeout,
                 )
+            except ControlSignal as carried:  # the framework's own control flow
+                self._not_made()
+                raise carried.signal from None
             except Exception as exc:
                 raise self._after_failure(call, exc) from exc
             except BaseException:  # KeyboardInterrupt, SystemExit
@@ -573,6 +592,8 @@ class ToolCalls(RunState):
         compensate: Callable[[Any], Any] | None = None,
         volatile: Iterable[str] = (),
         label: str | None = None,
+        allow_repeat: int | None = None,
+        passthrough: tuple[type[BaseException], ...] = (),
     ) -> Any:
         """The async form of :meth:`call_tool`; a hanging attempt is cancelled.
 
@@ -581,7 +602,8 @@ class ToolCalls(RunState):
         """
         args = _arguments(name, args)
         self._label(name, label)
-        call = self._before_tool(name, args, timeout, idempotent, _paths(name, volatile))
+        cap, fn = _repeat_cap(name, allow_repeat), _acarried(fn, passthrough)
+        call = self._before_tool(name, args, timeout, idempotent, _paths(name, volatile), cap)
         gate = self._govern(call, requires_approval, compensate)
         call, idempotent = self._gated(call, gate, idempotent, timeout)
         attempt: Callable[[], Awaitable[Any]]
@@ -639,12 +661,62 @@ class ToolCalls(RunState):
                     ),
                     timeout=timeout,
                 )
+            except ControlSignal as carried:
+                self._not_made()
+                raise carried.signal from None
             except Exception as exc:
                 raise self._after_failure(call, exc) from exc
             except BaseException:  # cancelled
                 self._interrupted(call, progress, idempotent, compensate)
                 raise
         return self._after_success(call, result, idempotent, compensate)
+
+
+def _repeat_cap(name: str, cap: int | None) -> int | None:
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise ValueError(f"allow_repeat of tool {name!r} must be an int >= 1 or None, got {cap!r}")
+    return cap
+
+
+def _signals(passthrough: object) -> tuple[type[BaseException], ...]:
+    if not isinstance(passthrough, tuple) or not all(
+        isinstance(t, type) and issubclass(t, BaseException) for t in passthrough
+    ):
+        raise TypeError(f"passthrough must be a tuple of exception types, got {passthrough!r}")
+    return passthrough
+
+
+def _carried(fn: Callable[..., Any], passthrough: object) -> Callable[..., Any]:
+    """``fn`` whose control-flow exceptions travel as :class:`ControlSignal`."""
+    signals = _signals(passthrough)
+    if not signals:
+        return fn
+
+    @functools.wraps(fn)
+    def carried(**args: Any) -> Any:
+        try:
+            return fn(**args)
+        except signals as exc:
+            raise ControlSignal(exc) from None
+
+    return carried
+
+
+def _acarried(fn: Callable[..., Any], passthrough: object) -> Callable[..., Any]:
+    signals = _signals(passthrough)
+    if not signals:
+        return fn
+    if not _is_async(fn):
+        return _carried(fn, signals)
+
+    @functools.wraps(fn)
+    async def carried(**args: Any) -> Any:
+        try:
+            return await fn(**args)
+        except signals as exc:
+            raise ControlSignal(exc) from None
+
+    return carried
 
 
 class _Progress:

@@ -1,0 +1,149 @@
+"""A run as plain data, and a run rebuilt from it.
+
+A framework that persists its own state (LangGraph's checkpoint, keyed by thread) keeps the
+run there: ``run.snapshot()`` is JSON-able (str, int, float, bool, None, lists and dicts),
+and ``guard.restore(doc)`` continues the run in any process, with its budgets, its loop
+detectors, its progress and its request (so that the ledger knows its effects). Nothing of
+the run stays in memory between the two.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict, deque
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from tether._errors import CheckpointError
+from tether.effects._canonical import jsonable
+from tether.records._approvals import ApprovalRecord
+from tether.run._governance import JournalEntry
+from tether.run._outcome import StopReason, Usage
+from tether.run._runstate import Tail
+
+if TYPE_CHECKING:
+    from tether.run._guard import Guard
+    from tether.run._run import Run
+
+__all__ = ["SNAPSHOT_VERSION", "restore", "snapshot"]
+
+#: The layout of a snapshot; a newer one is refused with a clear error.
+SNAPSHOT_VERSION = 1
+
+_COUNTS = ("steps", "model_calls", "tool_calls", "retries", "input_tokens", "output_tokens",
+           "cache_write_tokens", "cache_read_tokens", "unpriced_calls")  # fmt: skip
+
+
+def _tail(tail: Tail) -> dict[str, Any]:
+    return {"entries": jsonable(list(tail)), "omitted": tail.omitted, "by_tool": dict(tail.by_tool)}
+
+
+def _untail(keep: int | None, doc: Any) -> Tail:
+    tail = Tail(keep, list(doc.get("entries") or ()) if isinstance(doc, Mapping) else ())
+    if isinstance(doc, Mapping):
+        tail.omitted += int(doc.get("omitted") or 0)
+        tail.by_tool.update({str(k): int(v) for k, v in (doc.get("by_tool") or {}).items()})
+    return tail
+
+
+def snapshot(run: Run) -> dict[str, Any]:
+    """Everything the guards of ``run`` need to go on, as plain data."""
+    loops = run._loops
+    stop = run._stop
+    return {
+        "version": SNAPSHOT_VERSION,
+        "run_id": run.run_id, "task": run.task, "key": run.key, "request": run._request,
+        "elapsed": run.elapsed, "cost_usd": run.cost_usd,
+        **{name: getattr(run, name) for name in _COUNTS},
+        "error": run._error, "checked_models": sorted(run._checked_models),
+        "last_costs": list(run._last_costs), "last_tokens": run._last_tokens,
+        "max_steps": run._max_steps,
+        "partial": _tail(run.partial), "transcript": _tail(run.transcript),
+        "effects": [[tool, jsonable(args), key] for tool, args, key in run._effects],
+        "labels": dict(run._labels), "tool_counts": dict(run._tool_counts),
+        "journal": [entry.to_doc() for entry in run._journal],
+        "compensated": jsonable(list(run._compensated)),
+        "pending": run._pending.to_doc() if run._pending is not None else None,
+        "unconfirmed": list(run._unconfirmed),
+        "failures": [[*sig, n] for sig, n in run._failures.items()],
+        "results": list(run._results),
+        "no_progress": run._no_progress, "step_progress": run._step_progress,
+        "step_counted": run._step_counted, "step_calls": run._step_calls,
+        "stop": [stop[0].value, stop[1]] if stop is not None else None,
+        "escalate": run._escalate, "result": jsonable(run._result), "issues": list(run._issues),
+        "resumed_from": run._resumed_from, "began": run._began,
+        "resumed_stop": [run._resumed_stop[0].value, run._resumed_stop[1]] if run._resumed_stop else None,
+        "loops": {"recent": list(loops._recent), "counts": dict(loops._counts),
+                  "allowed": dict(loops._allowed), "seq": list(loops._seq),
+                  "states": [[k, v] for k, v in loops._states.items()]},
+    }  # fmt: skip
+
+
+def _field(doc: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = doc.get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CheckpointError(f"run snapshot: {name!r} must be {kind}, got {value!r}")
+    return value
+
+
+def restore(guard: Guard, doc: Mapping[str, Any]) -> Run:
+    """The run that ``doc`` (a :func:`snapshot`) describes, continuing under ``guard``."""
+    from tether.run._run import Run
+
+    if not isinstance(doc, Mapping):
+        raise CheckpointError(f"run snapshot must be a mapping, got {type(doc).__name__}")
+    version = doc.get("version")
+    if version != SNAPSHOT_VERSION:
+        raise CheckpointError(
+            f"run snapshot version {version!r} is not {SNAPSHOT_VERSION} (made by another tether)"
+        )
+    key, request = doc.get("key"), doc.get("request")
+    run = Run(guard, str(_field(doc, "task", str)), str(_field(doc, "run_id", str)),
+              key=key if isinstance(key, str) else None,
+              request=request if isinstance(request, str) else None)  # fmt: skip
+    usage = Usage(**{name: int(_field(doc, name, int)) for name in _COUNTS},
+                  cost_usd=float(_field(doc, "cost_usd", (int, float))),
+                  seconds=float(_field(doc, "elapsed", (int, float))))  # fmt: skip
+    run._restore(usage, [], [])
+    run.partial = _untail(guard.keep_last, doc.get("partial"))
+    run.transcript = _untail(guard.keep_last, doc.get("transcript"))
+    run._error = doc.get("error") if isinstance(doc.get("error"), str) else None
+    run._checked_models = {str(m) for m in doc.get("checked_models") or ()}
+    run._last_costs = [float(c) for c in doc.get("last_costs") or ()]
+    run._last_tokens = int(doc.get("last_tokens") or 0)
+    max_steps = doc.get("max_steps")
+    run._max_steps = max_steps if isinstance(max_steps, int) else guard.budget.max_steps
+    run._effects = [(str(t), a, str(k)) for t, a, k in doc.get("effects") or ()]
+    run._labels = {str(k): str(v) for k, v in (doc.get("labels") or {}).items()}
+    run._tool_counts = Counter({str(k): int(v) for k, v in (doc.get("tool_counts") or {}).items()})
+    run._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
+    run._compensated = list(doc.get("compensated") or ())
+    pending = doc.get("pending")
+    run._pending = ApprovalRecord.from_doc(dict(pending)) if isinstance(pending, Mapping) else None
+    run._unconfirmed = [str(t) for t in doc.get("unconfirmed") or ()]
+    run._failures = Counter(
+        {(str(a), str(b), str(c)): int(n) for a, b, c, n in doc.get("failures") or ()}
+    )
+    run._results = OrderedDict((str(r), None) for r in doc.get("results") or ())
+    run._no_progress = int(doc.get("no_progress") or 0)
+    run._step_progress = bool(doc.get("step_progress"))
+    run._step_counted = bool(doc.get("step_counted"))
+    run._step_calls = int(doc.get("step_calls") or 0)
+    stop = doc.get("stop")
+    if stop:
+        run._stop = (StopReason(stop[0]), str(stop[1]))
+    run._escalate = bool(doc.get("escalate"))
+    run._result = doc.get("result")
+    run._issues = [str(i) for i in doc.get("issues") or ()]
+    resumed = doc.get("resumed_from")
+    run._resumed_from = resumed if isinstance(resumed, str) else None
+    run._began = bool(doc.get("began"))
+    resumed_stop = doc.get("resumed_stop")
+    if resumed_stop:
+        run._resumed_stop = (StopReason(resumed_stop[0]), str(resumed_stop[1]))
+    loops, saved = run._loops, doc.get("loops") or {}
+    loops._recent = deque(str(a) for a in saved.get("recent") or ())
+    loops._counts = Counter({str(k): int(v) for k, v in (saved.get("counts") or {}).items()})
+    loops._allowed = Counter({str(k): int(v) for k, v in (saved.get("allowed") or {}).items()})
+    loops._seq = deque((str(a) for a in saved.get("seq") or ()), maxlen=loops._seq.maxlen)
+    loops._states = OrderedDict((str(k), int(v)) for k, v in saved.get("states") or ())
+    return run

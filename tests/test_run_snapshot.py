@@ -1,0 +1,132 @@
+"""A run as plain data (run.snapshot() / guard.restore()), a framework's control flow through
+call_tool (passthrough=), a per-call repeat cap (allow_repeat=)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+import tether
+from tether import Guard, Stopped, StopReason
+
+
+def test_a_restored_run_goes_on_where_it_was() -> None:
+    """Two searches, a snapshot through JSON, a new process's guard: the third identical
+    search never runs, and the usage counts from before the snapshot."""
+    searched: list[str] = []
+
+    def search(q: str) -> str:
+        searched.append(q)
+        return "no result"
+
+    run = Guard(budget=tether.Budget(max_steps=10)).start(task="find 99", key="ticket-1")
+    for _ in range(2):
+        assert run.proceed()
+        run.record_model_call(input_tokens=10, output_tokens=2)
+        run.call_tool("search", search, {"q": "99"})
+    doc = json.loads(json.dumps(run.snapshot()))
+    again = Guard(budget=tether.Budget(max_steps=10)).restore(doc)
+    assert (again.run_id, again.key) == (run.run_id, "ticket-1")
+    assert again.proceed()
+    with pytest.raises(Stopped) as stop:
+        again.call_tool("search", search, {"q": "99"})
+    assert stop.value.reason is StopReason.REPEATED_ACTION and searched == ["99", "99"]
+    usage = again.outcome.usage
+    assert (usage.steps, usage.model_calls, usage.tool_calls, usage.input_tokens) == (3, 2, 2, 20)
+
+
+def test_a_restored_run_keeps_its_request_for_the_ledger() -> None:
+    """A payment done before the snapshot is not done again by the restored run."""
+    paid: list[str] = []
+    guard = Guard()
+    run = guard.start(task="pay")
+    run.proceed()
+    run.call_tool("pay", lambda order: paid.append(order) or "ok", {"order": "A"}, idempotent=False)
+    again = guard.restore(json.loads(json.dumps(run.snapshot())))
+    again.proceed()
+    result = again.call_tool(
+        "pay", lambda order: paid.append(order) or "ok", {"order": "A"}, idempotent=False
+    )
+    assert (paid, result) == (["A"], "ok")
+
+
+@pytest.mark.parametrize("bad", [None, {"version": 99}, {"version": 1, "run_id": 3}])
+def test_a_bad_snapshot_is_refused_by_name(bad: Any) -> None:
+    """A snapshot that is not one, or of another version, or with a bad field: CheckpointError."""
+    with pytest.raises(tether.CheckpointError, match="snapshot"):
+        Guard().restore(bad)
+
+
+class Pause(Exception):
+    """A framework's control flow (as LangGraph's GraphInterrupt, an Exception)."""
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_passthrough_leaves_untouched_and_the_call_is_not_made(
+    idempotent: bool, shell: str
+) -> None:
+    """A passthrough exception leaves call_tool as it is (not retried, not recorded, the ledger
+    claim given back); the call made again after it runs for real, once."""
+    done: list[str] = []
+    paused = [True]
+
+    def book(hotel: str) -> str:
+        if paused[0]:
+            raise Pause("ask a person")
+        done.append(hotel)
+        return "booked"
+
+    async def abook(hotel: str) -> str:
+        return book(hotel)
+
+    run = Guard().start(task="book")
+    run.proceed()
+
+    def call() -> Any:
+        if shell == "async":
+            return asyncio.run(
+                run.acall_tool(
+                    "book", abook, {"hotel": "H"}, idempotent=idempotent, passthrough=(Pause,)
+                )
+            )
+        return run.call_tool(
+            "book", book, {"hotel": "H"}, idempotent=idempotent, passthrough=(Pause,)
+        )
+
+    with pytest.raises(Pause, match="ask a person"):
+        call()
+    assert (run.tool_calls, run.retries, list(run.transcript), run.stopped) == (0, 0, [], None)
+    paused[0] = False
+    assert call() == "booked" and done == ["H"]
+
+
+def test_passthrough_must_be_exception_types() -> None:
+    """passthrough= names exception types, in a tuple."""
+    run = Guard().start(task="t")
+    run.proceed()
+    with pytest.raises(TypeError, match="passthrough"):
+        run.call_tool("t", lambda: 1, {}, passthrough=[Pause])  # type: ignore[arg-type]
+
+
+def test_a_per_call_repeat_cap_lets_a_read_poll() -> None:
+    """allow_repeat=10 on the call: 6 identical polls run; without it the 3rd is a repeat."""
+    polls: list[int] = []
+    run = Guard().start(task="poll")
+    for _ in range(6):
+        run.proceed()
+        run.call_tool(
+            "check", lambda job: polls.append(1) or "running", {"job": "j"}, allow_repeat=10
+        )
+    assert len(polls) == 6 and run.stopped is None
+    other = Guard().start(task="poll")
+    with pytest.raises(Stopped):
+        for _ in range(6):
+            other.proceed()
+            other.call_tool("check", lambda job: "running", {"job": "j"})
+    assert other.stopped is StopReason.REPEATED_ACTION
+    with pytest.raises(ValueError, match="allow_repeat"):
+        run.call_tool("check", lambda job: "x", {"job": "j"}, allow_repeat=0)
