@@ -140,7 +140,7 @@ class Guarding:
             model_settings=settings.resolve(
                 ModelSettings(retry=model_retry(self.policy, self.run))
             ),
-            mcp_servers=[_GuardedServer(server, self) for server in agent.mcp_servers],
+            mcp_servers=[self.server(server) for server in agent.mcp_servers],
         )
         self._copies[id(agent)] = (agent, clone)
         self._made[id(clone)] = agent
@@ -170,91 +170,19 @@ class Guarding:
             guarded._agent_ref = weakref.ref(self.agent(target))
         return guarded
 
-    async def call_mcp(
-        self,
-        server: MCPServer,
-        name: str,
-        arguments: dict[str, Any] | None,
-        meta: dict[str, Any] | None,
-    ) -> Any:
-        """An MCP tool call through the run: the rules of ``name`` (a side effect runs at
-        most once per intent); a refusal or a stop goes back to the model as an error result."""
-        from mcp import types
+    def server(self, server: Any) -> Any:
+        """An agent's MCP server with its tool calls under the run, as
+        :func:`tether.integrations.mcp.agents_server` puts them (the tools' annotations
+        decide; the ones named in ``side_effects`` run at most once per intent)."""
+        from tether.integrations._mcp_agents import GuardedAgentsServer
+        from tether.integrations.mcp import agents_server
 
-        async def call(**args: Any) -> Any:
-            result = await (
-                server.call_tool(name, args)
-                if meta is None
-                else server.call_tool(name, args, meta=meta)
-            )
-            if getattr(result, "is_error", False):
-                texts = [getattr(c, "text", "") for c in result.content]
-                raise ToolError(" ".join(t for t in texts if t) or "the tool failed")
-            return result
-
-        try:
-            result = await self.run.acall_tool(
-                name, call, dict(arguments or {}), **self.rules.options(name)
-            )
-        except ToolError as exc:
-            return types.CallToolResult(
-                content=[types.TextContent(type="text", text=exc.model_message)], is_error=True
-            )
-        except Stopped as exc:
-            text = f"stopped: {exc.reason.value}"
-            return types.CallToolResult(
-                content=[types.TextContent(type="text", text=text)], is_error=True
-            )
-        if isinstance(result, dict):  # replayed from the ledger: the same result again
-            return types.CallToolResult.model_validate(result)
-        return result
-
-
-class _GuardedServer(MCPServer):
-    """An agent's MCP server whose tool calls go through the run; everything else (its
-    connection, its tool list, its settings) is the server's own."""
-
-    def __init__(self, server: MCPServer, guarding: Guarding) -> None:
-        # no MCPServer.__init__: the server's own settings are read through __getattr__
-        self._server, self._guarding = server, guarding
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("_server", "_guarding"):  # not set yet (a copy being made)
-            raise AttributeError(name)
-        return getattr(self._server, name)
-
-    @property
-    def name(self) -> str:
-        return self._server.name
-
-    @property
-    def cached_tools(self) -> Any:
-        return self._server.cached_tools
-
-    async def connect(self) -> None:
-        server: Any = self._server  # the SDK leaves these two untyped
-        await server.connect()
-
-    async def cleanup(self) -> None:
-        server: Any = self._server
-        await server.cleanup()
-
-    async def list_tools(self, run_context: Any = None, agent: Any = None) -> Any:
-        return await self._server.list_tools(run_context, agent)
-
-    async def call_tool(
-        self, tool_name: str, arguments: dict[str, Any] | None, meta: dict[str, Any] | None = None
-    ) -> Any:
-        return await self._guarding.call_mcp(self._server, tool_name, arguments, meta)
-
-    async def list_prompts(self) -> Any:
-        return await self._server.list_prompts()
-
-    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
-        return await self._server.get_prompt(name, arguments)
-
-    async def list_resources(self, cursor: str | None = None) -> Any:
-        return await self._server.list_resources(cursor)
-
-    async def list_resource_templates(self, cursor: str | None = None) -> Any:
-        return await self._server.list_resource_templates(cursor)
+        if isinstance(server, GuardedAgentsServer) or not isinstance(server, MCPServer):
+            return server  # guarded already (by the caller, for a run of theirs)
+        effects = self.rules.side_effects
+        return agents_server(
+            server,
+            self.run,
+            idempotent=dict.fromkeys(effects, False),
+            lookup={name: lookup for name, lookup in effects.items() if lookup is not None},
+        )
