@@ -38,6 +38,21 @@ from tether._errors import (
     StoreUnavailable,
     TransientError,
 )
+from tether.classification._tables import (
+    CANCELLATION,
+    GRPC_PERMANENT,
+    PERMANENT_5XX,
+    QUOTA_CODES,
+    QUOTA_MESSAGES,
+    RATE_CODES,
+    TIMEOUT_NAMES,
+    TRANSIENT_CODES,
+    TRANSIENT_ERRNOS,
+    TRANSIENT_STATUS,
+    UNKNOWN_NAMES,
+    UNSENT_ERRNOS,
+    UNSENT_NAMES,
+)
 
 __all__ = ["Kind", "Verdict", "classify", "register_classifier", "unregister_classifier"]
 
@@ -119,78 +134,6 @@ def unregister_classifier(fn: Classifier) -> None:
             _classifiers.remove(fn)
 
 
-# --- tables -------------------------------------------------------------------------
-
-TRANSIENT_STATUS = frozenset({408, 425, 500, 502, 503, 504, 507, 508, 520, 521, 522, 523, 524,
-                              529, 598, 599})  # fmt: skip
-PERMANENT_5XX = frozenset({501, 505, 506, 510, 511})
-TRANSIENT_ERRNOS = frozenset({
-    errno.ECONNRESET, errno.ECONNABORTED, errno.ECONNREFUSED, errno.ETIMEDOUT,
-    errno.EPIPE, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN,
-    errno.EHOSTDOWN, errno.EAGAIN,
-})  # fmt: skip
-# errnos that prove the request never left: nothing can have happened upstream
-UNSENT_ERRNOS = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
-                           errno.ENETDOWN, errno.EHOSTDOWN})  # fmt: skip
-
-QUOTA_CODES = frozenset({
-    # OpenAI
-    "insufficient_quota", "credit_balance_exhausted", "organization_spend_limit_exceeded",
-    "project_spend_limit_exceeded", "organization_usage_limit_exceeded",
-    "billing_hard_limit_reached", "billing_not_active",
-    # Anthropic (error.type, and error.details.error_code)
-    "billing_error", "enforced_spend_limit_reached", "contract_spend_limit_reached",
-    "linked_organization_spend_limit_reached",
-    # AWS, Google
-    "LimitExceededException", "ServiceQuotaExceededException", "QUOTA_EXCEEDED",
-})  # fmt: skip
-RATE_CODES = frozenset({
-    "rate_limit_exceeded", "rate_limit_error", "ramp_limit_exceeded", "ratelimited",
-    "rate_limited", "too_many_requests", "secondary_rate_limit",
-    # AWS throttling (botocore Error.Code)
-    "Throttling", "ThrottlingException", "ThrottledException", "TooManyRequestsException",
-    "RequestLimitExceeded", "ProvisionedThroughputExceededException", "SlowDown",
-    "RequestThrottled", "RequestThrottledException", "BandwidthLimitExceeded",
-    "TransactionInProgressException", "EC2ThrottledException",
-    # gRPC
-    "RESOURCE_EXHAUSTED",
-})  # fmt: skip
-TRANSIENT_CODES = frozenset({
-    "overloaded_error", "api_error", "server_error", "service_unavailable", "internal_error",
-    "fatal_error", "request_timeout", "timeout", "lock_timeout", "idempotency_key_in_use",
-    "InternalError", "InternalFailure", "ServiceUnavailable", "ServiceUnavailableException",
-    "RequestTimeout", "RequestTimeoutException", "PriorRequestNotComplete",
-    "UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED",
-})  # fmt: skip
-GRPC_PERMANENT = frozenset({
-    "INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED",
-    "FAILED_PRECONDITION", "OUT_OF_RANGE", "UNIMPLEMENTED", "UNAUTHENTICATED",
-    "DATA_LOSS", "INTERNAL", "UNKNOWN", "CANCELLED",
-})  # fmt: skip
-# Anthropic sends these as a 400 with no machine-readable code: a documented fallback.
-QUOTA_MESSAGES = re.compile(
-    r"credit balance is too low|reached your specified (?:api )?usage limits|"
-    r"exceeded your current quota|spend limit",
-    re.IGNORECASE,
-)
-# names of exception classes of httpx, requests, urllib3, aiohttp and the LLM SDKs,
-# matched on the class hierarchy so that none of them needs importing
-UNSENT_NAMES = frozenset({"ConnectError", "ConnectTimeout", "ConnectTimeoutError",
-                          "NewConnectionError", "NameResolutionError",
-                          "ClientConnectorError", "ProxyError"})  # fmt: skip
-UNKNOWN_NAMES = frozenset({
-    "ReadTimeout", "WriteTimeout", "PoolTimeout", "TimeoutException", "ReadError",
-    "WriteError", "RemoteProtocolError", "NetworkError", "TransportError",
-    "ProtocolError", "ChunkedEncodingError", "ServerDisconnectedError",
-    "ClientOSError", "ServerTimeoutError", "ClientPayloadError", "APIConnectionError",
-    "APITimeoutError", "IncompleteRead", "RemoteDisconnected",
-    # anyio streams (the MCP SDK's transports): the peer went away mid-request
-    "BrokenResourceError", "ClosedResourceError", "EndOfStream",
-})  # fmt: skip
-TIMEOUT_NAMES = frozenset({"ReadTimeout", "WriteTimeout", "PoolTimeout", "TimeoutException",
-                           "ConnectTimeout", "ServerTimeoutError", "APITimeoutError"})  # fmt: skip
-CANCELLATION = ("CancelledError", "KeyboardInterrupt", "SystemExit", "GeneratorExit")
-
 # strength of a verdict: the strongest in an exception chain wins, the outermost first
 _REGISTERED, _PROTOCOL, _NETWORK, _GENERIC_NETWORK, _WEAK = 5, 4, 3, 2, 1
 
@@ -218,8 +161,10 @@ def _header(headers: Any, name: str) -> str | None:
         return None
 
 
-_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?"
-                       r"(?:(\d+(?:\.\d+)?)ms)?$")  # fmt: skip
+_DURATION = re.compile(
+    r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?"
+    r"(?:(\d+(?:\.\d+)?)ms)?$"
+)
 
 
 def _parse_number(value: str) -> float | None:

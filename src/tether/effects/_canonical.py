@@ -150,8 +150,9 @@ class _Walk:
 
     def _mapping(self, obj: Mapping[Any, Any], path: str, depth: int) -> Any:
         if all(isinstance(k, str) for k in obj):
-            return {_key(k, f"{path}.{k}"): self(v, f"{path}.{k}", depth + 1)
-                    for k, v in obj.items()}  # fmt: skip
+            return {
+                _key(k, f"{path}.{k}"): self(v, f"{path}.{k}", depth + 1) for k, v in obj.items()
+            }
         pairs = []
         for k, v in obj.items():
             if k is not None and not isinstance(k, str | int | float | bool):

@@ -47,13 +47,21 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
 from tether.clock import Clock, system_clock
 from tether.effects._canonical import canonical_json
 from tether.effects._codec import Codec, JsonCodec
-from tether.effects._once import adrive, aexecute, check_call, claim_plan, drive, execute
+from tether.effects._once import (
+    Step,
+    adrive,
+    aexecute,
+    check_call,
+    claim_plan,
+    drive,
+    execute,
+)
 from tether.effects._recorder import NOT_FOUND, EffectFailed, Recorder, current_key
 from tether.stores._ledger_logic import LedgerBackend, Record, State
 
@@ -169,8 +177,13 @@ class Ledger:
         """
         from tether.stores.redis._ledger import RedisLedgerBackend
 
-        backend = RedisLedgerBackend(url, client=client, prefix=prefix, assume_durable=assume_durable,
-                                     allow_lost_records=allow_lost_records)  # fmt: skip
+        backend = RedisLedgerBackend(
+            url,
+            client=client,
+            prefix=prefix,
+            assume_durable=assume_durable,
+            allow_lost_records=allow_lost_records,
+        )
         return cls(backend, **settings)
 
     @classmethod
@@ -212,15 +225,7 @@ class Ledger:
         really ends) and :class:`tether.UnknownOutcome` is raised.
         """
         lease = check_call(key, lease, timeout)
-        plan = claim_plan(
-            self._records,
-            self.wait,
-            self.poll_interval,
-            key,
-            _payload_hash(args, kwargs),
-            lease,
-            lookup,
-        )
+        plan = self._claim_plan(key, lease, lookup, args, kwargs)
         owner, found = drive(plan, self.clock)
         if found is not NOT_FOUND:
             return found  # type: ignore[no-any-return]
@@ -243,20 +248,23 @@ class Ledger:
         the claim is given back: nothing waits for its lease.
         """
         lease = check_call(key, lease, timeout)
-        plan = claim_plan(
-            self._records,
-            self.wait,
-            self.poll_interval,
-            key,
-            _payload_hash(args, kwargs),
-            lease,
-            lookup,
-        )
+        plan = self._claim_plan(key, lease, lookup, args, kwargs)
         owner, found = await adrive(plan, self.clock, self.backend)
         if found is not NOT_FOUND:
             return found  # type: ignore[no-any-return]
         call = lambda: fn(*args, **kwargs)  # noqa: E731
         return await aexecute(self._records, key, owner, lease, timeout, call)
+
+    def _claim_plan(
+        self,
+        key: str,
+        lease: float,
+        lookup: Callable[[str], Any] | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Generator[Step, Any, tuple[str, Any]]:
+        payload = _payload_hash(args, kwargs)
+        return claim_plan(self._records, self.wait, self.poll_interval, key, payload, lease, lookup)
 
     # --- for people -------------------------------------------------------------------
 

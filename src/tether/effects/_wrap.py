@@ -182,8 +182,11 @@ class _Wrap:
         if not self._match(path):
             return fn(*args, **kwargs)
         if self.ledger is not None:
-            key = intent_key(f"{self.connector.name}:{path}", {"args": list(args), "kwargs": kwargs},
-                             ignore=_CALL_VOLATILE)  # fmt: skip
+            key = intent_key(
+                f"{self.connector.name}:{path}",
+                {"args": list(args), "kwargs": kwargs},
+                ignore=_CALL_VOLATILE,
+            )
         else:
             key = uuid.uuid4().hex
         send_kwargs = dict(kwargs)

@@ -106,33 +106,31 @@ class AdaptiveLimiter:
         Raises :class:`tether.LimiterTimeout` when admission would take longer than
         ``max_wait``.
         """
-        plan = self._admission(max_wait)
-        answer: tuple[float, bool] | None = None
-        while True:
-            try:
+        plan, answer = self._admission(max_wait), None
+        try:
+            while True:
                 wait = plan.send(answer)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            if wait is None:
-                answer = self.try_acquire()
-            else:
-                self.clock.sleep(wait)
-                answer = None
+                if wait is None:
+                    answer = self.try_acquire()
+                else:
+                    self.clock.sleep(wait)
+                    answer = None
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     async def aacquire(self, max_wait: float | None = None) -> float:
         """The async form of :meth:`acquire` (the same decisions, waits on the event loop)."""
-        plan = self._admission(max_wait)
-        answer: tuple[float, bool] | None = None
-        while True:
-            try:
+        plan, answer = self._admission(max_wait), None
+        try:
+            while True:
                 wait = plan.send(answer)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            if wait is None:
-                answer = await self.atry_acquire()
-            else:
-                await self.clock.asleep(wait)
-                answer = None
+                if wait is None:
+                    answer = await self.atry_acquire()
+                else:
+                    await self.clock.asleep(wait)
+                    answer = None
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     def _admission(self, max_wait: float | None) -> Generator[float | None, Any, float]:
         """The decisions of :meth:`acquire`: yields None to ask the store, a wait to sleep."""

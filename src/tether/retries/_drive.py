@@ -30,96 +30,99 @@ retry_context: contextvars.ContextVar[Any] = contextvars.ContextVar("tether_retr
 IN_ATTEMPT: Any = object()
 
 
+class _Cursor:
+    """Where a driver is in its plan: the answer (or error) for the plan's last step."""
+
+    __slots__ = ("answer", "error", "plan", "value")
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.answer: Any = None
+        self.error: Exception | None = None
+        self.value: Any = None
+
+    def next(self) -> Step | None:
+        """The plan's next step, or None once it returned (its result in ``value``)."""
+        try:
+            step = (
+                self.plan.send(self.answer) if self.error is None else self.plan.throw(self.error)
+            )
+        except StopIteration as done:
+            self.value = done.value
+            return None
+        self.answer = self.error = None
+        return step
+
+
 def drive(s: Settings, plan: Plan, call: Callable[[], T], hook: AttemptHook | None) -> T:
     """Run ``plan`` in this thread; ``call`` makes one attempt.
 
     A sync attempt is interrupted only by ``attempt_timeout`` (it then runs in a worker
     thread); the deadline alone bounds the waits between attempts.
     """
-    answer: Any = None
-    error: Exception | None = None
-    while True:
+    cursor = _Cursor(plan)
+    while (step := cursor.next()) is not None:
         try:
-            step = plan.send(answer) if error is None else plan.throw(error)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        answer = error = None
-        try:
-            if step.op is Op.ATTEMPT:
-                answer = _attempt(s, step, call, hook)
-            elif step.op is Op.SLEEP:
-                s.clock.sleep(step.arg)
-            else:
-                answer = _guard(s, step)
+            cursor.answer = _step(s, step, call, hook)
         except Exception as exc:
-            error = exc
+            cursor.error = exc
+    return cursor.value  # type: ignore[no-any-return]
 
 
 async def adrive(
     s: Settings, plan: Plan, call: Callable[[], Awaitable[T]], hook: AttemptHook | None
 ) -> T:
     """Run ``plan`` on the event loop; an attempt past its timeout is cancelled."""
-    answer: Any = None
-    error: Exception | None = None
-    while True:
+    cursor = _Cursor(plan)
+    while (step := cursor.next()) is not None:
         try:
-            step = plan.send(answer) if error is None else plan.throw(error)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        answer = error = None
-        try:
-            if step.op is Op.ATTEMPT:
-                answer = await _aattempt(s, step, call, hook)
-            elif step.op is Op.SLEEP:
-                await s.clock.asleep(step.arg)
-            else:
-                answer = await _aguard(s, step)
+            cursor.answer = await _astep(s, step, call, hook)
         except Exception as exc:
-            error = exc
+            cursor.error = exc
+    return cursor.value  # type: ignore[no-any-return]
+
+
+class _Attempt:
+    """One attempt's frame, the same in both drivers: marked in the context (a policy
+    called inside makes one attempt), heard by the hook from its start to its end."""
+
+    __slots__ = ("hook", "mark", "n", "token")
+
+    def __init__(self, hook: AttemptHook | None, n: int) -> None:
+        self.hook, self.n = hook, n
+
+    def __enter__(self) -> None:
+        self.token = retry_context.set(IN_ATTEMPT)
+        self.mark = None if self.hook is None else self.hook.begin(self.n)
+
+    def __exit__(self, et: object, error: BaseException | None, tb: object) -> None:
+        retry_context.reset(self.token)
+        if self.hook is not None:
+            self.hook.end(self.mark, error)
 
 
 def _attempt(s: Settings, step: Step, call: Callable[[], T], hook: AttemptHook | None) -> T:
-    token = retry_context.set(IN_ATTEMPT)
-    mark = None if hook is None else hook.begin(step.attempt)
-    try:
+    with _Attempt(hook, step.attempt):
         if step.arg is not None and s.attempt_timeout is not None:
-            result = s.clock.call_with_timeout(step.arg, call)
-        else:
-            result = call()
-    except BaseException as exc:
-        if hook is not None:
-            hook.end(mark, exc)
-        raise
-    finally:
-        retry_context.reset(token)
-    if hook is not None:
-        hook.end(mark, None)
-    return result
+            return s.clock.call_with_timeout(step.arg, call)
+        return call()
 
 
 async def _aattempt(
     s: Settings, step: Step, call: Callable[[], Awaitable[T]], hook: AttemptHook | None
 ) -> T:
-    token = retry_context.set(IN_ATTEMPT)
-    mark = None if hook is None else hook.begin(step.attempt)
-    try:
+    with _Attempt(hook, step.attempt):
         if step.arg is not None:
-            result = await s.clock.acall_with_timeout(step.arg, call)
-        else:
-            result = await call()
-    except BaseException as exc:
-        if hook is not None:
-            hook.end(mark, exc)
-        raise
-    finally:
-        retry_context.reset(token)
-    if hook is not None:
-        hook.end(mark, None)
-    return result
+            return await s.clock.acall_with_timeout(step.arg, call)
+        return await call()
 
 
-def _guard(s: Settings, step: Step) -> Any:
+def _step(s: Settings, step: Step, call: Callable[[], Any], hook: AttemptHook | None) -> Any:
     op = step.op
+    if op is Op.ATTEMPT:
+        return _attempt(s, step, call, hook)
+    if op is Op.SLEEP:
+        return s.clock.sleep(step.arg)
     if op is Op.ACQUIRE:
         return s.breaker._acquire()  # type: ignore[union-attr]
     if op is Op.RECORD:
@@ -133,8 +136,14 @@ def _guard(s: Settings, step: Step) -> Any:
     return s.budget.on_success()  # type: ignore[union-attr]
 
 
-async def _aguard(s: Settings, step: Step) -> Any:
+async def _astep(
+    s: Settings, step: Step, call: Callable[[], Awaitable[Any]], hook: AttemptHook | None
+) -> Any:
     op = step.op
+    if op is Op.ATTEMPT:
+        return await _aattempt(s, step, call, hook)
+    if op is Op.SLEEP:
+        return await s.clock.asleep(step.arg)
     if op is Op.ACQUIRE:
         return await s.breaker._aacquire()  # type: ignore[union-attr]
     if op is Op.RECORD:
