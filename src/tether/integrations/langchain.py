@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Annotated, Any, NotRequired
 
+from typing_extensions import TypedDict
+
 from tether._errors import CheckpointError, TetherError, require
 from tether.integrations._common import ToolRules, require_a_place_to_wait, result_text
 from tether.run._guard import Guard
@@ -38,7 +40,7 @@ from langchain.agents.middleware.types import (  # noqa: E402 - after the extra 
 from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
 from langgraph.channels.untracked_value import UntrackedValue  # noqa: E402
 
-__all__ = ["TetherMiddleware", "TetherState", "ToolGuard"]
+__all__ = ["TetherFields", "TetherMiddleware", "TetherState", "ToolGuard"]
 
 _log = logging.getLogger("tether")
 
@@ -59,6 +61,15 @@ def _progress(doc: Mapping[str, Any]) -> tuple[int, ...]:
     entries = len(transcript.get("entries") or ()) + int(transcript.get("omitted") or 0)
     return (int(doc.get("steps") or 0), int(doc.get("model_calls") or 0),
             int(doc.get("tool_calls") or 0), entries, int(doc.get("stop") is not None))  # fmt: skip
+
+
+class TetherFields(TypedDict, total=False):
+    """tether's fields for a hand-built graph's state (``class State(MessagesState,
+    TetherFields)``): the turn's run as plain data, its outcome, its summary."""
+
+    tether_run: Annotated[dict[str, Any] | None, _newest]
+    tether_outcome: Annotated[Any, UntrackedValue]
+    tether_ended: dict[str, Any] | None
 
 
 class TetherState(AgentState[Any]):

@@ -16,7 +16,15 @@ from tether._errors import require
 from tether.classification._classify import classify
 from tether.run._run import Run
 
-__all__ = ["atool_wrapper", "retry_policy", "tool_wrapper"]
+__all__ = ["GraphGuard", "atool_wrapper", "retry_policy", "tool_wrapper"]  # and TetherFields
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TetherFields":  # tether's fields for a graph's state (needs the extra)
+        from tether.integrations.langchain import TetherFields
+
+        return TetherFields
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def retry_policy(**settings: Any) -> Any:
@@ -86,3 +94,202 @@ def atool_wrapper(
             _drain(run, control)
 
     return wrapped
+
+
+class GraphGuard:
+    """tether's guards for a hand-built graph compiled once (``langgraph.json``, LangGraph
+    server): the run of each turn lives in the graph state, keyed by its thread, as
+    ``TetherMiddleware`` keeps it; nothing is rebuilt per invocation.
+
+    Give the graph's state tether's fields (``class State(MessagesState, TetherFields)``),
+    wrap the model node (``guarded.model_node(call_model)``: one step per call, the
+    budgets checked before it, its usage and cost counted, retried at one layer within the
+    run's time, the turn ended with the customer message when a guard stops it or when
+    the model answers without calling a tool), and give the ``ToolNode`` the wrappers
+    (``ToolNode(tools, wrap_tool_call=guarded.tool_wrapper, awrap_tool_call=
+    guarded.atool_wrapper)``), or call :meth:`call_tools` from a hand-written tool node.
+    """
+
+    def __init__(self, guard: Any, side_effects: Any = None, *, timeouts: Mapping[str, float] | None = None,
+                 labels: Mapping[str, str] | None = None, volatile: Mapping[str, Iterable[str]] | None = None,
+                 read_only: Iterable[str] = (), model: str = "",
+                 key: str | Callable[[Mapping[str, Any]], str | None] | None = None) -> None:  # fmt: skip
+        from tether.integrations.langchain import TetherMiddleware
+
+        #: the model's name for prices, when its replies do not say (``response_metadata``)
+        self.model = model
+        # the middleware is the one place that knows how a run lives in a graph's state
+        self._agent = TetherMiddleware(guard, side_effects, timeouts=timeouts, labels=labels,
+                                       volatile=volatile, read_only=read_only, key=key)  # fmt: skip
+        self.guard = guard
+
+    # --- the model node ----------------------------------------------------------------
+
+    def model_node(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn(state[, runtime | config])`` (sync or async) returning ``{"messages": ai}``,
+        under the turn's run."""
+        import inspect
+
+        params = list(inspect.signature(fn).parameters)[1:2]
+        extra = params[0] if params else None
+
+        def arguments(state: Any, runtime: Any) -> tuple[Any, ...]:
+            if extra is None:
+                return (state,)
+            if extra == "config":
+                from langgraph.config import get_config
+
+                return (state, get_config())
+            return (state, runtime)
+
+        if inspect.iscoroutinefunction(fn):
+
+            async def anode(state: Any, runtime: Any) -> dict[str, Any]:
+                run, ended = self._turn(state)
+                if ended is not None:
+                    return ended
+
+                async def call() -> Any:
+                    return await fn(*arguments(state, runtime))
+
+                try:
+                    out = await run.aretry_model_call(self._agent._policy, call)
+                except Exception as exc:
+                    run.model_call_failed(exc)
+                    return self._ended(run, state, {})
+                return self._after(run, state, out)
+
+            anode.__name__ = getattr(fn, "__name__", "model")
+            return anode
+
+        def node(state: Any, runtime: Any) -> dict[str, Any]:
+            run, ended = self._turn(state)
+            if ended is not None:
+                return ended
+            try:
+                out = run.retry_model_call(
+                    self._agent._policy, lambda: fn(*arguments(state, runtime))
+                )
+            except Exception as exc:
+                run.model_call_failed(exc)
+                return self._ended(run, state, {})
+            return self._after(run, state, out)
+
+        node.__name__ = getattr(fn, "__name__", "model")
+        return node
+
+    def _turn(self, state: Any) -> tuple[Run, dict[str, Any] | None]:
+        """The turn's run (a new turn starts one), its step begun; or how the turn ends."""
+        run = self._agent._run(state)
+        if run is None:
+            task = ""
+            for message in _get(state, "messages") or ():
+                if getattr(message, "type", "") == "human":
+                    task = str(getattr(message, "content", ""))[:200]
+            run = self.guard.start(task=task, key=self._agent._key())
+        if run.stopped is None and run.proceed():
+            return run, None
+        return run, self._ended(run, state, {})
+
+    def _after(self, run: Run, state: Any, out: Any) -> dict[str, Any]:
+        from tether.integrations.langchain import _usage
+
+        update = dict(out) if isinstance(out, Mapping) else {"messages": out}
+        found = update.get("messages")
+        replies = found if isinstance(found, list) else [found]
+        for message in replies:
+            if getattr(message, "type", "") == "ai":
+                meta = getattr(message, "response_metadata", None) or {}
+                name = str(meta.get("model_name") or meta.get("model") or self.model)
+                used = _usage(message)
+                run.record_model_call(
+                    model=name,
+                    input_tokens=used["input_tokens"],
+                    output_tokens=used["output_tokens"],
+                    cache_read_tokens=used["cache_read_tokens"],
+                    cache_write_tokens=used["cache_write_tokens"],
+                )
+        last = replies[-1] if replies else None
+        if getattr(last, "type", "") == "ai" and not getattr(last, "tool_calls", None):
+            run.succeed(str(getattr(last, "content", "")))
+            return self._ended(run, state, update)
+        return {**update, "tether_run": run.snapshot()}
+
+    def _ended(self, run: Run, state: Any, update: dict[str, Any]) -> dict[str, Any]:
+        from langchain_core.messages import AIMessage
+
+        from tether.integrations.langchain import _summary
+        from tether.run._outcome import StopReason
+
+        messages = list(_get(state, "messages") or ())
+        found = update.get("messages")
+        run.messages = messages + (found if isinstance(found, list) else [found] if found else [])
+        run.__exit__(None, None, None)
+        outcome = run.outcome
+        ended = {
+            **update,
+            "tether_outcome": outcome,
+            "tether_run": None,
+            "tether_ended": _summary(outcome),
+        }
+        if outcome.stopped_because is not StopReason.GOAL_REACHED:
+            ended["messages"] = [AIMessage(content=outcome.customer_message)]
+        return ended
+
+    # --- tools -------------------------------------------------------------------------
+
+    def tool_wrapper(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        """``ToolNode(wrap_tool_call=guarded.tool_wrapper)``."""
+        return self._agent.wrap_tool_call(request, handler)
+
+    async def atool_wrapper(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        """``ToolNode(awrap_tool_call=guarded.atool_wrapper)``."""
+        return await self._agent.awrap_tool_call(request, handler)
+
+    def call_tools(self, state: Any, tools: Iterable[Any]) -> dict[str, Any]:
+        """A hand-written tool node (the "ReAct agent from scratch" one): every tool call of
+        the last AI message through the turn's run; the node's state update."""
+        from langchain_core.messages import ToolMessage
+
+        from tether.integrations._common import result_text
+        from tether.integrations.langchain import _message
+        from tether.run._outcome import Stopped, ToolError
+
+        run = self._agent._run(state)
+        by_name = {tool.name: tool for tool in tools}
+        last = (_get(state, "messages") or [None])[-1]
+        out: list[Any] = []
+        for call in getattr(last, "tool_calls", None) or ():
+            request = _Request(call, by_name.get(call["name"]))
+            if run is None or request.tool is None:
+                out.append(
+                    ToolMessage(
+                        f"unknown tool {call['name']!r}", tool_call_id=call["id"], status="error"
+                    )
+                )
+                continue
+            name, args, options = self._agent._tools._plan(request)
+            try:
+                invoke = request.tool.invoke
+                result = run.call_tool(name, lambda _i=invoke, **a: _i(a), args, **options)
+                out.append(ToolMessage(result_text(result), tool_call_id=call["id"], name=name))
+            except ToolError as exc:
+                out.append(_message(request, exc.model_message))
+            except Stopped as exc:
+                out.append(_message(request, f"stopped: {exc.reason.value}"))
+        update: dict[str, Any] = {"messages": out}
+        if run is not None:
+            update["tether_run"] = run.snapshot()
+        return update
+
+
+class _Request:
+    """A tool call as ``ToolNode`` hands it to a wrapper (what ``ToolGuard`` reads)."""
+
+    def __init__(self, call: Mapping[str, Any], tool: Any) -> None:
+        self.tool_call = call
+        self.tool = tool
+
+
+def _get(state: Any, name: str) -> Any:
+    return state.get(name) if isinstance(state, Mapping) else getattr(state, name, None)
