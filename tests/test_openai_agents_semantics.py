@@ -301,6 +301,25 @@ def test_the_run_resumed_from_the_sdks_state_keeps_its_budget(shell: str, tmp_pa
     assert looked == ["weather Oakland", "temperature Oakland"]  # the approved call ran
 
 
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_run_continues_from_its_snapshot_beside_the_sdks_state(shell: str) -> None:
+    """No store: the outcome's snapshot (plain data, kept beside the SDK's state JSON) makes
+    the resumed run the same tether run, its budget counting both halves."""
+    model = scripted(approval_script())
+    agent, looked = approval_desk(model)
+    guard = Guard(budget=Budget(max_model_calls=1))
+    first = drive(shell, agent, "Weather and temperature in Oakland?", guard=guard)
+    stored = json.dumps({"state": first.to_state().to_json(), "tether": first.snapshot})
+    kept = json.loads(stored)
+    state = asyncio.run(RunState.from_json(agent, kept["state"]))
+    for interruption in first.interruptions:
+        state.approve(interruption)
+    second = drive(shell, agent, state, guard=guard, snapshot=kept["tether"])
+    assert second.run_id == first.run_id
+    assert looked == ["weather Oakland", "temperature Oakland"]  # the approved call ran
+    assert second.stopped_because is StopReason.MAX_MODEL_CALLS and len(model.calls) == 1
+
+
 def test_a_stream_the_caller_stops_reading_ends_the_run() -> None:
     """Leaving the stream early cancels the SDK's run and ends tether's: no more requests."""
     steps = [[function_call("search", {"q": f"invoice {i}"}, call_id=f"c{i}")] for i in range(5)]

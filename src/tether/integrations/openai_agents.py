@@ -91,6 +91,9 @@ class AgentOutcome(Outcome):
     new_items: list[Any] = field(default_factory=list)
     interruptions: list[Any] = field(default_factory=list)
     tripwire: Exception | None = None
+    #: the tether run at the pause, as plain data (JSON-able): keep it beside the SDK's
+    #: state and pass it back as ``run(..., snapshot=...)`` to continue this run
+    snapshot: dict[str, Any] | None = None
     _result: Any = field(default=None, repr=False, compare=False)
 
     def to_state(self) -> RunState[Any]:
@@ -170,6 +173,7 @@ class _Session:
         guard: Any,
         *,
         resume: str | None,
+        snapshot: Mapping[str, Any] | None,
         key: str | None,
         max_turns: int | None,
         run_config: RunConfig | None,
@@ -186,8 +190,14 @@ class _Session:
                 "run() owns the run hooks: subclass TetherHooks and call Runner.run "
                 "yourself (see guard_tools) to add your own"
             )
+        if resume is not None and snapshot is not None:
+            raise TypeError(
+                "give resume= (a checkpoint id) or snapshot= (outcome.snapshot), not both"
+            )
         require_a_place_to_wait(guard, rules.needing_approval())
         self.agent, self.input, self.guard, self.rules = agent, input, guard, rules
+        self.restore = snapshot
+        self.paused_as: dict[str, Any] | None = None
         self.resume, self.key, self.run_config, self.context = resume, key, run_config, context
         self.turns = _max_turns(guard, max_turns)
         self.options = options
@@ -200,6 +210,8 @@ class _Session:
     def start(self) -> AbstractContextManager[Run]:
         if self.resume:
             return self.guard.resume(self.resume)
+        if self.restore is not None:
+            return self.guard.restore(self.restore)
         original = getattr(self.input, "_original_input", self.input)  # a RunState: its input
         return self.guard.start(task=_task(original), key=self.key)
 
@@ -230,6 +242,7 @@ class _Session:
         self.last_agent = result.last_agent
         run.messages = result.to_input_list()
         if result.interruptions:
+            self.paused_as = run.snapshot()  # before the stop: the run goes on after the pause
             names = ", ".join(sorted({str(i.name) for i in result.interruptions}))
             raise run.halt(StopReason.AWAITING_APPROVAL, f"the agent waits for approval of {names}")
         run.succeed(result.final_output)
@@ -280,6 +293,7 @@ class _Session:
             new_items=self.items,
             interruptions=waiting,
             tripwire=self.tripwire,
+            snapshot=self.paused_as,
             _result=self.result,
         )
 
@@ -342,6 +356,7 @@ async def run(
     requires_approval: Mapping[str, Any] | None = None,
     compensate: Mapping[str, Callable[[Any], Any]] | None = None,
     resume: str | None = None,
+    snapshot: Mapping[str, Any] | None = None,
     key: str | None = None,
     labels: Mapping[str, str] | None = None,
     context: Any = None,
@@ -356,9 +371,10 @@ async def run(
     (``outcome.to_state()`` after its interruptions were approved or rejected).
     ``outcome.result`` is the agent's ``final_output`` when it finished.
     ``requires_approval`` and ``compensate`` (by tool name) are the governance options of
-    ``run.call_tool``; ``resume=outcome.checkpoint_id`` continues a run that stopped;
-    ``key`` names the request the run serves (``guard.start(task, key=...)``). Other
-    keyword arguments go to ``Runner.run``.
+    ``run.call_tool``; ``resume=outcome.checkpoint_id`` continues a run that stopped, and
+    ``snapshot=outcome.snapshot`` (plain data, no store needed) a run paused for the SDK's
+    approvals, given its state as ``input``; ``key`` names the request the run serves
+    (``guard.start(task, key=...)``). Other keyword arguments go to ``Runner.run``.
     """
     rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
     session = _Session(
@@ -366,6 +382,7 @@ async def run(
         input,
         guard,
         resume=resume,
+        snapshot=snapshot,
         key=key,
         max_turns=max_turns,
         run_config=run_config,
@@ -437,6 +454,7 @@ def run_streamed(
     requires_approval: Mapping[str, Any] | None = None,
     compensate: Mapping[str, Callable[[Any], Any]] | None = None,
     resume: str | None = None,
+    snapshot: Mapping[str, Any] | None = None,
     key: str | None = None,
     labels: Mapping[str, str] | None = None,
     context: Any = None,
@@ -453,6 +471,7 @@ def run_streamed(
             input,
             guard,
             resume=resume,
+            snapshot=snapshot,
             key=key,
             max_turns=max_turns,
             run_config=run_config,
