@@ -40,27 +40,29 @@ class Heartbeat:
 
     def add(self, backend: LedgerBackend, ttl: float, key: str, owner: str, lease: float) -> None:
         due = system_clock.now() + lease / 3
-        with self._lock:
-            self._active[(key, owner)] = [backend, ttl, lease, due]
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, name="tether-lease-heartbeat", daemon=True
-                )
-                self._thread.start()
-            elif due < self._wake_at:
-                self._cond.notify()
+        # a dict insert is atomic: the lock is taken only to start or wake the thread
+        self._active[(key, owner)] = [backend, ttl, lease, due]
+        if self._thread is None or due < self._wake_at:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._loop, name="tether-lease-heartbeat", daemon=True
+                    )
+                    self._thread.start()
+                elif due < self._wake_at:
+                    self._cond.notify()
 
     def remove(self, key: str, owner: str) -> None:
-        with self._lock:
-            self._active.pop((key, owner), None)
+        self._active.pop((key, owner), None)  # atomic; the thread reads a copy under its lock
 
     def _loop(self) -> None:
         while True:
             with self._cond:
                 now = system_clock.now()
-                due = [(k, e) for k, e in self._active.items() if e[3] <= now]
+                active = list(self._active.items())
+                due = [(k, e) for k, e in active if e[3] <= now]
                 if not due:
-                    soon = min((e[3] for e in self._active.values()), default=now + IDLE_TICK)
+                    soon = min((e[3] for _, e in active), default=now + IDLE_TICK)
                     self._wake_at = soon
                     self._cond.wait(soon - now)
                     self._wake_at = 0.0  # awake: an add need not notify

@@ -141,31 +141,25 @@ def execute(
 ) -> T:
     """Run the claimed effect and record its outcome (sync)."""
     ledger = r.ledger
-    ended = None if timeout is None else threading.Event()
     beat = not r.virtual
     if beat:
         heartbeat.add(ledger.backend, ledger.ttl, key, owner, lease)
+    if timeout is None:  # the common case, without a closure or an event
+        try:
+            return _run_and_record(r, key, owner, fn)
+        finally:
+            if beat:
+                heartbeat.remove(key, owner)
+    ended = threading.Event()
 
     def body() -> T:
-        token = current_key.set(key)
         try:
-            try:
-                result = fn()
-            except BaseException as exc:
-                r.record_failure(key, owner, exc)
-                raise
-            finally:
-                current_key.reset(token)
-            r.record_done(key, owner, result)
-            return result
+            return _run_and_record(r, key, owner, fn)
         finally:
-            if ended is not None:
-                ended.set()
+            ended.set()
             if beat:
                 heartbeat.remove(key, owner)
 
-    if timeout is None or ended is None:
-        return body()
     try:
         return ledger.clock.call_with_timeout(timeout, body)
     except TimeoutError as exc:
@@ -178,6 +172,19 @@ def execute(
         if record is not None and record.state is State.DONE:
             return r.replay(record)  # type: ignore[no-any-return]
         raise UnknownOutcome(key, detail) from exc
+
+
+def _run_and_record(r: Recorder, key: str, owner: str, fn: Callable[[], T]) -> T:
+    token = current_key.set(key)
+    try:
+        result = fn()
+    except BaseException as exc:
+        r.record_failure(key, owner, exc)
+        raise
+    finally:
+        current_key.reset(token)
+    r.record_done(key, owner, result)
+    return result
 
 
 async def aexecute(
