@@ -320,10 +320,8 @@ def _large_among_small(aging: bool) -> float | None:
         admitted, wait, retry = tokens_reserve(
             f, now, cfg, (1, 0, need, 0), horizon + (waited if aging else 0.0)
         )
-        if not admitted:  # an aging caller's horizon grows as its wait shrinks: half
-            heapq.heappush(
-                queue, (now + max(retry / 2 if aging else retry, 0.001), who, need, first)
-            )
+        if not admitted:  # asks again when its horizon would have reached the wait
+            heapq.heappush(queue, (now + max(retry, 0.001), who, need, first))
         elif who == -1:
             return waited + wait
     return None

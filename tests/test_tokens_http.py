@@ -217,6 +217,7 @@ def test_a_fleet_of_agents_meets_the_real_limit_with_no_429(
                 t.start()
             for t in threads:
                 t.join()
+            client.close()
     stats = provider.sim.stats
     assert stats.requests - stats.throttled == calls
     assert stats.throttled <= 1
@@ -258,6 +259,7 @@ def _worker(
     ready.wait()  # every process imported and connected: they start together
     for i in range(k, calls, n):
         call(style, client, i)
+    client.close()
     budget.flush()
     store.close()
 
@@ -319,12 +321,12 @@ def test_a_wait_past_the_runs_time_stops_it_timeout_before_the_request() -> None
         budget.settle(r, input_tokens=0, output_tokens=0, status=200)
         budget.reserve(estimated_input_tokens=10, max_output_tokens=600)  # all of it
         guard = tether.Guard(budget=tether.Budget(max_seconds=20), clock=clock, token_budget=budget)
-        client = anthropic.Anthropic(api_key="t", base_url=server.url)
-        outcome = tanthropic.run_agent(
-            client, model="claude-sonnet-4-5", messages=prompt(1), guard=guard, max_tokens=300
-        )
+        with anthropic.Anthropic(api_key="t", base_url=server.url) as client:
+            outcome = tanthropic.run_agent(
+                client, model="claude-sonnet-4-5", messages=prompt(1), guard=guard, max_tokens=300
+            )
     assert outcome.stopped_because is tether.StopReason.TIMEOUT
-    assert "token budget" in outcome.open_issues[0] if outcome.open_issues else True
+    assert "token budget 'anthropic:claude'" in outcome.detail
     assert server.requests == []
     assert clock.now() < 20.0
 

@@ -59,6 +59,14 @@ def _fleet_job(job: tuple[str, str, int]) -> tuple[str, str, dict[str, Any]]:
     )
 
 
+def _limits_job(job: tuple[str, str, int]) -> tuple[str, str, dict[str, Any]]:
+    from tether.bench._provider_limits import run_provider_limits
+
+    logging.getLogger("tether").setLevel(logging.ERROR)
+    policy, misconfig, seed = job
+    return policy, misconfig, run_provider_limits(policy, misconfig, seed=seed)
+
+
 def run(
     suites: Iterable[str] = SUITES,
     *,
@@ -89,7 +97,7 @@ def run(
         )
     if tasks < 1:
         raise ValueError(f"tasks must be >= 1, got {tasks}")
-    valid = list(dict.fromkeys([*SCENARIOS, *FLEET_SCENARIOS]))  # once each, in order
+    valid = list(dict.fromkeys([*SCENARIOS, *FLEET_SCENARIOS, "provider-limits"]))
     bad = [s for s in scenarios or () if s not in valid]
     if bad:
         raise ValueError(
@@ -120,6 +128,13 @@ def run(
         if "fleet" in suites:
             names = [s for s in FLEET_SCENARIOS if not scenarios or s in scenarios]
             fleet_jobs = [(s, p, seed) for s in names for p in FLEET_POLICIES]
+        # provider-limits (a few minutes of CPU): only when named, --scenario provider-limits
+        limit_jobs = []
+        if "fleet" in suites and "provider-limits" in (scenarios or ()):
+            from tether.bench._provider_limits import PROVIDER_LIMITS, PROVIDER_POLICIES
+
+            limit_jobs = [(p, m, seed) for p in PROVIDER_POLICIES for m in PROVIDER_LIMITS]
+        limit_futures = [pool.submit(_limits_job, j) for j in limit_jobs]
         # the slowest cells first, so that both workers finish together
         fleet_futures = [pool.submit(_fleet_job, j) for j in fleet_jobs]
         agent_futures = [pool.submit(_agents_job, j) for j in agent_jobs]
@@ -155,6 +170,23 @@ def run(
                 "contention": {
                     j: contention(j, seed=seed) for j in ("none", "full", "equal", "decorrelated")
                 },
+            }
+        if limit_jobs:
+            from tether.bench._provider_limits import AGENTS, REAL_LIMITS
+
+            cells = {}
+            for fut in limit_futures:
+                policy, misconfig, cell = fut.result()
+                cells.setdefault(policy, {})[misconfig] = cell
+                note(f"fleet: provider-limits / {policy} / {misconfig}", len(limit_jobs))
+            out["suites"].setdefault("fleet", {"scenarios": {}})["provider-limits"] = {
+                "agents": AGENTS,
+                "real_limits": {
+                    "requests_per_minute": REAL_LIMITS.requests,
+                    "input_tokens_per_minute": REAL_LIMITS.input,
+                    "output_tokens_per_minute": REAL_LIMITS.output,
+                },
+                "policies": cells,
             }
     if "tau" in suites:
         from tether.bench._tau import LAMBDAS, run_tau

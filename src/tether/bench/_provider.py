@@ -15,8 +15,9 @@ import math
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
-__all__ = ["Limits", "SimulatedProvider", "go_duration"]
+__all__ = ["Limits", "SimulatedProvider", "go_duration", "share_of_limit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ class Limits:
     def scaled(self, factor: float) -> Limits:
         return Limits(*(x * factor for x in (self.requests, self.input, self.output, self.tokens)))
 
-    def as_budget(self) -> dict[str, float | None]:
+    def as_budget(self) -> dict[str, Any]:
         """As :class:`tether.TokenBudget`'s keyword arguments."""
         return {
             "requests_per_minute": self.requests or None,
@@ -80,6 +81,10 @@ class Stats:
     first_at: float | None = None
     last_at: float = 0.0
     by_minute: dict[int, float] = field(default_factory=dict)
+    #: (time, input tokens, max_tokens) of every request admitted, in order
+    admitted: list[tuple[float, int, int]] = field(default_factory=list)
+    #: (time, input tokens, output tokens) of every request served, in order
+    served: list[tuple[float, int, int]] = field(default_factory=list)
 
 
 class SimulatedProvider:
@@ -126,6 +131,7 @@ class SimulatedProvider:
                 return False, headers
             for n, b in self.buckets.items():
                 b.level -= min(needs[n], b.cap)
+            self.stats.admitted.append((now, input_tokens, max_tokens))
             if self.stats.first_at is None:
                 self.stats.first_at = now
             return True, self._headers(now)
@@ -142,6 +148,7 @@ class SimulatedProvider:
             self.stats.served_input += input_tokens
             self.stats.served_output += output_tokens
             self.stats.last_at = max(self.stats.last_at, now)
+            self.stats.served.append((now, input_tokens, output_tokens))
             minute = int(now // 60)
             self.stats.by_minute[minute] = (
                 self.stats.by_minute.get(minute, 0.0) + input_tokens + output_tokens
@@ -167,3 +174,17 @@ class SimulatedProvider:
                 h[f"x-ratelimit-remaining-{kind}"] = left
                 h[f"x-ratelimit-reset-{kind}"] = go_duration(b.full_in())
         return h
+
+
+def share_of_limit(
+    stats: Stats, limit: float, start: float, end: float, which: int, held: float = 0.0
+) -> float:
+    """Tokens between ``start`` and ``end`` as a share of what ``limit`` per minute allows in
+    that time: input tokens as admitted (``which=1``: the provider counts them then), output
+    tokens as generated (``which=2``: counted when the request ends). ``held``: what the
+    bucket held at ``start``, which the provider could admit on top of the refill."""
+    if end <= start or limit <= 0:
+        return 0.0
+    events = stats.admitted if which == 1 else stats.served
+    served = sum(e[which] for e in events if start <= e[0] < end)
+    return served / (limit * (end - start) / 60.0 + held)

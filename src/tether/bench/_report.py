@@ -96,6 +96,40 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
             for j, m in suites["fleet"]["contention"].items()
         ]
         tables["contention (AWS backoff article experiment, 100 clients)"] = (head, rows)
+    limits = suites.get("fleet", {}).get("provider-limits")
+    if limits:
+        head = [
+            "policy",
+            "configured",
+            "success",
+            "429s / 1000 req",
+            "ITPM used",
+            "OTPM used",
+            "p50 s",
+            "p95 s",
+            "longest wait s",
+            "store trips / call",
+        ]
+        rows = [
+            [
+                policy,
+                misconfig.removeprefix("configured-"),
+                f"{m['success']:.1%}",
+                f"{m['throttled_per_1000']:.1f}",
+                f"{m['input_share_of_limit']:.0%}",
+                f"{m['output_share_of_limit']:.0%}",
+                _num(m["p50_completion_s"]),
+                _num(m["p95_completion_s"]),
+                f"{m['longest_wait_s']:.1f}",
+                f"{m['store_round_trips_per_call']:.2f}",
+            ]
+            for policy, cells in limits["policies"].items()
+            for misconfig, m in cells.items()
+        ]
+        tables[f"provider-limits ({limits['agents']} agents, limits configured 2x wrong)"] = (
+            head,
+            rows,
+        )
     if "fleet-live" in suites:
         head = [
             "scenario",
@@ -294,6 +328,10 @@ def _plots(results: dict[str, Any], out: Path) -> list[tuple[str, str]]:
         for scenario, entry in suites["fleet"]["scenarios"].items():
             images.append(_fleet(plt, scenario, entry, out))
     return images
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
 def _share(v: float) -> str:

@@ -212,6 +212,9 @@ class TokenBudget:
         self._sent_at = -math.inf  # when this process last told the store what it learned
         self._calibrated = False
         self._ratio = 1.0  # usage / estimate, learned: the estimator's bias for this family
+        self._spread = 0.0  # the mean absolute deviation of that ratio
+        self._probe_gate = -math.inf  # until then another caller here waits for the probe
+        self._line_until = -math.inf  # when the longest place in line the store gave ends
         #: calls reserved, seconds waited in all, the longest wait, 429s settled
         self.reserved = 0
         self.waited = 0.0
@@ -231,11 +234,15 @@ class TokenBudget:
     # --- reserving ----------------------------------------------------------------------
 
     def _need(self, estimated_input_tokens: int, max_output_tokens: int) -> Four:
-        est = math.ceil(estimated_input_tokens * max(self._ratio, 0.5))
+        # the estimator's bias and three times its spread: an estimate that falls short
+        # near an empty bucket is a 429; one that is too large only holds tokens until
+        # the usage gives them back
+        factor = min(4.0, max(self._ratio + 3.0 * self._spread, 0.5))
+        est = math.ceil(estimated_input_tokens * factor)
         return 1.0, float(est), float(max_output_tokens), float(est + max_output_tokens)
 
     def _horizon(self, waited: float, urgency: float, max_wait: float | None) -> float:
-        horizon = self.horizon * (1.0 + 3.0 * min(1.0, max(0.0, urgency))) + waited
+        horizon = self.horizon * (1.0 + 3.0 * min(1.0, max(0.0, urgency))) + 2.0 * waited
         return horizon if max_wait is None else min(horizon, max(0.0, max_wait - waited))
 
     def _take_pending(self) -> Settlement | None:
@@ -254,18 +261,44 @@ class TokenBudget:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{field} must be an int >= 0, got {value!r}")
 
+    def _known_line(self, horizon: float, waited: float, max_wait: float | None) -> float:
+        """The pause before asking, when the line is surely longer than ``horizon`` (0: ask).
+
+        The store's answers say how long the line was (a wait given now ends when the debt
+        is paid); it drains at one second a second at most, so ``_line_until - now`` is a
+        lower bound of the line. A horizon below it would be refused: the caller waits
+        here until its horizon (growing twice as fast) meets the line, without a round trip.
+        """
+        line = self._line_until - self.clock.wall()
+        if line <= horizon:
+            return 0.0
+        self._check_wait(waited + line, max_wait)
+        return max((line - horizon) / 3.0, 0.05)
+
+    def _check_wait(self, total: float, max_wait: float | None) -> None:
+        if max_wait is not None and total > max_wait:
+            raise LimiterTimeout(self.name, total)
+
     def _next(
         self, answer: tuple[bool, float, float], waited: float, max_wait: float | None
     ) -> float | None:
         """After the store answered: None when admitted, else the pause before asking again.
         Raises LimiterTimeout when the wait would outlast ``max_wait``."""
         admitted, wait, retry_in = answer
+        if wait > 0:
+            with self._lock:
+                self._line_until = max(self._line_until, self.clock.wall() + wait)
         if admitted:
             return None  # its wait is within its horizon, itself within max_wait
-        if max_wait is not None and waited + wait > max_wait:
-            raise LimiterTimeout(self.name, waited + wait)
-        # the horizon grows by the time waited while the wait shrinks by it: meet halfway
-        return max(retry_in / 2.0, 0.001)
+        if wait < 0:  # the family's first call is out: this process waits for its answer
+            with self._lock:
+                self._probe_gate = max(self._probe_gate, self.clock.wall() + retry_in)
+            wait = retry_in
+        self._check_wait(waited + wait, max_wait)
+        # the horizon grows twice as fast as the time waited: half the gap between the wait
+        # and the horizon closes it while others keep the line as long (a drained line is
+        # joined sooner, with the rest of the wait: the same total as a place taken at once)
+        return max(retry_in / 2.0, 0.05)
 
     def _admitted(self, est: int, max_out: int, need: Four, waited: float) -> Reservation:
         with self._lock:
@@ -293,7 +326,18 @@ class TokenBudget:
         need = self._need(estimated_input_tokens, max_output_tokens)
         waited = 0.0
         while True:
+            gate = self._probe_gate - self.clock.wall()
+            if gate > 0 and not self._calibrated:  # no need to ask: the probe is still out
+                self._check_wait(waited + gate, max_wait)
+                self.clock.sleep(gate)
+                waited += gate
+                continue
             horizon = self._horizon(waited, urgency, max_wait)
+            known = self._known_line(horizon, waited, max_wait)
+            if known:  # the line is surely longer than this caller's horizon: no need to ask
+                self.clock.sleep(known)
+                waited += known
+                continue
             answer = self._ops.reserve(
                 self.name, self.clock.wall(), self.config, need, horizon, self._take_pending()
             )
@@ -318,7 +362,18 @@ class TokenBudget:
         need = self._need(estimated_input_tokens, max_output_tokens)
         waited = 0.0
         while True:
+            gate = self._probe_gate - self.clock.wall()
+            if gate > 0 and not self._calibrated:  # no need to ask: the probe is still out
+                self._check_wait(waited + gate, max_wait)
+                await self.clock.asleep(gate)
+                waited += gate
+                continue
             horizon = self._horizon(waited, urgency, max_wait)
+            known = self._known_line(horizon, waited, max_wait)
+            if known:  # the line is surely longer than this caller's horizon: no need to ask
+                await self.clock.asleep(known)
+                waited += known
+                continue
             answer = await self._ops.areserve(
                 self.name, self.clock.wall(), self.config, need, horizon, self._take_pending()
             )
@@ -359,7 +414,9 @@ class TokenBudget:
             ]
             if r.estimated_input_tokens > 0 and used_in > 0:
                 with self._lock:
-                    self._ratio = 0.8 * self._ratio + 0.2 * (used_in / r.estimated_input_tokens)
+                    seen = used_in / r.estimated_input_tokens
+                    self._spread = 0.9 * self._spread + 0.1 * abs(seen - self._ratio)
+                    self._ratio = 0.9 * self._ratio + 0.1 * seen
         limits, remaining, resets = rate_limit_headers(headers, now)
         s.limit, s.remaining = limits, remaining
         s.answered = status is not None or input_tokens is not None
@@ -441,6 +498,7 @@ class TokenBudget:
         self._ops.reset(self.name)
         with self._lock:
             self._pending, self._calibrated, self._ratio = Settlement(), False, 1.0
+            self._spread = 0.0
 
 
 def budgets_for(budgets: Any) -> tuple[TokenBudget, ...]:

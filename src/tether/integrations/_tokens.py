@@ -14,6 +14,7 @@ and no request is sent.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import TYPE_CHECKING, Any
 
 from tether._errors import LimiterTimeout
@@ -106,6 +107,12 @@ class TokenGate:
         except LimiterTimeout as exc:
             raise self._timeout(exc) from None
 
+    def _refused(self, exc: BaseException) -> None:
+        """A 429: the provider counts this prompt as more than the budget reserved for it
+        (or others took the tokens): its next attempt reserves half as much again."""
+        if _status(exc) == 429:
+            self.estimate = math.ceil(self.estimate * 1.5)
+
     def _settle_args(self, response: Any, headers: Any) -> dict[str, Any]:
         if self.raw is None and response is not None and hasattr(response, "__iter__"):
             # a stream: its usage comes at its end; the reservation stands (nothing back)
@@ -130,6 +137,7 @@ class TokenGate:
                 response = target(**kwargs)
         except BaseException as exc:
             self.budget.settle(r, headers=headers_of(exc), status=_status(exc))
+            self._refused(exc)
             raise
         self.budget.settle(r, **self._settle_args(response, headers))
         return response
@@ -148,6 +156,7 @@ class TokenGate:
                 response = await target(**kwargs)
         except BaseException as exc:
             await self.budget.asettle(r, headers=headers_of(exc), status=_status(exc))
+            self._refused(exc)
             raise
         await self.budget.asettle(r, **self._settle_args(response, headers))
         return response

@@ -152,14 +152,16 @@ def tokens_reserve(
     """Take ``need`` from the buckets if the wait for it is within ``horizon``.
 
     Returns ``(admitted, wait, retry_in)``: admitted, go after ``wait`` seconds; or not
-    admitted, the whole wait would be ``wait`` and asking again after ``retry_in`` may
-    succeed. A need above a bucket's capacity is taken as the capacity (admitted once
-    the bucket is full: the provider decides).
+    admitted, the whole wait would be ``wait`` (-1: unknown, the first call is still out)
+    and asking again after ``retry_in`` may succeed. A need above a bucket's capacity is
+    taken as the capacity (admitted once the bucket is full: the provider decides).
     """
     _load(f, now, cfg)
     if not f["known"] and f["probe_until"] > now:
-        retry = min(PROBE_WAIT, f["probe_until"] - now)
-        return False, retry, retry
+        # the probe is out: ask again after half the time it has been out (its answer is
+        # a call's latency away), the wait unknown (-1)
+        out_for = now - (f["probe_until"] - cfg.probe_timeout)
+        return False, -1.0, min(max(PROBE_WAIT, out_for / 2.0), f["probe_until"] - now)
     wait = max(0.0, f["paused_until"] - now)
     for i in range(4):
         cap = f[f"cap{i}"]
@@ -174,7 +176,7 @@ def tokens_reserve(
         if cap > 0:
             f[f"lvl{i}"] -= min(need[i], cap)
     if not f["known"]:
-        f["probe_until"] = now + wait + cfg.probe_timeout
+        f["probe_until"] = now + cfg.probe_timeout
     return True, wait, 0.0
 
 

@@ -75,8 +75,8 @@ end
 if mode ~= 'reserve' then save(); return {0, '0', '0'} end
 if known == 0 and probe_until > now then
   save()
-  local retry = math.min(PROBE_WAIT, probe_until - now)
-  return {0, fmt(retry), fmt(retry)}
+  local out_for = now - (probe_until - probe_timeout)
+  return {0, '-1', fmt(math.min(math.max(PROBE_WAIT, out_for / 2.0), probe_until - now))}
 end
 local wait = math.max(0, paused_until - now)
 for i = 1, 4 do
@@ -89,7 +89,7 @@ if wait > horizon then save(); return {0, fmt(wait), fmt(wait - horizon)} end
 for i = 1, 4 do
   if cap[i] > 0 then lvl[i] = lvl[i] - math.min(tonumber(ARGV[9 + i]), cap[i]) end
 end
-if known == 0 then probe_until = now + wait + probe_timeout end
+if known == 0 then probe_until = now + probe_timeout end
 save()
 return {1, fmt(wait), '0'}
 """.replace("PROBE_WAIT", repr(PROBE_WAIT))
