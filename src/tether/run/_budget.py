@@ -30,9 +30,16 @@ class Budget:
     max_hung_threads: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "max_model_calls", "max_tool_calls", "max_tokens",
-                     "max_input_tokens", "max_output_tokens", "max_identical_failures",
-                     "max_steps_ceiling"):  # fmt: skip
+        for name in (
+            "max_steps",
+            "max_model_calls",
+            "max_tool_calls",
+            "max_tokens",
+            "max_input_tokens",
+            "max_output_tokens",
+            "max_identical_failures",
+            "max_steps_ceiling",
+        ):
             value = getattr(self, name)
             if value is not None and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 1

@@ -22,10 +22,15 @@ from tether._errors import (
 )
 from tether.classification._classify import Kind, classify
 from tether.clock import hung_threads
-from tether.effects._canonical import VOLATILE_FIELDS, canonical_json, intent_keys, jsonable
+from tether.effects._canonical import (
+    VOLATILE_FIELDS,
+    canonical_json,
+    intent_keys_and_text,
+    jsonable,
+)
 from tether.records import _approvals as gov
 from tether.records._approvals import ApprovalRecord, approval_id
-from tether.redaction._redact import masks_pii, redact, redacted_paths
+from tether.redaction._redact import REDACTED, masks_pii, redact, redacted_paths
 from tether.retries._policy import RetryPolicy
 from tether.run._governance import (
     ApprovalRejected,
@@ -87,7 +92,6 @@ class ToolCalls(RunState):
         if self._stop is not None:
             raise self._halt(*self._stop)
         self._began = True
-        self._refuse_placeholders(name, args)
         b = self.budget
         if b.max_tool_calls is not None and self.tool_calls >= b.max_tool_calls:
             raise self._halt(
@@ -105,7 +109,9 @@ class ToolCalls(RunState):
                 StopReason.HUNG_TOOLS, f"{hung} tool calls are still hanging in threads"
             )
         ignore = (*VOLATILE_FIELDS, *volatile) if volatile else None
-        action, key = intent_keys(name, args, self._scope, ignore)  # one encoding for both
+        action, key, text = intent_keys_and_text(name, args, self._scope, ignore)  # one encoding
+        if REDACTED in text if text is not None else _holds_placeholder(args):
+            self._refuse_placeholders(name, args)
         loop = self._loops.check_action(name, action, self.steps, cap=allow_repeat)
         if loop is not None:
             raise self._halt(loop[0], f"{loop[1]} (step {self.steps})")
@@ -127,7 +133,7 @@ class ToolCalls(RunState):
         call cannot be completed, nor approved again); the model of a live run is told to
         ask for the value again."""
         lost = redacted_paths(args)
-        if not lost:
+        if not lost:  # the placeholder in a key, not a value: nothing was lost
             return
         fields = ", ".join(p.removeprefix("args.") for p in lost)
         if self._resumed_from is not None:
@@ -854,3 +860,27 @@ def _attempt_span(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
             return fn()
 
     return attempt
+
+
+def _holds_placeholder(value: Any) -> bool:
+    """Whether a value holds the redaction placeholder anywhere (cheap: a walk, no paths;
+    at most 100,000 values are looked at, so a self-containing value cannot loop)."""
+    stack = [value]
+    budget = 100_000
+    while stack and budget:
+        budget -= 1
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict or (kind not in _SCALARS and isinstance(item, Mapping)):
+            stack.extend(item.values())
+        elif kind is list or kind is tuple:
+            stack.extend(item)
+        elif kind is str or (kind not in _SCALARS and isinstance(item, str)):
+            if REDACTED in item:
+                return True
+        elif kind not in _SCALARS and isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
