@@ -271,9 +271,10 @@ class Guard:
         """The run that ``snapshot`` (``run.snapshot()``) describes, continuing under this
         guard: its budgets spent, its loop detectors, its request. Raises
         :class:`tether.CheckpointError` for a snapshot it cannot read."""
+        from tether.run._run import Run
         from tether.run._snapshot import restore
 
-        return restore(self, snapshot)
+        return restore(self, snapshot, Run)
 
     def resume(self, checkpoint_id: str) -> Run:
         """A run that continues a checkpointed one, with the budget it had left."""

@@ -10,19 +10,20 @@ the run stays in memory between the two.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether._errors import CheckpointError
 from tether.effects._canonical import jsonable
 from tether.records._approvals import ApprovalRecord
 from tether.run._governance import JournalEntry
 from tether.run._outcome import StopReason, Usage
-from tether.run._runstate import Tail
+from tether.run._runstate import RunState, Tail
 
 if TYPE_CHECKING:
-    from tether.run._guard import Guard
-    from tether.run._run import Run
+    from tether.run._settings import RunSettings
+
+R = TypeVar("R", bound=RunState)
 
 __all__ = ["SNAPSHOT_VERSION", "restore", "snapshot"]
 
@@ -45,7 +46,7 @@ def _untail(keep: int | None, doc: Any) -> Tail:
     return tail
 
 
-def snapshot(run: Run) -> dict[str, Any]:
+def snapshot(run: RunState) -> dict[str, Any]:
     """Everything the guards of ``run`` need to go on, as plain data."""
     loops = run._loops
     stop = run._stop
@@ -85,10 +86,10 @@ def _field(doc: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> 
     return value
 
 
-def restore(guard: Guard, doc: Mapping[str, Any]) -> Run:
-    """The run that ``doc`` (a :func:`snapshot`) describes, continuing under ``guard``."""
-    from tether.run._run import Run
-
+def restore(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R]) -> R:
+    """The run that ``doc`` (a :func:`snapshot`) describes, continuing under ``guard``
+    (``make`` builds the run: the Guard passes its Run class, so that this module imports
+    neither)."""
     if not isinstance(doc, Mapping):
         raise CheckpointError(f"run snapshot must be a mapping, got {type(doc).__name__}")
     version = doc.get("version")
@@ -97,7 +98,7 @@ def restore(guard: Guard, doc: Mapping[str, Any]) -> Run:
             f"run snapshot version {version!r} is not {SNAPSHOT_VERSION} (made by another tether)"
         )
     key, request = doc.get("key"), doc.get("request")
-    run = Run(guard, str(_field(doc, "task", str)), str(_field(doc, "run_id", str)),
+    run = make(guard, str(_field(doc, "task", str)), str(_field(doc, "run_id", str)),
               key=key if isinstance(key, str) else None,
               request=request if isinstance(request, str) else None)  # fmt: skip
     usage = Usage(**{name: int(_field(doc, name, int)) for name in _COUNTS},
