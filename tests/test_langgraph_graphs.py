@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
+from langgraph.channels.untracked_value import UntrackedValue
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph import END, START, MessagesState, StateGraph, add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 
 import tether
@@ -230,3 +232,27 @@ def test_the_one_run_recipe_ends_its_run_with_the_answer() -> None:
         builder.add_conditional_edges("tools", lambda s: END if run.stopped else "model")
         builder.compile().invoke(USER)
     assert (run.outcome.status, run.outcome.result) == ("success", "Invoice 99 is paid.")
+
+
+def test_a_dataclass_state_declares_the_three_fields() -> None:
+    """The react-agent template's state is a dataclass: with tether's three fields (the
+    reducer ta_langgraph.newest_run) the same graph is guarded."""
+
+    @dataclass
+    class DState:
+        messages: Annotated[list[Any], add_messages] = field(default_factory=list)
+        tether_run: Annotated[Any, ta_langgraph.newest_run] = None
+        tether_outcome: Annotated[Any, UntrackedValue] = None
+        tether_ended: Any = None
+
+    replies = stuck()
+    guarded = ta_langgraph.GraphGuard(Guard())
+    builder = StateGraph(DState)
+    builder.add_node("model", guarded.model_node(lambda state: {"messages": [next(replies)]}))
+    builder.add_node("tools", ToolNode([search], wrap_tool_call=guarded.tool_wrapper))
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", tools_condition)
+    builder.add_edge("tools", "model")
+    state = builder.compile().invoke(USER)
+    assert SEARCHED == ["99", "99"]
+    assert state["tether_outcome"].stopped_because is StopReason.REPEATED_ACTION

@@ -96,7 +96,7 @@ READ_ONLY_REPEATS = 30
 
 def _summary(outcome: Outcome) -> dict[str, Any]:
     """An outcome in the checkpoint: plain data."""
-    return {"run_id": outcome.run_id, "status": outcome.status,
+    return {"run_id": outcome.run_id, "status": str(getattr(outcome.status, "value", outcome.status)),
             "stopped_because": outcome.stopped_because.value, "customer_message": outcome.customer_message,
             "checkpoint_id": outcome.checkpoint_id}  # fmt: skip
 
@@ -170,7 +170,12 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     # --- the run of a turn: in the graph state, as plain data ----------------------------
 
     def _run(self, state: Any) -> Run | None:
-        doc = state.get("tether_run") if isinstance(state, Mapping) else None
+        # a TypedDict state is a mapping; a dataclass or pydantic state has attributes
+        doc = (
+            state.get("tether_run")
+            if isinstance(state, Mapping)
+            else getattr(state, "tether_run", None)
+        )
         if not isinstance(doc, Mapping):
             return None
         mark = (doc.get("run_id"), *_progress(doc))

@@ -16,7 +16,12 @@ from tether._errors import require
 from tether.classification._classify import classify
 from tether.run._run import Run
 
-__all__ = ["GraphGuard", "atool_wrapper", "retry_policy", "tool_wrapper"]  # and TetherFields
+__all__ = [
+    "GraphGuard",
+    "atool_wrapper",
+    "retry_policy",
+    "tool_wrapper",
+]  # + TetherFields, newest_run
 
 
 def __getattr__(name: str) -> Any:
@@ -24,6 +29,10 @@ def __getattr__(name: str) -> Any:
         from tether.integrations.langchain import TetherFields
 
         return TetherFields
+    if name == "newest_run":  # the reducer of ``tether_run``, for a dataclass state
+        from tether.integrations.langchain import _newest
+
+        return _newest
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
