@@ -256,3 +256,37 @@ def test_a_dataclass_state_declares_the_three_fields() -> None:
     state = builder.compile().invoke(USER)
     assert SEARCHED == ["99", "99"]
     assert state["tether_outcome"].stopped_because is StopReason.REPEATED_ACTION
+
+
+class RateLimited(Exception):
+    status_code = 429
+    headers = {"retry-after": "0.3"}
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_retry_policy_waits_the_retry_after(shell: str) -> None:
+    """ta_langgraph.retry_policy on a node: a 429 with Retry-After 0.3 s is retried after at
+    least 0.3 s (LangGraph's own interval, 0.01 s, is the floor it raises)."""
+    import time
+
+    from langgraph.graph import END as _END
+
+    attempts: list[float] = []
+
+    def node(state: MessagesState) -> dict[str, Any]:
+        attempts.append(time.monotonic())
+        if len(attempts) == 1:
+            raise RateLimited("slow down")
+        return {"messages": [answer("ok")]}
+
+    async def anode(state: MessagesState) -> dict[str, Any]:
+        return node(state)
+
+    policy = ta_langgraph.retry_policy(max_attempts=3, initial_interval=0.01, jitter=False)
+    builder = StateGraph(MessagesState)
+    builder.add_node("n", anode if shell == "ainvoke" else node, retry_policy=policy)
+    builder.add_edge(START, "n")
+    builder.add_edge("n", _END)
+    app = builder.compile()
+    asyncio.run(app.ainvoke(USER)) if shell == "ainvoke" else app.invoke(USER)
+    assert len(attempts) == 2 and attempts[1] - attempts[0] >= 0.3

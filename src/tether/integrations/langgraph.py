@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from tether._errors import require
@@ -36,13 +37,41 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: the Retry-After of the failure that a ``retry_policy`` just judged (read by its interval)
+_RETRY_AFTER: ContextVar[float | None] = ContextVar("tether_langgraph_retry_after", default=None)
+
+
+class _Interval(float):
+    """LangGraph's ``initial_interval``, whose wait (``interval * backoff_factor ** n``) the
+    failure's Retry-After raises to its floor (LangGraph's ``max_interval`` still caps it)."""
+
+    def __mul__(self, other: Any) -> float:
+        wait = float(self) * float(other)
+        after = _RETRY_AFTER.get()
+        return wait if after is None else max(wait, after)
+
+    __rmul__ = __mul__
+
+
 def retry_policy(**settings: Any) -> Any:
     """A LangGraph ``RetryPolicy`` that retries what ``tether.classify`` calls retryable
-    (never a quota or a permanent failure); other fields as LangGraph's (``max_attempts``,
-    ``initial_interval``, ``backoff_factor``, ``max_interval``, ``jitter``)."""
+    (never a quota or a permanent failure) and waits at least the failure's Retry-After;
+    other fields as LangGraph's (``max_attempts``, ``initial_interval``, ``backoff_factor``,
+    ``max_interval``, ``jitter``)."""
     types: Any = require("langgraph.types", "langchain")
-    settings.setdefault("retry_on", lambda exc: classify(exc).retryable)
-    return types.RetryPolicy(**settings)
+    own = settings.pop("retry_on", None)
+
+    def retry_on(exc: Exception) -> bool:
+        verdict = classify(exc)
+        _RETRY_AFTER.set(verdict.retry_after)
+        if own is None:
+            return verdict.retryable
+        if isinstance(own, type | tuple):
+            return isinstance(exc, own)
+        return bool(own(exc))
+
+    settings["initial_interval"] = _Interval(settings.get("initial_interval", 0.5))
+    return types.RetryPolicy(retry_on=retry_on, **settings)
 
 
 Wrapper = Callable[[Any, Callable[[Any], Any]], Any]
