@@ -3,14 +3,15 @@
 A reliable agent checks every guard on every iteration, before spending the next
 call; every way out of the loop returns a result, or a partial result and a reason.
 The run's parts live in modules of their own: its state (``_runstate``), the tool-call
-pipeline (``_toolcall``) and its ending (``_ending``); this module is its lifecycle.
+pipeline (``_toolcall`` over ``_tooldecisions``, ``_toolgate``, ``_hung``), its
+compensations (``_rollback``) and its ending (``_ending``); this module is its lifecycle.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -21,20 +22,21 @@ from tether.run._ending import Ending
 from tether.run._outcome import Outcome, Status, Stopped, StopReason
 from tether.run._pricing import UnknownModelError
 from tether.run._rollback import Compensations, Rollback
+from tether.run._runstate import RunState
 from tether.run._settings import RunSettings
-from tether.run._toolcall import ToolCalls
+from tether.run._toolcall import ToolPipeline
 
 __all__ = ["Run"]
 
 _log = logging.getLogger("tether")
 
 
-class Run(ToolCalls):
+class Run(RunState):
     """One guarded run of an agent; see :class:`tether.Guard`.
 
-    The run owns its parts: the ending (status, facts, outcome, record) and the
-    compensations; each gets the run's state, and only the run decides their order
-    (roll back, then conclude).
+    The run owns its parts: the tool-call pipeline, the ending (status, facts, outcome,
+    record) and the compensations; each gets the run's state, and only the run decides
+    their order (roll back, then conclude).
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class Run(ToolCalls):
         super().__init__(guard, task, run_id, key=key, request=request)
         self._ending = Ending(self)
         self._undo = Rollback(self)
+        self._tools = ToolPipeline(self)
 
     # --- the with-block and the ending ------------------------------------------------
 
@@ -164,6 +167,99 @@ class Run(ToolCalls):
     def __repr__(self) -> str:
         return (
             f"Run({self.run_id!r}, steps={self.steps}, stopped={self._stop and self._stop[0].name})"
+        )
+
+    # --- tools -----------------------------------------------------------------------
+
+    def call_tool(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        idempotent: bool = True,
+        lookup: Callable[[str], Any] | None = None,
+        requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+        compensate: Callable[[Any], Any] | None = None,
+        volatile: Iterable[str] = (),
+        label: str | None = None,
+        allow_repeat: int | None = None,
+        passthrough: tuple[type[BaseException], ...] = (),
+    ) -> Any:
+        """Call a tool under every guard: policies, approval, loops and budgets, breaker,
+        retries, ledger.
+
+        ``fn(**args)`` is retried on transient failures with ``timeout`` per attempt;
+        a non-idempotent tool runs at most once through the guard's ledger (an attempt
+        that outlives ``timeout`` is never run again: the run stops ``UNKNOWN_OUTCOME``).
+        The guard's policies may deny the call before anything runs; ``requires_approval``
+        (True, or a predicate of the arguments) stops the run ``AWAITING_APPROVAL`` until a
+        person approves this very call; ``compensate(result)`` is what ``run.rollback()``
+        runs to undo it once it completed. ``volatile`` names argument paths that the
+        model fills anew on every call (``"meta.nonce"``, ``"items.*.request_id"``), left
+        out of the call's identity besides the top-level request ids
+        (:data:`tether.VOLATILE_FIELDS`); every other field, at any depth, is the intent.
+        ``label`` is what the customer's message calls
+        its effect (``"refund"``: "Done: refund completed"); the tool's name never reaches
+        the customer.
+        ``allow_repeat`` gives this call its own repeat cap, as a tool named in
+        ``LoopPolicy.allow_repeat`` (a read-only tool that polls). ``passthrough`` names
+        exceptions that are a framework's control flow (LangGraph's ``GraphInterrupt``):
+        raised by ``fn``, they leave as they are, and the call counts as not made (no
+        retry, no record, a ledger's claim given back).
+        Raises :class:`tether.Stopped` when a guard ends the run (the call is not made),
+        or :class:`tether.ToolError` with a short text for the model when it fails.
+        """
+        return self._tools.call(
+            name,
+            fn,
+            args,
+            timeout=timeout,
+            idempotent=idempotent,
+            lookup=lookup,
+            requires_approval=requires_approval,
+            compensate=compensate,
+            volatile=volatile,
+            label=label,
+            allow_repeat=allow_repeat,
+            passthrough=passthrough,
+        )
+
+    async def acall_tool(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[Any]] | Callable[..., Any],
+        args: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        idempotent: bool = True,
+        lookup: Callable[[str], Any] | None = None,
+        requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+        compensate: Callable[[Any], Any] | None = None,
+        volatile: Iterable[str] = (),
+        label: str | None = None,
+        allow_repeat: int | None = None,
+        passthrough: tuple[type[BaseException], ...] = (),
+    ) -> Any:
+        """The async form of :meth:`call_tool`; a hanging attempt is cancelled.
+
+        ``fn`` may be a coroutine function (awaited) or a plain function (run in a
+        worker thread, so that it does not block the event loop).
+        """
+        return await self._tools.acall(
+            name,
+            fn,
+            args,
+            timeout=timeout,
+            idempotent=idempotent,
+            lookup=lookup,
+            requires_approval=requires_approval,
+            compensate=compensate,
+            volatile=volatile,
+            label=label,
+            allow_repeat=allow_repeat,
+            passthrough=passthrough,
         )
 
     # --- the loop ---------------------------------------------------------------------

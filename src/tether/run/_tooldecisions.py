@@ -1,0 +1,304 @@
+"""What both drivers of a tool call decide alike: the checks before, the ledger's part,
+and what a success or a failure does to the run."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from tether._errors import (
+    CircuitOpenError,
+    DeadlineExceeded,
+    EffectInProgress,
+    UnknownOutcome,
+)
+from tether.classification._classify import Kind, classify
+from tether.clock import hung_threads
+from tether.effects._canonical import (
+    VOLATILE_FIELDS,
+    canonical_json,
+    intent_keys_and_text,
+    jsonable,
+)
+from tether.redaction._redact import REDACTED, redact, redacted_paths
+from tether.run._governance import JournalEntry
+from tether.run._health import ToolUnresponsive
+from tether.run._hung import HungTools
+from tether.run._outcome import Stopped, StopReason, ToolError
+from tether.run._runstate import RunState
+from tether.run._toolkit import (
+    QUOTA_REACHED,
+    REJECTED,
+    UNAVAILABLE,
+    ReturnedAwaitable,
+    _Call,
+    _holds_placeholder,
+    _Progress,
+    _said,
+)
+
+__all__ = ["ToolDecisions"]
+
+
+class ToolDecisions:
+    """The decisions of a tool call, shared by the sync and the async driver."""
+
+    def __init__(self, state: RunState, hung: HungTools) -> None:
+        self.s = state
+        self.hung = hung
+
+    def _before_tool(
+        self,
+        name: str,
+        args: Any,
+        timeout: float | None,
+        idempotent: bool,
+        volatile: tuple[str, ...] = (),
+        allow_repeat: int | None = None,
+    ) -> _Call:
+        if self.s._stop is not None:
+            raise self.s._halt(*self.s._stop)
+        self.s._began = True
+        b = self.s.budget
+        if b.max_tool_calls is not None and self.s.tool_calls >= b.max_tool_calls:
+            raise self.s._halt(
+                StopReason.MAX_TOOL_CALLS, f"max tool calls ({b.max_tool_calls}) reached"
+            )
+        # a non-idempotent call's timeout is the ledger's business: the attempt it abandons
+        # keeps its claim until it really ends, so that nothing runs it a second time
+        policy = self.s.guard._policy(name, timeout, effect=not idempotent)
+        if b.max_seconds is not None and b.max_seconds - self.s.elapsed <= 0:
+            raise self.s._halt(StopReason.TIMEOUT, f"time budget ({b.max_seconds:g} s) exceeded")
+        hung = hung_threads() - self.s._hung_base
+        if hung >= b.max_hung_threads:
+            self.s._escalate = self.s._escalate or self.s.guard.on_hung_tool == "hand_over"
+            raise self.s._halt(
+                StopReason.HUNG_TOOLS, f"{hung} tool calls are still hanging in threads"
+            )
+        ignore = (*VOLATILE_FIELDS, *volatile) if volatile else None
+        action, key, text = intent_keys_and_text(name, args, self.s._scope, ignore)  # one encoding
+        if REDACTED in text if text is not None else _holds_placeholder(args):
+            self._refuse_placeholders(name, args)
+        loop = self.s._loops.check_action(name, action, self.s.steps, cap=allow_repeat)
+        if loop is not None:
+            raise self.s._halt(loop[0], f"{loop[1]} (step {self.s.steps})")
+        self.s.tool_calls += 1
+        self.s._step_calls += 1
+        if allow_repeat is None and name not in self.s.guard.loops.allow_repeat:
+            self.s._step_counted = True
+        return _Call(name, args, action, key, self.s.steps, policy, allow_repeat)
+
+    def _not_made(self) -> None:
+        """A call that a framework's control flow interrupted did not happen."""
+        self.s.tool_calls -= 1
+        self.s._step_calls -= 1
+
+    def _refuse_placeholders(self, name: str, args: Any) -> None:
+        """A call whose arguments hold the redaction placeholder never runs: the value was
+        lost when the conversation was stored (a secret is never kept in clear), and the
+        placeholder is no card number. A resumed run stops FAILED saying so (its pending
+        call cannot be completed, nor approved again); the model of a live run is told to
+        ask for the value again."""
+        lost = redacted_paths(args)
+        if not lost:  # the placeholder in a key, not a value: nothing was lost
+            return
+        fields = ", ".join(p.removeprefix("args.") for p in lost)
+        if self.s._resumed_from is not None:
+            self.s._issues.append(
+                f"{name} was not resumed: its argument {fields} was redacted when the run was "
+                "stored (secrets are never kept); ask the customer for it again"
+            )
+            raise self.s._halt(
+                StopReason.FAILED,
+                f"{name} cannot be resumed: its argument {fields} was redacted when the run was "
+                "stored",
+            )
+        raise ToolError(
+            name,
+            f"rejected: {fields} holds a redacted placeholder, not the value; ask the customer "
+            "for it again",
+            cause_kind="rejected",
+        )
+
+    def _label(self, name: str, label: str | None) -> None:
+        if label is not None:
+            if not isinstance(label, str) or not label.strip():
+                raise ValueError(
+                    f"label of tool {name!r} must be a non-empty string, got {label!r}"
+                )
+            self.s._labels[name] = label.strip()
+
+    def _effect_timeout(self, timeout: float | None) -> float | None:
+        """An effect's timeout: the tool's (or the policy's), never past the run's time."""
+        bounds = [
+            t
+            for t in (
+                timeout if timeout is not None else self.s.guard.retry.attempt_timeout,
+                self.s.time_left(),
+            )
+            if t is not None
+        ]
+        return min(bounds) if bounds else None
+
+    def _lease(self, timeout: float | None) -> float:
+        """A claim's lease covers the call's timeout (the heartbeat renews it anyway)."""
+        lease = self.s.guard.ledger.lease
+        return lease if timeout is None else max(lease, 2.0 * timeout)
+
+    def _effect(
+        self,
+        call: _Call,
+        attempt: Callable[[], Any],
+        idempotent: bool,
+        lookup: Callable[[str], Any] | None,
+        timeout: float | None,
+    ) -> Callable[[], Any]:
+        if idempotent:
+            return attempt
+        ledger, key, lease = self.s.guard.ledger, self._effect_key(call), self._lease(timeout)
+        return lambda: ledger.once(
+            key, attempt, lookup=lookup, lease=lease, timeout=self._effect_timeout(timeout)
+        )
+
+    def _effect_key(self, call: _Call) -> str:
+        """The ledger key of a non-idempotent call, noted so that the outcome can state
+        what the ledger says was done."""
+        self.s._effects.append((call.name, call.args, call.key))
+        return call.key
+
+    def _after_success(
+        self, call: _Call, result: Any, idempotent: bool = True, compensate: Any = None
+    ) -> Any:
+        if compensate is not None:
+            key = call.action if idempotent else call.key
+            self.s._journal.append(
+                JournalEntry(call.name, call.args, key, result, not idempotent, compensate)
+            )
+        # only completed calls count as repeats: a call that failed is the business of
+        # max_identical_failures, so a model retrying a dead dependency is not a "loop"
+        self.s._loops.record_action(call.name, call.action, allowed=call.allow_repeat is not None)
+        self.s.retries += call.policy.statistics.retries
+        entry = {"step": call.step, "tool": call.name, "args": call.args, "result": result}
+        self.s.partial.append(entry)
+        self.s.transcript.append({"step": call.step, "tool": call.name, "ok": True})
+        try:
+            digest = canonical_json(result, ignore=())
+        except (TypeError, ValueError):
+            digest = repr(result)
+        digest = hashlib.sha256(f"{call.name}\x00{digest}".encode()).hexdigest()
+        if digest not in self.s._results:
+            self.s._results[digest] = None
+            if len(self.s._results) > self.s.guard.loops.state_window:
+                self.s._results.popitem(last=False)
+            self.s._step_progress = True
+        self._check_retry_escalation()
+        return result
+
+    def _check_retry_escalation(self) -> None:
+        esc = self.s.guard.escalation
+        if esc is not None and esc.max_retries is not None and self.s.retries > esc.max_retries:
+            self.s._escalate = True
+            raise self.s._halt(StopReason.ESCALATED, f"retries passed {esc.max_retries}")
+
+    def _after_failure(self, call: _Call, exc: Exception) -> BaseException:
+        """The exception to raise for a failed tool call (Stopped or ToolError)."""
+        if not (isinstance(exc, ToolUnresponsive) and exc.before):
+            self.s.retries += call.policy.statistics.retries
+        entry = {"step": call.step, "tool": call.name, "ok": False, "error": type(exc).__name__}
+        if isinstance(exc, UnknownOutcome):  # what a person must check (the case shows it)
+            entry.update(args=redact(jsonable(call.args)), key=exc.key)
+        self.s.transcript.append(entry)
+        if isinstance(exc, Stopped | ReturnedAwaitable):  # the latter: the code's mistake
+            return exc
+        if isinstance(exc, ToolUnresponsive):
+            return self.hung._not_answering(call, exc)
+        if isinstance(exc, CircuitOpenError):
+            return self.s._halt(
+                StopReason.CIRCUIT_OPEN, f"{call.name}: its dependency is down (circuit open)"
+            )
+        if isinstance(exc, EffectInProgress):  # one request, two runs: the other one has it
+            self.s._issues.append(
+                f"{call.name} is being done by another worker of this request (it holds the "
+                f"claim until its lease ends); its result will be in the ledger (key "
+                f"{exc.key[:16]}…): do not do it again"
+            )
+            return self.s._halt(
+                StopReason.IN_PROGRESS, f"{call.name} is being done by another worker"
+            )
+        if isinstance(exc, UnknownOutcome):
+            self.s._unconfirmed.append(call.name)
+            self.s._issues.append(
+                f"{call.name} may have happened: its outcome is unknown; check the provider's "
+                f"records before trying it again (ledger key {exc.key[:16]}…)"
+            )
+            return self.s._halt(
+                StopReason.UNKNOWN_OUTCOME, f"{call.name} may or may not have happened"
+            )
+        verdict = classify(exc)
+        if isinstance(exc, DeadlineExceeded) and self.s.budget.max_seconds is not None:
+            return self.s._halt(StopReason.TIMEOUT, f"time budget ran out during {call.name}")
+        if isinstance(exc, TimeoutError) and call.name in self.s._health:
+            unresponsive = self.hung._unresponsive(call.name)
+            if unresponsive is not None:
+                return self.hung._not_answering(call, unresponsive)
+        signature = (call.action, type(exc).__name__, f"{verdict.status}:{verdict.code}")
+        self.s._failures[signature] += 1
+        limit = self.s.budget.max_identical_failures
+        if limit is not None and self.s._failures[signature] >= limit:
+            self._park(call, exc)
+            return self.s._halt(
+                StopReason.IDENTICAL_FAILURES,
+                f"{call.name} failed {limit} times the same way ({type(exc).__name__})",
+            )
+        try:
+            self._check_retry_escalation()
+        except Stopped as stopped:
+            return stopped
+        if verdict.retryable or isinstance(exc, DeadlineExceeded):
+            return ToolError(call.name, UNAVAILABLE, cause_kind="unavailable")
+        if isinstance(exc, ToolError):  # the tool's own words for the model
+            return ToolError(call.name, _said(exc.model_message), cause_kind="rejected")
+        self._park(call, exc)
+        if isinstance(exc, self.s.guard.model_errors):  # a business rule, said on purpose
+            return ToolError(call.name, f"rejected: {_said(str(exc))}", cause_kind="rejected")
+        if verdict.kind is Kind.QUOTA:
+            return ToolError(call.name, QUOTA_REACHED, cause_kind="quota")
+        return ToolError(call.name, REJECTED, cause_kind="rejected")
+
+    def _interrupted(
+        self, call: _Call, progress: _Progress | None, idempotent: bool, compensate: Any
+    ) -> None:
+        """What a cancelled (or interrupted) call leaves behind, before the cancellation goes
+        on: the result it returned is kept; an effect that may have started stops the run
+        UNKNOWN_OUTCOME; one that cannot have started leaves nothing (the ledger gave its
+        claim back)."""
+        if progress is None:
+            return
+        progress.give_up()
+        if progress.returned:
+            try:
+                self._after_success(call, progress.result, idempotent, compensate)
+            except Stopped:
+                pass  # the cancellation is what the caller gets
+        elif progress.running:
+            self._after_failure(
+                call, UnknownOutcome(call.key, "cancelled while it ran: it may have happened")
+            )
+
+    def _park(self, call: _Call, exc: BaseException) -> None:
+        letters = self.s.guard.dead_letters
+        if letters is None:
+            return
+        letter = letters.park(
+            tool=call.name,
+            args=call.args,
+            error=exc,
+            run_id=self.s.run_id,
+            task=self.s.task,
+            at=self.s.clock.wall(),
+            key=call.key,
+        )
+        issue = f"{call.name} failed permanently; dead letter {letter.id}"
+        if issue not in self.s._issues:  # the model asking again joins the same letter
+            self.s._issues.append(issue)

@@ -1,0 +1,255 @@
+"""The pieces of one tool call: its checked context, its arguments, its attempt spans,
+the words the model gets (shared by both drivers of :mod:`tether.run._toolcall`)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tether import telemetry
+from tether._errors import ControlSignal
+from tether.records import _approvals as gov
+from tether.records._approvals import ApprovalRecord
+from tether.redaction._redact import REDACTED, masks_pii, redact
+from tether.retries._policy import RetryPolicy
+from tether.run._tool import _is_async
+
+#: An intent approved and used this many times in one run asks no more (a loop).
+MAX_APPROVALS_PER_INTENT = 20
+
+UNAVAILABLE = "temporarily unavailable; try again later or continue without it"
+REJECTED = "rejected: the tool could not do this; do not call it again with the same arguments"
+QUOTA_REACHED = "unavailable: a usage limit was reached; do not call it again in this conversation"
+NOT_ANSWERING = "unavailable: it is not answering; do not call it again in this conversation"
+
+
+def _said(text: str) -> str:
+    """A tool's own message for the model: its first line, redacted (personal data masked,
+    unless ``register_secrets(mask_pii=False)``), at most 300 characters."""
+    first = text.strip().splitlines()[0] if text.strip() else "the tool refused"
+    return str(redact(first, pii=masks_pii()))[:300]
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """The checked context of one tool call."""
+
+    name: str
+    args: Any
+    action: str  # the intent: what the loop checks compare
+    key: str  # the ledger's key: the intent, scoped by the guard's scope when it has one
+    step: int
+    policy: RetryPolicy
+    allow_repeat: int | None = None  # this call's own repeat cap (a read-only tool's polling)
+
+
+def _repeat_cap(name: str, cap: int | None) -> int | None:
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise ValueError(f"allow_repeat of tool {name!r} must be an int >= 1 or None, got {cap!r}")
+    return cap
+
+
+def _signals(passthrough: object) -> tuple[type[BaseException], ...]:
+    if not isinstance(passthrough, tuple) or not all(
+        isinstance(t, type) and issubclass(t, BaseException) for t in passthrough
+    ):
+        raise TypeError(f"passthrough must be a tuple of exception types, got {passthrough!r}")
+    return passthrough
+
+
+def _carried(fn: Callable[..., Any], passthrough: object) -> Callable[..., Any]:
+    """``fn`` whose control-flow exceptions travel as :class:`ControlSignal`."""
+    signals = _signals(passthrough)
+    if not signals:
+        return fn
+
+    @functools.wraps(fn)
+    def carried(**args: Any) -> Any:
+        try:
+            return fn(**args)
+        except signals as exc:
+            raise ControlSignal(exc) from None
+
+    return carried
+
+
+def _acarried(fn: Callable[..., Any], passthrough: object) -> Callable[..., Any]:
+    signals = _signals(passthrough)
+    if not signals:
+        return fn
+    if not _is_async(fn):
+        return _carried(fn, signals)
+
+    @functools.wraps(fn)
+    async def carried(**args: Any) -> Any:
+        try:
+            return await fn(**args)
+        except signals as exc:
+            raise ControlSignal(exc) from None
+
+    return carried
+
+
+class _Progress:
+    """How far one non-idempotent call got, for a cancellation to tell.
+
+    ``running`` while an attempt of the effect is under way (the effect itself, or, run
+    in a worker thread, the whole ledger call, which goes on to its end once it began);
+    ``returned`` once one gave a result. An attempt that raised is settled by the ledger
+    (released, failed or unknown) and is no longer running. Once the caller gave up, a
+    worker thread that had not begun yet never does.
+    """
+
+    __slots__ = ("_lock", "_off", "result", "returned", "running")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._off = self.running = self.returned = False
+        self.result: Any = None
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        with self._lock:
+            if self._off:
+                return None  # the caller was cancelled before this thread began
+            self.running = True
+        try:
+            result = fn()
+        except Exception:
+            self.running = False
+            raise
+        self.result, self.returned, self.running = result, True, False
+        return result
+
+    async def arun(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        self.running = True
+        try:
+            result = await fn()
+        except Exception:
+            self.running = False
+            raise
+        self.result, self.returned, self.running = result, True, False
+        return result
+
+    def give_up(self) -> None:
+        with self._lock:
+            self._off = True
+
+
+def _already_claimed() -> None:
+    """A call the ledger knows already: no approval to mark (the ledger replays it)."""
+
+
+def _current_approval(approvals: Any, base: str) -> tuple[str | None, ApprovalRecord | None]:
+    """The record that decides this intent's next call: the first not used up (None: not
+    asked yet); ``(None, None)`` when MAX_APPROVALS_PER_INTENT were used."""
+    for n in range(MAX_APPROVALS_PER_INTENT):
+        record_id = base if n == 0 else f"{base}.{n}"
+        record = approvals.get(record_id)
+        if record is None or record.status != gov.USED:
+            return record_id, record
+    return None, None
+
+
+class ReturnedAwaitable(TypeError):
+    """A tool's plain function returned an awaitable: a mistake of the code, raised to it
+    (never retried, never shown to the model), in both shells."""
+
+
+def _not_awaitable(name: str, result: Any) -> Any:
+    """One behaviour for both shells: a plain function that returns an awaitable is
+    refused (the coroutine is closed, never started: nothing ran). Declare the tool
+    ``async def`` and call it with ``await run.acall_tool(...)``."""
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # never started: nothing ran
+        raise ReturnedAwaitable(
+            f"tool {name!r} is a plain function that returned an awaitable: declare it "
+            "`async def` and call it with `await run.acall_tool(...)`"
+        )
+    return result
+
+
+def _paths(name: str, volatile: Any) -> tuple[str, ...]:
+    """A tool's declared volatile paths, as a tuple (a single string is refused: it would
+    read as its letters)."""
+    if not volatile:
+        return ()
+    if isinstance(volatile, str):
+        raise TypeError(
+            f"volatile of tool {name!r} takes a list of paths, e.g. "
+            f"volatile=[{volatile!r}], got the string {volatile!r}"
+        )
+    return tuple(volatile)
+
+
+def _arguments(name: str, args: Any) -> dict[str, Any]:
+    if args is None:
+        return {}
+    if not isinstance(args, Mapping):
+        raise TypeError(
+            f"args of tool {name!r} must be a mapping of argument names to values "
+            f"(passed as fn(**args)), got a {type(args).__name__}: {args!r:.80}"
+        )
+    return dict(args)
+
+
+def _aattempt_span(name: str, fn: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+    """The async form of :func:`_attempt_span`: the same spans for an awaited attempt."""
+    if not telemetry.enabled():
+        return fn
+    attempts = [0]
+
+    async def attempt() -> Any:
+        attempts[0] += 1
+        telemetry.record_attempt(name, attempts[0])
+        with telemetry.span(
+            "tether.attempt", **{"gen_ai.tool.name": name, "tether.attempt": attempts[0]}
+        ):
+            return await fn()
+
+    return attempt
+
+
+def _attempt_span(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Each attempt of a tool call as a ``tether.attempt`` span (only when telemetry is on)."""
+    if not telemetry.enabled():
+        return fn
+    attempts = [0]
+
+    def attempt() -> Any:
+        attempts[0] += 1
+        telemetry.record_attempt(name, attempts[0])
+        with telemetry.span(
+            "tether.attempt", **{"gen_ai.tool.name": name, "tether.attempt": attempts[0]}
+        ):
+            return fn()
+
+    return attempt
+
+
+def _holds_placeholder(value: Any) -> bool:
+    """Whether a value holds the redaction placeholder anywhere (cheap: a walk, no paths;
+    at most 100,000 values are looked at, so a self-containing value cannot loop)."""
+    stack = [value]
+    budget = 100_000
+    while stack and budget:
+        budget -= 1
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict or (kind not in _SCALARS and isinstance(item, Mapping)):
+            stack.extend(item.values())
+        elif kind is list or kind is tuple:
+            stack.extend(item)
+        elif kind is str or (kind not in _SCALARS and isinstance(item, str)):
+            if REDACTED in item:
+                return True
+        elif kind not in _SCALARS and isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
