@@ -107,6 +107,13 @@ class RetailData:
         for product_id, product in self.products.items():
             for item_id in product["variants"]:
                 self.items[item_id] = product_id
+        # the users as loaded, by what the finds match (in the table's order)
+        self.position = {user_id: i for i, user_id in enumerate(self.users)}
+        self.by_email: dict[str, list[str]] = {}
+        self.by_name_zip: dict[tuple[str, str, str], list[str]] = {}
+        for user_id, user in self.users.items():
+            self.by_email.setdefault(_email_key(user), []).append(user_id)
+            self.by_name_zip.setdefault(_name_zip_key(user), []).append(user_id)
         self.digest = hashlib.sha256(_canonical(data).encode()).hexdigest()
 
 
@@ -187,23 +194,26 @@ class RetailDB:
 
     # --- reads ----------------------------------------------------------------------------
 
+    def _find_user(
+        self,
+        index: dict[Any, list[str]],
+        key_of: Callable[[dict[str, Any]], Any],
+        key: Any,
+    ) -> str:
+        """The first user, in the table's order, whose record as it is now has ``key``:
+        of the loaded users that match and were not written since, and the written ones."""
+        found = [u for u in index.get(key, ()) if u not in self._users]
+        found += [u for u, user in self._users.items() if key_of(user) == key]
+        if not found:
+            raise RetailError("user not found")
+        return min(found, key=self.data.position.__getitem__)
+
     def find_user_id_by_email(self, email: str) -> str:
-        for user_id in self.data.users:
-            if self._user(user_id)["email"].lower() == email.lower():
-                return user_id
-        raise RetailError("user not found")
+        return self._find_user(self.data.by_email, _email_key, email.lower())
 
     def find_user_id_by_name_zip(self, first_name: str, last_name: str, zip: str) -> str:
-        for user_id in self.data.users:
-            user = self._user(user_id)
-            name = user["name"]
-            if (
-                name["first_name"].lower() == first_name.lower()
-                and name["last_name"].lower() == last_name.lower()
-                and user["address"]["zip"] == zip
-            ):
-                return user_id
-        raise RetailError("user not found")
+        key = (first_name.lower(), last_name.lower(), zip)
+        return self._find_user(self.data.by_name_zip, _name_zip_key, key)
 
     def get_user_details(self, user_id: str) -> str:
         return json.dumps(self._user(user_id))
@@ -460,6 +470,15 @@ def _evaluate(node: ast.AST) -> float:
         value = _evaluate(node.operand)
         return -value if isinstance(node.op, ast.USub) else value
     raise ValueError("not an arithmetic expression")
+
+
+def _email_key(user: dict[str, Any]) -> str:
+    return str(user["email"]).lower()
+
+
+def _name_zip_key(user: dict[str, Any]) -> tuple[str, str, str]:
+    name = user["name"]
+    return (name["first_name"].lower(), name["last_name"].lower(), user["address"]["zip"])
 
 
 def _address(

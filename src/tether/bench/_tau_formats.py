@@ -218,6 +218,7 @@ def chat_model() -> Any:
     """A LangChain chat model answering from the running episode's scripted model."""
     if _CHAT_MODEL:
         return _CHAT_MODEL[0]
+    import anthropic  # noqa: F401  (the errors it raises: imported with the model, not at a fault)
     from langchain_core.language_models.chat_models import BaseChatModel
     from langchain_core.messages import AIMessage
     from langchain_core.outputs import ChatGeneration, ChatResult

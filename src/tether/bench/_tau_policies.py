@@ -88,15 +88,30 @@ def _anthropic_tools() -> list[dict[str, Any]]:
     ]
 
 
+#: The SDKs' clients, made once per process as an application makes them (their transport
+#: answers from the running episode, and they keep nothing of a request for the next).
+_CLIENTS: dict[Any, Any] = {}
+
+
+def _anthropic_client(asynchronous: bool) -> Any:
+    if asynchronous not in _CLIENTS:
+        import anthropic
+        import httpx2
+
+        make: Any = anthropic.AsyncAnthropic if asynchronous else anthropic.Anthropic
+        http: Any = httpx2.AsyncClient if asynchronous else httpx2.Client
+        _CLIENTS[asynchronous] = make(
+            api_key="bench",
+            base_url="http://model.bench",
+            http_client=http(transport=anthropic_transport()),
+        )
+    return _CLIENTS[asynchronous]
+
+
 async def _hand_loop(episode: Episode, retry_tools: bool) -> Ending:
     import anthropic
-    import httpx2
 
-    client = anthropic.AsyncAnthropic(
-        api_key="bench",
-        base_url="http://model.bench",
-        http_client=httpx2.AsyncClient(transport=anthropic_transport()),
-    )
+    client = _anthropic_client(asynchronous=True)
     tools: Any = _anthropic_tools()
     messages: Any = [{"role": "user", "content": PROMPT}]
     for _ in range(MAX_TURNS):
@@ -195,18 +210,11 @@ def _told(outcome: tether.Outcome) -> Ending:
 def _tether_anthropic(
     episode: Episode, lookups: dict[str, Any] | None, attempts: int = ATTEMPTS
 ) -> Ending:
-    import anthropic
-    import httpx2
-
     from tether.integrations.anthropic import guarded, run_agent
 
-    raw = anthropic.Anthropic(
-        api_key="bench",
-        base_url="http://model.bench",
-        http_client=httpx2.Client(transport=anthropic_transport()),
-    )
     client = guarded(
-        raw, policy=_model_policy("anthropic", "http://model.bench", episode, attempts)
+        _anthropic_client(asynchronous=False),
+        policy=_model_policy("anthropic", "http://model.bench", episode, attempts),
     )
     outcome = run_agent(
         client,
@@ -220,16 +228,19 @@ def _tether_anthropic(
 
 
 def _openai_client(episode: Episode, retries: int | None) -> Any:
-    import httpx2
-    import openai
+    key = ("openai", retries)
+    if key not in _CLIENTS:
+        import httpx2
+        import openai
 
-    options: Any = {} if retries is None else {"max_retries": retries}
-    return openai.AsyncOpenAI(
-        api_key="bench",
-        base_url="http://model.bench/v1",
-        http_client=httpx2.AsyncClient(transport=openai_transport()),
-        **options,
-    )
+        options: Any = {} if retries is None else {"max_retries": retries}
+        _CLIENTS[key] = openai.AsyncOpenAI(
+            api_key="bench",
+            base_url="http://model.bench/v1",
+            http_client=httpx2.AsyncClient(transport=openai_transport()),
+            **options,
+        )
+    return _CLIENTS[key]
 
 
 async def _tether_openai(episode: Episode) -> Ending:
@@ -272,11 +283,21 @@ def _langchain_agent(middleware: list[Any]) -> Any:
     )
 
 
+_LC_TETHERED: list[Any] = []
+
+
 async def _langchain(episode: Episode, tethered: bool) -> Ending:
-    if tethered:  # the middleware holds this episode's guard: an agent per episode
+    if tethered:
         from tether.integrations.langchain import TetherMiddleware
 
-        agent = _langchain_agent([TetherMiddleware(_guard(episode), side_effects=LOOKUPS)])
+        # one agent, built once as an application builds it; its middleware is made anew
+        # for each episode's guard (each episode has its own clock, store and seed): the
+        # instance the agent holds is initialised again, as a new TetherMiddleware would be
+        if not _LC_TETHERED:
+            middleware = TetherMiddleware(_guard(episode), side_effects=LOOKUPS)
+            _LC_TETHERED.append((_langchain_agent([middleware]), middleware))
+        agent, middleware = _LC_TETHERED[0]
+        TetherMiddleware.__init__(middleware, _guard(episode), side_effects=LOOKUPS)
     else:  # LangChain's middlewares keep nothing between runs: one agent serves every episode
         from langchain.agents.middleware import (
             ModelCallLimitMiddleware,

@@ -64,8 +64,10 @@ class _Selector(selectors.BaseSelector):
         return self._real.modify(fileobj, events, data)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout == 0:  # callbacks are ready: a thread's result is among them already
+            return []  # (call_soon_threadsafe queues it; its wake-up byte is read later)
         ready = self._real.select(0)
-        if ready or timeout == 0:
+        if ready:
             return ready
         if timeout is None or self._executor.busy:  # a thread's result will wake the loop
             return self._real.select(timeout if self._executor.busy and timeout else None)
