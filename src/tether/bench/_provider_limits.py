@@ -41,6 +41,9 @@ REAL_LIMITS = Limits(requests=4_000, input=1_500_000, output=300_000)
 PROVIDER_LIMITS = {"configured-2x-high": 2.0, "configured-2x-low": 0.5}
 MODEL = "claude-sonnet-4-5"
 AGENTS = 1000
+#: when the busy window opens: the buckets' full start spent, before the minute's edge (a
+#: router's fixed window admits its waiters at the edge, after the snapshot of the buckets)
+OPENS = 59.5
 _CALL: contextvars.ContextVar[dict[str, float]] = contextvars.ContextVar("call")
 
 
@@ -303,6 +306,7 @@ def run_provider_limits(
                 )
             except Exception:
                 failed += 1
+                ended.append(clock.now())
                 return
             finally:
                 _CALL.reset(token)
@@ -313,11 +317,13 @@ def run_provider_limits(
                 {"role": "user", "content": "t" * a.results[turn]},
             ]
         finished.append(clock.now())
+        ended.append(clock.now())
 
+    ended: list[float] = []  # every agent's end, done or failed
     at_start: dict[str, float] = {}
 
     async def snapshot() -> None:  # what the buckets hold when the busy window opens
-        await asyncio.sleep(60.0)
+        await asyncio.sleep(OPENS)  # just before a minute's edge: a fixed window's start
         with provider._lock:
             for name, bucket in provider.buckets.items():
                 bucket.refill(clock.wall())
@@ -334,9 +340,13 @@ def run_provider_limits(
         setattr(rate_limiters, "time", real_time)  # noqa: B010
     s = provider.stats
     # the busy minutes: after the first (the buckets' full start), until 90% of the agents
-    # are done (after that, fewer agents than the limit can serve are left)
+    # have ended (after that, fewer agents than the limit can serve are left); a fleet that
+    # ended within two minutes (its runs failed) over its whole time, its full start counted
     t0 = clock.wall() - clock.now()
-    busy_end = t0 + (_quantile(finished, 0.9) if finished else 0.0)
+    end = _quantile(ended, 0.9) if ended else 0.0
+    start = OPENS if end > 120.0 else 0.0
+    held = at_start if start else {"input": real.input, "output": real.output}
+    busy_end = t0 + end
     admitted = s.requests - s.throttled
     trips = {"tether": store.trips, "router-tpm": shared["counter"].trips}.get(policy, 0)
     return {
@@ -345,11 +355,11 @@ def run_provider_limits(
         "requests": s.requests,
         "throttled_per_1000": round(1000.0 * s.throttled / max(1, s.requests), 2),
         "input_share_of_limit": round(
-            share_of_limit(s, real.input, t0 + 60.0, busy_end, 1, at_start.get("input", 0.0)),
+            share_of_limit(s, real.input, t0 + start, busy_end, 1, held.get("input", 0.0)),
             3,
         ),
         "output_share_of_limit": round(
-            share_of_limit(s, real.output, t0 + 60.0, busy_end, 2, at_start.get("output", 0.0)),
+            share_of_limit(s, real.output, t0 + start, busy_end, 2, held.get("output", 0.0)),
             3,
         ),
         "p50_completion_s": round(statistics.median(finished), 1) if finished else None,

@@ -89,13 +89,15 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
                         f"{m['completion_s'] / entry['lower_bound_s']:.2f}",
                     ]
                 )
-        tables["fleet"] = (head, rows)
+        if rows:
+            tables["fleet"] = (head, rows)
         head = ["backoff", "calls", "completion s"]
         rows = [
             [j, str(m["calls"]), f"{m['completion_s']:.1f}"]
-            for j, m in suites["fleet"]["contention"].items()
+            for j, m in suites["fleet"].get("contention", {}).items()
         ]
-        tables["contention (AWS backoff article experiment, 100 clients)"] = (head, rows)
+        if rows:
+            tables["contention (AWS backoff article experiment, 100 clients)"] = (head, rows)
     limits = suites.get("fleet", {}).get("provider-limits")
     if limits:
         head = [
