@@ -3,8 +3,9 @@
 A reliable agent checks every guard on every iteration, before spending the next
 call; every way out of the loop returns a result, or a partial result and a reason.
 The run's parts live in modules of their own: its state (``_runstate``), the tool-call
-pipeline (``_toolcall`` over ``_tooldecisions``, ``_toolgate``, ``_hung``), its
-compensations (``_rollback``) and its ending (``_ending``); this module is its lifecycle.
+pipeline (``_toolcall`` over ``_tooldecisions``, ``_toolgate``, ``_hung``), its model
+calls (``_modelcalls``), its compensations (``_rollback``) and its ending
+(``_ending``); this module is its lifecycle.
 """
 
 from __future__ import annotations
@@ -13,18 +14,23 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from tether import telemetry
 from tether.classification._classify import classify
 from tether.effects._canonical import canonical_json
 from tether.run._ending import Ending
+from tether.run._modelcalls import ModelCalls
 from tether.run._outcome import Outcome, Status, Stopped, StopReason
-from tether.run._pricing import UnknownModelError
 from tether.run._rollback import Compensations, Rollback
 from tether.run._runstate import RunState
 from tether.run._settings import RunSettings
 from tether.run._toolcall import ToolPipeline
+
+if TYPE_CHECKING:
+    from tether.retries._policy import RetryPolicy
+
+T = TypeVar("T")
 
 __all__ = ["Run"]
 
@@ -34,9 +40,9 @@ _log = logging.getLogger("tether")
 class Run(RunState):
     """One guarded run of an agent; see :class:`tether.Guard`.
 
-    The run owns its parts: the tool-call pipeline, the ending (status, facts, outcome,
-    record) and the compensations; each gets the run's state, and only the run decides
-    their order (roll back, then conclude).
+    The run owns its parts: the tool-call pipeline, the model calls, the ending (status,
+    facts, outcome, record) and the compensations; each gets the run's state, and only the
+    run decides their order (roll back, then conclude).
     """
 
     def __init__(
@@ -52,6 +58,7 @@ class Run(RunState):
         self._ending = Ending(self)
         self._undo = Rollback(self)
         self._tools = ToolPipeline(self)
+        self._models = ModelCalls(self)
 
     # --- the with-block and the ending ------------------------------------------------
 
@@ -167,6 +174,104 @@ class Run(RunState):
     def __repr__(self) -> str:
         return (
             f"Run({self.run_id!r}, steps={self.steps}, stopped={self._stop and self._stop[0].name})"
+        )
+
+    # --- model calls -----------------------------------------------------------------
+
+    def begin_model_call(
+        self,
+        *,
+        model: str = "",
+        provider: str | None = None,
+        estimated_input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
+    ) -> float | None:
+        """Check the run before a paid model request; returns the time it has left (the
+        request's deadline, None: no time budget).
+
+        Raises :class:`tether.Stopped` (the run's own stop) when the run has stopped, and
+        :class:`tether.UnknownModelError` for a model whose cost a cost budget could not
+        count (:meth:`check_model`). ``estimated_input_tokens`` and ``max_output_tokens``
+        describe the request for the guard's token budgets (``Guard(token_budget=...)``):
+        given an estimate, the call waits for its place in the budget of its model, and a
+        wait longer than the run's time left stops the run ``TIMEOUT`` before the request
+        (:mod:`tether.run._tokens`); :meth:`record_model_call` gives back what it did not use.
+        """
+        return self._models.begin_model_call(
+            model=model,
+            provider=provider,
+            estimated_input_tokens=estimated_input_tokens,
+            max_output_tokens=max_output_tokens,
+        )
+
+    async def abegin_model_call(
+        self,
+        *,
+        model: str = "",
+        provider: str | None = None,
+        estimated_input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
+    ) -> float | None:
+        """The async form of :meth:`begin_model_call`: a wait for the token budget sleeps
+        on the event loop."""
+        return await self._models.abegin_model_call(
+            model=model,
+            provider=provider,
+            estimated_input_tokens=estimated_input_tokens,
+            max_output_tokens=max_output_tokens,
+        )
+
+    def check_model(self, model: str, provider: str | None = None) -> None:
+        """Refuse, before the request, a model whose cost a cost budget could not count."""
+        return self._models.check_model(model, provider)
+
+    def model_call_failed(self, exc: BaseException) -> Stopped:
+        """Stop the run for a model call that failed after its retries, with the reason its
+        failure says (``TIMEOUT`` for the time budget, ``CIRCUIT_OPEN`` for a provider that
+        is down, ``ERROR`` or ``PERMANENT_ERROR`` by classification); returns the Stopped
+        to raise (an agent loop raises it, a framework's hook may just end the agent)."""
+        return self._models.model_call_failed(exc)
+
+    def retry_model_call(self, policy: RetryPolicy, fn: Callable[[], T]) -> T:
+        """``fn()`` under ``policy``, never past the run's time left; its retries are
+        counted into the run's usage. A failure after the retries is raised (see
+        :meth:`model_call_failed`)."""
+        return self._models.retry_model_call(policy, fn)
+
+    async def aretry_model_call(self, policy: RetryPolicy, fn: Callable[[], Awaitable[T]]) -> T:
+        """The async form of :meth:`retry_model_call`."""
+        return await self._models.aretry_model_call(policy, fn)
+
+    def record_model_call(
+        self,
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        model: str = "",
+        cache_write_tokens: int = 0,
+        cache_read_tokens: int = 0,
+        cost_usd: float | None = None,
+        provider: str | None = None,
+        unmeasured: bool = False,
+    ) -> float | None:
+        """Count one model call's usage and cost; returns the cost in USD (None: unknown).
+
+        The cost comes from ``cost_usd`` or the guard's prices for ``model``; a model
+        with no price has its tokens counted and its cost unknown
+        (``Usage.unpriced_calls``). Under a cost budget that raises
+        :class:`tether.UnknownModelError` (call :meth:`check_model` before the request
+        to refuse it before paying). ``unmeasured=True`` says the provider reported no
+        token counts for the call: its cost is unknown too, never zero.
+        """
+        return self._models.record_model_call(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            model=model,
+            cache_write_tokens=cache_write_tokens,
+            cache_read_tokens=cache_read_tokens,
+            cost_usd=cost_usd,
+            provider=provider,
+            unmeasured=unmeasured,
         )
 
     # --- tools -----------------------------------------------------------------------
@@ -354,93 +459,6 @@ class Run(RunState):
         last = self._last_costs[-1]
         prev = self._last_costs[-2] if len(self._last_costs) > 1 else last
         return max(last, last + (last - prev))
-
-    def record_model_call(
-        self,
-        *,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-        model: str = "",
-        cache_write_tokens: int = 0,
-        cache_read_tokens: int = 0,
-        cost_usd: float | None = None,
-        provider: str | None = None,
-        unmeasured: bool = False,
-    ) -> float | None:
-        """Count one model call's usage and cost; returns the cost in USD (None: unknown).
-
-        The cost comes from ``cost_usd`` or the guard's prices for ``model``; a model
-        with no price has its tokens counted and its cost unknown
-        (``Usage.unpriced_calls``). Under a cost budget that raises
-        :class:`tether.UnknownModelError` (call :meth:`check_model` before the request
-        to refuse it before paying). ``unmeasured=True`` says the provider reported no
-        token counts for the call: its cost is unknown too, never zero.
-        """
-        counts = {
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
-            "cache_write_tokens": cache_write_tokens,
-            "cache_read_tokens": cache_read_tokens,
-        }
-        for name, value in counts.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        self._tokens.settle(model, input_tokens + cache_write_tokens, output_tokens)
-        if unmeasured:
-            cost_usd = None
-        elif cost_usd is None:
-            if model:
-                cost_usd = self.guard.prices.cost(
-                    model,
-                    input_tokens,
-                    output_tokens,
-                    cache_write_tokens,
-                    cache_read_tokens,
-                    provider=provider,
-                )
-            elif self.budget.max_cost_usd is not None and (input_tokens or output_tokens):
-                raise ValueError(
-                    "a cost budget is set: pass model= (priced from the table) or cost_usd="
-                )
-            else:
-                cost_usd = 0.0
-        self.model_calls += 1
-        self.input_tokens += input_tokens
-        self.output_tokens += output_tokens
-        self.cache_write_tokens += cache_write_tokens
-        self.cache_read_tokens += cache_read_tokens
-        if cost_usd is None:
-            self.unpriced_calls += 1
-        else:
-            self.cost_usd += cost_usd
-            self._last_costs = [*self._last_costs[-1:], cost_usd]
-        self._last_tokens = input_tokens + output_tokens + cache_write_tokens + cache_read_tokens
-        telemetry.add_event(
-            "gen_ai.client.inference",
-            **{
-                "gen_ai.request.model": model or None,
-                "gen_ai.usage.input_tokens": input_tokens,
-                "gen_ai.usage.output_tokens": output_tokens,
-                "tether.cost_usd": cost_usd,
-            },
-        )
-        self.transcript.append(
-            {
-                "step": self.steps,
-                "model": model,
-                "input_tokens": input_tokens,
-                "output_tokens": output_tokens,
-                "cost_usd": cost_usd,
-            }
-        )
-        if cost_usd is None and self.budget.max_cost_usd is not None:
-            why = (
-                "the provider reported no token counts for this call"
-                if unmeasured
-                else (self.guard.prices.missing(model))
-            )
-            raise UnknownModelError(f"{why}; the cost budget cannot count this call")
-        return cost_usd
 
     def progress(self, note: str = "") -> None:
         """Say that this step made progress (a new fact, a finished sub-goal)."""

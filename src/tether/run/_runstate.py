@@ -16,11 +16,9 @@ from tether.run._governance import JournalEntry
 from tether.run._health import ToolHealth
 from tether.run._loops import LoopState
 from tether.run._outcome import Outcome, Stopped, StopReason, Usage
-from tether.run._pricing import UnknownModelError
 from tether.run._tokens import RunTokens
 
 if TYPE_CHECKING:
-    from tether.retries._policy import RetryPolicy
     from tether.run._settings import RunSettings
 
 T = TypeVar("T")
@@ -257,106 +255,10 @@ class RunState:
                 redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
             )[:500]
 
-    def begin_model_call(
-        self,
-        *,
-        model: str = "",
-        provider: str | None = None,
-        estimated_input_tokens: int | None = None,
-        max_output_tokens: int | None = None,
-    ) -> float | None:
-        """Check the run before a paid model request; returns the time it has left (the
-        request's deadline, None: no time budget).
-
-        Raises :class:`tether.Stopped` (the run's own stop) when the run has stopped, and
-        :class:`tether.UnknownModelError` for a model whose cost a cost budget could not
-        count (:meth:`check_model`). ``estimated_input_tokens`` and ``max_output_tokens``
-        describe the request for the guard's token budgets (``Guard(token_budget=...)``):
-        given an estimate, the call waits for its place in the budget of its model, and a
-        wait longer than the run's time left stops the run ``TIMEOUT`` before the request
-        (:mod:`tether.run._tokens`); :meth:`record_model_call` gives back what it did not use.
-        """
-        if self._stop is not None:
-            raise self._halt(*self._stop)
-        if model:
-            self.check_model(model, provider)
-        self._tokens.reserve(model, provider, estimated_input_tokens, max_output_tokens)
-        return self.time_left()
-
-    async def abegin_model_call(
-        self,
-        *,
-        model: str = "",
-        provider: str | None = None,
-        estimated_input_tokens: int | None = None,
-        max_output_tokens: int | None = None,
-    ) -> float | None:
-        """The async form of :meth:`begin_model_call`: a wait for the token budget sleeps
-        on the event loop."""
-        if self._stop is not None:
-            raise self._halt(*self._stop)
-        if model:
-            self.check_model(model, provider)
-        await self._tokens.areserve(model, provider, estimated_input_tokens, max_output_tokens)
-        return self.time_left()
-
-    def check_model(self, model: str, provider: str | None = None) -> None:
-        """Refuse, before the request, a model whose cost a cost budget could not count."""
-        if self.budget.max_cost_usd is None or not model or model in self._checked_models:
-            return
-        prices = self.guard.prices
-        if not prices.knows(model, provider):
-            if prices.unknown != "zero":
-                raise UnknownModelError(
-                    f"{prices.missing(model)}. The run has a cost budget "
-                    f"(max_cost_usd={self.budget.max_cost_usd:g}) that could not hold, so no "
-                    "request was sent"
-                )
-            _log.warning(
-                "tether: model %r has no price and counts as free (unknown='zero'): "
-                "the cost budget cannot hold for it",
-                model,
-            )
-        self._checked_models.add(model)
-
-    def model_call_failed(self, exc: BaseException) -> Stopped:
-        """Stop the run for a model call that failed after its retries, with the reason its
-        failure says (``TIMEOUT`` for the time budget, ``CIRCUIT_OPEN`` for a provider that
-        is down, ``ERROR`` or ``PERMANENT_ERROR`` by classification); returns the Stopped
-        to raise (an agent loop raises it, a framework's hook may just end the agent)."""
-        from tether._errors import DeadlineExceeded
-        from tether.classification._classify import classify
-
-        self.note_error(exc)
-        self._tokens.release(exc)
-        if isinstance(exc, DeadlineExceeded) and self.budget.max_seconds is not None:
-            return self._halt(StopReason.TIMEOUT, "the time budget ran out waiting for the model")
-        if isinstance(exc, CircuitOpenError):
-            return self._halt(StopReason.CIRCUIT_OPEN, f"the model provider is down ({exc})")
-        verdict = classify(exc)
-        reason = StopReason.ERROR if verdict.retryable else StopReason.PERMANENT_ERROR
-        return self._halt(reason, f"model call failed: {verdict.reason}")
-
     def count_retries(self, n: int = 1) -> None:
         """Count ``n`` retries into the run's usage (for a framework that makes a request's
         attempts itself); :meth:`retry_model_call` counts its own."""
         self.retries += n
-
-    def retry_model_call(self, policy: RetryPolicy, fn: Callable[[], T]) -> T:
-        """``fn()`` under ``policy``, never past the run's time left; its retries are
-        counted into the run's usage. A failure after the retries is raised (see
-        :meth:`model_call_failed`)."""
-        try:
-            return policy.call_within(self.time_left(), fn)
-        finally:
-            self.retries += policy.statistics.retries
-
-    async def aretry_model_call(self, policy: RetryPolicy, fn: Callable[[], Awaitable[T]]) -> T:
-        """The async form of :meth:`retry_model_call`."""
-        try:
-            return await policy.acall_within(self.time_left(), fn)
-        finally:
-            self.retries += policy.statistics.retries
 
     def breaker_wait(
         self, exc: CircuitOpenError, *, waited: float = 0.0, timeout: float | None = None

@@ -1,0 +1,189 @@
+"""The model calls of a run: the check before a paid request, its usage and cost after,
+its retries within the run's time, and the stop a failed one causes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from tether import telemetry
+from tether._errors import CircuitOpenError
+from tether.run._outcome import Stopped, StopReason
+from tether.run._pricing import UnknownModelError
+from tether.run._runstate import RunState
+
+if TYPE_CHECKING:
+    from tether.retries._policy import RetryPolicy
+
+T = TypeVar("T")
+
+__all__ = ["ModelCalls"]
+
+_log = logging.getLogger("tether")
+
+
+class ModelCalls:
+    """A run's model calls (a part of :class:`tether.Run`, given the run's state)."""
+
+    def __init__(self, state: RunState) -> None:
+        self.s = state
+
+    def begin_model_call(
+        self,
+        *,
+        model: str = "",
+        provider: str | None = None,
+        estimated_input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
+    ) -> float | None:
+        """See :meth:`tether.Run.begin_model_call`."""
+        if self.s._stop is not None:
+            raise self.s._halt(*self.s._stop)
+        if model:
+            self.check_model(model, provider)
+        self.s._tokens.reserve(model, provider, estimated_input_tokens, max_output_tokens)
+        return self.s.time_left()
+
+    async def abegin_model_call(
+        self,
+        *,
+        model: str = "",
+        provider: str | None = None,
+        estimated_input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
+    ) -> float | None:
+        """See :meth:`tether.Run.abegin_model_call`."""
+        if self.s._stop is not None:
+            raise self.s._halt(*self.s._stop)
+        if model:
+            self.check_model(model, provider)
+        await self.s._tokens.areserve(model, provider, estimated_input_tokens, max_output_tokens)
+        return self.s.time_left()
+
+    def check_model(self, model: str, provider: str | None = None) -> None:
+        """See :meth:`tether.Run.check_model`."""
+        if self.s.budget.max_cost_usd is None or not model or model in self.s._checked_models:
+            return
+        prices = self.s.guard.prices
+        if not prices.knows(model, provider):
+            if prices.unknown != "zero":
+                raise UnknownModelError(
+                    f"{prices.missing(model)}. The run has a cost budget "
+                    f"(max_cost_usd={self.s.budget.max_cost_usd:g}) that could not hold, so no "
+                    "request was sent"
+                )
+            _log.warning(
+                "tether: model %r has no price and counts as free (unknown='zero'): "
+                "the cost budget cannot hold for it",
+                model,
+            )
+        self.s._checked_models.add(model)
+
+    def model_call_failed(self, exc: BaseException) -> Stopped:
+        """See :meth:`tether.Run.model_call_failed`."""
+        from tether._errors import DeadlineExceeded
+        from tether.classification._classify import classify
+
+        self.s.note_error(exc)
+        self.s._tokens.release(exc)
+        if isinstance(exc, DeadlineExceeded) and self.s.budget.max_seconds is not None:
+            return self.s._halt(StopReason.TIMEOUT, "the time budget ran out waiting for the model")
+        if isinstance(exc, CircuitOpenError):
+            return self.s._halt(StopReason.CIRCUIT_OPEN, f"the model provider is down ({exc})")
+        verdict = classify(exc)
+        reason = StopReason.ERROR if verdict.retryable else StopReason.PERMANENT_ERROR
+        return self.s._halt(reason, f"model call failed: {verdict.reason}")
+
+    def retry_model_call(self, policy: RetryPolicy, fn: Callable[[], T]) -> T:
+        """See :meth:`tether.Run.retry_model_call`."""
+        try:
+            return policy.call_within(self.s.time_left(), fn)
+        finally:
+            self.s.retries += policy.statistics.retries
+
+    async def aretry_model_call(self, policy: RetryPolicy, fn: Callable[[], Awaitable[T]]) -> T:
+        """See :meth:`tether.Run.aretry_model_call`."""
+        try:
+            return await policy.acall_within(self.s.time_left(), fn)
+        finally:
+            self.s.retries += policy.statistics.retries
+
+    def record_model_call(
+        self,
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        model: str = "",
+        cache_write_tokens: int = 0,
+        cache_read_tokens: int = 0,
+        cost_usd: float | None = None,
+        provider: str | None = None,
+        unmeasured: bool = False,
+    ) -> float | None:
+        """See :meth:`tether.Run.record_model_call`."""
+        counts = {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cache_write_tokens": cache_write_tokens,
+            "cache_read_tokens": cache_read_tokens,
+        }
+        for name, value in counts.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        self.s._tokens.settle(model, input_tokens + cache_write_tokens, output_tokens)
+        if unmeasured:
+            cost_usd = None
+        elif cost_usd is None:
+            if model:
+                cost_usd = self.s.guard.prices.cost(
+                    model,
+                    input_tokens,
+                    output_tokens,
+                    cache_write_tokens,
+                    cache_read_tokens,
+                    provider=provider,
+                )
+            elif self.s.budget.max_cost_usd is not None and (input_tokens or output_tokens):
+                raise ValueError(
+                    "a cost budget is set: pass model= (priced from the table) or cost_usd="
+                )
+            else:
+                cost_usd = 0.0
+        self.s.model_calls += 1
+        self.s.input_tokens += input_tokens
+        self.s.output_tokens += output_tokens
+        self.s.cache_write_tokens += cache_write_tokens
+        self.s.cache_read_tokens += cache_read_tokens
+        if cost_usd is None:
+            self.s.unpriced_calls += 1
+        else:
+            self.s.cost_usd += cost_usd
+            self.s._last_costs = [*self.s._last_costs[-1:], cost_usd]
+        self.s._last_tokens = input_tokens + output_tokens + cache_write_tokens + cache_read_tokens
+        telemetry.add_event(
+            "gen_ai.client.inference",
+            **{
+                "gen_ai.request.model": model or None,
+                "gen_ai.usage.input_tokens": input_tokens,
+                "gen_ai.usage.output_tokens": output_tokens,
+                "tether.cost_usd": cost_usd,
+            },
+        )
+        self.s.transcript.append(
+            {
+                "step": self.s.steps,
+                "model": model,
+                "input_tokens": input_tokens,
+                "output_tokens": output_tokens,
+                "cost_usd": cost_usd,
+            }
+        )
+        if cost_usd is None and self.s.budget.max_cost_usd is not None:
+            why = (
+                "the provider reported no token counts for this call"
+                if unmeasured
+                else (self.s.guard.prices.missing(model))
+            )
+            raise UnknownModelError(f"{why}; the cost budget cannot count this call")
+        return cost_usd
