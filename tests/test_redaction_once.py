@@ -193,3 +193,34 @@ def test_redacting_in_place_is_redacting_a_copy() -> None:
         assert redacted_json(value, text) == redact(json.loads(text))
 
     check()
+
+
+def test_a_run_redacts_each_call_when_it_records_it() -> None:
+    """call_tool keeps the call's redacted view, made once; the ending gathers it unchanged,
+    and a snapshot of the run (a framework's thread state) holds no secret."""
+    from tether.redaction._redact import RecordedEntry
+
+    def pay(card_number: str, amount: int, note: str) -> dict[str, object]:
+        return {"ok": True, "receipt": "token=abc123def456ghi", "when": dt.datetime(2026, 1, 2)}
+
+    args = {
+        "card_number": "4242424242424242",
+        "amount": 5,
+        "note": "api_key=sk-live-1234567890abcdef",
+    }
+    with tether.Guard().start(task="pay") as run:
+        run.proceed()
+        assert run.call_tool("pay", pay, args)["ok"] is True
+        recorded = run.partial[-1]
+        assert isinstance(recorded, RecordedEntry) and recorded._texts is None  # the view, made now
+        raw = {"step": 1, "tool": "pay", "args": args, "result": pay(**args)}
+        assert recorded == redact(jsonable(raw))  # what the ending made of it before
+        state = str(run.snapshot())
+        assert (
+            "4242424242424242" not in state
+            and "sk-live" not in state
+            and "abc123def456" not in state
+        )
+        run.succeed("paid")
+    assert list(run.outcome.partial) == [redact(jsonable(raw))]
+    assert "4242424242424242" not in str(run.outcome.partial)

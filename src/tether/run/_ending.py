@@ -11,7 +11,7 @@ from typing import Any
 from tether import telemetry
 from tether.effects._canonical import jsonable
 from tether.records._runs import portable
-from tether.redaction._redact import redact, redact_conversation
+from tether.redaction._redact import redact, redact_conversation, redacted_entries
 from tether.run._handoff import SOME_STEP, HandoffRecord, _Delivery
 from tether.run._outcome import Outcome, Status, StopReason, Usage
 from tether.run._runstate import RunState
@@ -102,7 +102,7 @@ class Ending:
         partial, omitted = self.s.partial.newest(), self.s.partial.summary()
         # the record of the steps, made once for the checkpoint, the handoff and the run record
         steps = {
-            "partial": redact(jsonable(partial)),
+            "partial": redacted_entries(partial, jsonable),  # each call redacted once
             "transcript": redact(jsonable(self.s.transcript.newest())),
         }
         checkpoint_id = None

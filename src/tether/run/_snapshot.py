@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tether._errors import CheckpointError
 from tether.effects._canonical import jsonable
 from tether.records._approvals import ApprovalRecord
+from tether.redaction._redact import RecordedEntry
 from tether.run._governance import JournalEntry
 from tether.run._outcome import StopReason, Usage
 from tether.run._runstate import RunState, Tail
@@ -35,7 +36,9 @@ _COUNTS = ("steps", "model_calls", "tool_calls", "retries", "input_tokens", "out
 
 
 def _tail(tail: Tail) -> dict[str, Any]:
-    return {"entries": jsonable(list(tail)), "omitted": tail.omitted, "by_tool": dict(tail.by_tool)}
+    # a recorded call is its redacted JSON view already: kept as it is (no secret in the state)
+    entries = [dict(e) if isinstance(e, RecordedEntry) else jsonable(e) for e in tail]
+    return {"entries": entries, "omitted": tail.omitted, "by_tool": dict(tail.by_tool)}
 
 
 def _untail(keep: int | None, doc: Any) -> Tail:

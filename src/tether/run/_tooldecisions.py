@@ -21,7 +21,7 @@ from tether.effects._canonical import (
     intent_keys_and_text,
     jsonable,
 )
-from tether.redaction._redact import REDACTED, redact, redacted_paths
+from tether.redaction._redact import REDACTED, RecordedEntry, redact, redacted_paths
 from tether.run._governance import JournalEntry
 from tether.run._health import ToolUnresponsive
 from tether.run._hung import HungTools
@@ -87,7 +87,7 @@ class ToolDecisions:
         self.s._step_calls += 1
         if allow_repeat is None and name not in self.s.guard.loops.allow_repeat:
             self.s._step_counted = True
-        return _Call(name, args, action, key, self.s.steps, policy, allow_repeat)
+        return _Call(name, args, action, key, self.s.steps, policy, allow_repeat, text)
 
     def _not_made(self) -> None:
         """A call that a framework's control flow interrupted did not happen."""
@@ -179,14 +179,17 @@ class ToolDecisions:
         # max_identical_failures, so a model retrying a dead dependency is not a "loop"
         self.s._loops.record_action(call.name, call.action, allowed=call.allow_repeat is not None)
         self.s.retries += call.policy.statistics.retries
-        entry = {"step": call.step, "tool": call.name, "args": call.args, "result": result}
-        self.s.partial.append(entry)
-        self.s.transcript.append({"step": call.step, "tool": call.name, "ok": True})
         try:
-            digest = canonical_json(result, ignore=())
+            encoded: str | None = canonical_json(result, ignore=())
         except (TypeError, ValueError):
-            digest = repr(result)
-        digest = hashlib.sha256(f"{call.name}\x00{digest}".encode()).hexdigest()
+            encoded = None
+        # redacted now, once, from these encodings: the ending only gathers the views
+        entry = {"step": call.step, "tool": call.name, "args": call.args, "result": result}
+        texts = {"args": call.text, "result": encoded}
+        self.s.partial.append(RecordedEntry(entry, texts).redacted(jsonable))
+        self.s.transcript.append({"step": call.step, "tool": call.name, "ok": True})
+        text = encoded if encoded is not None else repr(result)
+        digest = hashlib.sha256(f"{call.name}\x00{text}".encode()).hexdigest()
         if digest not in self.s._results:
             self.s._results[digest] = None
             if len(self.s._results) > self.s.guard.loops.state_window:

@@ -45,6 +45,7 @@ class _Call:
     step: int
     policy: RetryPolicy
     allow_repeat: int | None = None  # this call's own repeat cap (a read-only tool's polling)
+    text: str | None = None  # the arguments' canonical JSON, when it holds all of them
 
 
 def _repeat_cap(name: str, cap: int | None) -> int | None:
