@@ -12,16 +12,16 @@ from tether.effects._ledger import Ledger
 from tether.guards._breaker import CircuitBreaker
 from tether.guards._tokens import TokenBudget, budgets_for
 from tether.records._approvals import APPROVED, REJECTED, ApprovalError, ApprovalRecord, Approvals
-from tether.records._collections import CheckpointError, Checkpoints, DeadLetters, check_run_id
+from tether.records._collections import Checkpoints, DeadLetters, check_run_id
 from tether.records._records import Records
 from tether.redaction._redact import redact
 from tether.retries._policy import RetryPolicy
 from tether.run._budget import Budget
-from tether.run._governance import JournalEntry, takes_run
+from tether.run._governance import takes_run
 from tether.run._handoff import CustomerMessages, Escalation, _describe
 from tether.run._health import HUNG_TOOL_MODES, HungToolMode
 from tether.run._loops import LoopPolicy
-from tether.run._outcome import STATUSES, Outcome, StopReason, Usage
+from tether.run._outcome import STATUSES, Outcome, StopReason
 from tether.run._pricing import PriceTable
 
 if TYPE_CHECKING:
@@ -280,69 +280,13 @@ class Guard:
         """A run that continues a checkpointed one, with the budget it had left."""
         if self.checkpoints is None:
             raise ValueError("this guard has no checkpoints store: pass checkpoints= to Guard")
+        from tether.run._resume import resume
         from tether.run._run import Run
 
-        doc = self.checkpoints.load(check_run_id(checkpoint_id, "checkpoint_id"))
-        run_id = str(doc.get("run_id") or checkpoint_id)
-        ended = self._moved_past(run_id, checkpoint_id)
-        if ended is not None:  # continue from the run's newest state, which has ended
-            try:
-                doc = self.checkpoints.load(str(ended["checkpoint_id"]))
-            except CheckpointError:
-                pass
-        key, request = doc.get("key"), doc.get("request")  # the run keeps its request
-        run = Run(
-            self,
-            str(doc["task"]),
-            str(doc.get("run_id") or checkpoint_id),
-            key=key if isinstance(key, str) else None,
-            request=request if isinstance(request, str) else None,
-        )
-        try:
-            usage = Usage(**doc["usage"])
-        except TypeError as exc:
-            raise CheckpointError(
-                f"checkpoint {checkpoint_id!r} is corrupt: bad usage ({exc})"
-            ) from exc
-        run._restore(usage, list(doc["partial"]), list(doc["transcript"]))
-        omitted: Any = doc.get("omitted")
-        for name in ("partial", "transcript"):  # what the earlier part let go still counts
-            info: Any = omitted.get(name) if isinstance(omitted, Mapping) else None
-            if not isinstance(info, Mapping):
-                continue
-            tail = getattr(run, name)
-            if isinstance(info.get("omitted"), int):
-                tail.omitted += info["omitted"]
-            by_tool = info.get("by_tool")
-            if isinstance(by_tool, Mapping):
-                tail.by_tool.update(
-                    {str(k): int(v) for k, v in by_tool.items() if isinstance(v, int)}
-                )
-        run._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
-        run._resumed_from = str(doc.get("id") or checkpoint_id)
-        try:
-            run._resumed_stop = (StopReason(doc.get("reason")), str(doc.get("detail") or ""))
-        except ValueError:
-            run._resumed_stop = None
+        run, ended = resume(self, checkpoint_id, Run)
         if ended is not None:
             run._ended_as(ended)
         return run
-
-    def _moved_past(self, run_id: str, checkpoint_id: str) -> dict[str, Any] | None:
-        """The run's record when the run has ended again since ``checkpoint_id`` (it was
-        resumed from there and went on), else None."""
-        if self.records is None:
-            return None
-        try:
-            record = self.records.runs.get(run_id)
-        except Exception as exc:  # the records cannot be read: resume as before
-            _log.warning(
-                "tether: run %s: its record could not be read (%s)", run_id, type(exc).__name__
-            )
-            return None
-        if record is None or record.get("checkpoint_id") in (None, checkpoint_id):
-            return None
-        return record
 
 
 def request_of(key: str | None, run_id: str) -> str:

@@ -1,0 +1,89 @@
+"""A run resumed from its checkpoint: its budgets spent, its journal, how it had stopped."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tether.records._collections import CheckpointError, check_run_id
+from tether.run._governance import JournalEntry
+from tether.run._outcome import StopReason, Usage
+from tether.run._runstate import RunState
+
+if TYPE_CHECKING:
+    from tether.run._settings import RunSettings
+
+__all__ = ["resume"]
+
+_log = logging.getLogger("tether")
+
+R = TypeVar("R", bound=RunState)
+
+
+def resume(
+    guard: RunSettings, checkpoint_id: str, make: Callable[..., R]
+) -> tuple[R, dict[str, Any] | None]:
+    """The run that continues checkpoint ``checkpoint_id`` under ``guard`` (``make`` builds
+    it: the Guard passes its Run class, so that this module imports neither), and the run's
+    record when the run has ended again since that checkpoint (None otherwise)."""
+    checkpoints = guard.checkpoints
+    assert checkpoints is not None  # the Guard checked it
+    doc = checkpoints.load(check_run_id(checkpoint_id, "checkpoint_id"))
+    run_id = str(doc.get("run_id") or checkpoint_id)
+    ended = _moved_past(guard, run_id, checkpoint_id)
+    if ended is not None:  # continue from the run's newest state, which has ended
+        try:
+            doc = checkpoints.load(str(ended["checkpoint_id"]))
+        except CheckpointError:
+            pass
+    key, request = doc.get("key"), doc.get("request")  # the run keeps its request
+    run = make(
+        guard,
+        str(doc["task"]),
+        str(doc.get("run_id") or checkpoint_id),
+        key=key if isinstance(key, str) else None,
+        request=request if isinstance(request, str) else None,
+    )
+    try:
+        usage = Usage(**doc["usage"])
+    except TypeError as exc:
+        raise CheckpointError(
+            f"checkpoint {checkpoint_id!r} is corrupt: bad usage ({exc})"
+        ) from exc
+    run._restore(usage, list(doc["partial"]), list(doc["transcript"]))
+    omitted: Any = doc.get("omitted")
+    for name in ("partial", "transcript"):  # what the earlier part let go still counts
+        info: Any = omitted.get(name) if isinstance(omitted, Mapping) else None
+        if not isinstance(info, Mapping):
+            continue
+        tail = getattr(run, name)
+        if isinstance(info.get("omitted"), int):
+            tail.omitted += info["omitted"]
+        by_tool = info.get("by_tool")
+        if isinstance(by_tool, Mapping):
+            tail.by_tool.update({str(k): int(v) for k, v in by_tool.items() if isinstance(v, int)})
+    run._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
+    run._resumed_from = str(doc.get("id") or checkpoint_id)
+    try:
+        run._resumed_stop = (StopReason(doc.get("reason")), str(doc.get("detail") or ""))
+    except ValueError:
+        run._resumed_stop = None
+    return run, ended
+
+
+def _moved_past(guard: RunSettings, run_id: str, checkpoint_id: str) -> dict[str, Any] | None:
+    """The run's record when the run has ended again since ``checkpoint_id`` (it was
+    resumed from there and went on), else None."""
+    if guard.records is None:
+        return None
+    try:
+        record = guard.records.runs.get(run_id)
+    except Exception as exc:  # the records cannot be read: resume as before
+        _log.warning(
+            "tether: run %s: its record could not be read (%s)", run_id, type(exc).__name__
+        )
+        return None
+    if record is None or record.get("checkpoint_id") in (None, checkpoint_id):
+        return None
+    return record
