@@ -10,16 +10,7 @@ from __future__ import annotations
 from test_layout import imports, modules
 
 #: circles not broken yet (each is a set of modules)
-KNOWN: set[frozenset[str]] = {
-    frozenset(
-        {
-            "tether.stores.redis._connection",
-            "tether.stores.redis._scripts",
-            "tether.stores.redis._tokens",
-        }
-    ),
-    frozenset({"tether.integrations._mcp_agents", "tether.integrations.mcp"}),
-}
+KNOWN: set[frozenset[str]] = set()
 
 
 def graph() -> dict[str, set[str]]:

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tether._errors import require
-from tether.integrations.mcp import _through, _Tools
+from tether.integrations._mcp_core import Tools as _Tools
+from tether.integrations._mcp_core import through as _through
 from tether.run._run import Run
 
 require("agents", "openai-agents")

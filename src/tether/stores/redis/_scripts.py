@@ -17,7 +17,7 @@ from __future__ import annotations
 from string import Template
 
 from tether.stores import _logic
-from tether.stores.redis._tokens import TOKENS
+from tether.stores.redis._tokens_lua import TOKENS
 
 __all__ = ["CONSTANTS", "SCRIPTS", "SOURCES", "render", "rendered"]
 

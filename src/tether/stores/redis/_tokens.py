@@ -14,85 +14,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tether.stores._tokens import PROBE_WAIT, Settlement, TokenConfig, tokens_view
+from tether.stores._tokens import Settlement, TokenConfig, tokens_view
+from tether.stores.redis._tokens_lua import TOKENS
 
 if TYPE_CHECKING:
     from tether.stores._tokens import Four, TokenOps
     from tether.stores.redis._connection import Connection, Plan
 
 __all__ = ["TOKENS", "Tokens"]
-
-# ARGV: now, mode ('reserve' | 'settle'), ttl_ms, probe_timeout, horizon, the 4 configured
-# limits, the 4 needs, then the settlement's 15 numbers (Settlement.args).
-TOKENS = """
-local function fmt(x) return string.format('%.17g', x) end
-local k = KEYS[1]
-local now, mode, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local probe_timeout, horizon = tonumber(ARGV[4]), tonumber(ARGV[5])
-local v = redis.call('HMGET', k, 't', 'known', 'probe_until', 'paused_until',
-                     'cap0', 'cap1', 'cap2', 'cap3', 'lvl0', 'lvl1', 'lvl2', 'lvl3')
-local t, known, probe_until, paused_until
-local cap, lvl = {}, {}
-if v[1] then
-  t, known, probe_until, paused_until = tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
-  for i = 1, 4 do cap[i] = tonumber(v[4 + i]); lvl[i] = tonumber(v[8 + i]) end
-  local dt = math.max(0, now - t)
-  for i = 1, 4 do
-    if cap[i] > 0 then lvl[i] = math.min(cap[i], lvl[i] + cap[i] * dt / 60.0) end
-  end
-  t = math.max(t, now)
-else
-  t, known, probe_until, paused_until = now, 0, 0, 0
-  for i = 1, 4 do cap[i] = tonumber(ARGV[5 + i]); lvl[i] = cap[i] end
-end
--- the settlement: refunds, the headers' limits and levels, a pause
-local s = 13
-local seen_at, pause, answered = tonumber(ARGV[s + 13]), tonumber(ARGV[s + 14]), tonumber(ARGV[s + 15])
-for i = 1, 4 do
-  local refund, limit, remaining = tonumber(ARGV[s + i]), tonumber(ARGV[s + 4 + i]), tonumber(ARGV[s + 8 + i])
-  if limit > 0 and limit ~= cap[i] then
-    if cap[i] <= 0 then lvl[i] = limit else lvl[i] = math.min(lvl[i], limit) end
-    cap[i] = limit
-  end
-  if cap[i] > 0 then
-    local level = math.min(cap[i], lvl[i] + refund)
-    if remaining >= 0 then
-      local said = math.min(cap[i], remaining + cap[i] * math.max(0, now - seen_at) / 60.0)
-      if answered > 0 and known == 0 then level = said else level = math.min(level, said) end
-    end
-    lvl[i] = level
-  end
-end
-if answered > 0 then known = 1; probe_until = 0 end
-paused_until = math.max(paused_until, pause)
-local function save()
-  redis.call('HSET', k, 't', fmt(t), 'known', known, 'probe_until', fmt(probe_until),
-             'paused_until', fmt(paused_until), 'cap0', fmt(cap[1]), 'cap1', fmt(cap[2]),
-             'cap2', fmt(cap[3]), 'cap3', fmt(cap[4]), 'lvl0', fmt(lvl[1]), 'lvl1', fmt(lvl[2]),
-             'lvl2', fmt(lvl[3]), 'lvl3', fmt(lvl[4]))
-  redis.call('PEXPIRE', k, ttl)
-end
-if mode ~= 'reserve' then save(); return {0, '0', '0'} end
-if known == 0 and probe_until > now then
-  save()
-  local out_for = now - (probe_until - probe_timeout)
-  return {0, '-1', fmt(math.min(math.max(PROBE_WAIT, out_for / 2.0), probe_until - now))}
-end
-local wait = math.max(0, paused_until - now)
-for i = 1, 4 do
-  if cap[i] > 0 then
-    local deficit = math.min(tonumber(ARGV[9 + i]), cap[i]) - lvl[i]
-    if deficit > 0 then wait = math.max(wait, deficit * 60.0 / cap[i]) end
-  end
-end
-if wait > horizon then save(); return {0, fmt(wait), fmt(wait - horizon)} end
-for i = 1, 4 do
-  if cap[i] > 0 then lvl[i] = lvl[i] - math.min(tonumber(ARGV[9 + i]), cap[i]) end
-end
-if known == 0 then probe_until = now + probe_timeout end
-save()
-return {1, fmt(wait), '0'}
-""".replace("PROBE_WAIT", repr(PROBE_WAIT))
 
 
 def _s(value: Any) -> str:
