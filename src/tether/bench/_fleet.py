@@ -171,8 +171,13 @@ async def _immediate(clock: SimClock, server: Server, seed: int, shared: dict[st
 async def _tether(clock: SimClock, server: Server, seed: int, shared: dict[str, Any]) -> None:
     """tether's defaults, with the budget, breaker and limiter shared by the fleet; the job
     is redelivered until it succeeds, as a queue would (``RetryPolicy.acall_job``)."""
-    policy = RetryPolicy(budget=shared["budget"], breaker=shared["breaker"], limiter=shared["limiter"],
-                         clock=clock, seed=seed)  # fmt: skip
+    policy = RetryPolicy(
+        budget=shared["budget"],
+        breaker=shared["breaker"],
+        limiter=shared["limiter"],
+        clock=clock,
+        seed=seed,
+    )
     await policy.acall_job(server.request)
 
 
@@ -185,8 +190,15 @@ FLEET_POLICIES: dict[str, Callable[[SimClock, Server, int, dict[str, Any]], Awai
 }
 
 
-def run_fleet(scenario: str, policy: str, *, clients: int = 1000, capacity: int = 100,
-              seed: int = 7, outage_s: float | None = None) -> dict[str, Any]:  # fmt: skip
+def run_fleet(
+    scenario: str,
+    policy: str,
+    *,
+    clients: int = 1000,
+    capacity: int = 100,
+    seed: int = 7,
+    outage_s: float | None = None,
+) -> dict[str, Any]:
     """One fleet run: total calls, peak load over capacity, completion time, success.
 
     ``outage_s`` replaces the scenario's outage (the live suite simulates its own).

@@ -28,8 +28,15 @@ TICKS = 10
 LIVE_SCENARIOS = {"outage-10": 10.0, "outage-35": 35.0}
 
 
-def _server_main(port_q: Any, result_q: Any, stop: Any, capacity: int, outage: float, start_at: float,
-                 stop_after: float) -> None:  # fmt: skip
+def _server_main(
+    port_q: Any,
+    result_q: Any,
+    stop: Any,
+    capacity: int,
+    outage: float,
+    start_at: float,
+    stop_after: float,
+) -> None:
     """The dependency: answers on loopback until told to stop (or ``stop_after`` seconds)."""
     load: Counter[int] = Counter()
     ticks: Counter[int] = Counter()
@@ -79,8 +86,16 @@ class _Status(Exception):
         self.status_code = status
 
 
-def _worker_main(redis_url: str, prefix: str, port: int, clients: int, seed: int, start_at: float,
-                 give_up: float, result_q: Any) -> None:  # fmt: skip
+def _worker_main(
+    redis_url: str,
+    prefix: str,
+    port: int,
+    clients: int,
+    seed: int,
+    start_at: float,
+    give_up: float,
+    result_q: Any,
+) -> None:
     """One worker process: ``clients`` jobs sharing this process's RedisStore."""
     from tether import AdaptiveLimiter, CircuitBreaker, RetryBudget, RetryPolicy
     from tether.bench._fleet import FLEET_BREAKER
@@ -135,8 +150,14 @@ def _worker_main(redis_url: str, prefix: str, port: int, clients: int, seed: int
         await store.aclose()
 
     asyncio.run(main())
-    result_q.put({"done": done, "round_trips": store.round_trips, "scripts": dict(store.scripts_run),
-                  "timeline": timeline})  # fmt: skip
+    result_q.put(
+        {
+            "done": done,
+            "round_trips": store.round_trips,
+            "scripts": dict(store.scripts_run),
+            "timeline": timeline,
+        }
+    )
 
 
 def _at(timeline: list[tuple[float, int]], t: float) -> int:
@@ -156,9 +177,11 @@ def _phases(
     during = sum(_at(r["timeline"], outage) for r in results)
     total = sum(r["round_trips"] for r in results)
     recovery_s = max(0.25, end - outage)
-    return {"outage_rt_per_s_per_client": round(during / outage / clients, 4),
-            "recovery_rt_per_s_per_client": round((total - during) / recovery_s / clients, 4),
-            "recovery_s": round(recovery_s, 2)}  # fmt: skip
+    return {
+        "outage_rt_per_s_per_client": round(during / outage / clients, 4),
+        "recovery_rt_per_s_per_client": round((total - during) / recovery_s / clients, 4),
+        "recovery_s": round(recovery_s, 2),
+    }
 
 
 def _shard_worker(
@@ -200,15 +223,23 @@ def measure_shard(
     result_q = ctx.Queue()
     start_at = time.time() + 2.0
     prefix = f"tether-shard-{uuid.uuid4().hex[:8]}"
-    workers = [ctx.Process(target=_shard_worker, args=(url, prefix, seconds, start_at, result_q), daemon=True)
-               for _ in range(procs)]  # fmt: skip
+    workers = [
+        ctx.Process(
+            target=_shard_worker, args=(url, prefix, seconds, start_at, result_q), daemon=True
+        )
+        for _ in range(procs)
+    ]
     for w in workers:
         w.start()
     calls = sum(result_q.get(timeout=seconds + 60) for _ in workers)
     for w in workers:
         w.join(timeout=5)
-    return {"ops_per_s": round(calls / seconds), "processes": procs, "seconds": seconds,
-            "cpus": os.cpu_count()}  # fmt: skip
+    return {
+        "ops_per_s": round(calls / seconds),
+        "processes": procs,
+        "seconds": seconds,
+        "cpus": os.cpu_count(),
+    }
 
 
 #: The fleets the bench projects the Redis load for, and the share of a shard's measured
@@ -230,8 +261,11 @@ def projection(scenarios: dict[str, Any], shard: dict[str, Any]) -> dict[str, An
     rows = {}
     for n in FLEETS:
         outage, recovery = n * per_client["outage"], n * per_client["recovery"]
-        rows[str(n)] = {"outage_ops_per_s": round(outage), "recovery_ops_per_s": round(recovery),
-                        "shards": max(1, math.ceil(max(outage, recovery) / usable))}  # fmt: skip
+        rows[str(n)] = {
+            "outage_ops_per_s": round(outage),
+            "recovery_ops_per_s": round(recovery),
+            "shards": max(1, math.ceil(max(outage, recovery) / usable)),
+        }
     return {"per_client": per_client, "shard": shard, "headroom": SHARD_HEADROOM, "fleets": rows}
 
 
@@ -246,8 +280,15 @@ def _commands(redis_url: str) -> int:
         client.close()
 
 
-def run_live(outage: float, *, clients: int = 300, capacity: int = 40, workers: int = 4,
-             redis_url: str | None = None, seed: int = 7) -> dict[str, Any]:  # fmt: skip
+def run_live(
+    outage: float,
+    *,
+    clients: int = 300,
+    capacity: int = 40,
+    workers: int = 4,
+    redis_url: str | None = None,
+    seed: int = 7,
+) -> dict[str, Any]:
     """One live run of an ``outage`` (seconds) with real processes; the simulation of the
     same scenario beside it."""
     from tether.bench._fleet import run_fleet
@@ -258,15 +299,24 @@ def run_live(outage: float, *, clients: int = 300, capacity: int = 40, workers: 
     ctx = multiprocessing.get_context("spawn")
     port_q, server_q, worker_q, stop = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
     start_at = time.time() + 3.0  # time for the processes to start
-    server = ctx.Process(target=_server_main, args=(port_q, server_q, stop, capacity, outage, start_at, give_up + 5.0),
-                         daemon=True)  # fmt: skip
+    server = ctx.Process(
+        target=_server_main,
+        args=(port_q, server_q, stop, capacity, outage, start_at, give_up + 5.0),
+        daemon=True,
+    )
     server.start()
     port = port_q.get(timeout=30)
     prefix = f"tether-live-{uuid.uuid4().hex[:8]}"
     commands_before = _commands(url)
     share = [clients // workers + (1 if i < clients % workers else 0) for i in range(workers)]
-    procs = [ctx.Process(target=_worker_main, args=(url, prefix, port, n, seed + i, start_at, give_up, worker_q),
-                         daemon=True) for i, n in enumerate(share)]  # fmt: skip
+    procs = [
+        ctx.Process(
+            target=_worker_main,
+            args=(url, prefix, port, n, seed + i, start_at, give_up, worker_q),
+            daemon=True,
+        )
+        for i, n in enumerate(share)
+    ]
     for p in procs:
         p.start()
     results = []
@@ -293,14 +343,22 @@ def run_live(outage: float, *, clients: int = 300, capacity: int = 40, workers: 
     )
     sim.pop("load_per_second", None)
     return {
-        "clients": clients, "capacity_rps": capacity, "outage_s": outage, "workers": workers,
-        "lower_bound_calls": clients, "lower_bound_s": bound_s,
-        "live": {"success": round(len(done) / clients, 4), "total_calls": total,
-                 "completion_s": round(max(done), 2) if len(done) == clients else None,
-                 "peak_load_ratio": round(peak / capacity, 2),
-                 "redis_round_trips": round_trips, "redis_commands": commands,
-                 "round_trips_per_call": round(round_trips / max(1, total), 2),
-                 "round_trips_by_script": dict(scripts),
-                 **_phases(results, outage, max(done, default=time.time() - start_at), clients)},
+        "clients": clients,
+        "capacity_rps": capacity,
+        "outage_s": outage,
+        "workers": workers,
+        "lower_bound_calls": clients,
+        "lower_bound_s": bound_s,
+        "live": {
+            "success": round(len(done) / clients, 4),
+            "total_calls": total,
+            "completion_s": round(max(done), 2) if len(done) == clients else None,
+            "peak_load_ratio": round(peak / capacity, 2),
+            "redis_round_trips": round_trips,
+            "redis_commands": commands,
+            "round_trips_per_call": round(round_trips / max(1, total), 2),
+            "round_trips_by_script": dict(scripts),
+            **_phases(results, outage, max(done, default=time.time() - start_at), clients),
+        },
         "simulated": sim,
-    }  # fmt: skip
+    }

@@ -59,8 +59,13 @@ def _progress(doc: Mapping[str, Any]) -> tuple[int, ...]:
     found = doc.get("transcript")
     transcript: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     entries = len(transcript.get("entries") or ()) + int(transcript.get("omitted") or 0)
-    return (int(doc.get("steps") or 0), int(doc.get("model_calls") or 0),
-            int(doc.get("tool_calls") or 0), entries, int(doc.get("stop") is not None))  # fmt: skip
+    return (
+        int(doc.get("steps") or 0),
+        int(doc.get("model_calls") or 0),
+        int(doc.get("tool_calls") or 0),
+        entries,
+        int(doc.get("stop") is not None),
+    )
 
 
 class TetherFields(TypedDict, total=False):
@@ -96,9 +101,13 @@ READ_ONLY_REPEATS = 30
 
 def _summary(outcome: Outcome) -> dict[str, Any]:
     """An outcome in the checkpoint: plain data."""
-    return {"run_id": outcome.run_id, "status": str(getattr(outcome.status, "value", outcome.status)),
-            "stopped_because": outcome.stopped_because.value, "customer_message": outcome.customer_message,
-            "checkpoint_id": outcome.checkpoint_id}  # fmt: skip
+    return {
+        "run_id": outcome.run_id,
+        "status": str(getattr(outcome.status, "value", outcome.status)),
+        "stopped_because": outcome.stopped_because.value,
+        "customer_message": outcome.customer_message,
+        "checkpoint_id": outcome.checkpoint_id,
+    }
 
 
 def _usage(message: Any) -> dict[str, int]:
@@ -106,9 +115,12 @@ def _usage(message: Any) -> dict[str, int]:
     details = meta.get("input_token_details") or {}
     cache_read = int(details.get("cache_read") or 0)
     cache_write = int(details.get("cache_creation") or 0)
-    return {"input_tokens": max(0, int(meta.get("input_tokens") or 0) - cache_read - cache_write),
-            "output_tokens": int(meta.get("output_tokens") or 0),
-            "cache_read_tokens": cache_read, "cache_write_tokens": cache_write}  # fmt: skip
+    return {
+        "input_tokens": max(0, int(meta.get("input_tokens") or 0) - cache_read - cache_write),
+        "output_tokens": int(meta.get("output_tokens") or 0),
+        "cache_read_tokens": cache_read,
+        "cache_write_tokens": cache_write,
+    }
 
 
 def _model_name(model: Any) -> str:
@@ -137,13 +149,19 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
 
     state_schema = TetherState
 
-    def __init__(self, guard: Guard, side_effects: Mapping[str, Callable[[str], Any] | None]
-                 | Iterable[str] | None = None, *, timeouts: Mapping[str, float] | None = None,
-                 requires_approval: Mapping[str, Any] | None = None,
-                 compensate: Mapping[str, Callable[[Any], Any]] | None = None,
-                 labels: Mapping[str, str] | None = None, read_only: Iterable[str] = (),
-                 volatile: Mapping[str, Iterable[str]] | None = None,
-                 key: str | Callable[[Mapping[str, Any]], str | None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        guard: Guard,
+        side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+        *,
+        timeouts: Mapping[str, float] | None = None,
+        requires_approval: Mapping[str, Any] | None = None,
+        compensate: Mapping[str, Callable[[Any], Any]] | None = None,
+        labels: Mapping[str, str] | None = None,
+        read_only: Iterable[str] = (),
+        volatile: Mapping[str, Iterable[str]] | None = None,
+        key: str | Callable[[Mapping[str, Any]], str | None] | None = None,
+    ) -> None:
         super().__init__()
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
@@ -156,8 +174,15 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         # model calls: retried at this one layer, classified by tether, within the run's time
         self._policy = guard.retry.replace(name="model")
         self._warned = False
-        self._tools = ToolGuard(side_effects, timeouts, requires_approval, compensate,
-                                labels=labels, volatile=volatile, read_only=read_only)  # fmt: skip
+        self._tools = ToolGuard(
+            side_effects,
+            timeouts,
+            requires_approval,
+            compensate,
+            labels=labels,
+            volatile=volatile,
+            read_only=read_only,
+        )
         require_a_place_to_wait(guard, self._tools.rules.needing_approval())
         self.side_effects = self._tools.side_effects
         # runs rebuilt from a snapshot, shared by the hooks that hold them at once (parallel
@@ -261,8 +286,11 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         retries = getattr(request.model, "max_retries", 0)
         if isinstance(retries, int) and retries > 0 and not self._warned:
             self._warned = True
-            _log.warning("tether: the chat model retries on its own (max_retries=%d); build it with "
-                         "max_retries=0 so that retries happen at one layer", retries)  # fmt: skip
+            _log.warning(
+                "tether: the chat model retries on its own (max_retries=%d); build it with "
+                "max_retries=0 so that retries happen at one layer",
+                retries,
+            )
 
     def _model_failed(self, run: Run, exc: Exception) -> Any:
         """The model call failed after its retries: the run stops; the agent ends."""
@@ -278,9 +306,13 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         for message in messages or [response]:
             if getattr(message, "type", "") == "ai":
                 used = _usage(message)
-                run.record_model_call(model=_model_name(request.model), input_tokens=used["input_tokens"],
-                                      output_tokens=used["output_tokens"], cache_read_tokens=used["cache_read_tokens"],
-                                      cache_write_tokens=used["cache_write_tokens"])  # fmt: skip
+                run.record_model_call(
+                    model=_model_name(request.model),
+                    input_tokens=used["input_tokens"],
+                    output_tokens=used["output_tokens"],
+                    cache_read_tokens=used["cache_read_tokens"],
+                    cache_write_tokens=used["cache_write_tokens"],
+                )
 
     def after_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
         run = self._run(state)
@@ -306,8 +338,13 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     def _end(self, run: Run, state: Any) -> dict[str, Any]:
         """A guard stopped the run: end the agent with the customer message."""
         outcome = self._finish(run, state)
-        return {"jump_to": "end", "messages": [AIMessage(content=outcome.customer_message)],
-                "tether_outcome": outcome, "tether_run": None, "tether_ended": _summary(outcome)}  # fmt: skip
+        return {
+            "jump_to": "end",
+            "messages": [AIMessage(content=outcome.customer_message)],
+            "tether_outcome": outcome,
+            "tether_run": None,
+            "tether_ended": _summary(outcome),
+        }
 
     # --- tools ----------------------------------------------------------------------
 
@@ -387,12 +424,17 @@ class ToolGuard:
     ``handle_tool_errors`` decides; ``interrupt()`` pauses the graph. tether adds its
     guards: loops, budgets, breaker, retries at one layer, the ledger."""
 
-    def __init__(self, side_effects: Any = None, timeouts: Mapping[str, float] | None = None,
-                 requires_approval: Mapping[str, Any] | None = None,
-                 compensate: Mapping[str, Callable[[Any], Any]] | None = None, *,
-                 labels: Mapping[str, str] | None = None,
-                 volatile: Mapping[str, Iterable[str]] | None = None,
-                 read_only: Iterable[str] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        side_effects: Any = None,
+        timeouts: Mapping[str, float] | None = None,
+        requires_approval: Mapping[str, Any] | None = None,
+        compensate: Mapping[str, Callable[[Any], Any]] | None = None,
+        *,
+        labels: Mapping[str, str] | None = None,
+        volatile: Mapping[str, Iterable[str]] | None = None,
+        read_only: Iterable[str] = (),
+    ) -> None:
         self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
         self.side_effects = self.rules.side_effects
         self.timeouts = self.rules.timeouts

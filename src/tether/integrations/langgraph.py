@@ -148,17 +148,32 @@ class GraphGuard:
     guarded.atool_wrapper)``), or call :meth:`call_tools` from a hand-written tool node.
     """
 
-    def __init__(self, guard: Any, side_effects: Any = None, *, timeouts: Mapping[str, float] | None = None,
-                 labels: Mapping[str, str] | None = None, volatile: Mapping[str, Iterable[str]] | None = None,
-                 read_only: Iterable[str] = (), model: str = "",
-                 key: str | Callable[[Mapping[str, Any]], str | None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        guard: Any,
+        side_effects: Any = None,
+        *,
+        timeouts: Mapping[str, float] | None = None,
+        labels: Mapping[str, str] | None = None,
+        volatile: Mapping[str, Iterable[str]] | None = None,
+        read_only: Iterable[str] = (),
+        model: str = "",
+        key: str | Callable[[Mapping[str, Any]], str | None] | None = None,
+    ) -> None:
         from tether.integrations.langchain import TetherMiddleware
 
         #: the model's name for prices, when its replies do not say (``response_metadata``)
         self.model = model
         # the middleware is the one place that knows how a run lives in a graph's state
-        self._agent = TetherMiddleware(guard, side_effects, timeouts=timeouts, labels=labels,
-                                       volatile=volatile, read_only=read_only, key=key)  # fmt: skip
+        self._agent = TetherMiddleware(
+            guard,
+            side_effects,
+            timeouts=timeouts,
+            labels=labels,
+            volatile=volatile,
+            read_only=read_only,
+            key=key,
+        )
         self.guard = guard
 
     # --- the model node ----------------------------------------------------------------

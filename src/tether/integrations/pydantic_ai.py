@@ -390,12 +390,15 @@ class TetherCapability(AbstractCapability[Any]):
         cache_read, cache_write = int(usage.cache_read_tokens), int(usage.cache_write_tokens)
         model = response.model_name or str(getattr(request_context.model, "model_name", ""))
         live.run.record_model_call(
-            model=model, provider=response.provider_name or _provider(request_context.model),
+            model=model,
+            provider=response.provider_name or _provider(request_context.model),
             input_tokens=max(0, int(usage.input_tokens) - cache_read - cache_write),
-            output_tokens=int(usage.output_tokens), cache_read_tokens=cache_read,
-            cache_write_tokens=cache_write, unmeasured=bool(getattr(usage, "unmeasured_requests", 0)),
+            output_tokens=int(usage.output_tokens),
+            cache_read_tokens=cache_read,
+            cache_write_tokens=cache_write,
+            unmeasured=bool(getattr(usage, "unmeasured_requests", 0)),
             cost_usd=0.0 if free_test_model(request_context.model) else None,
-        )  # fmt: skip
+        )
         return response
 
     async def on_model_request_error(
@@ -552,9 +555,16 @@ async def run(
         raise TypeError(f"agent must be a pydantic_ai.Agent, got {agent!r}")
     if key is None and agent_options.get("deferred_tool_results") is not None:
         key = _paused_request(agent_options.get("message_history"))
-    capability = TetherCapability(guard, side_effects, timeouts=timeouts, compensate=compensate,
-                                  requires_approval=requires_approval, resume=resume, key=key,
-                                  labels=labels)  # fmt: skip
+    capability = TetherCapability(
+        guard,
+        side_effects,
+        timeouts=timeouts,
+        compensate=compensate,
+        requires_approval=requires_approval,
+        resume=resume,
+        key=key,
+        labels=labels,
+    )
     extra = list(agent_options.pop("capabilities", None) or ())
     try:
         result = await agent.run(prompt, capabilities=[capability, *extra], **agent_options)

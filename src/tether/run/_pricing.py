@@ -305,8 +305,16 @@ class PriceTable:
                 return False
         return found is not None
 
-    def cost(self, model: str, input_tokens: int, output_tokens: int, cache_write: int = 0,
-             cache_read: int = 0, *, provider: str | None = None) -> float | None:  # fmt: skip
+    def cost(
+        self,
+        model: str,
+        input_tokens: int,
+        output_tokens: int,
+        cache_write: int = 0,
+        cache_read: int = 0,
+        *,
+        provider: str | None = None,
+    ) -> float | None:
         """The cost in USD, or None when it is unknown (``unknown="unknown"``)."""
         found = self._lookup(model, provider)
         if found is not None:
@@ -322,8 +330,11 @@ class PriceTable:
             first = model not in _warned
             _warned.add(model)
         if first:
-            _log.warning("tether: no price for model %r: its tokens are counted, its cost is "
-                         "unknown (%s)", model, _WAYS_OUT)  # fmt: skip
+            _log.warning(
+                "tether: no price for model %r: its tokens are counted, its cost is unknown (%s)",
+                model,
+                _WAYS_OUT,
+            )
         return None
 
     def missing(self, model: str) -> str:

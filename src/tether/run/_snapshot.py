@@ -31,8 +31,17 @@ __all__ = ["SNAPSHOT_VERSION", "restore", "snapshot"]
 #: The layout of a snapshot; a newer one is refused with a clear error.
 SNAPSHOT_VERSION = 1
 
-_COUNTS = ("steps", "model_calls", "tool_calls", "retries", "input_tokens", "output_tokens",
-           "cache_write_tokens", "cache_read_tokens", "unpriced_calls")  # fmt: skip
+_COUNTS = (
+    "steps",
+    "model_calls",
+    "tool_calls",
+    "retries",
+    "input_tokens",
+    "output_tokens",
+    "cache_write_tokens",
+    "cache_read_tokens",
+    "unpriced_calls",
+)
 
 
 def _tail(tail: Tail) -> dict[str, Any]:
@@ -55,31 +64,50 @@ def snapshot(run: RunState) -> dict[str, Any]:
     stop = run._stop
     return {
         "version": SNAPSHOT_VERSION,
-        "run_id": run.run_id, "task": run.task, "key": run.key, "request": run._request,
-        "elapsed": run.elapsed, "cost_usd": run.cost_usd,
+        "run_id": run.run_id,
+        "task": run.task,
+        "key": run.key,
+        "request": run._request,
+        "elapsed": run.elapsed,
+        "cost_usd": run.cost_usd,
         **{name: getattr(run, name) for name in _COUNTS},
-        "error": run._error, "checked_models": sorted(run._checked_models),
-        "last_costs": list(run._last_costs), "last_tokens": run._last_tokens,
+        "error": run._error,
+        "checked_models": sorted(run._checked_models),
+        "last_costs": list(run._last_costs),
+        "last_tokens": run._last_tokens,
         "max_steps": run._max_steps,
-        "partial": _tail(run.partial), "transcript": _tail(run.transcript),
+        "partial": _tail(run.partial),
+        "transcript": _tail(run.transcript),
         "effects": [[tool, jsonable(args), key] for tool, args, key in run._effects],
-        "labels": dict(run._labels), "tool_counts": dict(run._tool_counts),
+        "labels": dict(run._labels),
+        "tool_counts": dict(run._tool_counts),
         "journal": [entry.to_doc() for entry in run._journal],
         "compensated": jsonable(list(run._compensated)),
         "pending": run._pending.to_doc() if run._pending is not None else None,
         "unconfirmed": list(run._unconfirmed),
         "failures": [[*sig, n] for sig, n in run._failures.items()],
         "results": list(run._results),
-        "no_progress": run._no_progress, "step_progress": run._step_progress,
-        "step_counted": run._step_counted, "step_calls": run._step_calls,
+        "no_progress": run._no_progress,
+        "step_progress": run._step_progress,
+        "step_counted": run._step_counted,
+        "step_calls": run._step_calls,
         "stop": [stop[0].value, stop[1]] if stop is not None else None,
-        "escalate": run._escalate, "result": jsonable(run._result), "issues": list(run._issues),
-        "resumed_from": run._resumed_from, "began": run._began,
-        "resumed_stop": [run._resumed_stop[0].value, run._resumed_stop[1]] if run._resumed_stop else None,
-        "loops": {"recent": list(loops._recent), "counts": dict(loops._counts),
-                  "allowed": dict(loops._allowed), "seq": list(loops._seq),
-                  "states": [[k, v] for k, v in loops._states.items()]},
-    }  # fmt: skip
+        "escalate": run._escalate,
+        "result": jsonable(run._result),
+        "issues": list(run._issues),
+        "resumed_from": run._resumed_from,
+        "began": run._began,
+        "resumed_stop": [run._resumed_stop[0].value, run._resumed_stop[1]]
+        if run._resumed_stop
+        else None,
+        "loops": {
+            "recent": list(loops._recent),
+            "counts": dict(loops._counts),
+            "allowed": dict(loops._allowed),
+            "seq": list(loops._seq),
+            "states": [[k, v] for k, v in loops._states.items()],
+        },
+    }
 
 
 def _field(doc: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -101,12 +129,18 @@ def restore(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R]) 
             f"run snapshot version {version!r} is not {SNAPSHOT_VERSION} (made by another tether)"
         )
     key, request = doc.get("key"), doc.get("request")
-    run = make(guard, str(_field(doc, "task", str)), str(_field(doc, "run_id", str)),
-              key=key if isinstance(key, str) else None,
-              request=request if isinstance(request, str) else None)  # fmt: skip
-    usage = Usage(**{name: int(_field(doc, name, int)) for name in _COUNTS},
-                  cost_usd=float(_field(doc, "cost_usd", (int, float))),
-                  seconds=float(_field(doc, "elapsed", (int, float))))  # fmt: skip
+    run = make(
+        guard,
+        str(_field(doc, "task", str)),
+        str(_field(doc, "run_id", str)),
+        key=key if isinstance(key, str) else None,
+        request=request if isinstance(request, str) else None,
+    )
+    usage = Usage(
+        **{name: int(_field(doc, name, int)) for name in _COUNTS},
+        cost_usd=float(_field(doc, "cost_usd", (int, float))),
+        seconds=float(_field(doc, "elapsed", (int, float))),
+    )
     run._restore(usage, [], [])
     run.partial = _untail(guard.keep_last, doc.get("partial"))
     run.transcript = _untail(guard.keep_last, doc.get("transcript"))

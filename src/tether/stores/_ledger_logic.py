@@ -50,8 +50,19 @@ class Completion(enum.Enum):
     FINAL = "final"  # the record was already DONE or FAILED
 
 
-COLUMNS = ("key", "state", "payload_hash", "owner", "lease_until", "expires_at", "created_at",
-           "result", "error", "detail", "attempts")  # fmt: skip
+COLUMNS = (
+    "key",
+    "state",
+    "payload_hash",
+    "owner",
+    "lease_until",
+    "expires_at",
+    "created_at",
+    "result",
+    "error",
+    "detail",
+    "attempts",
+)
 FINAL = (State.DONE, State.FAILED)
 LIVE = (State.PENDING, State.UNKNOWN)
 
@@ -74,11 +85,18 @@ class Record:
 
     def to_row(self) -> dict[str, Any]:
         return {
-            "key": self.key, "state": self.state.value, "payload_hash": self.payload_hash,
-            "owner": self.owner, "lease_until": self.lease_until, "expires_at": self.expires_at,
-            "created_at": self.created_at, "result": self.result, "error": self.error,
-            "detail": self.detail, "attempts": self.attempts,
-        }  # fmt: skip
+            "key": self.key,
+            "state": self.state.value,
+            "payload_hash": self.payload_hash,
+            "owner": self.owner,
+            "lease_until": self.lease_until,
+            "expires_at": self.expires_at,
+            "created_at": self.created_at,
+            "result": self.result,
+            "error": self.error,
+            "detail": self.detail,
+            "attempts": self.attempts,
+        }
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Record:
@@ -97,8 +115,9 @@ class Record:
         )
 
     @classmethod
-    def claim_of(cls, key: str, payload_hash: str | None, owner: str, lease: float,
-                 ttl: float) -> Record:  # fmt: skip
+    def claim_of(
+        cls, key: str, payload_hash: str | None, owner: str, lease: float, ttl: float
+    ) -> Record:
         """A new claim, its times relative to the moment the backend stores it: its lease
         runs ``lease`` seconds and the record lives ``ttl`` seconds past that."""
         return cls(key, State.PENDING, payload_hash, owner, lease, lease + ttl, 0.0)

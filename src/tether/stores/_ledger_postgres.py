@@ -74,9 +74,13 @@ class PostgresLedgerBackend:
         self._count_lock = threading.Lock()
         self.reconnects = 0  # statements sent again after a broken idle connection
         self._pool = pool_mod.ConnectionPool(
-            dsn, min_size=1, max_size=pool_size, open=False, name=f"tether-ledger-{table}",
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            name=f"tether-ledger-{table}",
             kwargs={"autocommit": True, "connect_timeout": 10},
-        )  # fmt: skip
+        )
         self._pool_errors = (pool_mod.PoolTimeout, pool_mod.PoolClosed)
         try:
             self._pool.open(wait=True, timeout=10.0)
@@ -135,8 +139,14 @@ class PostgresLedgerBackend:
 
     def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
         cols = ", ".join(COLUMNS)
-        params = {"key": record.key, "payload_hash": record.payload_hash, "owner": record.owner,
-                  "lease": record.lease_until, "ttl": record.expires_at, "now": now}  # fmt: skip
+        params = {
+            "key": record.key,
+            "payload_hash": record.payload_hash,
+            "owner": record.owner,
+            "lease": record.lease_until,
+            "ttl": record.expires_at,
+            "now": now,
+        }
 
         def run(conn: Any) -> tuple[bool, Record | None]:
             while True:
@@ -161,8 +171,9 @@ class PostgresLedgerBackend:
                     existing, at = self._row(row[:-1]), float(row[-1])
                     new = record.at(at)
                     claimed, previous = decide_claim(existing, new, at)
-                    if claimed and (previous is not None or existing is None
-                                    or existing.owner != new.owner):  # fmt: skip
+                    if claimed and (
+                        previous is not None or existing is None or existing.owner != new.owner
+                    ):
                         put = claimed_record(new, previous).to_row()
                         sets = ", ".join(f"{c} = %({c})s" for c in COLUMNS if c != "key")
                         conn.execute(f"UPDATE {self.table} SET {sets} WHERE key = %(key)s", put)

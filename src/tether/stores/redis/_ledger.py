@@ -197,8 +197,11 @@ class RedisLedgerBackend:
         return "" if now is None else repr(now)
 
     def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
-        claimed, raw = self._call(self._claim, keys=[self._key(record.key)],
-                                  args=[json.dumps(record.to_row()), self._now(now), self._grace_ms])  # fmt: skip
+        claimed, raw = self._call(
+            self._claim,
+            keys=[self._key(record.key)],
+            args=[json.dumps(record.to_row()), self._now(now), self._grace_ms],
+        )
         return bool(int(claimed)), self._decode(raw)
 
     def get(self, key: str) -> Record | None:
