@@ -130,3 +130,30 @@ def test_a_per_call_repeat_cap_lets_a_read_poll() -> None:
     assert other.stopped is StopReason.REPEATED_ACTION
     with pytest.raises(ValueError, match="allow_repeat"):
         run.call_tool("check", lambda job: "x", {"job": "j"}, allow_repeat=0)
+
+
+def test_a_run_restored_many_times_keeps_its_calls_as_they_were() -> None:
+    """A framework snapshots and restores a run at every hook: the calls recorded before
+    come back the same each time (an argument whose name starts with ``$`` gained one more
+    escape per cycle), and the outcome reads them as that of a run restored once."""
+    guard = Guard()
+
+    def play(cycles: int) -> tuple[list[Any], tether.Outcome]:
+        run = guard.start(task="lookup")
+        run.proceed()
+        run.call_tool("lookup", lambda **a: {"$ref": "A-1"}, {"$filter": "open", "q": "99"})
+        seen = []
+        for _ in range(cycles):
+            doc = json.loads(json.dumps(run.snapshot()))
+            seen.append(doc["partial"]["entries"])
+            run = guard.restore(doc)
+        run.succeed("done")
+        run.__exit__(None, None, None)
+        return seen, run.outcome
+
+    (first,), once = play(1)
+    seen, many = play(5)
+    assert seen == [first] * 5
+    assert [(e["args"], e["result"]) for e in many.partial] == [
+        (e["args"], e["result"]) for e in once.partial
+    ]

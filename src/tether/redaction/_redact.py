@@ -405,6 +405,15 @@ class RecordedEntry(dict[str, Any]):
         return self
 
 
+class PlainEntry(dict[str, Any]):
+    """An entry read back from a run's snapshot: JSON already, in the form (escaped and
+    redacted) it was written in, so it is kept as it is. Encoding it again would escape
+    its ``$`` names once more at every snapshot and cost a walk of every entry per
+    snapshot (a framework takes one at each of its hooks)."""
+
+    __slots__ = ()
+
+
 def redacted_entries(entries: Iterable[Any], jsonable: Any) -> list[dict[str, Any]]:
     """Entries as their audiences read them, as plain dicts: each :class:`RecordedEntry`
     by its view (made once), any other (restored from a checkpoint, redacted when it was
@@ -413,6 +422,8 @@ def redacted_entries(entries: Iterable[Any], jsonable: Any) -> list[dict[str, An
     for entry in entries:
         if isinstance(entry, RecordedEntry):
             out.append(dict(entry.redacted(jsonable)))
+        elif isinstance(entry, PlainEntry):  # JSON already: redacted again, not re-encoded
+            out.append(_redact(dict(entry), None, False, 0, ""))
         else:
             out.append(_redact(jsonable(entry), None, False, 0, ""))
     return out

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tether._errors import CheckpointError
 from tether.effects._canonical import jsonable
 from tether.records._approvals import ApprovalRecord
-from tether.redaction._redact import RecordedEntry
+from tether.redaction._redact import PlainEntry, RecordedEntry
 from tether.run._governance import JournalEntry
 from tether.run._outcome import StopReason, Usage
 from tether.run._runstate import RunState, Tail
@@ -45,13 +45,15 @@ _COUNTS = (
 
 
 def _tail(tail: Tail) -> dict[str, Any]:
-    # a recorded call is its redacted JSON view already: kept as it is (no secret in the state)
-    entries = [dict(e) if isinstance(e, RecordedEntry) else jsonable(e) for e in tail]
+    # a recorded call is its redacted JSON view already, and an entry read back from a
+    # snapshot is JSON as it was written: both kept as they are (no secret in the state)
+    entries = [dict(e) if isinstance(e, (RecordedEntry, PlainEntry)) else jsonable(e) for e in tail]
     return {"entries": entries, "omitted": tail.omitted, "by_tool": dict(tail.by_tool)}
 
 
 def _untail(keep: int | None, doc: Any) -> Tail:
-    tail = Tail(keep, list(doc.get("entries") or ()) if isinstance(doc, Mapping) else ())
+    entries = doc.get("entries") or () if isinstance(doc, Mapping) else ()
+    tail = Tail(keep, [PlainEntry(e) if isinstance(e, Mapping) else e for e in entries])
     if isinstance(doc, Mapping):
         tail.omitted += int(doc.get("omitted") or 0)
         tail.by_tool.update({str(k): int(v) for k, v in (doc.get("by_tool") or {}).items()})
