@@ -30,7 +30,14 @@ if TYPE_CHECKING:
     from tether.stores._base import Store
     from tether.stores._tokens import Four
 
-__all__ = ["Reservation", "TokenBudget", "estimate_tokens", "rate_limit_headers"]
+__all__ = [
+    "Reservation",
+    "TokenBudget",
+    "budget_for",
+    "estimate_tokens",
+    "provider_of",
+    "rate_limit_headers",
+]
 
 #: header names per bucket (requests, input, output, tokens): limit, remaining, reset
 _HEADERS = (
@@ -525,3 +532,26 @@ def headers_of(obj: Any) -> Mapping[str, str] | None:
     response = getattr(obj, "response", None)
     headers = getattr(response, "headers", None) or getattr(obj, "headers", None)
     return headers if headers is not None else None
+
+
+def provider_of(model: str) -> str | None:
+    """The provider a model name says, when it says one."""
+    if model.startswith("claude"):
+        return "anthropic"
+    if model.startswith(("gpt-", "o1", "o3", "o4", "chatgpt")):
+        return "openai"
+    return None
+
+
+def budget_for(
+    budgets: tuple[TokenBudget, ...], model: str, provider: str | None
+) -> TokenBudget | None:
+    """The budget of ``budgets`` that counts ``model`` (at ``provider``, or the provider its
+    name says, or any provider when it says none)."""
+    if not budgets:
+        return None
+    provider = provider or provider_of(model)
+    if provider is not None:
+        return pick(budgets, provider, model)
+    found = [b for b in budgets if (model or "").startswith(b.family)]
+    return max(found, key=lambda b: len(b.family)) if found else None

@@ -13,12 +13,11 @@ import logging
 import weakref
 from typing import Any
 
+from tether import Run, Stopped, ToolError
 from tether._errors import require
 from tether.integrations._agents_hooks import GuardStopped, request_failed
 from tether.integrations._common import ModelRetries, ToolRules, malformed_arguments
 from tether.retries._policy import RetryPolicy
-from tether.run._outcome import Stopped, ToolError
-from tether.run._run import Run
 
 require("agents", "openai-agents")
 

@@ -14,10 +14,9 @@ import contextvars
 from collections.abc import Callable
 from typing import Any
 
+from tether import Run, Stopped, StopReason
 from tether._errors import require
 from tether.guards._tokens import estimate_tokens
-from tether.run._outcome import Stopped, StopReason
-from tether.run._run import Run
 
 require("agents", "openai-agents")
 

@@ -11,15 +11,13 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from tether import telemetry
+from tether import Run, Tool, telemetry
 from tether.guards._breaker import breakers
 from tether.guards._tokens import budgets_for
 from tether.integrations._tokens import TokenGate, gate_for
 from tether.retries._policy import RetryPolicy
-from tether.run._run import Run
-from tether.run._tool import Tool, _is_async, schema_from_hints
 
-__all__ = ["AsyncGuardedStream", "Guarded", "GuardedStream", "Tool", "schema_from_hints"]
+__all__ = ["AsyncGuardedStream", "Guarded", "GuardedStream", "Tool"]
 
 _log = logging.getLogger("tether")
 T = TypeVar("T")
@@ -40,7 +38,7 @@ def require_a_place_to_wait(guard: Any, needing: Iterable[str]) -> None:
 def require_sync_tools(tools: Sequence[Tool]) -> None:
     """A sync agent loop cannot await a tool: say so before the first (paid) request."""
     for tool in tools:
-        if _is_async(tool.fn):
+        if tool.is_async:
             raise TypeError(
                 f"tool {tool.name!r} is a coroutine function: the sync run_agent cannot await "
                 "it; give it a plain function, or run the agent with arun_agent"

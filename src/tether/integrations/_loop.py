@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tether import Guard, Run, Stopped, StopReason, Tool, ToolError, UnknownModelError
 from tether.integrations._common import (
     Guarded,
     malformed_arguments,
@@ -20,11 +21,6 @@ from tether.integrations._common import (
     result_text,
     unknown_tool,
 )
-from tether.run._guard import Guard
-from tether.run._outcome import Stopped, StopReason, ToolError
-from tether.run._pricing import UnknownModelError
-from tether.run._run import Run
-from tether.run._tool import Tool
 
 __all__ = [
     "ToolUse",

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tether import Run
 from tether._errors import require
 from tether.integrations._mcp_core import Tools as _Tools
 from tether.integrations._mcp_core import through as _through
-from tether.run._run import Run
 
 require("agents", "openai-agents")
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tether import Run, ToolError
 from tether._errors import require
-from tether.run._outcome import ToolError
-from tether.run._run import Run
 
 __all__ = ["HINTS", "Tools", "check", "may_destroy", "may_repeat", "through"]
 

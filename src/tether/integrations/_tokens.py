@@ -17,15 +17,20 @@ import inspect
 import math
 from typing import TYPE_CHECKING, Any
 
+from tether import StopReason
 from tether._errors import LimiterTimeout
-from tether.guards._tokens import Reservation, TokenBudget, estimate_tokens, headers_of
-from tether.run._outcome import StopReason
-from tether.run._tokens import budget_for, urgency
+from tether.guards._tokens import (
+    Reservation,
+    TokenBudget,
+    budget_for,
+    estimate_tokens,
+    headers_of,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from tether.run._run import Run
+    from tether import Run
 
 __all__ = ["TokenGate", "gate_for", "usage_of"]
 
@@ -82,7 +87,7 @@ class TokenGate:
             "estimated_input_tokens": self.estimate,
             "max_output_tokens": self.max_out,
             "max_wait": run.time_left(),
-            "urgency": urgency(run),
+            "urgency": run.urgency,
         }
 
     def _timeout(self, exc: LimiterTimeout) -> BaseException:

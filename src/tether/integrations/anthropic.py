@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from tether import Guard, Outcome, Run, StopReason, Tool
 from tether.integrations._common import Guarded, require_sync_tools
 from tether.integrations._loop import (
     ToolUse,
@@ -23,10 +24,6 @@ from tether.integrations._loop import (
     task_of,
 )
 from tether.retries._policy import RetryPolicy
-from tether.run._guard import Guard
-from tether.run._outcome import Outcome, StopReason
-from tether.run._run import Run
-from tether.run._tool import Tool
 
 __all__ = ["GuardedAnthropic", "Tool", "arun_agent", "guarded", "run_agent"]
 

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
-from tether import telemetry
+from tether import Guard, Outcome, Run, telemetry
 from tether._errors import (
     CircuitOpenError,
     EffectInProgress,
@@ -45,9 +45,6 @@ from tether.effects._canonical import intent_key
 from tether.effects._ledger import Ledger
 from tether.records._approvals import PENDING, ApprovalRecord
 from tether.records._collections import check_run_id
-from tether.run._guard import Guard
-from tether.run._outcome import Outcome
-from tether.run._run import Run
 
 require("dbos", "dbos")
 

@@ -24,11 +24,9 @@ from typing import Annotated, Any, NotRequired
 
 from typing_extensions import TypedDict
 
+from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError
 from tether._errors import CheckpointError, TetherError, require
 from tether.integrations._common import ToolRules, require_a_place_to_wait, result_text
-from tether.run._guard import Guard
-from tether.run._outcome import Outcome, Stopped, StopReason, ToolError
-from tether.run._run import Run
 
 require("langchain", "langchain")
 

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
+from tether import Run
 from tether._errors import require
 from tether.classification._classify import classify
-from tether.run._run import Run
 
 __all__ = [
     "GraphGuard",
@@ -271,8 +271,8 @@ class GraphGuard:
     def _ended(self, run: Run, state: Any, update: dict[str, Any]) -> dict[str, Any]:
         from langchain_core.messages import AIMessage
 
+        from tether import StopReason
         from tether.integrations.langchain import _summary
-        from tether.run._outcome import StopReason
 
         messages = list(_get(state, "messages") or ())
         found = update.get("messages")
@@ -304,9 +304,9 @@ class GraphGuard:
         the last AI message through the turn's run; the node's state update."""
         from langchain_core.messages import ToolMessage
 
+        from tether import Stopped, ToolError
         from tether.integrations._common import result_text
         from tether.integrations.langchain import _message
-        from tether.run._outcome import Stopped, ToolError
 
         run = self._agent._run(state)
         by_name = {tool.name: tool for tool in tools}

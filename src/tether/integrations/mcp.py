@@ -37,12 +37,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tether import Run
 from tether._errors import require
 from tether.integrations._mcp_core import Tools as _Tools
 from tether.integrations._mcp_core import check as _check
 from tether.integrations._mcp_core import may_destroy, may_repeat
 from tether.integrations._mcp_core import through as _through
-from tether.run._run import Run
 
 __all__ = ["GuardedSession", "agents_server", "guarded", "may_destroy", "may_repeat"]
 

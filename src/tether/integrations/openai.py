@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from tether import Guard, Outcome, Run, StopReason, Tool
 from tether.integrations._common import Guarded, require_sync_tools
 from tether.integrations._loop import (
     ToolUse,
@@ -22,10 +23,6 @@ from tether.integrations._loop import (
     task_of,
 )
 from tether.retries._policy import RetryPolicy
-from tether.run._guard import Guard
-from tether.run._outcome import Outcome, StopReason
-from tether.run._run import Run
-from tether.run._tool import Tool
 
 __all__ = ["GuardedOpenAI", "Tool", "arun_agent", "guarded", "run_agent"]
 

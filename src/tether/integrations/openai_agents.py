@@ -29,13 +29,10 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from tether import Guard, Outcome, Run, Stopped, StopReason, UnknownModelError
 from tether._errors import require
 from tether.integrations._common import ToolRules, blocking, require_a_place_to_wait
 from tether.redaction._redact import redact
-from tether.run._guard import Guard
-from tether.run._outcome import Outcome, Stopped, StopReason
-from tether.run._pricing import UnknownModelError
-from tether.run._run import Run
 
 require("agents", "openai-agents")
 

@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError, UnknownModelError
 from tether._errors import require
 from tether.integrations._common import (
     ModelRetries,
@@ -43,10 +44,6 @@ from tether.integrations._common import (
     require_a_place_to_wait,
 )
 from tether.retries._policy import RetryPolicy
-from tether.run._guard import Guard
-from tether.run._outcome import Outcome, Stopped, StopReason, ToolError
-from tether.run._pricing import UnknownModelError
-from tether.run._run import Run
 
 require("pydantic_ai", "pydantic-ai")
 

@@ -16,7 +16,7 @@ from tether.run._governance import JournalEntry
 from tether.run._health import ToolHealth
 from tether.run._loops import LoopState
 from tether.run._outcome import Outcome, Stopped, StopReason, Usage
-from tether.run._tokens import RunTokens
+from tether.run._tokens import RunTokens, urgency
 
 if TYPE_CHECKING:
     from tether.run._settings import RunSettings
@@ -181,6 +181,12 @@ class RunState:
             for e in transcript
             if "tool" in e and e.get("error") not in ("PolicyDenied", "ApprovalRejected")
         )
+
+    @property
+    def urgency(self) -> float:
+        """How close the run is to its end, in [0, 1]: the largest share of any of its
+        budgets already spent (a token budget admits an urgent run first)."""
+        return urgency(self)
 
     @property
     def elapsed(self) -> float:

@@ -15,7 +15,7 @@ from collections import deque
 from typing import Any
 
 from tether._errors import LimiterTimeout
-from tether.guards._tokens import Reservation, TokenBudget, pick
+from tether.guards._tokens import Reservation, TokenBudget, budget_for
 from tether.run._outcome import StopReason
 
 __all__ = ["RunTokens", "urgency"]
@@ -38,29 +38,6 @@ def urgency(run: Any) -> float:
         if limit:
             shares.append(used / limit)
     return min(1.0, max(shares))
-
-
-def provider_of(model: str) -> str | None:
-    """The provider a model name says, when it says one."""
-    if model.startswith("claude"):
-        return "anthropic"
-    if model.startswith(("gpt-", "o1", "o3", "o4", "chatgpt")):
-        return "openai"
-    return None
-
-
-def budget_for(
-    budgets: tuple[TokenBudget, ...], model: str, provider: str | None
-) -> TokenBudget | None:
-    """The budget of ``budgets`` that counts ``model`` (at ``provider``, or the provider its
-    name says, or any provider when it says none)."""
-    if not budgets:
-        return None
-    provider = provider or provider_of(model)
-    if provider is not None:
-        return pick(budgets, provider, model)
-    found = [b for b in budgets if (model or "").startswith(b.family)]
-    return max(found, key=lambda b: len(b.family)) if found else None
 
 
 class RunTokens:

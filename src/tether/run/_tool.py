@@ -89,6 +89,12 @@ class Tool:
     label: str = ""
     schema: dict[str, Any] = field(init=False)
 
+    @property
+    def is_async(self) -> bool:
+        """Whether ``fn`` is a coroutine function (also behind ``functools.partial`` or an
+        async ``__call__``): ``acall_tool`` awaits it, ``call_tool`` refuses it."""
+        return _is_async(self.fn)
+
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("Tool name must be a non-empty string")
