@@ -26,7 +26,9 @@ from typing_extensions import TypedDict
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError
 from tether._errors import CheckpointError, TetherError, require
+from tether.guards._tokens import estimate_tokens
 from tether.integrations._common import ToolRules, require_a_place_to_wait, result_text
+from tether.integrations._tokens import DEFAULT_MAX_OUTPUT
 
 require("langchain", "langchain")
 
@@ -255,7 +257,10 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         run = self._run(request.state)
         if run is None:
             return handler(request)
-        self._before_model_call(run, request)
+        try:  # the guard's token budget may make the call wait for its place
+            run.begin_model_call(**self._model_call(request))
+        except Stopped:  # a wait past the run's time: stopped before the request
+            return _no_reply(run)
         try:
             response = run.retry_model_call(self._policy, lambda: handler(request))
         except Exception as exc:
@@ -267,7 +272,10 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         run = self._run(request.state)
         if run is None:
             return await handler(request)
-        self._before_model_call(run, request)
+        try:  # the token budget's wait sleeps on the event loop
+            await run.abegin_model_call(**self._model_call(request))
+        except Stopped:
+            return _no_reply(run)
 
         async def call() -> Any:
             return await handler(request)
@@ -279,8 +287,9 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         self._count(run, request, response)
         return _with_run(response, run)
 
-    def _before_model_call(self, run: Run, request: Any) -> None:
-        run.check_model(_model_name(request.model))
+    def _model_call(self, request: Any) -> dict[str, Any]:
+        """What ``run.begin_model_call`` is told of the request: its model, its prompt's
+        estimate and the output it may generate (the token budget's reservation)."""
         retries = getattr(request.model, "max_retries", 0)
         if isinstance(retries, int) and retries > 0 and not self._warned:
             self._warned = True
@@ -289,13 +298,16 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
                 "max_retries=0 so that retries happen at one layer",
                 retries,
             )
+        return {
+            "model": _model_name(request.model),
+            "estimated_input_tokens": _estimate(request),
+            "max_output_tokens": _max_output(request),
+        }
 
     def _model_failed(self, run: Run, exc: Exception) -> Any:
         """The model call failed after its retries: the run stops; the agent ends."""
-        from langchain.agents.middleware.types import ModelResponse
-
         run.model_call_failed(exc)
-        return _with_run(ModelResponse(result=[AIMessage(content="")]), run)
+        return _no_reply(run)
 
     def _count(self, run: Run, request: Any, response: Any) -> None:
         messages = getattr(response, "result", None)
@@ -357,6 +369,37 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         if run is None:
             return await handler(request)
         return _and_run(await self._tools.acall(run, request, handler), run)
+
+
+def _estimate(request: Any) -> int:
+    """The request's prompt in tokens, estimated: the system message, the messages' content
+    and tool calls, the tools' names, descriptions and arguments."""
+    said: list[Any] = [getattr(request.system_message, "content", None)]
+    for message in request.messages:
+        said += [message.content, getattr(message, "tool_calls", None) or None]
+    for t in request.tools:
+        said.append(t if isinstance(t, Mapping) else (t.name, t.description, t.args))
+    return estimate_tokens(*said)
+
+
+def _max_output(request: Any) -> int:
+    """The output the call may generate: the request's ``max_tokens`` setting or the chat
+    model's, else the default the guarded clients reserve for a request that names none."""
+    for limit in (
+        request.model_settings.get("max_tokens"),
+        getattr(request.model, "max_tokens", None),
+    ):
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            return limit
+    return DEFAULT_MAX_OUTPUT
+
+
+def _no_reply(run: Run) -> Any:
+    """The model was not called or failed for good (the run stopped): an empty reply, after
+    which the agent ends with the customer message."""
+    from langchain.agents.middleware.types import ModelResponse
+
+    return _with_run(ModelResponse(result=[AIMessage(content="")]), run)
 
 
 def _with_run(response: Any, run: Run) -> Any:

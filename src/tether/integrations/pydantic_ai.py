@@ -36,6 +36,7 @@ from typing import Any
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError, UnknownModelError
 from tether._errors import require
+from tether.guards._tokens import estimate_tokens
 from tether.integrations._common import (
     ModelRetries,
     ToolRules,
@@ -43,6 +44,7 @@ from tether.integrations._common import (
     provider_breaker,
     require_a_place_to_wait,
 )
+from tether.integrations._tokens import DEFAULT_MAX_OUTPUT
 from tether.retries._policy import RetryPolicy
 
 require("pydantic_ai", "pydantic-ai")
@@ -60,6 +62,7 @@ from pydantic_ai.exceptions import (  # noqa: E402
     UsageLimitExceeded,
     UserError,
 )
+from pydantic_ai.messages import ToolCallPart  # noqa: E402
 from pydantic_ai.tools import DeferredToolRequests  # noqa: E402
 
 __all__ = ["Delegate", "RunStopped", "TetherCapability", "free_test_model", "run", "run_sync"]
@@ -349,11 +352,16 @@ class TetherCapability(AbstractCapability[Any]):
             assert run.stopped is not None
             raise Stopped(run.stopped, run.stop_detail)
         model = request_context.model
-        if free_test_model(model):
-            run.begin_model_call()
-        else:
-            name = str(getattr(model, "model_name", "") or "")
-            run.begin_model_call(model=name, provider=_provider(model))
+        if free_test_model(model):  # no provider: no price, no place in a token budget
+            await run.abegin_model_call()
+        else:  # the request's place in the guard's token budget (a retry has it already)
+            first = request_context.attempt <= 1
+            await run.abegin_model_call(
+                model=str(getattr(model, "model_name", "") or ""),
+                provider=_provider(model),
+                estimated_input_tokens=_estimate(request_context) if first else None,
+                max_output_tokens=_max_output(request_context),
+            )
         return await handler(request_context)
 
     async def prepare_model_request(self, ctx: Any, request_context: Any) -> Any:
@@ -373,7 +381,8 @@ class TetherCapability(AbstractCapability[Any]):
     @staticmethod
     def _breaker(model: Any, policy: RetryPolicy) -> Any:
         base_url = str(getattr(model, "base_url", "") or "")
-        return provider_breaker(_provider(model) or "model", base_url, policy.max_attempts)
+        system = getattr(model, "system", None)
+        return provider_breaker(str(system or "model"), base_url, policy.max_attempts)
 
     async def after_model_request(self, ctx: Any, *, request_context: Any, response: Any) -> Any:
         live = self._state(ctx)
@@ -518,8 +527,34 @@ def _settle_quietly(live: _Live) -> None:
 
 
 def _provider(model: Any) -> str | None:
+    """The provider a model's requests go to (None for PydanticAI's function and test
+    models, which send none: a name like ``gpt-5-mini`` says whose it stands for)."""
     system = getattr(model, "system", None)
-    return system if isinstance(system, str) and system else None
+    if not isinstance(system, str) or system in ("", "function", "test"):
+        return None
+    return system
+
+
+def _estimate(request_context: Any) -> int:
+    """The request's prompt in tokens, estimated (the token budget's reservation): its
+    instructions, the text of its messages' parts, tool calls and returns, and its tools."""
+    params = request_context.model_request_parameters
+    said: list[Any] = [part.content for part in params.instruction_parts or ()]
+    for message in request_context.messages:
+        for part in message.parts:
+            said.append(getattr(part, "content", None))
+            if isinstance(part, ToolCallPart):
+                said += [part.tool_name, part.args]
+    tools = [*params.function_tools, *params.output_tools]
+    said += [(t.name, t.description, t.parameters_json_schema) for t in tools]
+    return estimate_tokens(*said)
+
+
+def _max_output(request_context: Any) -> int:
+    """The output the request may generate: its ``max_tokens`` setting, else the default
+    that the guarded clients reserve for a request that names none."""
+    limit = (request_context.model_settings or {}).get("max_tokens")
+    return limit if isinstance(limit, int) and limit > 0 else DEFAULT_MAX_OUTPUT
 
 
 async def run(
