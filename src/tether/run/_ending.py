@@ -31,8 +31,8 @@ class Ending:
         """Effects of this run that the ledger records as done (and no rollback undid),
         in words.
 
-        Raises what the ledger's store raises when it cannot be read; :meth:`finish`
-        turns that into an open issue.
+        Raises what the ledger's store raises when it cannot be read;
+        :meth:`tether.Run.finish` turns that into an open issue.
         """
         ledger = self.s.guard.ledger
         undone = {e.key for e in self.s._journal if e.state == "compensated"}

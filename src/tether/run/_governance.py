@@ -70,10 +70,12 @@ def takes_run(policy: Callable[..., Any]) -> bool:
 
 
 def check_policies(
-    policies: tuple[tuple[Callable[..., Any], bool], ...], tool: str, args: Any, run: Any
+    policies: tuple[tuple[Callable[..., Any], bool], ...], tool: str, args: Any, state: Any
 ) -> str | None:
     """The first policy's reason to deny the call, or None. ``policies`` pairs each policy
-    with whether it takes the run. A policy that raises denies (fail closed) and is logged."""
+    with whether it takes the run (the :class:`tether.Run` that owns ``state``). A policy
+    that raises denies (fail closed) and is logged."""
+    run = state.owner
     for policy, wants_run in policies:
         try:
             reason = policy(tool, args, run=run) if wants_run else policy(tool, args)

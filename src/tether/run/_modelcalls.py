@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from tether import telemetry
 from tether._errors import CircuitOpenError
+from tether.run._options import ModelTurn
 from tether.run._outcome import Stopped, StopReason
 from tether.run._pricing import UnknownModelError
 from tether.run._runstate import RunState
@@ -29,40 +30,34 @@ class ModelCalls:
     def __init__(self, state: RunState) -> None:
         self.s = state
 
-    def begin_model_call(
-        self,
-        *,
-        model: str = "",
-        provider: str | None = None,
-        estimated_input_tokens: int | None = None,
-        max_output_tokens: int | None = None,
-    ) -> float | None:
+    def begin(self, turn: ModelTurn) -> float | None:
         """See :meth:`tether.Run.begin_model_call`."""
-        if self.s._stop is not None:
-            raise self.s._halt(*self.s._stop)
-        if model:
-            self.check_model(model, provider)
-        self.s._tokens.reserve(model, provider, estimated_input_tokens, max_output_tokens)
+        self.s._tokens.reserve(*self.turn(**turn))
         return self.s.time_left()
 
-    async def abegin_model_call(
+    async def abegin(self, turn: ModelTurn) -> float | None:
+        """See :meth:`tether.Run.abegin_model_call`."""
+        await self.s._tokens.areserve(*self.turn(**turn))
+        return self.s.time_left()
+
+    def turn(
         self,
         *,
         model: str = "",
         provider: str | None = None,
         estimated_input_tokens: int | None = None,
         max_output_tokens: int | None = None,
-    ) -> float | None:
-        """See :meth:`tether.Run.abegin_model_call`."""
+    ) -> tuple[str, str | None, int | None, int | None]:
+        """What both shells check before a paid request (the run has not stopped, its
+        model can be counted); the request as the token budget takes it."""
         if self.s._stop is not None:
             raise self.s._halt(*self.s._stop)
         if model:
             self.check_model(model, provider)
-        await self.s._tokens.areserve(model, provider, estimated_input_tokens, max_output_tokens)
-        return self.s.time_left()
+        return model, provider, estimated_input_tokens, max_output_tokens
 
     def check_model(self, model: str, provider: str | None = None) -> None:
-        """See :meth:`tether.Run.check_model`."""
+        """Refuse, before the request, a model whose cost a cost budget could not count."""
         if self.s.budget.max_cost_usd is None or not model or model in self.s._checked_models:
             return
         prices = self.s.guard.prices
@@ -81,7 +76,10 @@ class ModelCalls:
         self.s._checked_models.add(model)
 
     def model_call_failed(self, exc: BaseException) -> Stopped:
-        """See :meth:`tether.Run.model_call_failed`."""
+        """Stop the run for a model call that failed after its retries, with the reason its
+        failure says (``TIMEOUT`` for the time budget, ``CIRCUIT_OPEN`` for a provider that
+        is down, ``ERROR`` or ``PERMANENT_ERROR`` by classification); returns the Stopped
+        to raise (an agent loop raises it, a framework's hook may just end the agent)."""
         from tether._errors import DeadlineExceeded
         from tether.classification._classify import classify
 
@@ -96,14 +94,16 @@ class ModelCalls:
         return self.s._halt(reason, f"model call failed: {verdict.reason}")
 
     def retry_model_call(self, policy: RetryPolicy, fn: Callable[[], T]) -> T:
-        """See :meth:`tether.Run.retry_model_call`."""
+        """``fn()`` under ``policy``, never past the run's time left; its retries are
+        counted into the run's usage. A failure after the retries is raised (see
+        :meth:`model_call_failed`)."""
         try:
             return policy.call_within(self.s.time_left(), fn)
         finally:
             self.s.retries += policy.statistics.retries
 
     async def aretry_model_call(self, policy: RetryPolicy, fn: Callable[[], Awaitable[T]]) -> T:
-        """See :meth:`tether.Run.aretry_model_call`."""
+        """The async form of :meth:`retry_model_call`."""
         try:
             return await policy.acall_within(self.s.time_left(), fn)
         finally:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tether.records._collections import CheckpointError, check_run_id
 from tether.run._governance import JournalEntry
 from tether.run._outcome import StopReason, Usage
-from tether.run._runstate import RunState
+from tether.run._runstate import HasState
 
 if TYPE_CHECKING:
     from tether.run._settings import RunSettings
@@ -18,7 +18,7 @@ __all__ = ["resume"]
 
 _log = logging.getLogger("tether")
 
-R = TypeVar("R", bound=RunState)
+R = TypeVar("R", bound=HasState)
 
 
 def resume(
@@ -45,30 +45,31 @@ def resume(
         key=key if isinstance(key, str) else None,
         request=request if isinstance(request, str) else None,
     )
+    s = run._state
     try:
         usage = Usage(**doc["usage"])
     except TypeError as exc:
         raise CheckpointError(
             f"checkpoint {checkpoint_id!r} is corrupt: bad usage ({exc})"
         ) from exc
-    run._restore(usage, list(doc["partial"]), list(doc["transcript"]))
+    s._restore(usage, list(doc["partial"]), list(doc["transcript"]))
     omitted: Any = doc.get("omitted")
     for name in ("partial", "transcript"):  # what the earlier part let go still counts
         info: Any = omitted.get(name) if isinstance(omitted, Mapping) else None
         if not isinstance(info, Mapping):
             continue
-        tail = getattr(run, name)
+        tail = getattr(s, name)
         if isinstance(info.get("omitted"), int):
             tail.omitted += info["omitted"]
         by_tool = info.get("by_tool")
         if isinstance(by_tool, Mapping):
             tail.by_tool.update({str(k): int(v) for k, v in by_tool.items() if isinstance(v, int)})
-    run._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
-    run._resumed_from = str(doc.get("id") or checkpoint_id)
+    s._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
+    s._resumed_from = str(doc.get("id") or checkpoint_id)
     try:
-        run._resumed_stop = (StopReason(doc.get("reason")), str(doc.get("detail") or ""))
+        s._resumed_stop = (StopReason(doc.get("reason")), str(doc.get("detail") or ""))
     except ValueError:
-        run._resumed_stop = None
+        s._resumed_stop = None
     return run, ended
 
 

@@ -67,13 +67,10 @@ class Rollback:
                 value = undo.policy.call(
                     lambda u=undo: u.ledger.once(u.key, lambda: u.fn(u.original))
                 )
-            except EffectInProgress as exc:
-                self._undo_elsewhere(undo.entry, exc)
-                continue
             except Exception as exc:
-                self._undo_failed(undo.entry, exc)
-                continue
-            done.append(self._undone(undo.entry, undo.original, value))
+                self._not_undone(undo.entry, exc)
+            else:
+                done.append(self._undone(undo, value))
         return done
 
     async def arollback(self, compensations: Compensations = None) -> list[dict[str, Any]]:
@@ -83,13 +80,10 @@ class Rollback:
         for undo in self._undos(compensations):
             try:
                 value = await undo.policy.acall(undo.aattempt)
-            except EffectInProgress as exc:
-                self._undo_elsewhere(undo.entry, exc)
-                continue
             except Exception as exc:
-                self._undo_failed(undo.entry, exc)
-                continue
-            done.append(self._undone(undo.entry, undo.original, value))
+                self._not_undone(undo.entry, exc)
+            else:
+                done.append(self._undone(undo, value))
         return done
 
     def _undos(self, given: Compensations) -> Iterator[_Undo]:
@@ -138,9 +132,11 @@ class Rollback:
             return entry.result
         return self.s.guard.ledger.result(entry.key)
 
-    def _undone(self, entry: JournalEntry, original: Any, value: Any) -> dict[str, Any]:
+    def _undone(self, undo: _Undo, value: Any) -> dict[str, Any]:
+        """A compensation made: the entry is undone, and what the outcome says of it."""
+        entry = undo.entry
         entry.state = "compensated"
-        effect = self.s._effect_text(entry.tool, entry.args, original) or SOME_STEP
+        effect = self.s._effect_text(entry.tool, entry.args, undo.original) or SOME_STEP
         record = {
             "tool": entry.tool,
             "args": redact(jsonable(entry.args)),
@@ -150,6 +146,14 @@ class Rollback:
         _log.info("tether: run %s: compensated %s", self.s.run_id, entry.tool)
         telemetry.add_event("tether.compensated", **{"gen_ai.tool.name": entry.tool})
         return record
+
+    def _not_undone(self, entry: JournalEntry, exc: Exception) -> None:
+        """A compensation that did not complete here: being done by another worker, or
+        failed (or unknown) and handed to a person."""
+        if isinstance(exc, EffectInProgress):
+            self._undo_elsewhere(entry, exc)
+        else:
+            self._undo_failed(entry, exc)
 
     def _undo_elsewhere(self, entry: JournalEntry, exc: EffectInProgress) -> None:
         """Another worker holds this compensation's claim: it is being done there (or, if

@@ -2,48 +2,125 @@
 
 A reliable agent checks every guard on every iteration, before spending the next
 call; every way out of the loop returns a result, or a partial result and a reason.
-The run's parts live in modules of their own: its state (``_runstate``), the tool-call
-pipeline (``_toolcall`` over ``_tooldecisions``, ``_toolgate``, ``_hung``), its model
-calls (``_modelcalls``), its compensations (``_rollback``) and its ending
-(``_ending``); this module is its lifecycle.
+:class:`Run` is the front: it owns the run's state (``_runstate``) and its parts, each
+given that state and the guard's frozen settings: the steps (``_steps``), the tool-call
+pipeline (``_toolcall`` over ``_tooldecisions``, ``_toolgate``, ``_hung``), the model
+calls (``_modelcalls``), the compensations (``_rollback``) and the ending (``_ending``).
+Only the run decides their order.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+import functools
+import inspect
+import operator
+from collections.abc import Awaitable, Callable, Mapping
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    ParamSpec,
+    Self,
+    TypeVar,
+    Unpack,
+    overload,
+)
 
 from tether import telemetry
 from tether.classification._classify import classify
-from tether.effects._canonical import canonical_json
 from tether.run._ending import Ending
 from tether.run._modelcalls import ModelCalls
+from tether.run._options import ModelTurn, ModelUsage, ToolOptions
 from tether.run._outcome import Outcome, Status, Stopped, StopReason
 from tether.run._rollback import Compensations, Rollback
-from tether.run._runstate import RunState
+from tether.run._runstate import RunState, Tail
 from tether.run._settings import RunSettings
+from tether.run._steps import Steps
 from tether.run._toolcall import ToolPipeline
 
 if TYPE_CHECKING:
-    from tether.retries._policy import RetryPolicy
+    from collections import Counter
+
+    from tether.clock import Clock
+    from tether.run._budget import Budget
+    from tether.run._loops import LoopState
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 __all__ = ["Run"]
 
-_log = logging.getLogger("tether")
+
+class _FromState(Generic[T]):
+    """An attribute of the run's state, read (and, where the state allows, set) on the run."""
+
+    __slots__ = ("name",)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, run: None, owner: type) -> Self: ...
+    @overload
+    def __get__(self, run: Run, owner: type) -> T: ...
+    def __get__(self, run: Run | None, owner: type) -> T | Self:
+        return self if run is None else getattr(run._state, self.name)
+
+    def __set__(self, run: Run, value: T) -> None:
+        setattr(run._state, self.name, value)
 
 
-class Run(RunState):
-    """One guarded run of an agent; see :class:`tether.Guard`.
+def _answered_by(
+    part: str, method: Callable[Concatenate[Any, P], R]
+) -> Callable[Concatenate[Run, P], R]:
+    """A method of the run that one of its parts (``run.<part>``) answers, with that
+    method's signature and docstring (an async one stays a coroutine function)."""
+    get = operator.attrgetter(part)
 
-    The run owns its parts: the tool-call pipeline, the model calls, the ending (status,
-    facts, outcome, record) and the compensations; each gets the run's state, and only the
-    run decides their order (roll back, then conclude).
-    """
+    def call(run: Run, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return method(get(run), *args, **kwargs)
+
+    async def acall(run: Run, /, *args: P.args, **kwargs: P.kwargs) -> Any:
+        return await method(get(run), *args, **kwargs)  # type: ignore[misc]
+
+    return functools.update_wrapper(acall if inspect.iscoroutinefunction(method) else call, method)  # type: ignore[return-value]
+
+
+class Run:
+    """One guarded run of an agent (see :class:`tether.Guard`): a front that owns the run's
+    state and its parts (steps, tool calls, model calls, compensations, ending), each given
+    the state, and decides their order; the counters (``steps``, ``cost_usd``...) are the
+    state's."""
+
+    guard: _FromState[RunSettings] = _FromState()
+    task: _FromState[str] = _FromState()
+    run_id: _FromState[str] = _FromState()
+    key: _FromState[str | None] = _FromState()  # the request key it was started with
+    clock: _FromState[Clock] = _FromState()
+    budget: _FromState[Budget] = _FromState()
+    steps: _FromState[int] = _FromState()
+    model_calls: _FromState[int] = _FromState()
+    tool_calls: _FromState[int] = _FromState()
+    retries: _FromState[int] = _FromState()
+    input_tokens: _FromState[int] = _FromState()
+    output_tokens: _FromState[int] = _FromState()
+    cache_write_tokens: _FromState[int] = _FromState()
+    cache_read_tokens: _FromState[int] = _FromState()
+    total_tokens: _FromState[int] = _FromState()
+    cost_usd: _FromState[float] = _FromState()
+    unpriced_calls: _FromState[int] = _FromState()
+    elapsed: _FromState[float] = _FromState()
+    messages: _FromState[list[Any] | None] = _FromState()  # the conversation, when kept
+    partial: _FromState[Tail] = _FromState()
+    transcript: _FromState[Tail] = _FromState()
+    stopped: _FromState[StopReason | None] = _FromState()  # None while it runs
+    stop_detail: _FromState[str] = _FromState()  # why it stopped, in words
+    urgency: _FromState[float] = _FromState()  # the largest share of a budget spent
+    _loops: _FromState[LoopState] = _FromState()  # the loop detectors' memory
+    _scope: _FromState[str] = _FromState()  # what its effects' intent keys are scoped by
+    _tool_counts: _FromState[Counter[str]] = _FromState()  # calls let through, per tool
 
     def __init__(
         self,
@@ -54,88 +131,75 @@ class Run(RunState):
         key: str | None = None,
         request: str | None = None,
     ) -> None:
-        super().__init__(guard, task, run_id, key=key, request=request)
-        self._ending = Ending(self)
-        self._undo = Rollback(self)
-        self._tools = ToolPipeline(self)
-        self._models = ModelCalls(self)
+        self._state = state = RunState(self, guard, task, run_id, key, request)
+        self._steps = Steps(state)
+        self._tools = ToolPipeline(state)
+        self._models = ModelCalls(state)
+        self._undo = Rollback(state)
+        self._ending = Ending(state)
 
     # --- the with-block and the ending ------------------------------------------------
 
     def __enter__(self) -> Self:
-        self._span_cm = telemetry.span(
-            "tether.run", **{"tether.run_id": self.run_id, "tether.task": self.task[:200]}
+        s = self._state
+        s._span_cm = telemetry.span(
+            "tether.run", **{"tether.run_id": s.run_id, "tether.task": s.task[:200]}
         )
-        self._span_cm.__enter__()
+        s._span_cm.__enter__()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        swallow = False
-        if isinstance(exc, Stopped):
-            swallow = True
-        elif isinstance(exc, Exception):
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, Exception) and not isinstance(exc, Stopped):
             verdict = classify(exc)
-            reason = StopReason.PERMANENT_ERROR if not verdict.retryable else StopReason.ERROR
-            self.note_error(exc)
-            self._halt(reason, f"{type(exc).__name__}: {verdict.reason}")
+            self._state.note_error(exc)
+            self._state._halt(
+                StopReason.ERROR if verdict.retryable else StopReason.PERMANENT_ERROR,
+                f"{type(exc).__name__}: {verdict.reason}",
+            )
         self.finish()
-        if self._span_cm is not None:
-            self._span_cm.__exit__(None, None, None)
-        return swallow
+        if self._state._span_cm is not None:
+            self._state._span_cm.__exit__(None, None, None)
+        return isinstance(exc, Stopped)
 
     async def __aenter__(self) -> Self:
         return self.__enter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        return self.__exit__(exc_type, exc, tb)
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
+        return self.__exit__(kind, exc, tb)
 
     @property
     def outcome(self) -> Outcome:
         """The run's outcome, once it has ended (a stop condition holds, or its with-block
         closed); the run is finished on first access. Raises RuntimeError while it runs."""
-        if self._outcome is None and self._stop is None:
+        s = self._state
+        if s._outcome is None and s._stop is None:
             raise RuntimeError(
-                f"run {self.run_id} has not ended: read run.outcome after its with-block, or "
+                f"run {s.run_id} has not ended: read run.outcome after its with-block, or "
                 "end it first (run.succeed(), run.fail(), run.stop(), run.escalate())"
             )
-        return self._outcome if self._outcome is not None else self.finish()
+        return s._outcome if s._outcome is not None else self.finish()
 
-    def facts(self) -> list[str]:
-        """Effects of this run that the ledger records as done (and no rollback undid), in
-        words. Raises what the ledger's store raises when it cannot be read; :meth:`finish`
-        turns that into an open issue."""
-        return self._ending.facts()
+    facts = _answered_by("_ending", Ending.facts)
 
     def finish(self) -> Outcome:
         """Close the run: status, reason, checkpoint, handoff, customer message; first
         what the guard says to undo for this ending (``Guard(rollback_on=...)``)."""
-        if self._outcome is not None:
-            return self._outcome
-        if self._stop is None:
-            self._halt(StopReason.NO_RESULT, "the loop ended without run.succeed()")
-        assert self._stop is not None
-        reason = self._stop[0]
+        s = self._state
+        if s._outcome is not None:
+            return s._outcome
+        if s._stop is None:
+            s._halt(StopReason.NO_RESULT, "the loop ended without run.succeed()")
+        reason = s.stopped
+        assert reason is not None
         status = self._ending._status(reason)
-        rollback_on = self.guard.rollback_on
-        if (reason in rollback_on or status in rollback_on) and any(
-            e.state == "done" for e in self._journal
+        if (reason in s.guard.rollback_on or status in s.guard.rollback_on) and any(
+            e.state == "done" for e in s._journal
         ):
             self.rollback()  # it may escalate: the status is read again
             status = self._ending._status(reason)
         return self._ending._conclude(status, amend=False)
 
-    def _ended_as(self, record: Mapping[str, Any]) -> None:
-        self._ending._ended_as(record)
+    _ended_as = _answered_by("_ending", Ending._ended_as)
 
     def rollback(self, compensations: Compensations = None) -> tuple[dict[str, Any], ...]:
         """Undo the run's completed calls that have a compensation, newest first.
@@ -160,34 +224,28 @@ class Run(RunState):
         """What a rollback leaves: a run resumed only to roll back ends as its checkpoint
         had; a run that had ended gets its outcome amended (and escalates when something
         could not be undone)."""
-        self._compensated.extend(done)
-        if self._escalate and self._stop is None:
-            self._halt(StopReason.ESCALATED, "a compensation could not be made")
-        if self._stop is None and not self._began and self._resumed_stop is not None:
-            self._halt(*self._resumed_stop)
+        s = self._state
+        s._compensated.extend(done)
+        if s._escalate and s._stop is None:
+            s._halt(StopReason.ESCALATED, "a compensation could not be made")
+        if s._stop is None and not s._began and s._resumed_stop is not None:
+            s._halt(*s._resumed_stop)
             self.finish()
-        elif self._outcome is not None and (done or self._escalate):
-            status = Status.ESCALATED if self._escalate else self._outcome.status
+        elif s._outcome is not None and (done or s._escalate):
+            status = Status.ESCALATED if s._escalate else s._outcome.status
             self._ending._conclude(status, amend=True)
         return tuple(done)
 
     def __repr__(self) -> str:
-        return (
-            f"Run({self.run_id!r}, steps={self.steps}, stopped={self._stop and self._stop[0].name})"
-        )
+        stopped = self._state.stopped
+        return f"Run({self.run_id!r}, steps={self.steps}, stopped={stopped and stopped.name})"
 
     # --- model calls -----------------------------------------------------------------
 
-    def begin_model_call(
-        self,
-        *,
-        model: str = "",
-        provider: str | None = None,
-        estimated_input_tokens: int | None = None,
-        max_output_tokens: int | None = None,
-    ) -> float | None:
+    def begin_model_call(self, **turn: Unpack[ModelTurn]) -> float | None:
         """Check the run before a paid model request; returns the time it has left (the
-        request's deadline, None: no time budget).
+        request's deadline, None: no time budget). Keywords: ``model=""``,
+        ``provider=None``, ``estimated_input_tokens=None``, ``max_output_tokens=None``.
 
         Raises :class:`tether.Stopped` (the run's own stop) when the run has stopped, and
         :class:`tether.UnknownModelError` for a model whose cost a cost budget could not
@@ -197,64 +255,23 @@ class Run(RunState):
         wait longer than the run's time left stops the run ``TIMEOUT`` before the request
         (:mod:`tether.run._tokens`); :meth:`record_model_call` gives back what it did not use.
         """
-        return self._models.begin_model_call(
-            model=model,
-            provider=provider,
-            estimated_input_tokens=estimated_input_tokens,
-            max_output_tokens=max_output_tokens,
-        )
+        return self._models.begin(turn)
 
-    async def abegin_model_call(
-        self,
-        *,
-        model: str = "",
-        provider: str | None = None,
-        estimated_input_tokens: int | None = None,
-        max_output_tokens: int | None = None,
-    ) -> float | None:
+    async def abegin_model_call(self, **turn: Unpack[ModelTurn]) -> float | None:
         """The async form of :meth:`begin_model_call`: a wait for the token budget sleeps
         on the event loop."""
-        return await self._models.abegin_model_call(
-            model=model,
-            provider=provider,
-            estimated_input_tokens=estimated_input_tokens,
-            max_output_tokens=max_output_tokens,
-        )
+        return await self._models.abegin(turn)
 
-    def check_model(self, model: str, provider: str | None = None) -> None:
-        """Refuse, before the request, a model whose cost a cost budget could not count."""
-        return self._models.check_model(model, provider)
+    check_model = _answered_by("_models", ModelCalls.check_model)
+    model_call_failed = _answered_by("_models", ModelCalls.model_call_failed)
+    retry_model_call = _answered_by("_models", ModelCalls.retry_model_call)
+    aretry_model_call = _answered_by("_models", ModelCalls.aretry_model_call)
 
-    def model_call_failed(self, exc: BaseException) -> Stopped:
-        """Stop the run for a model call that failed after its retries, with the reason its
-        failure says (``TIMEOUT`` for the time budget, ``CIRCUIT_OPEN`` for a provider that
-        is down, ``ERROR`` or ``PERMANENT_ERROR`` by classification); returns the Stopped
-        to raise (an agent loop raises it, a framework's hook may just end the agent)."""
-        return self._models.model_call_failed(exc)
-
-    def retry_model_call(self, policy: RetryPolicy, fn: Callable[[], T]) -> T:
-        """``fn()`` under ``policy``, never past the run's time left; its retries are
-        counted into the run's usage. A failure after the retries is raised (see
-        :meth:`model_call_failed`)."""
-        return self._models.retry_model_call(policy, fn)
-
-    async def aretry_model_call(self, policy: RetryPolicy, fn: Callable[[], Awaitable[T]]) -> T:
-        """The async form of :meth:`retry_model_call`."""
-        return await self._models.aretry_model_call(policy, fn)
-
-    def record_model_call(
-        self,
-        *,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-        model: str = "",
-        cache_write_tokens: int = 0,
-        cache_read_tokens: int = 0,
-        cost_usd: float | None = None,
-        provider: str | None = None,
-        unmeasured: bool = False,
-    ) -> float | None:
+    def record_model_call(self, **usage: Unpack[ModelUsage]) -> float | None:
         """Count one model call's usage and cost; returns the cost in USD (None: unknown).
+        Keywords: ``input_tokens=0``, ``output_tokens=0``, ``model=""``,
+        ``cache_write_tokens=0``, ``cache_read_tokens=0``, ``cost_usd=None``,
+        ``provider=None``, ``unmeasured=False``.
 
         The cost comes from ``cost_usd`` or the guard's prices for ``model``; a model
         with no price has its tokens counted and its cost unknown
@@ -263,16 +280,7 @@ class Run(RunState):
         to refuse it before paying). ``unmeasured=True`` says the provider reported no
         token counts for the call: its cost is unknown too, never zero.
         """
-        return self._models.record_model_call(
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            model=model,
-            cache_write_tokens=cache_write_tokens,
-            cache_read_tokens=cache_read_tokens,
-            cost_usd=cost_usd,
-            provider=provider,
-            unmeasured=unmeasured,
-        )
+        return self._models.record_model_call(**usage)
 
     # --- tools -----------------------------------------------------------------------
 
@@ -281,19 +289,13 @@ class Run(RunState):
         name: str,
         fn: Callable[..., Any],
         args: Mapping[str, Any] | None = None,
-        *,
-        timeout: float | None = None,
-        idempotent: bool = True,
-        lookup: Callable[[str], Any] | None = None,
-        requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
-        compensate: Callable[[Any], Any] | None = None,
-        volatile: Iterable[str] = (),
-        label: str | None = None,
-        allow_repeat: int | None = None,
-        passthrough: tuple[type[BaseException], ...] = (),
+        **options: Unpack[ToolOptions],
     ) -> Any:
         """Call a tool under every guard: policies, approval, loops and budgets, breaker,
-        retries, ledger.
+        retries, ledger. Keywords (:class:`~tether.run._options.ToolOptions`):
+        ``timeout=None``, ``idempotent=True``, ``lookup=None``,
+        ``requires_approval=False``, ``compensate=None``, ``volatile=()``, ``label=None``,
+        ``allow_repeat=None``, ``passthrough=()``.
 
         ``fn(**args)`` is retried on transient failures with ``timeout`` per attempt;
         a non-idempotent tool runs at most once through the guard's ledger (an attempt
@@ -316,191 +318,67 @@ class Run(RunState):
         Raises :class:`tether.Stopped` when a guard ends the run (the call is not made),
         or :class:`tether.ToolError` with a short text for the model when it fails.
         """
-        return self._tools.call(
-            name,
-            fn,
-            args,
-            timeout=timeout,
-            idempotent=idempotent,
-            lookup=lookup,
-            requires_approval=requires_approval,
-            compensate=compensate,
-            volatile=volatile,
-            label=label,
-            allow_repeat=allow_repeat,
-            passthrough=passthrough,
-        )
+        return self._tools.call(name, fn, args, **options)
 
     async def acall_tool(
         self,
         name: str,
         fn: Callable[..., Awaitable[Any]] | Callable[..., Any],
         args: Mapping[str, Any] | None = None,
-        *,
-        timeout: float | None = None,
-        idempotent: bool = True,
-        lookup: Callable[[str], Any] | None = None,
-        requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
-        compensate: Callable[[Any], Any] | None = None,
-        volatile: Iterable[str] = (),
-        label: str | None = None,
-        allow_repeat: int | None = None,
-        passthrough: tuple[type[BaseException], ...] = (),
+        **options: Unpack[ToolOptions],
     ) -> Any:
         """The async form of :meth:`call_tool`; a hanging attempt is cancelled.
 
         ``fn`` may be a coroutine function (awaited) or a plain function (run in a
         worker thread, so that it does not block the event loop).
         """
-        return await self._tools.acall(
-            name,
-            fn,
-            args,
-            timeout=timeout,
-            idempotent=idempotent,
-            lookup=lookup,
-            requires_approval=requires_approval,
-            compensate=compensate,
-            volatile=volatile,
-            label=label,
-            allow_repeat=allow_repeat,
-            passthrough=passthrough,
-        )
+        return await self._tools.acall(name, fn, args, **options)
+
+    # --- the run protocol that the state answers (docs/run.md) ------------------------
+
+    usage = _answered_by("_state", RunState.usage)
+    time_left = _answered_by("_state", RunState.time_left)
+    halt = _answered_by("_state", RunState.halt)
+    note_error = _answered_by("_state", RunState.note_error)
+    count_retries = _answered_by("_state", RunState.count_retries)
+    breaker_wait = _answered_by("_state", RunState.breaker_wait)
+    through_breaker = _answered_by("_state", RunState.through_breaker)
+    athrough_breaker = _answered_by("_state", RunState.athrough_breaker)
 
     # --- the loop ---------------------------------------------------------------------
 
     def proceed(self) -> bool:
         """Start the next step if every guard allows it; False once a stop condition holds."""
-        if self._stop is not None:
-            return False
-        self._began = True
-        if self.steps and not self._end_step():
-            return False
-        reason = self._budget_stop()
-        if reason is not None:
-            self._halt(*reason)
-            return False
-        self.steps += 1
-        self._step_progress = False
-        self._step_counted = False
-        self._step_calls = 0
-        telemetry.end_step(self._step_span)
-        self._step_span = telemetry.start_step(
-            **{"tether.run_id": self.run_id, "tether.step": self.steps}
-        )
-        return True
+        return self._steps.proceed()
 
-    def _end_step(self) -> bool:
-        """Account the step that just ended for the no-progress detector."""
-        if self._step_progress:
-            self._no_progress = 0
-            if self.budget.progress_extension and self._max_steps is not None:
-                ceiling = self.budget.max_steps_ceiling
-                extended = self._max_steps + self.budget.progress_extension
-                self._max_steps = extended if ceiling is None else min(extended, ceiling)
-        elif self._step_counted or not self._step_exempt():
-            self._no_progress += 1
-        limit = self.guard.loops.max_no_progress
-        if (
-            limit is not None
-            and self._no_progress >= limit
-            and self.steps >= self.guard.loops.min_steps
-        ):
-            self._halt(
-                StopReason.NO_PROGRESS, f"{self._no_progress} steps in a row added nothing new"
-            )
-            return False
-        return True
-
-    def _step_exempt(self) -> bool:
-        """A step whose only tool calls were allowed repeats (polling) is not judged."""
-        return self._step_calls > 0 and not self._step_counted
-
-    def _budget_stop(self) -> tuple[StopReason, str] | None:
-        b = self.budget
-        if self._max_steps is not None and self.steps >= self._max_steps:
-            return StopReason.MAX_STEPS, f"max steps ({self._max_steps}) reached"
-        if b.max_seconds is not None and self.elapsed >= b.max_seconds:
-            return (
-                StopReason.TIMEOUT,
-                f"time budget ({b.max_seconds:g} s) exceeded at step {self.steps}",
-            )
-        if b.max_model_calls is not None and self.model_calls >= b.max_model_calls:
-            return StopReason.MAX_MODEL_CALLS, f"max model calls ({b.max_model_calls}) reached"
-        if b.max_tokens is not None and self.total_tokens + self._last_tokens > b.max_tokens:
-            return StopReason.MAX_TOKENS, (
-                f"{self.total_tokens} tokens used; the next model call (about {self._last_tokens}) "
-                f"would pass the budget of {b.max_tokens}"
-            )
-        for name, used in (
-            ("max_input_tokens", self.input_tokens),
-            ("max_output_tokens", self.output_tokens),
-        ):
-            limit = getattr(b, name)
-            if limit is not None and used >= limit:
-                return StopReason.MAX_TOKENS, f"{name} ({limit}) reached"
-        if b.max_cost_usd is not None:
-            nxt = self._next_cost()
-            if self.cost_usd + nxt > b.max_cost_usd:
-                return StopReason.MAX_COST, (
-                    f"${self.cost_usd:.4f} spent; the next model call (about ${nxt:.4f}) would pass "
-                    f"the budget of ${b.max_cost_usd:.4f}"
-                )
-        esc = self.guard.escalation
-        if esc is not None and esc.max_steps is not None and self.steps >= esc.max_steps:
-            self._escalate = True
-            return StopReason.ESCALATED, f"step count passed {esc.max_steps}"
-        return None
-
-    def _next_cost(self) -> float:
-        """The next model call's cost, extrapolated from the last two (costs tend to grow)."""
-        if not self._last_costs:
-            return 0.0
-        last = self._last_costs[-1]
-        prev = self._last_costs[-2] if len(self._last_costs) > 1 else last
-        return max(last, last + (last - prev))
-
-    def progress(self, note: str = "") -> None:
-        """Say that this step made progress (a new fact, a finished sub-goal)."""
-        self._step_progress = True
-        if note:
-            self.transcript.append({"step": self.steps, "progress": note})
-
-    def observe_state(self, state: Any) -> None:
-        """Record the agent's state; raises Stopped (STATE_CYCLE) when it repeats."""
-        digest = hashlib.sha256(
-            canonical_json(state, ignore=(), path="state").encode("ascii")
-        ).hexdigest()
-        if self._loops.observe_state(digest, self.steps):
-            raise self._halt(
-                StopReason.STATE_CYCLE, f"state at step {self.steps} repeats an earlier one"
-            )
-        self._step_progress = True  # a state never seen before is a new fact
+    progress = _answered_by("_steps", Steps.progress)
+    observe_state = _answered_by("_steps", Steps.observe_state)
 
     def snapshot(self) -> dict[str, Any]:
         """The run as plain data (JSON-able), for a framework that keeps it in its own state
         (LangGraph's checkpoint); ``guard.restore(doc)`` continues it, in any process."""
         from tether.run._snapshot import snapshot
 
-        return snapshot(self)
+        return snapshot(self._state)
 
     def succeed(self, result: Any = None) -> None:
         """The goal is reached: record the result; proceed() returns False from now on."""
-        self._result = result
-        if self._stop is None or self._stop[0] is not StopReason.GOAL_REACHED:
-            self._stop = None
-            self._halt(StopReason.GOAL_REACHED)
+        s = self._state
+        s._result = result
+        if s.stopped is not StopReason.GOAL_REACHED:
+            s._stop = None
+            s._halt(StopReason.GOAL_REACHED)
 
     def stop(self, reason: StopReason, detail: str = "") -> None:
         """End the run now for ``reason``; raises Stopped (swallowed by the with-block)."""
-        raise self._halt(reason, detail)
+        raise self._state._halt(reason, detail)
 
     def fail(self, reason: str = "") -> None:
         """End the run as failed, for a reason the agent's code knows (raises Stopped,
         swallowed by the with-block); the outcome's status is "failed"."""
-        raise self._halt(StopReason.FAILED, reason or "the agent's code gave up")
+        raise self._state._halt(StopReason.FAILED, reason or "the agent's code gave up")
 
     def escalate(self, detail: str = "") -> None:
         """Hand the run to a person now; raises Stopped (swallowed by the with-block)."""
-        self._escalate = True
-        raise self._halt(StopReason.ESCALATED, detail or "escalated by the agent's code")
+        self._state._escalate = True
+        raise self._state._halt(StopReason.ESCALATED, detail or "escalated by the agent's code")

@@ -6,7 +6,7 @@ import json
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tether import telemetry
 from tether._errors import CircuitOpenError
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["RECOVERY_COOLDOWNS", "RunState", "Tail"]
+__all__ = ["RECOVERY_COOLDOWNS", "HasState", "RunState", "Tail"]
 
 #: How long one call may wait for an open breaker's probes, in breaker cooldowns (the
 #: probes follow the dependency, so a short outage costs a short wait).
@@ -76,16 +76,17 @@ class Tail(list[dict[str, Any]]):
 
 
 class RunState:
-    """What a run counts and remembers; the parts of :class:`tether.Run` share it."""
+    """What a run counts and remembers; :class:`tether.Run` owns it and gives it to its
+    parts (each a part of the run that gets this state and the guard's frozen settings)."""
 
     def __init__(
         self,
+        owner: object,
         guard: RunSettings,
         task: str,
         run_id: str,
-        *,
-        key: str | None = None,
-        request: str | None = None,
+        key: str | None,
+        request: str | None,
     ) -> None:
         self.guard = guard
         self.task = task
@@ -101,6 +102,8 @@ class RunState:
             if request is None
             else json.dumps([guard.scope, request], ensure_ascii=False)
         )
+        #: the run that owns this state: what a policy that takes ``run=`` is given
+        self.owner = owner
         self.clock = guard.clock
         self.budget = guard.budget
         self._loops = LoopState(guard.loops)
@@ -194,18 +197,14 @@ class RunState:
 
     @property
     def total_tokens(self) -> int:
-        return (
-            self.input_tokens
-            + self.output_tokens
-            + self.cache_write_tokens
-            + self.cache_read_tokens
-        )
+        return self.usage().total_tokens
 
     @property
     def stopped(self) -> StopReason | None:
         return self._stop[0] if self._stop else None
 
     def usage(self) -> Usage:
+        """What the run has used so far."""
         return Usage(
             self.steps,
             self.model_calls,
@@ -230,12 +229,12 @@ class RunState:
             return _describe(self._labels.get(tool, ""), args, result)
         return describe(tool, args, result)
 
-    # --- the run protocol: what a shell or an adapter drives a run with (docs/run.md) ------
+    # --- the run protocol (docs/run.md): the state's part, which the parts use too ----
 
     def time_left(self) -> float | None:
         """The run's time budget left, in seconds (the deadline of the next call); None
         when the run has no time budget. Never 0: a spent budget is a tiny positive number,
-        and :meth:`Run.proceed` stops the run ``TIMEOUT``."""
+        and :meth:`tether.Run.proceed` stops the run ``TIMEOUT``."""
         b = self.budget.max_seconds
         return None if b is None else max(1e-9, b - self.elapsed)
 
@@ -243,12 +242,6 @@ class RunState:
     def stop_detail(self) -> str:
         """Why the run stopped, in words ("" while it runs); the reason is :attr:`stopped`."""
         return self._stop[1] if self._stop else ""
-
-    def halt(self, reason: StopReason, detail: str = "") -> Stopped:
-        """Record that the run stops for ``reason`` without raising; returns the
-        :class:`tether.Stopped` to raise. The first stop wins: a later one returns the
-        first one's Stopped. (:meth:`Run.stop` is the form that raises.)"""
-        return self._halt(reason, detail)
 
     def note_error(self, exc: BaseException) -> None:
         """Keep the (redacted) type and message of the failure that ends the run, for
@@ -263,7 +256,7 @@ class RunState:
 
     def count_retries(self, n: int = 1) -> None:
         """Count ``n`` retries into the run's usage (for a framework that makes a request's
-        attempts itself); :meth:`retry_model_call` counts its own."""
+        attempts itself); :meth:`tether.Run.retry_model_call` counts its own."""
         self.retries += n
 
     def breaker_wait(
@@ -316,7 +309,9 @@ class RunState:
                 waited += wait
 
     def _halt(self, reason: StopReason, detail: str = "") -> Stopped:
-        """Record the first stop condition; later ones do not overwrite it."""
+        """Record that the run stops for ``reason`` without raising; returns the
+        :class:`tether.Stopped` to raise. The first stop wins: a later one returns the
+        first one's Stopped. (:meth:`tether.Run.stop` is the form that raises.)"""
         if self._stop is None:
             self._stop = (reason, detail)
             _log.info(
@@ -335,3 +330,11 @@ class RunState:
                 )
         reason, detail = self._stop
         return Stopped(reason, detail)
+
+    halt = _halt
+
+
+class HasState(Protocol):
+    """What owns a run's state (a :class:`tether.Run`), for the modules that rebuild one."""
+
+    _state: RunState

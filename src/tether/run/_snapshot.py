@@ -19,12 +19,12 @@ from tether.records._approvals import ApprovalRecord
 from tether.redaction._redact import PlainEntry, RecordedEntry
 from tether.run._governance import JournalEntry
 from tether.run._outcome import StopReason, Usage
-from tether.run._runstate import RunState, Tail
+from tether.run._runstate import HasState, RunState, Tail
 
 if TYPE_CHECKING:
     from tether.run._settings import RunSettings
 
-R = TypeVar("R", bound=RunState)
+R = TypeVar("R", bound=HasState)
 
 __all__ = ["SNAPSHOT_VERSION", "restore", "snapshot"]
 
@@ -138,49 +138,50 @@ def restore(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R]) 
         key=key if isinstance(key, str) else None,
         request=request if isinstance(request, str) else None,
     )
+    s = run._state
     usage = Usage(
         **{name: int(_field(doc, name, int)) for name in _COUNTS},
         cost_usd=float(_field(doc, "cost_usd", (int, float))),
         seconds=float(_field(doc, "elapsed", (int, float))),
     )
-    run._restore(usage, [], [])
-    run.partial = _untail(guard.keep_last, doc.get("partial"))
-    run.transcript = _untail(guard.keep_last, doc.get("transcript"))
-    run._error = doc.get("error") if isinstance(doc.get("error"), str) else None
-    run._checked_models = {str(m) for m in doc.get("checked_models") or ()}
-    run._last_costs = [float(c) for c in doc.get("last_costs") or ()]
-    run._last_tokens = int(doc.get("last_tokens") or 0)
+    s._restore(usage, [], [])
+    s.partial = _untail(guard.keep_last, doc.get("partial"))
+    s.transcript = _untail(guard.keep_last, doc.get("transcript"))
+    s._error = doc.get("error") if isinstance(doc.get("error"), str) else None
+    s._checked_models = {str(m) for m in doc.get("checked_models") or ()}
+    s._last_costs = [float(c) for c in doc.get("last_costs") or ()]
+    s._last_tokens = int(doc.get("last_tokens") or 0)
     max_steps = doc.get("max_steps")
-    run._max_steps = max_steps if isinstance(max_steps, int) else guard.budget.max_steps
-    run._effects = [(str(t), a, str(k)) for t, a, k in doc.get("effects") or ()]
-    run._labels = {str(k): str(v) for k, v in (doc.get("labels") or {}).items()}
-    run._tool_counts = Counter({str(k): int(v) for k, v in (doc.get("tool_counts") or {}).items()})
-    run._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
-    run._compensated = list(doc.get("compensated") or ())
+    s._max_steps = max_steps if isinstance(max_steps, int) else guard.budget.max_steps
+    s._effects = [(str(t), a, str(k)) for t, a, k in doc.get("effects") or ()]
+    s._labels = {str(k): str(v) for k, v in (doc.get("labels") or {}).items()}
+    s._tool_counts = Counter({str(k): int(v) for k, v in (doc.get("tool_counts") or {}).items()})
+    s._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
+    s._compensated = list(doc.get("compensated") or ())
     pending = doc.get("pending")
-    run._pending = ApprovalRecord.from_doc(dict(pending)) if isinstance(pending, Mapping) else None
-    run._unconfirmed = [str(t) for t in doc.get("unconfirmed") or ()]
-    run._failures = Counter(
+    s._pending = ApprovalRecord.from_doc(dict(pending)) if isinstance(pending, Mapping) else None
+    s._unconfirmed = [str(t) for t in doc.get("unconfirmed") or ()]
+    s._failures = Counter(
         {(str(a), str(b), str(c)): int(n) for a, b, c, n in doc.get("failures") or ()}
     )
-    run._results = OrderedDict((str(r), None) for r in doc.get("results") or ())
-    run._no_progress = int(doc.get("no_progress") or 0)
-    run._step_progress = bool(doc.get("step_progress"))
-    run._step_counted = bool(doc.get("step_counted"))
-    run._step_calls = int(doc.get("step_calls") or 0)
+    s._results = OrderedDict((str(r), None) for r in doc.get("results") or ())
+    s._no_progress = int(doc.get("no_progress") or 0)
+    s._step_progress = bool(doc.get("step_progress"))
+    s._step_counted = bool(doc.get("step_counted"))
+    s._step_calls = int(doc.get("step_calls") or 0)
     stop = doc.get("stop")
     if stop:
-        run._stop = (StopReason(stop[0]), str(stop[1]))
-    run._escalate = bool(doc.get("escalate"))
-    run._result = doc.get("result")
-    run._issues = [str(i) for i in doc.get("issues") or ()]
+        s._stop = (StopReason(stop[0]), str(stop[1]))
+    s._escalate = bool(doc.get("escalate"))
+    s._result = doc.get("result")
+    s._issues = [str(i) for i in doc.get("issues") or ()]
     resumed = doc.get("resumed_from")
-    run._resumed_from = resumed if isinstance(resumed, str) else None
-    run._began = bool(doc.get("began"))
+    s._resumed_from = resumed if isinstance(resumed, str) else None
+    s._began = bool(doc.get("began"))
     resumed_stop = doc.get("resumed_stop")
     if resumed_stop:
-        run._resumed_stop = (StopReason(resumed_stop[0]), str(resumed_stop[1]))
-    loops, saved = run._loops, doc.get("loops") or {}
+        s._resumed_stop = (StopReason(resumed_stop[0]), str(resumed_stop[1]))
+    loops, saved = s._loops, doc.get("loops") or {}
     loops._recent = deque(str(a) for a in saved.get("recent") or ())
     loops._counts = Counter({str(k): int(v) for k, v in (saved.get("counts") or {}).items()})
     loops._allowed = Counter({str(k): int(v) for k, v in (saved.get("allowed") or {}).items()})
