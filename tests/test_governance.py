@@ -443,6 +443,7 @@ def test_run_agent_waits_for_approval_and_resumes_with_the_pending_call(
 
 
 def test_openai_pending_calls_are_the_unanswered_ones() -> None:
+    from tether.integrations._loop import agent_call
     from tether.integrations.openai import _setup
 
     history = [{"role": "user", "content": "hi"},
@@ -450,9 +451,9 @@ def test_openai_pending_calls_are_the_unanswered_ones() -> None:
                    {"id": "c1", "type": "function", "function": {"name": "a", "arguments": "{}"}},
                    {"id": "c2", "type": "function", "function": {"name": "b", "arguments": '{"x": 1}'}}]},
                {"role": "tool", "tool_call_id": "c1", "content": "done"}]  # fmt: skip
-    turns = _setup(history, [], "gpt-5", None, None, True, {})
+    turns = _setup(agent_call(model="gpt-5", messages=history, max_tokens=None))
     assert [(u.id, u.name, u.args) for u in turns.pending()] == [("c2", "b", {"x": 1})]
-    assert _setup(history[:1], [], "gpt-5", None, None, True, {}).pending() == []
+    assert _setup(agent_call(model="gpt-5", messages=history[:1])).pending() == []
 
 
 def test_tool_rejects_bad_governance_fields() -> None:

@@ -71,6 +71,7 @@ if TYPE_CHECKING:
         register_secrets,
     )
     from tether.run._budget import Budget
+    from tether.run._fallbacks import Fallback
     from tether.run._governance import ApprovalRejected, PolicyDenied
     from tether.run._guard import Guard
     from tether.run._handoff import CustomerMessages, Escalation, HandoffRecord, webhook
@@ -101,6 +102,7 @@ _LAZY: dict[str, str] = {
     "DeadLetters": "tether.records._collections",
     "EffectFailed": "tether.effects._ledger",
     "Escalation": "tether.run._handoff",
+    "Fallback": "tether.run._fallbacks",
     "Guard": "tether.run._guard",
     "HandoffRecord": "tether.run._handoff",
     "Handoffs": "tether.records._collections",
@@ -180,6 +182,7 @@ __all__ = [
     "EffectInProgress",
     "EffectNotRecorded",
     "Escalation",
+    "Fallback",
     "Guard",
     "HandoffRecord",
     "Handoffs",

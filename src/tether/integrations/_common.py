@@ -14,8 +14,10 @@ from typing import Any, ClassVar, TypeVar
 from tether import Run, Tool, telemetry
 from tether.guards._breaker import breakers
 from tether.guards._tokens import budgets_for
+from tether.integrations._fallbacks import acall_chain, call_chain, candidates, check_chain
 from tether.integrations._tokens import TokenGate, gate_for
 from tether.retries._policy import RetryPolicy
+from tether.run._fallbacks import fallback_chain
 
 __all__ = ["AsyncGuardedStream", "Guarded", "GuardedStream", "Tool"]
 
@@ -201,10 +203,13 @@ def _int_or_none(value: Any) -> int | None:
 class _Endpoint:
     """One SDK method (``messages.create``...), called through the policy and counted."""
 
-    def __init__(self, owner: Guarded, target: Any, count: Callable[[Run, Any], None]) -> None:
+    def __init__(
+        self, owner: Guarded, target: Any, count: Callable[[Run, Any], None], path: str
+    ) -> None:
         self._owner = owner
         self._target = target
         self._count = count
+        self._path = path  # "messages.create": the same endpoint on a fallback's client
 
     def _prepare(self, kwargs: dict[str, Any]) -> float | None:
         """Check the run before a paid request; the time it has left (the retries' deadline)."""
@@ -235,9 +240,36 @@ class _Endpoint:
             run.count_retries(self._owner.policy.statistics.retries)
 
     def __call__(self, **kwargs: Any) -> Any:
+        chain = candidates(self._owner, str(kwargs.get("model") or ""))
+        if len(chain) == 1:
+            return self._one(kwargs)
+        if self._owner.is_async:
+            return acall_chain(chain, self._asend_to, kwargs)
+        return call_chain(chain, self._send_to, kwargs)
+
+    def _on(self, client: Guarded) -> _Endpoint:
+        """This endpoint on ``client`` (a fallback's own client)."""
+        if client is self._owner:
+            return self
+        target = client.raw
+        for part in self._path.split("."):
+            target = getattr(target, part)
+        return _Endpoint(client, target, self._count, self._path)
+
+    def _send_to(self, client: Guarded, kwargs: dict[str, Any], last: bool) -> Any:
+        return self._on(client)._one(kwargs, last)
+
+    async def _asend_to(self, client: Guarded, kwargs: dict[str, Any], last: bool) -> Any:
+        return await self._on(client)._one(kwargs, last)
+
+    def _one(self, kwargs: dict[str, Any], last: bool = True) -> Any:
+        """The request to one model: its checks, its token budget's wait (a wait past the
+        run's time stops the run, unless a fallback comes after: ``last``), its attempts."""
         owner = self._owner
         left = self._prepare(kwargs)
-        gate = gate_for(owner.token_budgets, owner.run, owner.provider, self._target, kwargs)
+        gate = gate_for(
+            owner.token_budgets, owner.run, owner.provider, self._target, kwargs, halts=last
+        )
         if owner.is_async:
             return self._acall(kwargs, left, gate)
         if gate is not None:  # the token budget's wait, before the retry loop
@@ -470,7 +502,7 @@ class _Node:
         value = getattr(self._target, name)
         endpoints = self._owner.namespaces.get(self._path, {})
         if name in endpoints:
-            return _Endpoint(self._owner, value, endpoints[name])
+            return _Endpoint(self._owner, value, endpoints[name], f"{self._path}.{name}")
         return self._owner._wrap(value, f"{self._path}.{name}")
 
 
@@ -486,11 +518,13 @@ class Guarded:
         policy: RetryPolicy | None = None,
         run: Run | None = None,
         token_budget: Any = None,
+        fallbacks: Any = None,
     ) -> None:
         #: the provider token budgets of this client's calls (besides its run's guard's)
         self.token_budgets = budgets_for(
             token_budget if token_budget is not None else getattr(client, "token_budgets", None)
         )
+        inherited_fallbacks = getattr(client, "fallbacks", None)
         if isinstance(client, Guarded):
             client = client.raw
         self.raw: Any = client.with_options(max_retries=0)
@@ -503,6 +537,10 @@ class Guarded:
         if run is not None and policy is None:
             self.policy = self.policy.replace(clock=run.clock)
         self.run = run
+        #: the models a request goes to when its own cannot answer (tether.Fallback)
+        self.fallbacks = check_chain(
+            self, fallback_chain(fallbacks if fallbacks is not None else inherited_fallbacks)
+        )
 
     def _default_policy(self, client: Any) -> RetryPolicy:
         """Five attempts, and a breaker per provider and base URL whose threshold is twice
@@ -526,6 +564,12 @@ class Guarded:
         clone.run = run
         if run is not None:
             clone.policy = self.policy.replace(clock=run.clock)
+        return clone
+
+    def with_fallbacks(self, fallbacks: Any) -> Guarded:
+        """The same client with the fallback chain ``fallbacks`` (:class:`tether.Fallback`)."""
+        clone = self.bind(self.run)
+        clone.fallbacks = check_chain(self, fallback_chain(fallbacks))
         return clone
 
     def _wrap(self, value: Any, path: str) -> Any:

@@ -9,29 +9,156 @@ conversation lives in ``run.messages``, so the outcome carries it.
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Concatenate, ParamSpec
 
-from tether import Guard, Run, Stopped, StopReason, Tool, ToolError, UnknownModelError
+from tether import Guard, Outcome, Run, Stopped, StopReason, Tool, ToolError, UnknownModelError
 from tether.integrations._common import (
     Guarded,
     malformed_arguments,
     require_a_place_to_wait,
+    require_sync_tools,
     result_text,
     unknown_tool,
 )
+from tether.run._fallbacks import Fallback, fallback_chain
 
 __all__ = [
+    "AgentCall",
+    "Provider",
     "ToolUse",
     "Turns",
     "acall_model",
+    "agent_call",
+    "agent_shells",
     "arun_loop",
-    "async_client",
     "call_model",
     "run_loop",
     "task_of",
 ]
+
+P = ParamSpec("P")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCall:
+    """The options of one ``run_agent`` / ``arun_agent`` call, checked."""
+
+    model: str
+    messages: tuple[dict[str, Any], ...]
+    tools: tuple[Tool, ...]
+    guard: Guard
+    max_tokens: int | None
+    system: str | None
+    task: str
+    continue_on_max_tokens: bool
+    resume: str | None
+    key: str | None
+    fallbacks: tuple[Fallback, ...]
+    create_kwargs: dict[str, Any]
+
+
+def agent_call(
+    *,
+    model: str,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[Tool] = (),
+    guard: Guard | None = None,
+    max_tokens: int | None = 1024,
+    system: str | None = None,
+    task: str = "",
+    continue_on_max_tokens: bool = True,
+    resume: str | None = None,
+    key: str | None = None,
+    fallbacks: Sequence[Fallback | str] | None = None,
+    **create_kwargs: Any,
+) -> AgentCall:
+    """The keyword arguments of ``run_agent`` and ``arun_agent`` (both providers)."""
+    guard = guard or Guard()
+    chain = fallback_chain(fallbacks) if fallbacks is not None else guard.fallbacks
+    return AgentCall(
+        model,
+        tuple(dict(m) for m in messages),
+        tuple(tools),
+        guard,
+        max_tokens,
+        system,
+        task,
+        continue_on_max_tokens,
+        resume,
+        key,
+        chain,
+        create_kwargs,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Provider:
+    """What the agent loop needs of one provider."""
+
+    #: the guarded client of a raw SDK client (``guarded(client)``)
+    guarded: Callable[[Any], Guarded]
+    #: the conversation's turns for a call
+    turns: Callable[[AgentCall], Turns]
+    #: the endpoint a guarded client's requests go to (``client.messages.create``)
+    endpoint: Callable[[Guarded], Callable[..., Any]]
+    #: the async SDK client ``arun_agent`` needs, named in its error
+    async_client: str
+
+    def client(self, client: Any, call: AgentCall) -> Guarded:
+        """The guarded client of the loop: the caller's, with the call's fallbacks."""
+        guarded = client if isinstance(client, Guarded) else self.guarded(client)
+        return guarded.with_fallbacks(call.fallbacks) if call.fallbacks else guarded
+
+
+def with_models(outcome: Outcome, turns: Turns) -> Outcome:
+    """The outcome, naming the models that answered (when the run did not)."""
+    if outcome.models or not turns.models:
+        return outcome
+    return replace(outcome, models=tuple(turns.models))
+
+
+def agent_shells(
+    provider: Provider, options: Callable[P, AgentCall], module: str, docs: tuple[str, str]
+) -> tuple[
+    Callable[Concatenate[Any, P], Outcome],
+    Callable[Concatenate[Any, P], Coroutine[Any, Any, Outcome]],
+]:
+    """A provider's ``run_agent`` and ``arun_agent``: one set of options (``options``'s
+    signature), one loop, two shells."""
+
+    def run_agent(client: Any, /, *args: P.args, **kwargs: P.kwargs) -> Outcome:
+        call = options(*args, **kwargs)
+        require_sync_tools(call.tools)
+        turns = provider.turns(call)
+        task = task_of(turns.history, call.task)
+        with open_run(call.guard, call.resume, task, call.key, call.tools) as run:
+            run_loop(run, turns, provider.endpoint(provider.client(client, call).bind(run)))
+        return with_models(run.outcome, turns)
+
+    async def arun_agent(client: Any, /, *args: P.args, **kwargs: P.kwargs) -> Outcome:
+        call = options(*args, **kwargs)
+        turns = provider.turns(call)
+        guarded = provider.client(client, call)
+        if not guarded.is_async:
+            raise TypeError(
+                f"arun_agent needs an async client ({provider.async_client}); use run_agent"
+            )
+        task = task_of(turns.history, call.task)
+        async with open_run(call.guard, call.resume, task, call.key, call.tools) as run:
+            await arun_loop(run, turns, provider.endpoint(guarded.bind(run)))
+        return with_models(run.outcome, turns)
+
+    signature = inspect.signature(options)
+    client = inspect.Parameter("client", inspect.Parameter.POSITIONAL_ONLY, annotation="Any")
+    for shell, doc in zip((run_agent, arun_agent), docs, strict=True):
+        shell.__module__, shell.__doc__ = module, doc
+        shell.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[client, *signature.parameters.values()], return_annotation="Outcome"
+        )
+    return run_agent, arun_agent
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +190,15 @@ class Turns(abc.ABC):
         self.limit = limit
         self.extend = continue_on_max_tokens
         self.extended = False
+        #: the models that answered, each once, in the order they first did
+        self.models: list[str] = []
+
+    def answered(self, reply: Any) -> Any:
+        """Note the model that gave ``reply`` (a fallback's, maybe); the reply."""
+        model = getattr(reply, "model", None)
+        if isinstance(model, str) and model and model not in self.models:
+            self.models.append(model)
+        return reply
 
     def request(self) -> dict[str, Any]:
         """The keyword arguments of the next model call."""
@@ -113,14 +249,6 @@ def task_of(history: list[Any], task: str = "") -> str:
         if m.get("role") == "user" and isinstance(m.get("content"), str):
             return str(m["content"])[:200]
     return ""
-
-
-def async_client(client: Any, make: Callable[[Any], Guarded], loop: str) -> Guarded:
-    """The guarded async client ``arun_agent`` needs; a sync one is refused before any run."""
-    guarded = client if isinstance(client, Guarded) else make(client)
-    if not guarded.is_async:
-        raise TypeError(f"arun_agent needs an async client ({loop}); use run_agent")
-    return guarded
 
 
 def _prepare(
@@ -195,7 +323,7 @@ def run_loop(run: Run, turns: Turns, create: Callable[..., Any]) -> None:
     if pending:
         turns.answer([run_tool(run, turns, use) for use in pending])
     while run.proceed():
-        uses = turns.read(run, call_model(run, create, **turns.request()))
+        uses = turns.read(run, turns.answered(call_model(run, create, **turns.request())))
         if uses:
             turns.answer([run_tool(run, turns, use) for use in uses])
         elif uses is not None:
@@ -209,7 +337,8 @@ async def arun_loop(run: Run, turns: Turns, create: Callable[..., Awaitable[Any]
     if pending:
         turns.answer([await arun_tool(run, turns, use) for use in pending])
     while run.proceed():
-        uses = turns.read(run, await acall_model(run, create, **turns.request()))
+        reply = await acall_model(run, create, **turns.request())
+        uses = turns.read(run, turns.answered(reply))
         if uses:
             turns.answer([await arun_tool(run, turns, use) for use in uses])
         elif uses is not None:

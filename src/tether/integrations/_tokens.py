@@ -68,9 +68,13 @@ class TokenGate:
         run: Run | None,
         kwargs: dict[str, Any],
         raw: Callable[..., Any] | None,
+        halts: bool = True,
     ) -> None:
         self.budget = budget
         self.run = run
+        #: a wait past the run's time stops the run (False: a fallback model comes next,
+        #: and the LimiterTimeout itself is raised)
+        self.halts = halts
         self.estimate = estimate_tokens(
             kwargs.get("system"), kwargs.get("messages"), kwargs.get("tools")
         )
@@ -91,7 +95,7 @@ class TokenGate:
         }
 
     def _timeout(self, exc: LimiterTimeout) -> BaseException:
-        if self.run is None:
+        if self.run is None or not self.halts:
             return exc
         return self.run.halt(
             StopReason.TIMEOUT,
@@ -180,12 +184,14 @@ def gate_for(
     provider: str,
     target: Any,
     kwargs: dict[str, Any],
+    *,
+    halts: bool = True,
 ) -> TokenGate | None:
     """The gate of a request: None when no budget (the client's, then the run's guard's)
-    covers its model."""
+    covers its model. ``halts``: see :attr:`TokenGate.halts`."""
     if run is not None:
         budgets = budgets + tuple(getattr(run.guard, "token_budgets", ()))
     budget = budget_for(budgets, str(kwargs.get("model") or ""), provider)
     if budget is None:
         return None
-    return TokenGate(budget, run, kwargs, _raw_twin(target))
+    return TokenGate(budget, run, kwargs, _raw_twin(target), halts)

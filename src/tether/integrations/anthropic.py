@@ -12,18 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from tether import Guard, Outcome, Run, StopReason, Tool
-from tether.integrations._common import Guarded, require_sync_tools
-from tether.integrations._loop import (
-    ToolUse,
-    Turns,
-    arun_loop,
-    async_client,
-    open_run,
-    run_loop,
-    task_of,
-)
+from tether import Run, StopReason, Tool
+from tether.integrations._common import Guarded
+from tether.integrations._loop import AgentCall, Provider, ToolUse, Turns, agent_call, agent_shells
 from tether.retries._policy import RetryPolicy
+from tether.run._fallbacks import Fallback
 
 __all__ = ["GuardedAnthropic", "Tool", "arun_agent", "guarded", "run_agent"]
 
@@ -54,6 +47,7 @@ def guarded(
     run: Run | None = None,
     *,
     token_budget: Any = None,
+    fallbacks: Sequence[Fallback | str] | None = None,
 ) -> GuardedAnthropic:
     """``client`` (``anthropic.Anthropic`` or ``AsyncAnthropic``) under tether's policy.
 
@@ -63,8 +57,15 @@ def guarded(
     ``token_budget``: a :class:`tether.TokenBudget` (or several): every attempt waits for
     its place in the budget of its model, and the responses' rate-limit headers calibrate
     it (a run's guard may bring budgets too: ``Guard(token_budget=...)``).
+
+    ``fallbacks``: the models a request goes to, in order, when its own cannot answer
+    (its provider's breaker open, a spend limit, a token-budget wait past the run's time):
+    ``[tether.Fallback("claude-haiku-4-5")]``; Anthropic models only (a guarded client
+    sends Anthropic requests). Without it, the run's guard's (``Guard(fallbacks=...)``).
     """
-    return GuardedAnthropic(client, policy=policy, run=run, token_budget=token_budget)
+    return GuardedAnthropic(
+        client, policy=policy, run=run, token_budget=token_budget, fallbacks=fallbacks
+    )
 
 
 def _tool_param(tool: Tool) -> dict[str, Any]:
@@ -127,87 +128,42 @@ class _Turns(Turns):
         self.history.append({"role": "user", "content": blocks})
 
 
-def _setup(
-    messages: Sequence[dict[str, Any]],
-    tools: Sequence[Tool],
-    model: str,
-    max_tokens: int,
-    system: str | None,
-    continue_on_max_tokens: bool,
-    create_kwargs: dict[str, Any],
-) -> _Turns:
-    params: dict[str, Any] = {"model": model, **create_kwargs}
-    if tools:
-        params["tools"] = [_tool_param(t) for t in tools]
-    if system is not None:
-        params["system"] = system
-    limit = params.pop("max_tokens", max_tokens)
+def _setup(call: AgentCall) -> _Turns:
+    params: dict[str, Any] = {"model": call.model, **call.create_kwargs}
+    if call.tools:
+        params["tools"] = [_tool_param(t) for t in call.tools]
+    if call.system is not None:
+        params["system"] = call.system
+    limit = params.pop("max_tokens", call.max_tokens)
+    if limit is None:
+        raise ValueError("max_tokens must be an int: the Messages API requires it")
     return _Turns(
-        tools, [dict(m) for m in messages], params, "max_tokens", limit, continue_on_max_tokens
+        call.tools, list(call.messages), params, "max_tokens", limit, call.continue_on_max_tokens
     )
 
 
-def run_agent(
-    client: Any,
-    *,
-    model: str,
-    messages: Sequence[dict[str, Any]],
-    tools: Sequence[Tool] = (),
-    guard: Guard | None = None,
-    max_tokens: int = 1024,
-    system: str | None = None,
-    task: str = "",
-    continue_on_max_tokens: bool = True,
-    resume: str | None = None,
-    key: str | None = None,
-    **create_kwargs: Any,
-) -> Outcome:
-    """The whole tool-use loop under ``guard``, ending in an :class:`tether.Outcome`.
+_RUN_AGENT = """The whole tool-use loop under ``guard``, ending in an :class:`tether.Outcome`.
 
-    A reply with no tool use (``end_turn``) is the answer. ``max_tokens`` is never an
-    answer: the request is repeated once with twice the limit (``continue_on_max_tokens``),
-    then the run stops with ``TRUNCATED``. ``refusal`` stops with ``REFUSED``;
-    ``pause_turn`` continues. Tool calls go through ``run.call_tool``; their errors go
-    back to the model as ``is_error`` tool results, never as raw exception text.
-    ``outcome.messages`` is the whole conversation, to continue it with the next turn.
-    ``resume=outcome.checkpoint_id`` (with ``messages=outcome.messages``) continues a run
-    that stopped, e.g. for an approval: the tool calls its last reply asked for and that
-    have no results yet run first, then the loop goes on. ``key`` names the request the run
-    serves (``guard.start(task, key=...)``): runs with one key do their effects once.
-    """
-    require_sync_tools(tools)
-    turns = _setup(
-        messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
-    )
-    guard = guard or Guard()
-    with open_run(guard, resume, task_of(turns.history, task), key, tools) as run:
-        gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
-        run_loop(run, turns, gc.messages.create)
-    return run.outcome
+A reply with no tool use (``end_turn``) is the answer. ``max_tokens`` is never an
+answer: the request is repeated once with twice the limit (``continue_on_max_tokens``),
+then the run stops with ``TRUNCATED``. ``refusal`` stops with ``REFUSED``;
+``pause_turn`` continues. Tool calls go through ``run.call_tool``; their errors go
+back to the model as ``is_error`` tool results, never as raw exception text.
+``outcome.messages`` is the whole conversation, to continue it with the next turn.
+``resume=outcome.checkpoint_id`` (with ``messages=outcome.messages``) continues a run
+that stopped, e.g. for an approval: the tool calls its last reply asked for and that
+have no results yet run first, then the loop goes on. ``key`` names the request the run
+serves (``guard.start(task, key=...)``): runs with one key do their effects once.
+``fallbacks``: the models to ask when ``model`` cannot answer (default: the guard's;
+see :class:`tether.Fallback`); ``outcome.models`` names the models that answered.
+"""
 
+_ARUN_AGENT = """The async form of :func:`run_agent`, for ``anthropic.AsyncAnthropic``: async tools
+are awaited, sync tools run in a worker thread."""
 
-async def arun_agent(
-    client: Any,
-    *,
-    model: str,
-    messages: Sequence[dict[str, Any]],
-    tools: Sequence[Tool] = (),
-    guard: Guard | None = None,
-    max_tokens: int = 1024,
-    system: str | None = None,
-    task: str = "",
-    continue_on_max_tokens: bool = True,
-    resume: str | None = None,
-    key: str | None = None,
-    **create_kwargs: Any,
-) -> Outcome:
-    """The async form of :func:`run_agent`, for ``anthropic.AsyncAnthropic``: async tools
-    are awaited, sync tools run in a worker thread."""
-    turns = _setup(
-        messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
-    )
-    client = async_client(client, guarded, "anthropic.AsyncAnthropic")
-    guard = guard or Guard()
-    async with open_run(guard, resume, task_of(turns.history, task), key, tools) as run:
-        await arun_loop(run, turns, client.bind(run).messages.create)
-    return run.outcome
+run_agent, arun_agent = agent_shells(
+    Provider(guarded, _setup, lambda client: client.messages.create, "anthropic.AsyncAnthropic"),
+    agent_call,
+    __name__,
+    (_RUN_AGENT, _ARUN_AGENT),
+)

@@ -11,18 +11,11 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from tether import Guard, Outcome, Run, StopReason, Tool
-from tether.integrations._common import Guarded, require_sync_tools
-from tether.integrations._loop import (
-    ToolUse,
-    Turns,
-    arun_loop,
-    async_client,
-    open_run,
-    run_loop,
-    task_of,
-)
+from tether import Run, StopReason, Tool
+from tether.integrations._common import Guarded
+from tether.integrations._loop import AgentCall, Provider, ToolUse, Turns, agent_call, agent_shells
 from tether.retries._policy import RetryPolicy
+from tether.run._fallbacks import Fallback
 
 __all__ = ["GuardedOpenAI", "Tool", "arun_agent", "guarded", "run_agent"]
 
@@ -70,11 +63,15 @@ def guarded(
     run: Run | None = None,
     *,
     token_budget: Any = None,
+    fallbacks: Sequence[Fallback | str] | None = None,
 ) -> GuardedOpenAI:
     """``client`` (``openai.OpenAI`` or ``AsyncOpenAI``) under tether's policy; with
     ``token_budget``, every attempt waits for its place in the budget of its model (see
-    :func:`tether.integrations.anthropic.guarded`)."""
-    return GuardedOpenAI(client, policy=policy, run=run, token_budget=token_budget)
+    :func:`tether.integrations.anthropic.guarded`); ``fallbacks``: OpenAI models to ask
+    when the request's own cannot answer (``[tether.Fallback("gpt-5-mini")]``)."""
+    return GuardedOpenAI(
+        client, policy=policy, run=run, token_budget=token_budget, fallbacks=fallbacks
+    )
 
 
 def _tool_param(tool: Tool) -> dict[str, Any]:
@@ -153,84 +150,40 @@ def _arguments(raw: str | None) -> dict[str, Any] | None:
 _LIMITS = ("max_completion_tokens", "max_tokens")
 
 
-def _setup(
-    messages: Sequence[dict[str, Any]],
-    tools: Sequence[Tool],
-    model: str,
-    max_tokens: int | None,
-    system: str | None,
-    continue_on_max_tokens: bool,
-    create_kwargs: dict[str, Any],
-) -> _Turns:
-    history = [dict(m) for m in messages]
-    if system is not None:
-        history.insert(0, {"role": "system", "content": system})
-    params: dict[str, Any] = {"model": model, **create_kwargs}
-    if tools:
-        params["tools"] = [_tool_param(t) for t in tools]
+def _setup(call: AgentCall) -> _Turns:
+    history = list(call.messages)
+    if call.system is not None:
+        history.insert(0, {"role": "system", "content": call.system})
+    params: dict[str, Any] = {"model": call.model, **call.create_kwargs}
+    if call.tools:
+        params["tools"] = [_tool_param(t) for t in call.tools]
     # one limit, sent as max_completion_tokens (max_tokens is deprecated, and refused by
     # reasoning models); the caller's own value wins, None sends none
     given = [params.pop(name) for name in _LIMITS if name in params]
-    limit = given[0] if given else max_tokens
-    return _Turns(tools, history, params, "max_completion_tokens", limit, continue_on_max_tokens)
-
-
-def run_agent(
-    client: Any,
-    *,
-    model: str,
-    messages: Sequence[dict[str, Any]],
-    tools: Sequence[Tool] = (),
-    guard: Guard | None = None,
-    max_tokens: int | None = 1024,
-    system: str | None = None,
-    task: str = "",
-    continue_on_max_tokens: bool = True,
-    resume: str | None = None,
-    key: str | None = None,
-    **create_kwargs: Any,
-) -> Outcome:
-    """The chat-completions tool loop under ``guard``, ending in an :class:`tether.Outcome`.
-
-    ``finish_reason == "stop"`` is the answer; ``"length"`` is never one (repeated once
-    with twice the limit, then ``TRUNCATED``); ``"content_filter"`` stops with
-    ``REFUSED``. Malformed tool arguments become a tool error the model can correct,
-    counted toward identical failures. The limit is sent as ``max_completion_tokens``
-    (``max_tokens=None`` sends none). ``outcome.messages`` is the whole conversation.
-    """
-    require_sync_tools(tools)
-    turns = _setup(
-        messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
+    limit = given[0] if given else call.max_tokens
+    return _Turns(
+        call.tools, history, params, "max_completion_tokens", limit, call.continue_on_max_tokens
     )
-    guard = guard or Guard()
-    with open_run(guard, resume, task_of(turns.history, task), key, tools) as run:
-        gc = (client if isinstance(client, Guarded) else guarded(client)).bind(run)
-        run_loop(run, turns, gc.chat.completions.create)
-    return run.outcome
 
 
-async def arun_agent(
-    client: Any,
-    *,
-    model: str,
-    messages: Sequence[dict[str, Any]],
-    tools: Sequence[Tool] = (),
-    guard: Guard | None = None,
-    max_tokens: int | None = 1024,
-    system: str | None = None,
-    task: str = "",
-    continue_on_max_tokens: bool = True,
-    resume: str | None = None,
-    key: str | None = None,
-    **create_kwargs: Any,
-) -> Outcome:
-    """The async form of :func:`run_agent`, for ``openai.AsyncOpenAI``: async tools are
-    awaited, sync tools run in a worker thread."""
-    turns = _setup(
-        messages, tools, model, max_tokens, system, continue_on_max_tokens, create_kwargs
-    )
-    client = async_client(client, guarded, "openai.AsyncOpenAI")
-    guard = guard or Guard()
-    async with open_run(guard, resume, task_of(turns.history, task), key, tools) as run:
-        await arun_loop(run, turns, client.bind(run).chat.completions.create)
-    return run.outcome
+_RUN_AGENT = """The chat-completions tool loop under ``guard``, ending in an :class:`tether.Outcome`.
+
+``finish_reason == "stop"`` is the answer; ``"length"`` is never one (repeated once
+with twice the limit, then ``TRUNCATED``); ``"content_filter"`` stops with
+``REFUSED``. Malformed tool arguments become a tool error the model can correct,
+counted toward identical failures. The limit is sent as ``max_completion_tokens``
+(``max_tokens=None`` sends none). ``outcome.messages`` is the whole conversation.
+``fallbacks``: the models to ask when ``model`` cannot answer (default: the guard's;
+see :class:`tether.Fallback`); ``outcome.models`` names the models that answered.
+The other options are those of :func:`tether.integrations.anthropic.run_agent`.
+"""
+
+_ARUN_AGENT = """The async form of :func:`run_agent`, for ``openai.AsyncOpenAI``: async tools are
+awaited, sync tools run in a worker thread."""
+
+run_agent, arun_agent = agent_shells(
+    Provider(guarded, _setup, lambda client: client.chat.completions.create, "openai.AsyncOpenAI"),
+    agent_call,
+    __name__,
+    (_RUN_AGENT, _ARUN_AGENT),
+)

@@ -17,6 +17,7 @@ from tether.records._records import Records
 from tether.redaction._redact import redact
 from tether.retries._policy import RetryPolicy
 from tether.run._budget import Budget
+from tether.run._fallbacks import Fallback, fallback_chain
 from tether.run._governance import takes_run
 from tether.run._handoff import CustomerMessages, Escalation, _describe
 from tether.run._health import HUNG_TOOL_MODES, HungToolMode
@@ -71,6 +72,7 @@ class Guard:
         records: Records | None = None,
         keep_last: int | None = 1000,
         token_budget: TokenBudget | Iterable[TokenBudget] | None = None,
+        fallbacks: Iterable[Fallback | str] | None = None,
     ) -> None:
         _expect("budget", budget, Budget, "tether.Budget(max_steps=...)")
         _expect("loops", loops, LoopPolicy, "tether.LoopPolicy(...)")
@@ -138,6 +140,8 @@ class Guard:
         self.store = store
         #: the provider token budgets every model call of the guard's runs is admitted by
         self.token_budgets = budgets_for(token_budget)
+        #: the models a run's model call goes to when its own cannot answer (tether.Fallback)
+        self.fallbacks = fallback_chain(fallbacks)
         # one unlucky call's retries alone never trip a tool's breaker
         self.breaker_threshold = breaker_threshold or max(5, 2 * self.retry.max_attempts)
         self.wait_for_recovery = wait_for_recovery

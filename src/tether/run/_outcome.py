@@ -147,6 +147,9 @@ class Outcome:
     pending_approval: dict[str, Any] | None = None
     #: completed tool calls older than ``partial`` holds (``Guard(keep_last=...)``)
     partial_omitted: int = 0
+    #: the models that answered the run's model calls, each once, in the order they first
+    #: answered: a fallback model (``tether.Fallback``) that stood in shows here
+    models: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

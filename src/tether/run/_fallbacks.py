@@ -1,0 +1,75 @@
+"""Fallback models: the chain a model call moves down when its model cannot answer in time.
+
+A :class:`Fallback` names a model (and, for another provider or another account, the client
+that reaches it). A call goes to the next model of its chain when the one it asked
+cannot answer: its provider's breaker is open (no request is sent to it), a quota or spend
+limit refused it (OpenAI's ``insufficient_quota``, Anthropic's billing error: retrying
+does not help), or its token budget would admit it only after the run's time is spent.
+An ordinary rate limit (a 429 with ``Retry-After``) is not a reason: the retry policy and
+the token budget wait it out. Each model is priced and budgeted as itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PROVIDERS", "Fallback", "fallback_chain"]
+
+#: the providers whose requests tether builds (and can translate between, in ``run_agent``)
+PROVIDERS = ("anthropic", "openai")
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """A model to ask when the one before it in the chain cannot answer.
+
+    >>> Fallback("gpt-5-mini")                  # the same provider, the same client
+    Fallback(model='gpt-5-mini', provider=None, client=None)
+
+    ``provider``: ``"anthropic"`` or ``"openai"``; None means the provider of the call it
+    stands in for (or of ``client``). ``client``: the SDK client (raw or guarded) that
+    reaches the model, needed for another provider; for the same provider it may be a
+    client of another account or region (its own breaker, its own quota). None: the
+    primary's client, with the request's ``model`` changed.
+    """
+
+    model: str
+    provider: str | None = None
+    client: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError(f"Fallback.model must be a model name, got {self.model!r}")
+        if self.provider is not None and self.provider not in PROVIDERS:
+            raise ValueError(
+                f"Fallback.provider must be one of {', '.join(map(repr, PROVIDERS))} or None, "
+                f"got {self.provider!r}"
+            )
+        if self.client is not None and not hasattr(self.client, "with_options"):
+            raise TypeError(
+                f"Fallback.client must be an Anthropic or OpenAI SDK client (raw or guarded), "
+                f"got {self.client!r}"
+            )
+
+
+def fallback_chain(value: Any, field: str = "fallbacks") -> tuple[Fallback, ...]:
+    """``fallbacks=``: None, a :class:`Fallback`, a model name, or an iterable of those; as
+    a tuple of fallbacks (a wrong entry fails here, naming its place)."""
+    if value is None:
+        return ()
+    if isinstance(value, Fallback | str):
+        value = [value]
+    if not isinstance(value, Iterable):
+        raise TypeError(f"{field} must be a list of tether.Fallback(model=...), got {value!r}")
+    chain = []
+    for i, entry in enumerate(value):
+        if isinstance(entry, str):
+            entry = Fallback(entry)
+        if not isinstance(entry, Fallback):
+            raise TypeError(
+                f"{field}[{i}] must be a tether.Fallback(model=...) or a model name, got {entry!r}"
+            )
+        chain.append(entry)
+    return tuple(chain)
