@@ -507,6 +507,20 @@ def test_a_guarded_clients_run_uses_the_guards_chain(server: ScriptedServer) -> 
     assert p["text"](reply) == f"answered by {p['fallback']}"
     assert models_asked(server) == [p["primary"], p["fallback"]]
     assert run.outcome.usage.model_calls == 1
+    assert run.outcome.models == (p["fallback"],)
+
+
+def test_outcome_models_in_a_loop_of_your_own() -> None:
+    """outcome.models: each model that answered, once, in the order it first did."""
+    with Guard(clock=VirtualClock()).start(task="t") as run:
+        run.proceed()
+        for model in ("claude-sonnet-4-5", "claude-haiku-4-5", "claude-sonnet-4-5"):
+            run.record_model_call(input_tokens=10, output_tokens=5, model=model)
+        run.succeed()
+    assert run.outcome.models == ("claude-sonnet-4-5", "claude-haiku-4-5")
+    with Guard(clock=VirtualClock()).start(task="t") as quiet:
+        quiet.succeed()
+    assert quiet.outcome.models == ()
 
 
 # --- refused at construction ----------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, Tool, ToolError, UnknownModelError
@@ -113,13 +113,6 @@ class Provider:
         return guarded.with_fallbacks(call.fallbacks) if call.fallbacks else guarded
 
 
-def with_models(outcome: Outcome, turns: Turns) -> Outcome:
-    """The outcome, naming the models that answered (when the run did not)."""
-    if outcome.models or not turns.models:
-        return outcome
-    return replace(outcome, models=tuple(turns.models))
-
-
 def agent_shells(
     provider: Provider, options: Callable[P, AgentCall], module: str, docs: tuple[str, str]
 ) -> tuple[
@@ -136,7 +129,7 @@ def agent_shells(
         task = task_of(turns.history, call.task)
         with open_run(call.guard, call.resume, task, call.key, call.tools) as run:
             run_loop(run, turns, provider.endpoint(provider.client(client, call).bind(run)))
-        return with_models(run.outcome, turns)
+        return run.outcome
 
     async def arun_agent(client: Any, /, *args: P.args, **kwargs: P.kwargs) -> Outcome:
         call = options(*args, **kwargs)
@@ -149,7 +142,7 @@ def agent_shells(
         task = task_of(turns.history, call.task)
         async with open_run(call.guard, call.resume, task, call.key, call.tools) as run:
             await arun_loop(run, turns, provider.endpoint(guarded.bind(run)))
-        return with_models(run.outcome, turns)
+        return run.outcome
 
     signature = inspect.signature(options)
     client = inspect.Parameter("client", inspect.Parameter.POSITIONAL_ONLY, annotation="Any")
@@ -190,15 +183,6 @@ class Turns(abc.ABC):
         self.limit = limit
         self.extend = continue_on_max_tokens
         self.extended = False
-        #: the models that answered, each once, in the order they first did
-        self.models: list[str] = []
-
-    def answered(self, reply: Any) -> Any:
-        """Note the model that gave ``reply`` (a fallback's, maybe); the reply."""
-        model = getattr(reply, "model", None)
-        if isinstance(model, str) and model and model not in self.models:
-            self.models.append(model)
-        return reply
 
     def request(self) -> dict[str, Any]:
         """The keyword arguments of the next model call."""
@@ -323,7 +307,7 @@ def run_loop(run: Run, turns: Turns, create: Callable[..., Any]) -> None:
     if pending:
         turns.answer([run_tool(run, turns, use) for use in pending])
     while run.proceed():
-        uses = turns.read(run, turns.answered(call_model(run, create, **turns.request())))
+        uses = turns.read(run, call_model(run, create, **turns.request()))
         if uses:
             turns.answer([run_tool(run, turns, use) for use in uses])
         elif uses is not None:
@@ -337,8 +321,7 @@ async def arun_loop(run: Run, turns: Turns, create: Callable[..., Awaitable[Any]
     if pending:
         turns.answer([await arun_tool(run, turns, use) for use in pending])
     while run.proceed():
-        reply = await acall_model(run, create, **turns.request())
-        uses = turns.read(run, turns.answered(reply))
+        uses = turns.read(run, await acall_model(run, create, **turns.request()))
         if uses:
             turns.answer([await arun_tool(run, turns, use) for use in uses])
         elif uses is not None:

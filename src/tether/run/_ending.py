@@ -178,6 +178,7 @@ class Ending:
             tuple(self.s._compensated),
             pending,
             omitted["omitted"],
+            tuple(self.s.models),
         )
         self._record(self.s._outcome, task, steps)
         if amend:

@@ -151,6 +151,8 @@ class ModelCalls:
             else:
                 cost_usd = 0.0
         self.s.model_calls += 1
+        if model and model not in self.s.models:
+            self.s.models.append(model)
         self.s.input_tokens += input_tokens
         self.s.output_tokens += output_tokens
         self.s.cache_write_tokens += cache_write_tokens

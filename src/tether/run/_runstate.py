@@ -119,6 +119,7 @@ class RunState:
         self._tokens = RunTokens(self)  # model calls held in the guard's token budgets
         self._error: str | None = None  # what ended the run, redacted
         self._checked_models: set[str] = set()
+        self.models: list[str] = []  # the models that answered, in the order they first did
         self.messages: list[Any] | None = None  # the conversation, when an agent loop keeps one
         self._last_costs: list[float] = []
         self._last_tokens = 0
