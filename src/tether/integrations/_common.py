@@ -37,6 +37,13 @@ def require_a_place_to_wait(guard: Any, needing: Iterable[str]) -> None:
         )
 
 
+def is_async(fn: Callable[..., Any]) -> bool:
+    """Whether a framework's function is a coroutine function, as a tool's is decided
+    (:attr:`tether.Tool.is_async`: also behind ``functools.partial`` or an async
+    ``__call__``)."""
+    return Tool("fn", fn, input_schema={}).is_async
+
+
 def require_sync_tools(tools: Sequence[Tool]) -> None:
     """A sync agent loop cannot await a tool: say so before the first (paid) request."""
     for tool in tools:

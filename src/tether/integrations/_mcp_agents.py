@@ -16,6 +16,15 @@ from agents.mcp import MCPServer  # noqa: E402 - after the extra check
 
 __all__ = ["guarded_agents_server"]
 
+#: The wrapped server's settings that the guarded one takes over as they are.
+_SETTINGS = (
+    "use_structured_content",
+    "tool_meta_resolver",
+    "custom_data_extractor",
+    "tool_input_guardrails",
+    "tool_output_guardrails",
+)
+
 
 class GuardedAgentsServer(MCPServer):
     """The wrapped server for everything but ``call_tool``, which goes through the run."""
@@ -29,12 +38,8 @@ class GuardedAgentsServer(MCPServer):
         lookups: dict[str, Callable[[str], Any]],
     ) -> None:
         super().__init__(
-            use_structured_content=server.use_structured_content,
             failure_error_function=server._failure_error_function,
-            tool_meta_resolver=server.tool_meta_resolver,
-            custom_data_extractor=server.custom_data_extractor,
-            tool_input_guardrails=server.tool_input_guardrails,
-            tool_output_guardrails=server.tool_output_guardrails,
+            **{name: getattr(server, name) for name in _SETTINGS},
         )
         self._needs_approval_policy = server._needs_approval_policy  # the SDK's own approvals
         self.server: Any = server  # the SDK's connect/cleanup are untyped

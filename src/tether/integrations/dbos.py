@@ -25,24 +25,25 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import warnings
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass
+from typing import Any, cast
 
 from tether import Guard, Outcome, Run, telemetry
 from tether._errors import (
-    CircuitOpenError,
-    EffectInProgress,
-    EffectNotRecorded,
-    IdempotencyConflict,
-    StoreUnavailable,
-    UnknownOutcome,
     require,
 )
-from tether.classification._classify import classify
 from tether.effects._canonical import intent_key
 from tether.effects._ledger import Ledger
+from tether.integrations._common import is_async
+from tether.integrations._durable import (
+    F,
+    Lookup,
+    RetryLayersWarning,
+    check_effect,
+    engine_verdict,
+)
 from tether.records._approvals import PENDING, ApprovalRecord
 from tether.records._collections import check_run_id
 
@@ -63,16 +64,9 @@ __all__ = [
     "step_key",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
-Lookup = Callable[[str], Any]
-
 #: The topic of the DBOS message that wakes a workflow waiting for an approval
 #: (``APPROVAL_TOPIC + approval id``).
 APPROVAL_TOPIC = "tether.approval:"
-
-
-class RetryLayersWarning(UserWarning):
-    """A tether RetryPolicy retried inside a DBOS step that DBOS retries too."""
 
 
 # --- the guarded step --------------------------------------------------------------------
@@ -93,11 +87,7 @@ def should_retry(exc: BaseException) -> bool:
     """DBOS's ``should_retry`` from tether's verdict: retry what may clear (a 503, a 429,
     a claim another process still holds, our own store down), never a permanent failure
     nor an effect whose outcome is unknown."""
-    if isinstance(exc, UnknownOutcome | EffectNotRecorded | IdempotencyConflict):
-        return False
-    if isinstance(exc, EffectInProgress | CircuitOpenError | StoreUnavailable):
-        return True
-    return classify(exc).retryable
+    return engine_verdict(exc)[0]
 
 
 def step(
@@ -117,16 +107,7 @@ def step(
     records (None: :class:`tether.UnknownOutcome`). With ``retries_allowed=True`` and no
     ``should_retry`` of your own, DBOS retries what :func:`should_retry` allows.
     """
-    if ledger is not None and not isinstance(ledger, Ledger):
-        raise TypeError(
-            f"ledger must be a tether.Ledger (e.g. tether.Ledger.postgres(dsn)), got {ledger!r}"
-        )
-    if lookup is not None and not callable(lookup):
-        raise TypeError(f"lookup must be a callable lookup(key) -> result | None, got {lookup!r}")
-    if lease is not None and (
-        isinstance(lease, bool) or not isinstance(lease, int | float) or lease <= 0
-    ):
-        raise ValueError(f"lease must be a number > 0 or None, got {lease!r}")
+    check_effect(ledger, lease, lookup)
     if options.get("retries_allowed"):
         options.setdefault("should_retry", should_retry)
 
@@ -136,7 +117,7 @@ def step(
         )
         held = lease if lease is not None else (ledger.lease if ledger is not None else 60.0)
         body: Callable[..., Any]
-        if inspect.iscoroutinefunction(fn):
+        if is_async(fn):
 
             @functools.wraps(fn)
             async def abody(*args: Any, **kwargs: Any) -> Any:
@@ -271,6 +252,77 @@ def _polls(approval_poll: float, approval_timeout: float | None) -> int | None:
     return max(1, int(-(-approval_timeout // approval_poll)))
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """A step the workflow asks DBOS to run: ``fn(*args)``, named ``name``."""
+
+    name: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Message:
+    """A wait for the message on ``topic`` (at most the approval poll)."""
+
+    topic: str
+
+
+def _workflow(
+    guard: Guard,
+    agent: Any,
+    task: str,
+    approval_poll: float,
+    approval_timeout: float | None,
+    phase: Callable[..., Any],
+) -> Generator[_Step | _Message, Any, Outcome]:
+    """The guarded run as a workflow (sans-IO: :func:`run` and :func:`arun` make the steps
+    it asks for): a phase of the run as one step; while it waits for an approval, the
+    decision read as a step, then a wait for the message that wakes it; then the next
+    phase from the checkpoint."""
+    if not isinstance(guard, Guard):
+        raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+    polls = _polls(approval_poll, approval_timeout)
+    workflow_id = _workflow_id()
+    checkpoint_id: str | None = None
+    while True:
+        outcome: Outcome = yield _Step(
+            "tether.run", phase, (guard, agent, task, workflow_id, checkpoint_id)
+        )
+        approval_id = _waits(outcome)
+        if approval_id is None:
+            return outcome
+        waited = 0
+        while (yield _Step("tether.approval", _approval_status, (guard, approval_id))) == PENDING:
+            if polls is not None and waited >= polls:
+                return outcome
+            yield _Message(APPROVAL_TOPIC + approval_id)
+            waited += 1
+        checkpoint_id = outcome.checkpoint_id
+
+
+class _Plan:
+    """A :func:`_workflow` being driven: its next ask (None once it ended, with its
+    ``outcome``), given the ``answer`` to the last one."""
+
+    def __init__(self, steps: Generator[_Step | _Message, Any, Outcome]) -> None:
+        self._steps = steps
+        self.answer: Any = None
+        self._outcome: Outcome | None = None
+
+    @property
+    def outcome(self) -> Outcome:
+        assert self._outcome is not None, "the workflow has not ended"
+        return self._outcome
+
+    def next(self) -> _Step | _Message | None:
+        try:
+            return self._steps.send(self.answer)
+        except StopIteration as done:
+            self._outcome = done.value
+            return None
+
+
 def run(
     guard: Guard,
     agent: Callable[[Run], Any],
@@ -289,28 +341,13 @@ def run(
     ``approval_poll`` seconds) at most ``approval_timeout`` seconds (None: as long as it
     takes), then resumes; past the timeout the awaiting outcome is returned.
     """
-    if not isinstance(guard, Guard):
-        raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
-    polls = _polls(approval_poll, approval_timeout)
-    workflow_id = _workflow_id()
-    checkpoint_id: str | None = None
-    while True:
-        outcome: Outcome = DBOS.run_step(
-            {"name": "tether.run"}, _phase, guard, agent, task, workflow_id, checkpoint_id
-        )
-        approval_id = _waits(outcome)
-        if approval_id is None:
-            return outcome
-        waited = 0
-        while (
-            DBOS.run_step({"name": "tether.approval"}, _approval_status, guard, approval_id)
-            == PENDING
-        ):
-            if polls is not None and waited >= polls:
-                return outcome
-            DBOS.recv(APPROVAL_TOPIC + approval_id, timeout_seconds=approval_poll)
-            waited += 1
-        checkpoint_id = outcome.checkpoint_id
+    plan = _Plan(_workflow(guard, agent, task, approval_poll, approval_timeout, _phase))
+    while (ask := plan.next()) is not None:
+        if isinstance(ask, _Step):
+            plan.answer = DBOS.run_step({"name": ask.name}, ask.fn, *ask.args)
+        else:
+            plan.answer = DBOS.recv(ask.topic, timeout_seconds=approval_poll)
+    return plan.outcome
 
 
 async def arun(
@@ -322,29 +359,13 @@ async def arun(
     approval_timeout: float | None = None,
 ) -> Outcome:
     """The async form of :func:`run`: ``await agent(run)`` in an async workflow."""
-    if not isinstance(guard, Guard):
-        raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
-    polls = _polls(approval_poll, approval_timeout)
-    workflow_id = _workflow_id()
-    checkpoint_id: str | None = None
-    while True:
-        outcome: Outcome = await DBOS.run_step_async(
-            {"name": "tether.run"}, _aphase, guard, agent, task, workflow_id, checkpoint_id
-        )
-        approval_id = _waits(outcome)
-        if approval_id is None:
-            return outcome
-        waited = 0
-        while (
-            await DBOS.run_step_async(
-                {"name": "tether.approval"}, _approval_status, guard, approval_id
-            )
-        ) == PENDING:
-            if polls is not None and waited >= polls:
-                return outcome
-            await DBOS.recv_async(APPROVAL_TOPIC + approval_id, timeout_seconds=approval_poll)
-            waited += 1
-        checkpoint_id = outcome.checkpoint_id
+    plan = _Plan(_workflow(guard, agent, task, approval_poll, approval_timeout, _aphase))
+    while (ask := plan.next()) is not None:
+        if isinstance(ask, _Step):
+            plan.answer = await DBOS.run_step_async({"name": ask.name}, ask.fn, *ask.args)
+        else:
+            plan.answer = await DBOS.recv_async(ask.topic, timeout_seconds=approval_poll)
+    return plan.outcome
 
 
 # --- approvals from outside the workflow ------------------------------------------------------
@@ -359,15 +380,17 @@ def approve(
     guard: Guard, checkpoint_id: str, *, workflow_id: str, by: str, note: str = ""
 ) -> ApprovalRecord:
     """``guard.approve(...)``, then wake the workflow that waits for it."""
-    record = guard.approve(checkpoint_id, by=by, note=note)
-    notify(workflow_id, record.id)
-    return record
+    return _woken(workflow_id, guard.approve(checkpoint_id, by=by, note=note))
 
 
 def reject(
     guard: Guard, checkpoint_id: str, *, workflow_id: str, by: str, reason: str = ""
 ) -> ApprovalRecord:
     """``guard.reject(...)``, then wake the workflow that waits for it."""
-    record = guard.reject(checkpoint_id, by=by, reason=reason)
+    return _woken(workflow_id, guard.reject(checkpoint_id, by=by, reason=reason))
+
+
+def _woken(workflow_id: str, record: ApprovalRecord) -> ApprovalRecord:
+    """A decision made: the workflow that waits for it is woken."""
     notify(workflow_id, record.id)
     return record

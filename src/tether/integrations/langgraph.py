@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, cast
 
 from tether import Run
 from tether._errors import require
 from tether.classification._classify import classify
+from tether.integrations._arguments import same_arguments
 
 __all__ = [
     "GraphGuard",
@@ -101,37 +102,32 @@ def tool_wrapper(
     from tether.integrations.langchain import ToolGuard
 
     guard = ToolGuard(side_effects, timeouts, labels=labels, volatile=volatile)
-
-    def wrapped(request: Any, handler: Callable[[Any], Any]) -> Any:
-        try:
-            return guard.call(run, request, handler)
-        finally:
-            _drain(run, control)
-
-    return wrapped
+    return _ToolWrapper(run, guard, control)
 
 
-def atool_wrapper(
-    run: Run,
-    side_effects: Any = None,
-    *,
-    timeouts: Mapping[str, float] | None = None,
-    control: Any = None,
-    labels: Mapping[str, str] | None = None,
-    volatile: Mapping[str, Iterable[str]] | None = None,
-) -> Wrapper:
+@same_arguments(tool_wrapper)
+def atool_wrapper(*args: Any, **options: Any) -> Wrapper:
     """The async form of :func:`tool_wrapper` (``ToolNode(awrap_tool_call=...)``)."""
-    from tether.integrations.langchain import ToolGuard
+    return cast("_ToolWrapper", tool_wrapper(*args, **options)).acall
 
-    guard = ToolGuard(side_effects, timeouts, labels=labels, volatile=volatile)
 
-    async def wrapped(request: Any, handler: Callable[[Any], Any]) -> Any:
+class _ToolWrapper:
+    """A tool call of a ``ToolNode`` through the run, then a drain when a guard stopped it."""
+
+    def __init__(self, run: Run, guard: Any, control: Any) -> None:
+        self.run, self.guard, self.control = run, guard, control
+
+    def __call__(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         try:
-            return await guard.acall(run, request, handler)
+            return self.guard.call(self.run, request, handler)
         finally:
-            _drain(run, control)
+            _drain(self.run, self.control)
 
-    return wrapped
+    async def acall(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        try:
+            return await self.guard.acall(self.run, request, handler)
+        finally:
+            _drain(self.run, self.control)
 
 
 class GraphGuard:

@@ -39,6 +39,7 @@ from typing import Any
 
 from tether import Run
 from tether._errors import require
+from tether.integrations._arguments import same_arguments
 from tether.integrations._mcp_core import Tools as _Tools
 from tether.integrations._mcp_core import check as _check
 from tether.integrations._mcp_core import may_destroy, may_repeat
@@ -119,17 +120,8 @@ class GuardedSession:
         )
 
 
-def guarded(
-    session: Any,
-    run: Run,
-    *,
-    server: str = "",
-    timeout: float | None = None,
-    idempotent: Mapping[str, bool] | None = None,
-    lookup: Mapping[str, Callable[[str], Any]] | None = None,
-    unannotated_reads: bool = False,
-    approve_destructive: bool = False,
-) -> GuardedSession:
+@same_arguments(GuardedSession)
+def guarded(*args: Any, **options: Any) -> GuardedSession:
     """``session`` (an MCP ``ClientSession``) with every tool call under ``run``.
 
     ``server`` names the server in breaker names and ledger keys (two servers' tools of
@@ -140,16 +132,7 @@ def guarded(
     ``approve_destructive=True`` makes every call of a tool that may be destructive wait
     for a person's approval (the guard needs ``checkpoints=`` or ``records=``).
     """
-    return GuardedSession(
-        session,
-        run,
-        server=server,
-        timeout=timeout,
-        idempotent=idempotent,
-        lookup=lookup,
-        unannotated_reads=unannotated_reads,
-        approve_destructive=approve_destructive,
-    )
+    return GuardedSession(*args, **options)
 
 
 def agents_server(

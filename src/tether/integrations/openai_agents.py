@@ -31,6 +31,7 @@ from typing import Any
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, UnknownModelError
 from tether._errors import require
+from tether.integrations._arguments import same_arguments
 from tether.integrations._common import ToolRules, blocking, require_a_place_to_wait
 from tether.redaction._redact import redact
 
@@ -160,24 +161,30 @@ def _max_turns(guard: Guard, max_turns: int | None) -> int:
 
 
 class _Session:
-    """One call of :func:`run` or :func:`run_streamed`: the checks made before any request,
-    the guarded agent graph, and the translation of the SDK's ending into the run's."""
+    """One call of :func:`run`, :func:`run_streamed` or :func:`run_sync` (its parameters are
+    theirs): the checks made before any request, the guarded agent graph, and the
+    translation of the SDK's ending into the run's."""
 
     def __init__(
         self,
-        agent: Any,
-        input: Any,
-        guard: Any,
+        agent: Agent[Any],
+        input: str | list[Any] | RunState[Any],
         *,
-        resume: str | None,
-        snapshot: Mapping[str, Any] | None,
-        key: str | None,
-        max_turns: int | None,
-        run_config: RunConfig | None,
-        context: Any,
-        rules: ToolRules,
-        options: dict[str, Any],
+        guard: Guard,
+        side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+        timeouts: Mapping[str, float] | None = None,
+        requires_approval: Mapping[str, Any] | None = None,
+        compensate: Mapping[str, Callable[[Any], Any]] | None = None,
+        resume: str | None = None,
+        snapshot: Mapping[str, Any] | None = None,
+        key: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        context: Any = None,
+        max_turns: int | None = None,
+        run_config: RunConfig | None = None,
+        **options: Any,
     ) -> None:
+        rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
         if not isinstance(agent, Agent):
@@ -343,24 +350,8 @@ def _pending(waiting: list[Any]) -> dict[str, Any]:
     return {**calls[0], "calls": calls}
 
 
-async def run(
-    agent: Agent[Any],
-    input: str | list[Any] | RunState[Any],
-    *,
-    guard: Guard,
-    side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
-    timeouts: Mapping[str, float] | None = None,
-    requires_approval: Mapping[str, Any] | None = None,
-    compensate: Mapping[str, Callable[[Any], Any]] | None = None,
-    resume: str | None = None,
-    snapshot: Mapping[str, Any] | None = None,
-    key: str | None = None,
-    labels: Mapping[str, str] | None = None,
-    context: Any = None,
-    max_turns: int | None = None,
-    run_config: RunConfig | None = None,
-    **runner_options: Any,
-) -> AgentOutcome:
+@same_arguments(_Session)
+async def run(agent: Agent[Any], input: Any, **options: Any) -> AgentOutcome:
     """Run ``agent`` on ``input`` under ``guard``; the :class:`AgentOutcome`.
 
     ``input`` is what ``Runner.run`` takes: text, input items (``outcome.messages`` of the
@@ -373,20 +364,7 @@ async def run(
     approvals, given its state as ``input``; ``key`` names the request the run serves
     (``guard.start(task, key=...)``). Other keyword arguments go to ``Runner.run``.
     """
-    rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
-    session = _Session(
-        agent,
-        input,
-        guard,
-        resume=resume,
-        snapshot=snapshot,
-        key=key,
-        max_turns=max_turns,
-        run_config=run_config,
-        context=context,
-        rules=rules,
-        options=runner_options,
-    )
+    session = _Session(agent, input, **options)
     with session.start() as tether_run:
         guarded, sdk_input, kwargs = await session.prepare(tether_run)
         try:
@@ -441,51 +419,14 @@ class AgentStream:
         self._outcome = session.outcome(tether_run)
 
 
-def run_streamed(
-    agent: Agent[Any],
-    input: str | list[Any] | RunState[Any],
-    *,
-    guard: Guard,
-    side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
-    timeouts: Mapping[str, float] | None = None,
-    requires_approval: Mapping[str, Any] | None = None,
-    compensate: Mapping[str, Callable[[Any], Any]] | None = None,
-    resume: str | None = None,
-    snapshot: Mapping[str, Any] | None = None,
-    key: str | None = None,
-    labels: Mapping[str, str] | None = None,
-    context: Any = None,
-    max_turns: int | None = None,
-    run_config: RunConfig | None = None,
-    **runner_options: Any,
-) -> AgentStream:
+@same_arguments(_Session)
+def run_streamed(agent: Agent[Any], input: Any, **options: Any) -> AgentStream:
     """:func:`run` as ``Runner.run_streamed``: the same arguments, checked at once; read
     ``stream_events()``, then ``stream.outcome``."""
-    rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
-    return AgentStream(
-        _Session(
-            agent,
-            input,
-            guard,
-            resume=resume,
-            snapshot=snapshot,
-            key=key,
-            max_turns=max_turns,
-            run_config=run_config,
-            context=context,
-            rules=rules,
-            options=runner_options,
-        )
-    )
+    return AgentStream(_Session(agent, input, **options))
 
 
-def run_sync(
-    agent: Agent[Any],
-    input: str | list[Any] | RunState[Any],
-    *,
-    guard: Guard,
-    side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
-    **options: Any,
-) -> AgentOutcome:
+@same_arguments(_Session)
+def run_sync(agent: Agent[Any], input: Any, **options: Any) -> AgentOutcome:
     """:func:`run` from synchronous code (not from inside a running event loop)."""
-    return blocking(lambda: run(agent, input, guard=guard, side_effects=side_effects, **options))
+    return blocking(lambda: run(agent, input, **options))

@@ -29,32 +29,34 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import dataclasses
 import functools
-import inspect
 import threading
 import warnings
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from tether import telemetry
 from tether._errors import (
-    CircuitOpenError,
-    EffectInProgress,
-    EffectNotRecorded,
-    IdempotencyConflict,
-    StoreUnavailable,
     UnknownOutcome,
     require,
 )
 from tether.classification._classify import Kind, Verdict, classify, register_classifier
-from tether.clock import system_clock
 from tether.effects._canonical import intent_key
 from tether.effects._ledger import Ledger
 from tether.guards._breaker import CircuitBreaker
 from tether.guards._budget import RetryBudget
+from tether.integrations._common import is_async
+from tether.integrations._durable import (
+    F,
+    Lookup,
+    RetryLayersWarning,
+    check_effect,
+    engine_verdict,
+)
 from tether.redaction._redact import redact
 from tether.retries._policy import RetryPolicy
 
@@ -78,15 +80,6 @@ __all__ = [
     "identity",
     "retry_policy",
 ]
-
-F = TypeVar("F", bound=Callable[..., Any])
-Lookup = Callable[[str], Any]
-
-
-class RetryLayersWarning(UserWarning):
-    """A tether RetryPolicy retried inside an activity that Temporal also retries: the
-    attempts multiply (5 x 5 = 25 calls to a struggling dependency)."""
-
 
 # --- classification of Temporal's own exceptions -------------------------------------------
 
@@ -171,21 +164,11 @@ def engine_error(exc: BaseException) -> BaseException:
     ``next_retry_delay`` set (cancellations and ``ApplicationError`` pass unchanged)."""
     if isinstance(exc, ApplicationError | CancelledError) or not isinstance(exc, Exception):
         return exc
-    if isinstance(exc, UnknownOutcome):
-        return ApplicationError(_said(exc), type="UnknownOutcome", non_retryable=True)
-    if isinstance(exc, EffectNotRecorded | IdempotencyConflict):
-        return ApplicationError(_said(exc), type=type(exc).__name__, non_retryable=True)
-    if isinstance(exc, EffectInProgress):  # another attempt holds the claim: come back later
-        wait = max(1.0, exc.lease_until - system_clock.wall())
+    retry, wait = engine_verdict(exc)
+    if retry:
         return _retryable(exc, wait)
-    if isinstance(exc, CircuitOpenError):
-        return _retryable(exc, max(exc.retry_in, 0.1))
-    if isinstance(exc, StoreUnavailable):  # nothing was executed
-        return _retryable(exc, None)
-    verdict = classify(exc)
-    if verdict.retryable:
-        return _retryable(exc, verdict.retry_after)
-    return ApplicationError(_said(exc), type=type(exc).__name__, non_retryable=True)
+    kind = "UnknownOutcome" if isinstance(exc, UnknownOutcome) else type(exc).__name__
+    return ApplicationError(_said(exc), type=kind, non_retryable=True)
 
 
 def _retryable(exc: BaseException, wait: float | None) -> ApplicationError:
@@ -241,18 +224,11 @@ class _Effects:
         budget: RetryBudget | None,
         heartbeat: bool,
     ) -> None:
-        if ledger is not None and not isinstance(ledger, Ledger):
-            raise TypeError(
-                f"ledger must be a tether.Ledger (e.g. tether.Ledger.postgres(dsn)), got {ledger!r}"
-            )
+        check_effect(ledger, lease)
         if breaker is not None and not isinstance(breaker, CircuitBreaker):
             raise TypeError(f"breaker must be a tether.CircuitBreaker, got {breaker!r}")
         if budget is not None and not isinstance(budget, RetryBudget):
             raise TypeError(f"budget must be a tether.RetryBudget, got {budget!r}")
-        if lease is not None and (
-            isinstance(lease, bool) or not isinstance(lease, int | float) or lease <= 0
-        ):
-            raise ValueError(f"lease must be a number > 0 or None, got {lease!r}")
         self.ledger = ledger
         self.lease = lease
         self.breaker = breaker
@@ -280,6 +256,21 @@ class _Effects:
             )
         return error
 
+    @contextlib.contextmanager
+    def _engine_errors(self, stop_beat: Callable[[], Any] | None) -> Iterator[None]:
+        """The body's failure as the engine's error (:meth:`_failed`); the heartbeat
+        stopped, whatever happened."""
+        try:
+            yield
+        except BaseException as exc:
+            error = self._failed(exc)
+            if error is exc:
+                raise
+            raise error from exc
+        finally:
+            if stop_beat is not None:
+                stop_beat()
+
     def call(
         self,
         name: str,
@@ -292,7 +283,7 @@ class _Effects:
         """Run a sync activity body (in the activity's thread)."""
         body = fn if self.breaker is None else functools.partial(self.breaker.call, fn)
         beat = _SyncBeat.start() if self.heartbeat else None
-        try:
+        with self._engine_errors(beat.stop if beat is not None else None):
             if effect and self.ledger is not None:
                 key = activity_key(name, args, kwargs)
                 result = self.ledger.once(
@@ -300,14 +291,6 @@ class _Effects:
                 )
             else:
                 result = body(*args, **kwargs)
-        except BaseException as exc:
-            error = self._failed(exc)
-            if error is exc:
-                raise
-            raise error from exc
-        finally:
-            if beat is not None:
-                beat.stop()
         if self.budget is not None:
             self.budget.on_success()
         return result
@@ -324,7 +307,7 @@ class _Effects:
         """Run an async activity body (on the worker's event loop)."""
         body = fn if self.breaker is None else functools.partial(self.breaker.acall, fn)
         beat = _async_beat() if self.heartbeat else None
-        try:
+        with self._engine_errors(beat.cancel if beat is not None else None):
             if effect and self.ledger is not None:
                 key = activity_key(name, args, kwargs)
                 result = await self.ledger.aonce(
@@ -332,14 +315,6 @@ class _Effects:
                 )
             else:
                 result = await body(*args, **kwargs)
-        except BaseException as exc:
-            error = self._failed(exc)
-            if error is exc:
-                raise
-            raise error from exc
-        finally:
-            if beat is not None:
-                beat.cancel()
         if self.budget is not None:
             await self.budget.aon_success()
         return result
@@ -394,12 +369,6 @@ def _async_beat() -> asyncio.Task[None] | None:
     return asyncio.get_running_loop().create_task(loop())
 
 
-def _is_async(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 - the method, not callable()
-    )
-
-
 # --- the decorator ----------------------------------------------------------------------------
 
 
@@ -428,7 +397,7 @@ def effect(
 
     def decorate(fn: F) -> F:
         tool: str = name or str(getattr(fn, "__name__", "activity"))
-        if _is_async(fn):
+        if is_async(fn):
 
             @functools.wraps(fn)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
@@ -530,7 +499,7 @@ class _Inbound(ActivityInboundInterceptor):
         is_effect = name in owner.side_effects
         lookup = owner.side_effects.get(name)
         fn = input.fn
-        if _is_async(fn):
+        if is_async(fn):
 
             async def run_async(*args: Any) -> Any:
                 return await effects.acall(name, fn, lookup, is_effect, args, {})
