@@ -584,3 +584,81 @@ def test_redis_limiter_success_path_is_one_round_trip(redis_url: str) -> None:
     assert limiter.rate == 1050.0  # every success counted: 50 arrived with later admissions
     store.reset()
     store.close()
+
+
+class _Meanwhile(VirtualClock):
+    """A clock on which something else happens during the next sleep (another process)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.during_sleep: list[Any] = []
+
+    def _sleep(self, seconds: float) -> None:
+        while self.during_sleep:
+            self.during_sleep.pop(0)()
+        super()._sleep(seconds)
+
+
+def _run(shell: str, policy: RetryPolicy, fn: Any) -> Any:
+    if shell == "sync":
+        return policy.call(fn)
+
+    async def afn() -> Any:
+        return fn()
+
+    async def main() -> Any:
+        try:
+            return await policy.acall(afn)
+        finally:
+            aclose = getattr(policy.breaker.store if policy.breaker else None, "aclose", None)
+            if aclose is not None:  # the asyncio client belongs to this event loop
+                await aclose()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_caller_queued_by_the_limiter_does_not_go_out_on_a_permit_of_before_the_trip(
+    store: Any, shell: str
+) -> None:
+    """The breaker is asked again after each wait the limiter asks for: a caller that took
+    its permit while the breaker was closed, then queued, does not call a dependency that
+    another caller found down meanwhile (the extra calls of a long outage)."""
+    clock = _Meanwhile()
+    breaker = CircuitBreaker(
+        "dep", failure_threshold=1, cooldown=30.0, probe_interval=None, store=store, clock=clock
+    )
+    limiter = AdaptiveLimiter("dep", store=store, clock=clock, initial_rate=1.0, min_rate=1.0)
+    assert limiter.try_acquire() == (0.0, True)  # the only slot of this second is taken
+    other = RetryPolicy(max_attempts=1, breaker=breaker, clock=clock)
+
+    def trip() -> None:  # while this caller waits for its turn, another finds the dep down
+        with pytest.raises(HTTPError):
+            other.call(fail(503))
+
+    clock.during_sleep.append(trip)
+    calls: list[int] = []
+    policy = RetryPolicy(breaker=breaker, limiter=limiter, clock=clock, seed=1)
+    with pytest.raises(CircuitOpenError):
+        _run(shell, policy, lambda: calls.append(1))
+    assert calls == []
+    assert breaker.state == "open"
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_probe_does_not_queue_behind_the_limiter(store: Any, shell: str) -> None:
+    """A half-open breaker's probe goes out at once: the breaker lets one out at a time,
+    and recovery is noticed when it answers, not when the limiter's queue reaches it."""
+    clock = VirtualClock()
+    breaker = CircuitBreaker("dep", failure_threshold=1, store=store, clock=clock)
+    limiter = AdaptiveLimiter("dep", store=store, clock=clock, initial_rate=1.0, min_rate=1.0)
+    with pytest.raises(HTTPError):
+        RetryPolicy(max_attempts=1, breaker=breaker, clock=clock).call(fail(503))
+    clock.advance(1.0)  # the probe is due (probe_interval 1 s)
+    for _ in range(3):  # the limiter's queue is full
+        limiter.try_acquire()
+    policy = RetryPolicy(breaker=breaker, limiter=limiter, clock=clock, seed=1)
+    start = clock.now()
+    assert _run(shell, policy, lambda: "ok") == "ok"
+    assert clock.now() == start  # no wait
+    assert breaker.state == "closed"

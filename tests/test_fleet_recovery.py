@@ -250,3 +250,20 @@ def test_breaker_state_reads_the_servers_clock_too(redis_url: str) -> None:
         mine.call(Dependency(VirtualClock(), 1e9))
     assert theirs.state == "open"
     here.reset()
+
+
+@pytest.mark.parametrize("outage", [10.0, 35.0])
+def test_the_live_fleets_shape_stays_within_the_call_goal(outage: float) -> None:
+    """300 clients, 40 requests/s (the live suite's fleet): at most 1.3x the calls, and the
+    calls by class add up; no caller goes out on a permit of before the trip beyond the few
+    in flight when it tripped."""
+    from tether.bench._fleet import CALL_CLASSES
+
+    cell = run_fleet("outage", "tether", clients=300, capacity=40, outage_s=outage, by_class=True)
+    assert cell["success"] == 1.0
+    assert cell["total_calls"] <= 1.3 * 300
+    by_class = cell["calls_by_class"]
+    assert sum(by_class[c] for c in CALL_CLASSES) == cell["total_calls"]
+    assert by_class["retries"] == cell["total_calls"] - 300  # one first call per job
+    assert by_class["queued_permits"] <= 10
+    assert 0 < by_class["probes"] <= 25

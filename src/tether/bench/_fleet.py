@@ -10,16 +10,33 @@ from __future__ import annotations
 
 import contextvars
 import heapq
+import math
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
 
-from tether import AdaptiveLimiter, CircuitBreaker, RetryBudget, RetryPolicy, VirtualClock, backoff
+from tether import (
+    AdaptiveLimiter,
+    BreakerEvent,
+    CircuitBreaker,
+    RetryBudget,
+    RetryPolicy,
+    VirtualClock,
+    backoff,
+)
 from tether.stores import MemoryStore
 
-__all__ = ["FLEET_POLICIES", "FLEET_SCENARIOS", "contention", "lower_bounds", "run_fleet"]
+__all__ = [
+    "CALL_CLASSES",
+    "FLEET_POLICIES",
+    "FLEET_SCENARIOS",
+    "calls_by_class",
+    "contention",
+    "lower_bounds",
+    "run_fleet",
+]
 
 LATENCY = 0.05  # seconds per request
 TICKS = 10  # capacity is enforced per 1/TICKS of a second
@@ -88,25 +105,77 @@ class Server:
     brownout_s: float
     rng: random.Random
     total: int = 0
+    #: every call as (sent at, status, a job's first call), when asked for (``calls_by_class``)
+    log: list[tuple[float, int, bool]] | None = None
 
     def __post_init__(self) -> None:
         self.load: Counter[int] = Counter()  # calls per second
         self.ticks: Counter[int] = Counter()  # calls per tick: capacity is enforced per tick
 
-    async def request(self) -> str:
+    async def request(self, first: bool = True) -> str:
+        sent = self.clock.now()
         await self.clock.asleep(LATENCY)
         now = self.clock.now()
         self.total += 1
         self.load[int(now)] += 1
         tick = int(now * TICKS)
         self.ticks[tick] += 1
-        if now < self.outage_s:
-            raise Overloaded(503)
-        if now < self.brownout_s and self.rng.random() < BROWNOUT_FAILURE:
-            raise Overloaded(503)
-        if self.ticks[tick] > self.capacity / TICKS:  # a rate limiter in front of the service
-            raise Overloaded(429)
+        status = 200
+        down = now < self.outage_s
+        if down or (now < self.brownout_s and self.rng.random() < BROWNOUT_FAILURE):
+            status = 503
+        elif self.ticks[tick] > self.capacity / TICKS:  # a rate limiter in front of the service
+            status = 429
+        if self.log is not None:
+            self.log.append((sent, status, first))
+        if status != 200:
+            raise Overloaded(status)
         return "ok"
+
+
+#: the reasons of the breaker's events that end a probe (:class:`tether.BreakerEvent`)
+PROBE_ENDS = ("tripped: probe failed", "probe succeeded")
+#: the classes of :func:`calls_by_class`, in the order of an outage
+CALL_CLASSES = (
+    "before_trip",
+    "probes",
+    "queued_permits",
+    "after_close_throttled",
+    "after_close_failed",
+    "after_close_ok",
+)
+
+
+def calls_by_class(
+    calls: list[tuple[float, int, bool]], events: list[tuple[float, str, str, str]]
+) -> dict[str, int]:
+    """Where a fleet's calls went, by when each was sent against the shared breaker.
+
+    ``calls``: (sent at, status, a job's first call); ``events``: the breaker's transitions
+    as (at, old, new, reason), from every process (the same clock). ``before_trip``: sent
+    before the breaker first opened; between the trip and the last close (the successful
+    probe): ``probes`` (the probes that ended, counted from the events) and
+    ``queued_permits`` (the rest: callers that took a permit before the trip and went out
+    later); after the close: ``after_close_throttled`` (429), ``after_close_failed``,
+    ``after_close_ok``. ``retries``: calls that were not their job's first (any class).
+    """
+    trip = min((at for at, _, new, _ in events if new == "open"), default=math.inf)
+    close = max((at for at, _, _, why in events if why == "probe succeeded"), default=math.inf)
+    probes = sum(1 for *_, why in events if why in PROBE_ENDS)
+    out = dict.fromkeys(CALL_CLASSES, 0)
+    for sent, status, _ in calls:
+        if sent < trip:
+            out["before_trip"] += 1
+        elif sent < close:
+            out["queued_permits"] += 1
+        elif status == 200:
+            out["after_close_ok"] += 1
+        else:
+            out["after_close_throttled" if status == 429 else "after_close_failed"] += 1
+    out["probes"] = min(probes, out["queued_permits"])
+    out["queued_permits"] -= out["probes"]
+    out["retries"] = sum(1 for *_, first in calls if not first)
+    return out
 
 
 #: The breaker settings tether recommends when one breaker is shared by a fleet.
@@ -178,7 +247,14 @@ async def _tether(clock: SimClock, server: Server, seed: int, shared: dict[str, 
         clock=clock,
         seed=seed,
     )
-    await policy.acall_job(server.request)
+    calls = 0
+
+    async def request() -> str:
+        nonlocal calls
+        calls += 1
+        return await server.request(calls == 1)
+
+    await policy.acall_job(request)
 
 
 FLEET_POLICIES: dict[str, Callable[[SimClock, Server, int, dict[str, Any]], Awaitable[None]]] = {
@@ -198,10 +274,12 @@ def run_fleet(
     capacity: int = 100,
     seed: int = 7,
     outage_s: float | None = None,
+    by_class: bool = False,
 ) -> dict[str, Any]:
     """One fleet run: total calls, peak load over capacity, completion time, success.
 
-    ``outage_s`` replaces the scenario's outage (the live suite simulates its own).
+    ``outage_s`` replaces the scenario's outage (the live suite simulates its own);
+    ``by_class`` adds ``calls_by_class`` (:func:`calls_by_class`).
     """
     clock = SimClock()
     rng = random.Random(f"{seed}:{scenario}:{policy}")
@@ -209,12 +287,21 @@ def run_fleet(
     if outage_s is not None:
         shape["outage_s"] = outage_s
     server = Server(clock, capacity, shape["outage_s"], shape["brownout_s"], rng)
+    events: list[tuple[float, str, str, str]] = []
+    if by_class:
+        server.log = []
     store = MemoryStore()
+
+    def heard(e: BreakerEvent) -> None:
+        events.append((clock.now(), e.old, e.new, e.reason))
+
     shared = {
         "budget": RetryBudget("dep", store=store),
         # a breaker shared by a fleet trips on a failure rate, not on five failures in
         # a row: a thousand clients see five overloaded calls in a row within a second
-        "breaker": CircuitBreaker("dep", store=store, clock=clock, **FLEET_BREAKER),
+        "breaker": CircuitBreaker(
+            "dep", store=store, clock=clock, on_change=heard if by_class else None, **FLEET_BREAKER
+        ),
         "limiter": AdaptiveLimiter("dep", store=store, clock=clock),
     }
     done: list[float] = []
@@ -227,13 +314,16 @@ def run_fleet(
     drive(clock, [one(i) for i in range(clients)])
     peak = max(server.load.values()) if server.load else 0
     per_second = [server.load.get(s, 0) for s in range(int(max(done, default=0.0)) + 1)]
-    return {
+    out = {
         "success": round(len(done) / clients, 4),
         "total_calls": server.total,
         "peak_load_ratio": round(peak / capacity, 2),
         "completion_s": round(max(done) if len(done) == clients else SIM_CAP, 2),
         "load_per_second": per_second,
     }
+    if server.log is not None:
+        out["calls_by_class"] = calls_by_class(server.log, events)
+    return out
 
 
 # --- the contention experiment of "Exponential Backoff and Jitter" ----------------------

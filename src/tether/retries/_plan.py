@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from tether import backoff
 from tether._errors import CircuitOpenError, DeadlineExceeded, LimiterTimeout
 from tether.classification._classify import Kind, Verdict
+from tether.stores._logic import PROBE
 from tether.telemetry._emit import emit_retry, safe_call
 from tether.telemetry._events import RetryEvent, RetryHook
 
@@ -165,12 +166,18 @@ def attempt_plan(s: Settings, st: CallState, first_error: Exception | None = Non
         permit = NO_PERMIT
         try:
             timeout = _attempt_timeout(s, st)
-            if (
-                s.breaker is not None
-            ):  # the breaker first: a caller it refuses never asks the limiter
+            if s.breaker is not None:  # first: a caller it refuses never asks the limiter
                 permit = yield Step(Op.ACQUIRE)
-            if s.limiter is not None:
-                yield from _admission(s, st)
+            # a probe is paced by the breaker (one at a time), not queued behind the limiter
+            if s.limiter is not None and permit != PROBE:
+                while not (yield from _admission(s, st)):
+                    # turned away: the breaker may have opened meanwhile, and a caller must
+                    # not go out later on a permit of before the trip (nor queue for it)
+                    if s.breaker is not None:
+                        permit = NO_PERMIT  # a call's permit needs no giving back
+                        permit = yield Step(Op.ACQUIRE)
+                        if permit == PROBE:
+                            break
             result = yield Step(Op.ATTEMPT, timeout, None, st.attempt)
         except Exception as exc:
             wait = yield from _after_failure(s, st, exc, permit)
@@ -196,20 +203,20 @@ def _attempt_timeout(s: Settings, st: CallState) -> float | None:
     return left if s.attempt_timeout is None else min(s.attempt_timeout, left)
 
 
-def _admission(s: Settings, st: CallState) -> Generator[Step, Any, None]:
-    """Wait for the limiter's admission, with jitter on a refusal; raises past the deadline."""
+def _admission(s: Settings, st: CallState) -> Generator[Step, Any, bool]:
+    """Ask the limiter once and wait for its answer: True once admitted (after the wait for
+    the slot), False after the wait a refusal asks for (with jitter: ask again then);
+    raises past the deadline."""
     assert s.limiter is not None
-    while True:
-        wait, admitted = yield Step(Op.ADMIT)
-        if not admitted:  # spread the callers that were turned away
-            wait += s.rng.uniform(0.0, min(wait, 1.0) + 0.05)
-        if st.deadline_at is not None and s.clock.now() + wait >= st.deadline_at:
-            raise LimiterTimeout(s.limiter.name, wait)
-        st.total_wait += wait
-        if wait > 0:
-            yield Step(Op.SLEEP, wait)
-        if admitted:
-            return
+    wait, admitted = yield Step(Op.ADMIT)
+    if not admitted:  # spread the callers that were turned away
+        wait += s.rng.uniform(0.0, min(wait, 1.0) + 0.05)
+    if st.deadline_at is not None and s.clock.now() + wait >= st.deadline_at:
+        raise LimiterTimeout(s.limiter.name, wait)
+    st.total_wait += wait
+    if wait > 0:
+        yield Step(Op.SLEEP, wait)
+    return bool(admitted)
 
 
 def _after_failure(
