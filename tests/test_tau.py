@@ -525,7 +525,7 @@ def test_a_duplicated_write_is_counted(tau: TauData) -> None:
     golden.call("cancel_pending_order", args)
     twice = RetailDB(tau.data)
     twice.call("cancel_pending_order", args)
-    twice._orders[order["order_id"]]["status"] = (
+    twice.tables.orders[order["order_id"]]["status"] = (
         "pending"  # the second worker read it before the first wrote
     )
     twice.call("cancel_pending_order", args)

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tether.bench._columns import Column, Table, fixed, most, share, table, text
+
 __all__ = ["markdown_tables", "print_tables", "strip_series", "write_report"]
 
 
@@ -20,77 +22,67 @@ def strip_series(results: dict[str, Any]) -> dict[str, Any]:
     return clean
 
 
-def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]]]:
-    tables: dict[str, tuple[list[str], list[list[str]]]] = {}
+#: the agents suite: one policy in one scenario
+AGENTS: list[Column] = [
+    ("scenario", text("scenario")),
+    ("policy", text("policy")),
+    ("success", share("success")),
+    ("escalated", share("escalated")),
+    ("runaway", text("runaway")),
+    ("dup. effects", text("duplicate_effects")),
+    ("false stops", text("false_stops")),
+    ("avg steps", fixed("avg_steps", 1)),
+    ("p50 s", fixed("p50_latency_s", 1)),
+    ("p95 s", fixed("p95_latency_s", 1)),
+    ("cost $", fixed("cost_usd", 2)),
+    ("dep. calls", text("dependency_calls")),
+    ("stopped by", most("stopped", 2)),
+]
+#: the fleet suite: one policy in one scenario, against the scenario's lower bounds
+FLEET: list[Column] = [
+    ("scenario", text("scenario")),
+    ("policy", text("policy")),
+    ("success", share("success")),
+    ("total calls", text("total_calls")),
+    ("x lower bound", lambda r: f"{r['total_calls'] / r['bound']['lower_bound_calls']:.2f}"),
+    ("peak load / capacity", fixed("peak_load_ratio", 2)),
+    ("completion s", fixed("completion_s", 1)),
+    ("x lower bound", lambda r: f"{r['completion_s'] / r['bound']['lower_bound_s']:.2f}"),
+]
+#: the provider-limits cells: one policy with its limits configured one way wrong
+LIMITS: list[Column] = [
+    ("policy", text("policy")),
+    ("configured", lambda r: str(r["configured"]).removeprefix("configured-")),
+    ("success", share("success")),
+    ("429s / 1000 req", fixed("throttled_per_1000", 1)),
+    ("ITPM used", lambda r: f"{r['input_share_of_limit']:.0%}"),
+    ("OTPM used", lambda r: f"{r['output_share_of_limit']:.0%}"),
+    ("p50 s", lambda r: _num(r["p50_completion_s"])),
+    ("p95 s", lambda r: _num(r["p95_completion_s"])),
+    ("longest wait s", fixed("longest_wait_s", 1)),
+    ("store trips / call", fixed("store_round_trips_per_call", 2)),
+]
+
+
+def _cells(suite: dict[str, Any]) -> list[dict[str, Any]]:
+    """A suite's figures as rows: each policy's in each scenario, with both names and the
+    scenario's own figures (``bound``)."""
+    return [
+        {**m, "scenario": scenario, "policy": policy, "bound": entry}
+        for scenario, entry in suite["scenarios"].items()
+        for policy, m in entry["policies"].items()
+    ]
+
+
+def _rows(results: dict[str, Any]) -> dict[str, Table]:
+    tables: dict[str, Table] = {}
     suites = results.get("suites", {})
     if "agents" in suites:
-        head = [
-            "scenario",
-            "policy",
-            "success",
-            "escalated",
-            "runaway",
-            "dup. effects",
-            "false stops",
-            "avg steps",
-            "p50 s",
-            "p95 s",
-            "cost $",
-            "dep. calls",
-            "stopped by",
-        ]
-        rows = []
-        for scenario, cell in suites["agents"]["scenarios"].items():
-            for policy, m in cell["policies"].items():
-                stops = ", ".join(
-                    f"{k} {v}" for k, v in sorted(m["stopped"].items(), key=lambda kv: -kv[1])[:2]
-                )
-                rows.append(
-                    [
-                        scenario,
-                        policy,
-                        f"{m['success']:.1%}",
-                        f"{m['escalated']:.1%}",
-                        str(m["runaway"]),
-                        str(m["duplicate_effects"]),
-                        str(m["false_stops"]),
-                        f"{m['avg_steps']:.1f}",
-                        f"{m['p50_latency_s']:.1f}",
-                        f"{m['p95_latency_s']:.1f}",
-                        f"{m['cost_usd']:.2f}",
-                        str(m["dependency_calls"]),
-                        stops,
-                    ]
-                )
-        tables["agents"] = (head, rows)
+        tables["agents"] = table(AGENTS, _cells(suites["agents"]))
     if "fleet" in suites:
-        head = [
-            "scenario",
-            "policy",
-            "success",
-            "total calls",
-            "x lower bound",
-            "peak load / capacity",
-            "completion s",
-            "x lower bound",
-        ]
-        rows = []
-        for scenario, entry in suites["fleet"]["scenarios"].items():
-            for policy, m in entry["policies"].items():
-                rows.append(
-                    [
-                        scenario,
-                        policy,
-                        f"{m['success']:.1%}",
-                        str(m["total_calls"]),
-                        f"{m['total_calls'] / entry['lower_bound_calls']:.2f}",
-                        f"{m['peak_load_ratio']:.2f}",
-                        f"{m['completion_s']:.1f}",
-                        f"{m['completion_s'] / entry['lower_bound_s']:.2f}",
-                    ]
-                )
-        if rows:
-            tables["fleet"] = (head, rows)
+        fleet = _cells(suites["fleet"])
+        if fleet:
+            tables["fleet"] = table(FLEET, fleet)
         head = ["backoff", "calls", "completion s"]
         rows = [
             [j, str(m["calls"]), f"{m['completion_s']:.1f}"]
@@ -100,38 +92,13 @@ def _rows(results: dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]
             tables["contention (AWS backoff article experiment, 100 clients)"] = (head, rows)
     limits = suites.get("fleet", {}).get("provider-limits")
     if limits:
-        head = [
-            "policy",
-            "configured",
-            "success",
-            "429s / 1000 req",
-            "ITPM used",
-            "OTPM used",
-            "p50 s",
-            "p95 s",
-            "longest wait s",
-            "store trips / call",
+        cells = [
+            {**m, "policy": policy, "configured": misconfig}
+            for policy, by_misconfig in limits["policies"].items()
+            for misconfig, m in by_misconfig.items()
         ]
-        rows = [
-            [
-                policy,
-                misconfig.removeprefix("configured-"),
-                f"{m['success']:.1%}",
-                f"{m['throttled_per_1000']:.1f}",
-                f"{m['input_share_of_limit']:.0%}",
-                f"{m['output_share_of_limit']:.0%}",
-                _num(m["p50_completion_s"]),
-                _num(m["p95_completion_s"]),
-                f"{m['longest_wait_s']:.1f}",
-                f"{m['store_round_trips_per_call']:.2f}",
-            ]
-            for policy, cells in limits["policies"].items()
-            for misconfig, m in cells.items()
-        ]
-        tables[f"provider-limits ({limits['agents']} agents, limits configured 2x wrong)"] = (
-            head,
-            rows,
-        )
+        title = f"provider-limits ({limits['agents']} agents, limits configured 2x wrong)"
+        tables[title] = table(LIMITS, cells)
     if "fleet-live" in suites:
         head = [
             "scenario",
@@ -223,7 +190,7 @@ def _time(ns: float) -> str:
     return f"{ns:.0f} ns"
 
 
-def overhead_rows(suite: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def overhead_rows(suite: dict[str, Any]) -> Table:
     """The overhead suite's table: each row's implementations, ours against its peer."""
     head = ["case", "impl", "time", "vs peer: median (min-max)", "goal"]
     rows = []

@@ -89,7 +89,7 @@ class TauData:
 def _added(db: RetailDB) -> dict[str, Counter[str]]:
     """The transactions each written order gained over the loaded data."""
     out: dict[str, Counter[str]] = {}
-    for order_id, order in db._orders.items():
+    for order_id, order in db.tables.orders.items():
         base = len(db.data.orders[order_id]["payment_history"])
         out[order_id] = Counter(repr(sorted(p.items())) for p in order["payment_history"][base:])
     return out

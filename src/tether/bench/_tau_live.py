@@ -55,7 +55,7 @@ class SharedRetailDB(RetailDB):
     def _load(self, db: sqlite3.Connection) -> None:
         row = db.execute("SELECT doc FROM state WHERE id = 1").fetchone()
         doc = json.loads(row[0]) if row else {"users": {}, "orders": {}, "commits": []}
-        self._users, self._orders = doc["users"], doc["orders"]
+        self.tables.users, self.tables.orders = doc["users"], doc["orders"]
         self.commits = [Commit(**c) for c in doc["commits"]]
 
     def _save(self, db: sqlite3.Connection) -> None:
@@ -69,7 +69,8 @@ class SharedRetailDB(RetailDB):
             }
             for c in self.commits
         ]
-        doc = json.dumps({"users": self._users, "orders": self._orders, "commits": commits})
+        tables = self.tables
+        doc = json.dumps({"users": tables.users, "orders": tables.orders, "commits": commits})
         db.execute("INSERT OR REPLACE INTO state (id, doc) VALUES (1, ?)", (doc,))
 
     def call(self, tool: str, args: dict[str, Any], request_id: str | None = None) -> str:

@@ -5,13 +5,46 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tether.bench._columns import (
+    Cell,
+    Column,
+    Table,
+    fixed,
+    most,
+    share,
+    table,
+    text,
+    thousands,
+)
+
 __all__ = ["tau_live_tables", "tau_plot", "tau_tables"]
 
-Table = tuple[list[str], list[list[str]]]
-
-
-def _pct(value: float) -> str:
-    return f"{value:.1%}"
+#: every metric of one policy at one fault rate λ
+METRICS: list[Column] = [
+    ("λ", text("lam")),
+    ("policy", text("policy")),
+    *((f"pass^{k}", share(f"pass^{k}", missing=0.0)) for k in range(1, 5)),
+    ("dup. effects", text("duplicate_effects")),
+    ("dishonest", text("dishonest_endings")),
+    ("tool execs", text("tool_executions")),
+    ("model calls", text("model_calls")),
+    ("tokens", thousands("tokens")),
+    ("cost $", fixed("cost_usd", 2)),
+    ("p50 s", fixed("p50_s", 1)),
+    ("p95 s", fixed("p95_s", 1)),
+    ("endings", most("endings", 3)),
+]
+#: the live mode: one policy
+LIVE: list[Column] = [
+    ("policy", text("policy")),
+    ("tasks", text("tasks")),
+    ("pass", share("pass")),
+    ("workers killed", text("killed")),
+    ("writes run twice", text("writes_executed_twice")),
+    ("dup. effects", text("duplicate_effects")),
+    ("dishonest endings", text("dishonest_endings")),
+    ("p50 s", fixed("p50_s", 2)),
+]
 
 
 def tau_tables(tau: dict[str, Any]) -> dict[str, Table]:
@@ -20,101 +53,51 @@ def tau_tables(tau: dict[str, Any]) -> dict[str, Table]:
     for domain, entry in tau["scenarios"].items():
         lams = list(entry["lambda"])
         policies = list(next(iter(entry["lambda"].values()))["policies"]) if lams else []
-        head = [
-            "policy",
-            *(f"λ={lam} pass^1 / pass^4" for lam in lams),
-            "dup. effects",
-            "dishonest endings",
+        by_lam = [(f"λ={lam} pass^1 / pass^4", _both(lam, "pass^1", "pass^4")) for lam in lams]
+        summary: list[Column] = [
+            ("policy", text("policy")),
+            *by_lam,
+            ("dup. effects", _total("duplicate_effects", lams)),
+            ("dishonest endings", _total("dishonest_endings", lams)),
         ]
-        rows = []
-        for policy in policies:
-            cells = [entry["lambda"][lam]["policies"][policy] for lam in lams]
-            rows.append(
-                [
-                    policy,
-                    *(f"{_pct(c['pass^1'])} / {_pct(c['pass^4'])}" for c in cells),
-                    str(sum(c["duplicate_effects"] for c in cells)),
-                    str(sum(c["dishonest_endings"] for c in cells)),
-                ]
-            )
         title = (
             f"tau {domain}: {entry['tasks']} tasks x {entry['seeds']} seeds, graded by the database "
             f"(wall {tau.get('wall_s', 0):g} s)"
         )
-        tables[title] = (head, rows)
-        head = [
-            "λ",
-            "policy",
-            "pass^1",
-            "pass^2",
-            "pass^3",
-            "pass^4",
-            "dup. effects",
-            "dishonest",
-            "tool execs",
-            "model calls",
-            "tokens",
-            "cost $",
-            "p50 s",
-            "p95 s",
-            "endings",
+        per_policy = [
+            {"policy": p, "cells": {lam: entry["lambda"][lam]["policies"][p] for lam in lams}}
+            for p in policies
         ]
-        rows = []
-        for lam in lams:
-            for policy, m in entry["lambda"][lam]["policies"].items():
-                endings = ", ".join(
-                    f"{k} {v}" for k, v in sorted(m["endings"].items(), key=lambda kv: -kv[1])[:3]
-                )
-                rows.append(
-                    [
-                        lam,
-                        policy,
-                        *(_pct(m.get(f"pass^{k}", 0.0)) for k in range(1, 5)),
-                        str(m["duplicate_effects"]),
-                        str(m["dishonest_endings"]),
-                        str(m["tool_executions"]),
-                        str(m["model_calls"]),
-                        f"{m['tokens']:,}",
-                        f"{m['cost_usd']:.2f}",
-                        f"{m['p50_s']:.1f}",
-                        f"{m['p95_s']:.1f}",
-                        endings,
-                    ]
-                )
-        tables[f"tau {domain}: every metric"] = (head, rows)
+        tables[title] = table(summary, per_policy)
+        tables[f"tau {domain}: every metric"] = table(
+            METRICS,
+            (
+                {**m, "lam": lam, "policy": policy}
+                for lam in lams
+                for policy, m in entry["lambda"][lam]["policies"].items()
+            ),
+        )
     return tables
+
+
+def _both(lam: str, first: str, second: str) -> Cell:
+    """Two shares of a policy at one λ: ``"a% / b%"``."""
+    return lambda row: f"{row['cells'][lam][first]:.1%} / {row['cells'][lam][second]:.1%}"
+
+
+def _total(key: str, lams: list[str]) -> Cell:
+    """A count of a policy summed over every λ."""
+    return lambda row: str(sum(row["cells"][lam][key] for lam in lams))
 
 
 def tau_live_tables(live: dict[str, Any]) -> dict[str, Table]:
     """Per domain: one row per policy of the live mode (a worker killed after a write)."""
     tables: dict[str, Table] = {}
     for domain, entry in live["scenarios"].items():
-        head = [
-            "policy",
-            "tasks",
-            "pass",
-            "workers killed",
-            "writes run twice",
-            "dup. effects",
-            "dishonest endings",
-            "p50 s",
-        ]
-        rows = [
-            [
-                policy,
-                str(m["tasks"]),
-                _pct(m["pass"]),
-                str(m["killed"]),
-                str(m["writes_executed_twice"]),
-                str(m["duplicate_effects"]),
-                str(m["dishonest_endings"]),
-                f"{m['p50_s']:.2f}",
-            ]
-            for policy, m in entry["policies"].items()
-        ]
+        rows = ({**m, "policy": policy} for policy, m in entry["policies"].items())
         tables[
             f"tau-live {domain}: a worker killed between a write and its record ({entry['lease_s']:g} s lease)"
-        ] = (head, rows)
+        ] = table(LIVE, rows)
     return tables
 
 

@@ -178,9 +178,9 @@ _NEVER_SET = {
 def _blind(tool: str, key: str) -> Any:
     """Looks for a flag on the customer's orders that the write never sets: finds nothing."""
     episode = current()
-    user = json.loads(episode.db.get_user_details(_user_of(episode)))
+    user = json.loads(episode.db.reads.get_user_details(_user_of(episode)))
     for order_id in user["orders"]:
-        order = json.loads(episode.db.get_order_details(order_id))
+        order = json.loads(episode.db.reads.get_order_details(order_id))
         if order.get(_NEVER_SET[tool]):
             return json.dumps(order)
     return None

@@ -40,10 +40,8 @@ def register(sub: Any) -> None:
         "tau-live: worker processes killed between a write and its record; "
         "fleet-live: real processes sharing Redis; serve: the operator page over real records",
     )
-    bench.add_argument(
-        "--tasks", type=int, default=1000, help="tasks per agent cell (default 1000)"
-    )
-    bench.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    _defaulted(bench, "--tasks", int, 1000, "tasks per agent cell")
+    _defaulted(bench, "--seed", int, 7, "random seed")
     bench.add_argument("--scenario", action="append", help="only these scenarios (repeatable)")
     bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
     bench.add_argument("--report", metavar="DIR", help="write a Markdown report with PNG plots")
@@ -84,13 +82,7 @@ def register(sub: Any) -> None:
     tau.add_argument(
         "--tau-task", action="append", metavar="ID", help="only these task ids (repeatable)"
     )
-    tau.add_argument(
-        "--tau-seeds",
-        type=int,
-        default=4,
-        metavar="N",
-        help="trials per task, for pass^1..pass^N (default 4)",
-    )
+    _defaulted(tau, "--tau-seeds", int, 4, "trials per task, for pass^1..pass^N", metavar="N")
     bench.set_defaults(run_command=_bench)
 
     demo = sub.add_parser(
@@ -134,7 +126,7 @@ def register(sub: Any) -> None:
     )
     serve.add_argument("--redis", help="a Redis URL, for the breakers page")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    _defaulted(serve, "--port", int, 8765, "port")
     serve.add_argument(
         "--token",
         default=os.environ.get("TETHER_SERVE_TOKEN"),
@@ -170,14 +162,22 @@ def register(sub: Any) -> None:
         "runs), and ledger records inside their ttl stay. A SQLite file is vacuumed after.",
     )
     prune.add_argument("--db", required=True, help="the records: a SQLite file or a PostgreSQL DSN")
-    prune.add_argument(
-        "--older-than",
-        type=float,
-        default=30.0,
-        metavar="DAYS",
-        help="how old a record must be (default 30)",
-    )
+    _defaulted(prune, "--older-than", float, 30.0, "how old a record must be", metavar="DAYS")
     records.set_defaults(run_command=_records)
+
+
+def _defaulted(
+    parser: Any,
+    flag: str,
+    kind: type[int] | type[float],
+    default: float,
+    help: str,
+    metavar: str | None = None,
+) -> None:
+    """A number option whose help ends with its default (given once, so the two agree)."""
+    parser.add_argument(
+        flag, type=kind, default=default, metavar=metavar, help=f"{help} (default {default:g})"
+    )
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from tether._errors import CheckpointError, TetherError
 from tether.redaction._redact import redact, redacted_paths
@@ -38,6 +38,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetters",
     "Handoffs",
+    "OnDocuments",
     "RedactedArguments",
     "check_run_id",
     "redact",
@@ -72,13 +73,26 @@ def check_run_id(value: object, name: str = "run_id") -> str:
     return value
 
 
-class _Collection(AbstractContextManager[Any]):
-    """A kind of record in a document store; closes the store on leaving ``with``."""
+class OnDocuments(AbstractContextManager[Any]):
+    """Records over one document store, opened where they are kept: ``sqlite(path)``,
+    ``postgres(dsn)`` or ``memory()``; :meth:`close` on leaving ``with``."""
 
-    kind: DocKind
+    store: DocumentStore
 
     def __init__(self, store: DocumentStore) -> None:
         self.store = store
+
+    @classmethod
+    def memory(cls) -> Self:
+        return cls(MemoryDocuments())
+
+    @classmethod
+    def sqlite(cls, path: str) -> Self:
+        return cls(SqliteDocuments(path))
+
+    @classmethod
+    def postgres(cls, dsn: str, table: str = "tether_documents") -> Self:
+        return cls(PostgresDocuments(dsn, table))
 
     def close(self) -> None:
         """Close the store's connection (SQLite, PostgreSQL)."""
@@ -89,17 +103,11 @@ class _Collection(AbstractContextManager[Any]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @classmethod
-    def memory(cls) -> Any:
-        return cls(MemoryDocuments())
 
-    @classmethod
-    def sqlite(cls, path: str) -> Any:
-        return cls(SqliteDocuments(path))
+class _Collection(OnDocuments):
+    """A kind of record in a document store."""
 
-    @classmethod
-    def postgres(cls, dsn: str, table: str = "tether_documents") -> Any:
-        return cls(PostgresDocuments(dsn, table))
+    kind: DocKind
 
 
 class Checkpoints(_Collection):

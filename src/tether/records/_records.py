@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from tether.records._approvals import APPROVED, REJECTED, Approvals
 from tether.records._collections import (
@@ -21,6 +21,7 @@ from tether.records._collections import (
     Checkpoints,
     DeadLetters,
     Handoffs,
+    OnDocuments,
 )
 from tether.records._retention import Pruned, prune
 from tether.records._runs import DAY, Overview, RunPage, Runs, Tables, portable
@@ -72,7 +73,7 @@ class Decision:
     messages: tuple[Any, ...] = field(default=())
 
 
-class Records:
+class Records(OnDocuments):
     """Where a guard's runs leave their records: ``Guard(records=Records.sqlite(path))``.
 
     One database holds the run outcomes (:attr:`runs`), :attr:`checkpoints`,
@@ -81,6 +82,8 @@ class Records:
     files every handoff in :attr:`handoffs` (besides an escalation sink of its own).
     ``tether serve --db`` shows the same database.
     """
+
+    store: SqliteDocuments | PostgresDocuments
 
     def __init__(self, store: SqliteDocuments | PostgresDocuments) -> None:
         if not isinstance(store, SqliteDocuments | PostgresDocuments):
@@ -105,17 +108,9 @@ class Records:
         return f"Records({type(self.store).__name__})"
 
     @classmethod
-    def memory(cls) -> Records:
+    def memory(cls) -> Self:
         """Records in this process's memory (an in-memory SQLite database)."""
         return cls(SqliteDocuments(":memory:"))
-
-    @classmethod
-    def sqlite(cls, path: str) -> Records:
-        return cls(SqliteDocuments(path))
-
-    @classmethod
-    def postgres(cls, dsn: str, table: str = "tether_documents") -> Records:
-        return cls(PostgresDocuments(dsn, table))
 
     @staticmethod
     def is_dsn(where: str) -> bool:
@@ -340,8 +335,5 @@ class Records:
             ledger.close()
         self.dead_letters.close()  # its replay ledger, then the shared connection
 
-    def __enter__(self) -> Records:
+    def __enter__(self) -> Self:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any
 
@@ -26,25 +26,20 @@ __all__ = ["Pruned", "prune"]
 
 @dataclass(frozen=True, slots=True)
 class Pruned:
-    """What :meth:`Records.prune` removed, by kind of record."""
+    """What :meth:`Records.prune` removed, by kind of record (every count given)."""
 
-    runs: int = 0
-    checkpoints: int = 0
-    approvals: int = 0
-    handoffs: int = 0
-    dead_letters: int = 0
-    ledger: int = 0
+    runs: int
+    checkpoints: int
+    approvals: int
+    handoffs: int
+    dead_letters: int
+    #: ledger records past their ttl
+    ledger: int
 
     @property
     def total(self) -> int:
-        return (
-            self.runs
-            + self.checkpoints
-            + self.approvals
-            + self.handoffs
-            + self.dead_letters
-            + self.ledger
-        )
+        """Every record removed."""
+        return sum(getattr(self, f.name) for f in fields(self))
 
 
 def prune(
@@ -115,7 +110,12 @@ def prune(
             sql.run("VACUUM")
             sql.rows("PRAGMA wal_checkpoint(TRUNCATE)")
     return Pruned(
-        len(runs), len(checkpoints), len(old_approvals), len(handoffs), len(letters), ledger
+        runs=len(runs),
+        checkpoints=len(checkpoints),
+        approvals=len(old_approvals),
+        handoffs=len(handoffs),
+        dead_letters=len(letters),
+        ledger=ledger,
     )
 
 
