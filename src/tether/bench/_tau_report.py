@@ -81,8 +81,10 @@ def tau_tables(tau: dict[str, Any]) -> dict[str, Table]:
 
 
 def _both(lam: str, first: str, second: str) -> Cell:
-    """Two shares of a policy at one λ: ``"a% / b%"``."""
-    return lambda row: f"{row['cells'][lam][first]:.1%} / {row['cells'][lam][second]:.1%}"
+    """Two shares of a policy at one λ: ``"a% / b%"`` (0 for one a run with fewer seeds
+    has not measured, as in the table of every metric)."""
+    one, two = share(first, missing=0.0), share(second, missing=0.0)
+    return lambda row: f"{one(row['cells'][lam])} / {two(row['cells'][lam])}"
 
 
 def _total(key: str, lams: list[str]) -> Cell:
