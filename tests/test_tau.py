@@ -820,23 +820,7 @@ def test_cli_tau_with_one_seed_prints_its_tables(
     tau_data: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--tau-seeds 1 measures pass^1 only: the tables show the others as 0, not a KeyError."""
-    code = main(
-        [
-            "bench",
-            "--suite",
-            "tau",
-            "--tau-data",
-            tau_data,
-            "--tau-task",
-            "5",
-            "--tau-lambda",
-            "0",
-            "--tau-policy",
-            "tether",
-            "--tau-seeds",
-            "1",
-        ]
-    )
-    assert code == 0
+    narrow = ["--tau-task", "5", "--tau-lambda", "0", "--tau-policy", "tether", "--tau-seeds", "1"]
+    assert main(["bench", "--suite", "tau", "--tau-data", tau_data, *narrow]) == 0
     out = capsys.readouterr().out
     assert "λ=0 pass^1 / pass^4" in out and "100.0% / 0.0%" in out

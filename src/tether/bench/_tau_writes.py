@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from tether.bench._tau_data import RetailError, Tables
@@ -85,17 +86,20 @@ class Writes:
 
     def _swap(
         self,
-        order: dict[str, Any],
+        state: Callable[[str], dict[str, Any]],
+        order_id: str,
         item_ids: list[str],
         new_item_ids: list[str],
         payment_method_id: str,
-    ) -> tuple[float, dict[str, Any]]:
-        """Items of ``order`` for others of the same products: the price difference, and the
-        payment method that settles it (checked to cover it)."""
+    ) -> tuple[dict[str, Any], float, dict[str, Any]]:
+        """Items of an order in the ``state`` a swap needs (``_pending``, ``_delivered``) for
+        others of the same products, all checked: the order to write, the price difference,
+        and the payment method that settles it (checked to cover it)."""
+        order = state(order_id)
         diff = self._price_difference(order, item_ids, new_item_ids)
         method = self._method(order, payment_method_id)
         self._covered(method, diff)
-        return diff, method
+        return self.tables.writable_order(order_id), diff, method
 
     # --- the tools ------------------------------------------------------------------------
 
@@ -168,9 +172,9 @@ class Writes:
     def modify_pending_order_items(
         self, order_id: str, item_ids: list[str], new_item_ids: list[str], payment_method_id: str
     ) -> str:
-        order = self._pending(order_id)
-        diff, method = self._swap(order, item_ids, new_item_ids, payment_method_id)
-        order = self.tables.writable_order(order_id)
+        order, diff, method = self._swap(
+            self._pending, order_id, item_ids, new_item_ids, payment_method_id
+        )
         if diff:
             order["payment_history"].append(
                 {
@@ -215,9 +219,9 @@ class Writes:
     def exchange_delivered_order_items(
         self, order_id: str, item_ids: list[str], new_item_ids: list[str], payment_method_id: str
     ) -> str:
-        order = self._delivered(order_id)
-        diff, _ = self._swap(order, item_ids, new_item_ids, payment_method_id)
-        order = self.tables.writable_order(order_id)
+        order, diff, _ = self._swap(
+            self._delivered, order_id, item_ids, new_item_ids, payment_method_id
+        )
         order["status"] = "exchange requested"
         order["exchange_items"] = sorted(item_ids)
         order["exchange_new_items"] = sorted(new_item_ids)
