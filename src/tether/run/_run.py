@@ -131,7 +131,7 @@ class Run:
         key: str | None = None,
         request: str | None = None,
     ) -> None:
-        self._state = state = RunState(self, guard, task, run_id, key, request)
+        self._state = state = RunState(self, guard, task, run_id, key=key, request=request)
         self._steps = Steps(state)
         self._tools = ToolPipeline(state)
         self._models = ModelCalls(state)

@@ -85,6 +85,7 @@ class RunState:
         guard: RunSettings,
         task: str,
         run_id: str,
+        *,
         key: str | None,
         request: str | None,
     ) -> None:
