@@ -23,6 +23,7 @@ from tether import (
     RetryPolicy,
     StopReason,
     TokenBudget,
+    Tool,
     VirtualClock,
 )
 from tether.integrations import anthropic as t_anthropic
@@ -190,18 +191,8 @@ def second() -> Iterator[ScriptedServer]:
 def drive(
     p: dict[str, Any], asynchronous: bool, use: Callable[..., Any], *servers: ScriptedServer
 ) -> Any:
-    """``use(*raw_clients)`` with one raw SDK client per server (sync or async), awaited
-    when async, every client closed after."""
-    if not asynchronous:
-        with contextlib.ExitStack() as stack:
-            return use(*(stack.enter_context(p["sync"](s)) for s in servers))
-
-    async def main() -> Any:
-        async with contextlib.AsyncExitStack() as stack:
-            raws = [await stack.enter_async_context(p["async"](s)) for s in servers]
-            return await use(*raws)
-
-    return asyncio.run(main())
+    """``use(*raw_clients)`` with one raw client of ``p`` per server (see :func:`across`)."""
+    return across(asynchronous, use, *((p, s) for s in servers))
 
 
 def ask(p: dict[str, Any], client: Any, model: str) -> Any:
@@ -559,3 +550,220 @@ def test_the_shells_keep_their_signatures() -> None:
             assert params["fallbacks"].default is None and params["max_tokens"].default == 1024
             assert shell.__module__ == module.__name__ and shell.__doc__
         assert inspect.iscoroutinefunction(module.arun_agent)
+
+
+# --- another provider, in run_agent (tether builds the requests, and translates them) -----
+
+
+def search(q: str) -> dict[str, str]:
+    return {"invoice": q, "status": "paid"}
+
+
+SEARCH = Tool("search", search, description="find an invoice")
+
+
+def gpt_agent(seen: Seen) -> Reply:
+    """An OpenAI model that searches once, then answers."""
+    model = seen.body["model"]
+    if not any(m.get("role") == "tool" for m in seen.body["messages"]):
+        call = {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "search", "arguments": '{"q": "invoice 99"}'},
+        }
+        return Reply(
+            200,
+            {
+                "id": "c1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "tool_calls",
+                        "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                    }
+                ],
+                "usage": {"prompt_tokens": 50, "completion_tokens": 10, "total_tokens": 60},
+            },
+        )
+    return gpt_reply(model, "invoice 99 is paid")
+
+
+def claude_agent(seen: Seen) -> Reply:
+    """An Anthropic model that searches once, then answers."""
+    model = seen.body["model"]
+    blocks = [
+        b for m in seen.body["messages"] if isinstance(m["content"], list) for b in m["content"]
+    ]
+    if not any(b["type"] == "tool_result" for b in blocks):
+        use = {"type": "tool_use", "id": "tu_1", "name": "search", "input": {"q": "invoice 99"}}
+        return Reply(
+            200,
+            {
+                "id": "m1",
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [use],
+                "stop_reason": "tool_use",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 50, "output_tokens": 10},
+            },
+        )
+    return claude_reply(model, "invoice 99 is paid")
+
+
+@SHELLS
+def test_an_anthropic_loop_falls_back_to_an_openai_model(
+    server: ScriptedServer, second: ScriptedServer, asynchronous: bool
+) -> None:
+    """Anthropic's spend limit: each turn goes to the OpenAI model in OpenAI's format (tool
+    calls and results translated); the conversation stays in Anthropic's."""
+    server.default = ANTHROPIC_SPEND_LIMIT
+    second.handler = gpt_agent
+    clock = VirtualClock()
+    p, gpt = PROVIDERS["anthropic"], PROVIDERS["openai"]
+
+    def use(raw: Any, other: Any) -> Any:
+        return agent(p, asynchronous)(
+            t_anthropic.guarded(raw, policy=RetryPolicy(clock=clock)),
+            model="claude-sonnet-4-5",
+            messages=[{"role": "user", "content": "invoice 99?"}],
+            tools=[SEARCH],
+            system="be brief",
+            max_tokens=64,
+            guard=Guard(clock=clock),
+            fallbacks=[Fallback("gpt-4o-mini", client=other)],
+            stop_sequences=["END"],
+        )
+
+    outcome = across(asynchronous, use, (p, server), (gpt, second))
+    assert (outcome.status, outcome.result) == ("success", "invoice 99 is paid")
+    assert outcome.models == ("gpt-4o-mini",)
+    assert models_asked(server) == ["claude-sonnet-4-5"] * 2  # each turn asks it first
+    first, then = (r.body for r in second.requests)
+    assert first["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "invoice 99?"},
+    ]
+    assert first["tools"][0]["function"]["name"] == "search"
+    assert (first["max_completion_tokens"], first["stop"]) == (64, ["END"])
+    assert then["messages"][2]["tool_calls"][0]["function"]["arguments"] == '{"q": "invoice 99"}'
+    assert then["messages"][3]["role"] == "tool" and "paid" in then["messages"][3]["content"]
+    used, result = outcome.messages[1]["content"][0], outcome.messages[2]["content"][0]
+    assert (used["type"], used["input"]) == ("tool_use", {"q": "invoice 99"})
+    assert (result["type"], result["tool_use_id"]) == ("tool_result", used["id"])
+    price = tether.PriceTable().cost("gpt-4o-mini", 50, 10) + tether.PriceTable().cost(
+        "gpt-4o-mini", 100, 20
+    )
+    assert outcome.usage.cost_usd == pytest.approx(price)
+
+
+def across(asynchronous: bool, use: Any, *ends: tuple[dict[str, Any], ScriptedServer]) -> Any:
+    """``use(*raw_clients)``: one client per (provider, server), of each provider's SDK,
+    sync or async (awaited), every client closed after."""
+    if not asynchronous:
+        with contextlib.ExitStack() as stack:
+            return use(*(stack.enter_context(p["sync"](s)) for p, s in ends))
+
+    async def main() -> Any:
+        async with contextlib.AsyncExitStack() as stack:
+            return await use(*[await stack.enter_async_context(p["async"](s)) for p, s in ends])
+
+    return asyncio.run(main())
+
+
+@SHELLS
+def test_an_openai_loop_falls_back_to_an_anthropic_model(
+    server: ScriptedServer, second: ScriptedServer, asynchronous: bool
+) -> None:
+    """OpenAI's breaker is open: nothing goes to it; the Anthropic model is asked in its
+    own format (system prompt, tool_use / tool_result blocks); the conversation stays
+    OpenAI's."""
+    second.handler = claude_agent
+    clock = VirtualClock()
+    p, claude = PROVIDERS["openai"], PROVIDERS["anthropic"]
+    policy = RetryPolicy(breaker=open_breaker(clock), clock=clock)
+
+    def use(raw: Any, other: Any) -> Any:
+        return agent(p, asynchronous)(
+            t_openai.guarded(raw, policy=policy),
+            model="gpt-4o",
+            messages=[{"role": "user", "content": "invoice 99?"}],
+            tools=[SEARCH],
+            system="be brief",
+            max_tokens=64,
+            guard=Guard(clock=clock, fallbacks=[Fallback("claude-haiku-4-5", client=other)]),
+        )
+
+    outcome = across(asynchronous, use, (p, server), (claude, second))
+    assert (outcome.status, outcome.result) == ("success", "invoice 99 is paid")
+    assert outcome.models == ("claude-haiku-4-5",) and server.requests == []
+    first, then = (r.body for r in second.requests)
+    assert (first["system"], first["max_tokens"]) == ("be brief", 64)
+    assert first["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "invoice 99?"}]}
+    ]
+    assert first["tools"][0]["input_schema"]["properties"]["q"]
+    assert then["messages"][1]["content"][0] == {
+        "type": "tool_use",
+        "id": "tu_1",
+        "name": "search",
+        "input": {"q": "invoice 99"},
+    }
+    assert then["messages"][2]["content"][0]["tool_use_id"] == "tu_1"
+    assert [m["role"] for m in outcome.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+
+
+def test_another_providers_fallback_is_refused_before_any_request(
+    server: ScriptedServer, second: ScriptedServer
+) -> None:
+    """No client, an option with no counterpart, or the other shell: refused, naming the
+    entry, before any request."""
+    p = PROVIDERS["anthropic"]
+    guard = Guard(clock=VirtualClock())
+    image = [{"role": "user", "content": [{"type": "image", "source": {}}]}]
+    refusals = [  # (what the call adds, what the error names)
+        (
+            {"fallbacks": [Fallback("gpt-4o-mini", provider="openai")]},
+            r"fallbacks\[0\] \('gpt-4o-mini'\) is a openai model: give it",
+        ),
+        ({"tool_choice": {"type": "any"}}, "tool_choice"),
+        ({"messages": image}, "image"),
+    ]
+    with p["sync"](server) as raw, openai.OpenAI(api_key="t", base_url=second.url) as other:
+        for change, names in refusals:
+            options = {
+                "model": "claude-sonnet-4-5",
+                "messages": HI,
+                "guard": guard,
+                "fallbacks": [Fallback("gpt-4o-mini", client=other)],
+                **change,
+            }
+            with pytest.raises(ValueError, match=names):
+                t_anthropic.run_agent(raw, **options)
+
+    async def main() -> None:
+        async with p["async"](server) as raw:
+            with (
+                openai.OpenAI(api_key="t", base_url=second.url) as sync_other,
+                pytest.raises(ValueError, match=r"fallbacks\[0\]\.client must be an async"),
+            ):
+                await t_anthropic.arun_agent(
+                    raw,
+                    model="claude-sonnet-4-5",
+                    messages=HI,
+                    guard=guard,
+                    fallbacks=[Fallback("gpt-4o-mini", client=sync_other)],
+                )
+
+    asyncio.run(main())
+    assert server.requests == [] and second.requests == []

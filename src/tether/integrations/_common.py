@@ -16,6 +16,7 @@ from tether.guards._breaker import breakers
 from tether.guards._tokens import budgets_for
 from tether.integrations._fallbacks import acall_chain, call_chain, candidates, check_chain
 from tether.integrations._tokens import TokenGate, gate_for
+from tether.integrations._translate import translation
 from tether.retries._policy import RetryPolicy
 from tether.run._fallbacks import fallback_chain
 
@@ -255,19 +256,27 @@ class _Endpoint:
         return call_chain(chain, self._send_to, kwargs)
 
     def _on(self, client: Guarded) -> _Endpoint:
-        """This endpoint on ``client`` (a fallback's own client)."""
+        """This endpoint on ``client`` (a fallback's own client; another provider's chat)."""
         if client is self._owner:
             return self
+        path = self._path if client.provider == self._owner.provider else client.chat_endpoint
         target = client.raw
-        for part in self._path.split("."):
+        for part in path.split("."):
             target = getattr(target, part)
-        return _Endpoint(client, target, self._count, self._path)
+        namespace, _, method = path.rpartition(".")
+        return _Endpoint(client, target, client.namespaces[namespace][method], path)
 
     def _send_to(self, client: Guarded, kwargs: dict[str, Any], last: bool) -> Any:
-        return self._on(client)._one(kwargs, last)
+        if client.provider == self._owner.provider:
+            return self._on(client)._one(kwargs, last)
+        way = translation(self._owner.provider, client.provider)
+        return way.reply(self._on(client)._one(way.request(kwargs), last))
 
     async def _asend_to(self, client: Guarded, kwargs: dict[str, Any], last: bool) -> Any:
-        return await self._on(client)._one(kwargs, last)
+        if client.provider == self._owner.provider:
+            return await self._on(client)._one(kwargs, last)
+        way = translation(self._owner.provider, client.provider)
+        return way.reply(await self._on(client)._one(way.request(kwargs), last))
 
     def _one(self, kwargs: dict[str, Any], last: bool = True) -> Any:
         """The request to one model: its checks, its token budget's wait (a wait past the
@@ -518,6 +527,8 @@ class Guarded:
 
     provider = ""
     namespaces: ClassVar[dict[str, dict[str, Callable[[Run, Any], None]]]] = {}
+    #: the endpoint an agent loop's turns go to ("messages.create")
+    chat_endpoint = ""
 
     def __init__(
         self,
@@ -573,10 +584,11 @@ class Guarded:
             clone.policy = self.policy.replace(clock=run.clock)
         return clone
 
-    def with_fallbacks(self, fallbacks: Any) -> Guarded:
-        """The same client with the fallback chain ``fallbacks`` (:class:`tether.Fallback`)."""
+    def with_fallbacks(self, fallbacks: Any, request: Mapping[str, Any] | None = None) -> Guarded:
+        """The same client with the fallback chain ``fallbacks`` (:class:`tether.Fallback`);
+        given an agent loop's first ``request``, a fallback of the other provider too."""
         clone = self.bind(self.run)
-        clone.fallbacks = check_chain(self, fallback_chain(fallbacks))
+        clone.fallbacks = check_chain(self, fallback_chain(fallbacks), request)
         return clone
 
     def _wrap(self, value: Any, path: str) -> Any:

@@ -11,8 +11,9 @@ failure is the call's.
 
 from __future__ import annotations
 
+import importlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -28,6 +29,7 @@ class Guarded(Protocol):
     provider: str
     fallbacks: tuple[Fallback, ...]
     run: Run | None
+    is_async: bool
 
     def bind(self, run: Run | None) -> Any: ...
 
@@ -56,21 +58,27 @@ def provider_of(entry: Fallback, default: str) -> str:
     return entry.provider or provider_of_client(entry.client) or default
 
 
-def check_chain(owner: Guarded, chain: Sequence[Fallback]) -> tuple[Fallback, ...]:
-    """A guarded client's chain: every entry of the client's provider (it sends that
-    provider's requests and cannot translate them; refused otherwise, naming the entry),
-    each fallback client guarded once."""
+def check_chain(
+    owner: Guarded, chain: Sequence[Fallback], request: Mapping[str, Any] | None = None
+) -> tuple[Fallback, ...]:
+    """A guarded client's chain, each fallback's client guarded once. Every entry is of the
+    client's provider, unless ``request`` is given (an agent loop's first request, which
+    tether built): then an entry of the other provider is allowed when it brings a client
+    of the same kind (sync, async) and the request translates; refused otherwise, naming
+    the entry, before any request."""
     checked = []
     for i, entry in enumerate(chain):
         provider = provider_of(entry, owner.provider)
-        if provider != owner.provider:
+        if provider != owner.provider and request is None:
             raise ValueError(
                 f"fallbacks[{i}] ({entry.model!r}) is a {provider} model: a guarded "
                 f"{owner.provider} client sends {owner.provider}'s requests and cannot "
-                f"translate them: fall back to another {owner.provider} model (or to the "
-                "same model through another account's client)"
+                f"translate them: fall back to another {owner.provider} model (or use "
+                "run_agent, whose requests tether builds and translates)"
             )
-        if entry.client is not None:
+        if provider != owner.provider:
+            entry = _other_provider(i, entry, provider, owner, request or {})
+        elif entry.client is not None:
             if provider_of_client(entry.client) != owner.provider:
                 raise ValueError(
                     f"fallbacks[{i}].client must be a {owner.provider} SDK client, "
@@ -81,6 +89,34 @@ def check_chain(owner: Guarded, chain: Sequence[Fallback]) -> tuple[Fallback, ..
                 entry = replace(entry, client=kind(entry.client))
         checked.append(entry)
     return tuple(checked)
+
+
+def _other_provider(
+    i: int, entry: Fallback, provider: str, owner: Guarded, request: Mapping[str, Any]
+) -> Fallback:
+    """A fallback of the other provider in an agent loop: its client guarded, checked."""
+    from tether.integrations._translate import Untranslatable, translation
+
+    if entry.client is None or provider_of_client(entry.client) != provider:
+        raise ValueError(
+            f"fallbacks[{i}] ({entry.model!r}) is a {provider} model: give it the {provider} "
+            f"SDK client that reaches it (tether.Fallback(..., client=...)); got "
+            f"{entry.client!r}"
+        )
+    client = entry.client
+    if getattr(client, "provider", None) != provider:  # a raw SDK client
+        client = importlib.import_module(f"tether.integrations.{provider}").guarded(client)
+    if client.is_async != owner.is_async:
+        shell = "an async" if owner.is_async else "a sync"
+        raise ValueError(f"fallbacks[{i}].client must be {shell} client, as the loop's is")
+    try:
+        translation(owner.provider, provider).request({**request, "model": entry.model})
+    except (Untranslatable, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"fallbacks[{i}] ({entry.model!r}): this {owner.provider} request cannot be "
+            f"asked of a {provider} model ({exc}); no request was sent"
+        ) from None
+    return replace(entry, provider=provider, client=client)
 
 
 def candidates(owner: Guarded, model: str) -> list[Candidate]:

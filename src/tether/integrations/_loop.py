@@ -56,7 +56,8 @@ class AgentCall:
     continue_on_max_tokens: bool
     resume: str | None
     key: str | None
-    fallbacks: tuple[Fallback, ...]
+    #: the chain given to this call (None: the client's own, else the guard's)
+    fallbacks: tuple[Fallback, ...] | None
     create_kwargs: dict[str, Any]
 
 
@@ -77,7 +78,6 @@ def agent_call(
 ) -> AgentCall:
     """The keyword arguments of ``run_agent`` and ``arun_agent`` (both providers)."""
     guard = guard or Guard()
-    chain = fallback_chain(fallbacks) if fallbacks is not None else guard.fallbacks
     return AgentCall(
         model,
         tuple(dict(m) for m in messages),
@@ -89,7 +89,7 @@ def agent_call(
         continue_on_max_tokens,
         resume,
         key,
-        chain,
+        None if fallbacks is None else fallback_chain(fallbacks),
         create_kwargs,
     )
 
@@ -102,15 +102,26 @@ class Provider:
     guarded: Callable[[Any], Guarded]
     #: the conversation's turns for a call
     turns: Callable[[AgentCall], Turns]
-    #: the endpoint a guarded client's requests go to (``client.messages.create``)
-    endpoint: Callable[[Guarded], Callable[..., Any]]
     #: the async SDK client ``arun_agent`` needs, named in its error
     async_client: str
 
-    def client(self, client: Any, call: AgentCall) -> Guarded:
-        """The guarded client of the loop: the caller's, with the call's fallbacks."""
+    def client(self, client: Any, call: AgentCall, turns: Turns) -> Guarded:
+        """The guarded client of the loop with its fallback chain: the call's, else the
+        client's own, else the guard's (checked against the loop's first request: a model
+        of the other provider is asked in its own format)."""
         guarded = client if isinstance(client, Guarded) else self.guarded(client)
-        return guarded.with_fallbacks(call.fallbacks) if call.fallbacks else guarded
+        chain = call.fallbacks
+        if chain is None:
+            chain = guarded.fallbacks or call.guard.fallbacks
+        return guarded.with_fallbacks(chain, turns.request()) if chain else guarded
+
+
+def chat(client: Guarded) -> Callable[..., Any]:
+    """The endpoint an agent loop's turns go to (``client.messages.create``)."""
+    target: Any = client
+    for part in client.chat_endpoint.split("."):
+        target = getattr(target, part)
+    return target  # type: ignore[no-any-return]
 
 
 def agent_shells(
@@ -128,20 +139,21 @@ def agent_shells(
         turns = provider.turns(call)
         task = task_of(turns.history, call.task)
         with open_run(call.guard, call.resume, task, call.key, call.tools) as run:
-            run_loop(run, turns, provider.endpoint(provider.client(client, call).bind(run)))
+            run_loop(run, turns, chat(provider.client(client, call, turns).bind(run)))
         return run.outcome
 
     async def arun_agent(client: Any, /, *args: P.args, **kwargs: P.kwargs) -> Outcome:
         call = options(*args, **kwargs)
         turns = provider.turns(call)
-        guarded = provider.client(client, call)
+        guarded = client if isinstance(client, Guarded) else provider.guarded(client)
         if not guarded.is_async:
             raise TypeError(
                 f"arun_agent needs an async client ({provider.async_client}); use run_agent"
             )
+        guarded = provider.client(guarded, call, turns)
         task = task_of(turns.history, call.task)
         async with open_run(call.guard, call.resume, task, call.key, call.tools) as run:
-            await arun_loop(run, turns, provider.endpoint(guarded.bind(run)))
+            await arun_loop(run, turns, chat(guarded.bind(run)))
         return run.outcome
 
     signature = inspect.signature(options)

@@ -36,6 +36,7 @@ def _count(run: Run, message: Any) -> None:
 
 class GuardedAnthropic(Guarded):
     provider = "anthropic"
+    chat_endpoint = "messages.create"
     namespaces: ClassVar[dict[str, dict[str, Callable[[Run, Any], None]]]] = {
         "messages": {"create": _count}
     }
@@ -162,7 +163,7 @@ _ARUN_AGENT = """The async form of :func:`run_agent`, for ``anthropic.AsyncAnthr
 are awaited, sync tools run in a worker thread."""
 
 run_agent, arun_agent = agent_shells(
-    Provider(guarded, _setup, lambda client: client.messages.create, "anthropic.AsyncAnthropic"),
+    Provider(guarded, _setup, "anthropic.AsyncAnthropic"),
     agent_call,
     __name__,
     (_RUN_AGENT, _ARUN_AGENT),

@@ -51,6 +51,7 @@ def _count_responses(run: Run, response: Any) -> None:
 
 class GuardedOpenAI(Guarded):
     provider = "openai"
+    chat_endpoint = "chat.completions.create"
     namespaces: ClassVar[dict[str, dict[str, Callable[[Run, Any], None]]]] = {
         "chat.completions": {"create": _count_chat},
         "responses": {"create": _count_responses},
@@ -182,7 +183,7 @@ _ARUN_AGENT = """The async form of :func:`run_agent`, for ``openai.AsyncOpenAI``
 awaited, sync tools run in a worker thread."""
 
 run_agent, arun_agent = agent_shells(
-    Provider(guarded, _setup, lambda client: client.chat.completions.create, "openai.AsyncOpenAI"),
+    Provider(guarded, _setup, "openai.AsyncOpenAI"),
     agent_call,
     __name__,
     (_RUN_AGENT, _ARUN_AGENT),
