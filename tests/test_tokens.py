@@ -16,7 +16,13 @@ import tether
 from tether import LimiterTimeout, TokenBudget, VirtualClock
 from tether.guards._tokens import estimate_tokens, pick, rate_limit_headers
 from tether.stores import MemoryStore, RedisStore
-from tether.stores._tokens import Settlement, TokenConfig, tokens_reserve, tokens_settle
+from tether.stores._tokens import (
+    Settlement,
+    TokenAsk,
+    TokenConfig,
+    tokens_reserve,
+    tokens_settle,
+)
 
 
 @pytest.fixture(params=["memory", "redis", "redis-cluster"])
@@ -142,10 +148,10 @@ def test_the_first_call_probes_alone_until_its_headers_arrive(store: Any) -> Non
     b = budget(store, clock)
     first = b.reserve(estimated_input_tokens=100, max_output_tokens=100)
     cfg, need = b.config, (1.0, 10.0, 10.0, 20.0)
-    admitted, _, retry_in = b._ops.reserve(b.name, clock.wall(), cfg, need, 10.0)
+    admitted, _, retry_in = b._ops.exchange(TokenAsk(b.name, clock.wall(), cfg, None, need, 10.0))
     assert (admitted, retry_in) == (False, 0.25)
     b.settle(first, input_tokens=100, output_tokens=50, headers=ANTHROPIC, status=200)
-    assert b._ops.reserve(b.name, clock.wall(), cfg, need, 10.0)[0] is True
+    assert b._ops.exchange(TokenAsk(b.name, clock.wall(), cfg, None, need, 10.0))[0] is True
 
 
 def test_usage_refunds_what_the_reservation_did_not_use(store: Any) -> None:
@@ -340,6 +346,26 @@ def test_no_caller_waits_unboundedly_behind_a_stream_of_newcomers() -> None:
 # --- conservation ----------------------------------------------------------------------
 
 
+def _admit_all(
+    calls: list[tuple[float, int, int, bool]], urgent_horizon: float
+) -> list[tuple[float, int, int]]:
+    """The calls the state machine admits (each at the end of its wait), one bucket of 1000
+    input and one of 500 output tokens a minute; no level ever above its limit."""
+    cfg = TokenConfig(limits=(0.0, 1000.0, 500.0, 0.0))
+    f: dict[str, Any] = {}
+    tokens_settle(f, 0.0, cfg, Settlement(answered=True))
+    now, sent = 0.0, []
+    for gap, need_in, need_out, urgent in calls:
+        now += gap
+        admitted, wait, _ = tokens_reserve(
+            f, now, cfg, (1, need_in, need_out, 0), urgent_horizon if urgent else 2.0
+        )
+        if admitted:
+            sent.append((now + wait, need_in, need_out))
+        assert f["lvl1"] <= 1000.0 and f["lvl2"] <= 500.0
+    return sent
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
@@ -353,18 +379,7 @@ def test_admitted_tokens_never_exceed_the_bucket_and_its_refill(
 ) -> None:
     """Whatever the arrivals, the tokens admitted by any time t (each at the end of its
     wait) stay within the capacity plus the refill: the provider would admit them."""
-    cfg = TokenConfig(limits=(0.0, 1000.0, 500.0, 0.0))
-    f: dict[str, Any] = {}
-    tokens_settle(f, 0.0, cfg, Settlement(answered=True))
-    now, sent = 0.0, []
-    for gap, need_in, need_out, urgent in calls:
-        now += gap
-        admitted, wait, _ = tokens_reserve(
-            f, now, cfg, (1, need_in, need_out, 0), 8.0 if urgent else 2.0
-        )
-        if admitted:
-            sent.append((now + wait, need_in, need_out))
-        assert f["lvl1"] <= 1000.0 and f["lvl2"] <= 500.0
+    sent = _admit_all(calls, 8.0)
     for t, _, _ in sent:
         upto = [s for s in sent if s[0] <= t + 1e-9]
         assert sum(s[1] for s in upto) <= 1000.0 + 1000.0 * t / 60.0 + 1e-6
@@ -467,3 +482,74 @@ def test_a_model_no_budget_covers_is_not_held() -> None:
     with guard.start(task="t") as run:
         run.begin_model_call(model="gpt-4o", estimated_input_tokens=10**6, max_output_tokens=10**6)
         assert b.reserved == 0
+
+
+def _provider_replay(cfg: TokenConfig, sent: list[tuple[float, int, int]]) -> list[int]:
+    """The calls (sent at their times, in order) a provider's capped buckets would refuse:
+    each bucket holds at most its limit and refills at limit / 60 a second."""
+    caps = (cfg.limits[1], cfg.limits[2])
+    levels, at, refused = list(caps), 0.0, []
+    for k, (t, *need) in enumerate(sorted(sent, key=lambda s: s[0])):
+        for i, cap in enumerate(caps):
+            levels[i] = min(cap, levels[i] + cap * (t - at) / 60.0)
+        at = t
+        if any(n > levels[i] + 1e-6 for i, n in enumerate(need)):
+            refused.append(k)
+        else:
+            for i, n in enumerate(need):
+                levels[i] -= n
+    return refused
+
+
+def test_a_bucket_waiting_for_another_does_not_count_refill_past_its_capacity() -> None:
+    """A call that waits for the output bucket leaves the input bucket full meanwhile, and
+    a full bucket refills no further: the input it takes is not the minute's refill, and
+    the next input-heavy call waits for it (the provider would refuse it otherwise)."""
+    cfg = TokenConfig(limits=(0.0, 1000.0, 500.0, 0.0))
+    f: dict[str, Any] = {}
+    tokens_settle(f, 0.0, cfg, Settlement(answered=True))
+    sent = []
+    for need_in, need_out in ((0, 500), (1000, 500), (1000, 0)):
+        admitted, wait, _ = tokens_reserve(f, 0.0, cfg, (1, need_in, need_out, 0), 1000.0)
+        assert admitted
+        sent.append((wait, need_in, need_out))
+    assert [s[0] for s in sent] == [0.0, 60.0, 120.0]
+    assert _provider_replay(cfg, sent) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 5), st.integers(0, 1000), st.integers(0, 500), st.booleans()),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_what_the_budget_admits_a_provider_with_capped_buckets_admits(
+    calls: list[tuple[float, int, int, bool]],
+) -> None:
+    """Whatever the arrivals, replaying the admitted calls at the end of their waits through
+    the provider's own buckets (capped at the limit) refuses none of them."""
+    sent = _admit_all(calls, 60.0)
+    assert _provider_replay(TokenConfig(limits=(0.0, 1000.0, 500.0, 0.0)), sent) == []
+
+
+def test_a_full_bucket_gains_nothing_while_the_line_waits_for_another(store: Any) -> None:
+    """In every store (the Lua twin too): a call waiting a minute for output tokens takes
+    a full input bucket when it goes, so the next input-heavy call waits another minute
+    (counting the wait's refill as well, the provider would refuse it)."""
+    clock = VirtualClock()
+    b = TokenBudget(
+        "anthropic",
+        "claude-sonnet-4",
+        input_tokens_per_minute=1000,
+        output_tokens_per_minute=500,
+        store=store,
+        clock=clock,
+    )
+    calibrated(b)
+    b.reserve(estimated_input_tokens=0, max_output_tokens=500)
+    b.reserve(estimated_input_tokens=1000, max_output_tokens=500, urgency=1.0)
+    assert clock.now() == pytest.approx(60.0, abs=0.5)
+    b.reserve(estimated_input_tokens=1000, max_output_tokens=0, urgency=1.0)
+    assert clock.now() == pytest.approx(120.0, abs=0.5)

@@ -231,7 +231,7 @@ class _CountingStore(MemoryStore):
         class Counted:
             def __getattr__(self, name: str) -> Any:
                 fn = getattr(inner, name)
-                if name in ("reserve", "settle", "areserve", "asettle"):
+                if name in ("exchange", "aexchange"):
                     outer_fn = fn
 
                     def counted(*a: Any, **kw: Any) -> Any:

@@ -12,11 +12,22 @@ the headers): they call ``begin_model_call`` without an estimate.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether._errors import LimiterTimeout
-from tether.guards._tokens import Reservation, TokenBudget, budget_for
+from tether.guards._tokens import (
+    Reservation,
+    TokenBudget,
+    adrive_for,
+    budget_for,
+    drive_for,
+    headers_of,
+    reserve_plan,
+)
 from tether.run._outcome import StopReason
+
+if TYPE_CHECKING:
+    from tether.guards._token_line import Plan
 
 __all__ = ["RunTokens", "urgency"]
 
@@ -58,42 +69,35 @@ class RunTokens:
         )
         return stopped
 
-    def reserve(
-        self, model: str, provider: str | None, estimated: int | None, max_out: int | None
-    ) -> None:
+    def _plan(
+        self, budget: TokenBudget, model: str, estimated: int, max_out: int | None
+    ) -> Plan[None]:
         """Take the call's place (waiting for it); stop the run TIMEOUT when it would come
         after the run's time budget."""
-        budget = self._budget(model, provider)
-        if budget is None or estimated is None:
-            return
         try:
-            r = budget.reserve(
-                estimated_input_tokens=estimated,
-                max_output_tokens=max_out or 0,
-                max_wait=self.run.time_left(),
-                urgency=urgency(self.run),
+            plan = reserve_plan(
+                budget, estimated, max_out or 0, self.run.time_left(), urgency(self.run)
             )
+            r = yield from plan
         except LimiterTimeout as exc:
             raise self._stopped(budget, exc) from None
         self.held.append((budget, r, model))
+
+    def reserve(
+        self, model: str, provider: str | None, estimated: int | None, max_out: int | None
+    ) -> None:
+        """Wait for the call's place in the budget that covers ``model`` (if any)."""
+        budget = self._budget(model, provider)
+        if budget is not None and estimated is not None:
+            drive_for(budget, self._plan(budget, model, estimated, max_out))
 
     async def areserve(
         self, model: str, provider: str | None, estimated: int | None, max_out: int | None
     ) -> None:
         """The async form of :meth:`reserve`."""
         budget = self._budget(model, provider)
-        if budget is None or estimated is None:
-            return
-        try:
-            r = await budget.areserve(
-                estimated_input_tokens=estimated,
-                max_output_tokens=max_out or 0,
-                max_wait=self.run.time_left(),
-                urgency=urgency(self.run),
-            )
-        except LimiterTimeout as exc:
-            raise self._stopped(budget, exc) from None
-        self.held.append((budget, r, model))
+        if budget is not None and estimated is not None:
+            await adrive_for(budget, self._plan(budget, model, estimated, max_out))
 
     def settle(self, model: str, input_tokens: int | None, output_tokens: int | None) -> None:
         """Give back what the oldest held reservation (of this model, if named) did not use."""
@@ -107,8 +111,6 @@ class RunTokens:
     def release(self, exc: BaseException | None = None) -> None:
         """The calls that got no answer (failed with ``exc``): everything back; a 429's
         Retry-After pauses the family."""
-        from tether.guards._tokens import headers_of
-
         status = getattr(exc, "status_code", None) if exc is not None else None
         while self.held:
             budget, r, _ = self.held.popleft()

@@ -37,11 +37,15 @@ __all__ = [
     "BUCKETS",
     "PROBE_WAIT",
     "Settlement",
+    "Answer",
+    "TokenAsk",
     "TokenConfig",
     "TokenOps",
     "token_ops",
+    "tokens_exchange",
     "tokens_reserve",
     "tokens_settle",
+    "tokens_view",
 ]
 
 #: the buckets of a name, in the order of every 4-tuple here
@@ -50,6 +54,8 @@ BUCKETS = ("requests", "input", "output", "tokens")
 PROBE_WAIT = 0.25
 Fields = dict[str, Any]
 Four = tuple[float, float, float, float]
+#: a reservation's answer: (admitted, wait, retry_in)
+Answer = tuple[bool, float, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,19 +113,43 @@ class Settlement:
         ]
 
 
+@dataclass(frozen=True, slots=True)
+class TokenAsk:
+    """One conversation of a process with a name in the store: settle ``pending`` (what
+    the process learned since), then, with a ``need``, reserve it within ``horizon``."""
+
+    name: str
+    now: float
+    cfg: TokenConfig
+    pending: Settlement | None = None
+    need: Four | None = None
+    horizon: float = 0.0
+
+
+def _refill(f: Fields, until: float) -> None:
+    """Bring the buckets to ``until`` (not before their own time): each refills at its limit
+    per minute and holds at most its limit, as the provider's do."""
+    dt = until - f["t"]
+    if dt <= 0:
+        return
+    for i in range(4):
+        cap = f[f"cap{i}"]
+        if cap > 0:
+            f[f"lvl{i}"] = min(cap, f[f"lvl{i}"] + cap * dt / 60.0)
+    f["t"] = until
+
+
 def _load(f: Fields, now: float, cfg: TokenConfig) -> None:
-    """Initialise a name (its buckets full at the configured limits) or refill it to ``now``."""
+    """Initialise a name (its buckets full at the configured limits) or refill it to ``now``.
+
+    The buckets' time ``t`` is the line's end: when the last call admitted goes out (it may
+    be after ``now``); their levels are what the provider's buckets hold then, after it."""
     if "t" not in f:
         f["t"], f["known"], f["probe_until"], f["paused_until"] = now, 0, 0.0, 0.0
         for i in range(4):
             f[f"cap{i}"] = f[f"lvl{i}"] = float(cfg.limits[i])
         return
-    dt = max(0.0, now - f["t"])
-    for i in range(4):
-        cap = f[f"cap{i}"]
-        if cap > 0:
-            f[f"lvl{i}"] = min(cap, f[f"lvl{i}"] + cap * dt / 60.0)
-    f["t"] = max(f["t"], now)
+    _refill(f, now)
 
 
 def tokens_settle(f: Fields, now: float, cfg: TokenConfig, s: Settlement) -> None:
@@ -135,7 +165,7 @@ def tokens_settle(f: Fields, now: float, cfg: TokenConfig, s: Settlement) -> Non
             continue
         level = min(cap, f[f"lvl{i}"] + s.refund[i])
         if s.remaining[i] >= 0:
-            said = min(cap, s.remaining[i] + cap * max(0.0, now - s.seen_at) / 60.0)
+            said = min(cap, s.remaining[i] + cap * max(0.0, f["t"] - s.seen_at) / 60.0)
             # the provider has less left than we think (callers outside the fleet, a limit
             # configured too high): believe it. Its first answer (the probe's: nothing else
             # is out) is believed either way
@@ -146,15 +176,17 @@ def tokens_settle(f: Fields, now: float, cfg: TokenConfig, s: Settlement) -> Non
     f["paused_until"] = max(f["paused_until"], s.pause_until)
 
 
-def tokens_reserve(
-    f: Fields, now: float, cfg: TokenConfig, need: Four, horizon: float
-) -> tuple[bool, float, float]:
+def tokens_reserve(f: Fields, now: float, cfg: TokenConfig, need: Four, horizon: float) -> Answer:
     """Take ``need`` from the buckets if the wait for it is within ``horizon``.
 
     Returns ``(admitted, wait, retry_in)``: admitted, go after ``wait`` seconds; or not
     admitted, the whole wait would be ``wait`` (-1: unknown, the first call is still out)
     and asking again after ``retry_in`` may succeed. A need above a bucket's capacity is
     taken as the capacity (admitted once the bucket is full: the provider decides).
+
+    A call goes out after the line (``t``) and the pause, once every bucket holds its
+    need: the buckets are brought to that time (a bucket full meanwhile, waiting for
+    another, gains nothing more) and the need is taken then; the line ends there.
     """
     _load(f, now, cfg)
     if not f["known"] and f["probe_until"] > now:
@@ -162,15 +194,17 @@ def tokens_reserve(
         # a call's latency away), the wait unknown (-1)
         out_for = now - (f["probe_until"] - cfg.probe_timeout)
         return False, -1.0, min(max(PROBE_WAIT, out_for / 2.0), f["probe_until"] - now)
-    wait = max(0.0, f["paused_until"] - now)
+    start = max(f["t"], f["paused_until"])
+    go = start
     for i in range(4):
         cap = f[f"cap{i}"]
         if cap > 0:
-            deficit = min(need[i], cap) - f[f"lvl{i}"]
-            if deficit > 0:
-                wait = max(wait, deficit * 60.0 / cap)
+            level = min(cap, f[f"lvl{i}"] + cap * (start - f["t"]) / 60.0)
+            go = max(go, start + (min(need[i], cap) - level) * 60.0 / cap)
+    wait = go - now
     if wait > horizon:
         return False, wait, wait - horizon
+    _refill(f, go)
     for i in range(4):
         cap = f[f"cap{i}"]
         if cap > 0:
@@ -180,45 +214,39 @@ def tokens_reserve(
     return True, wait, 0.0
 
 
+def tokens_exchange(f: Fields, ask: TokenAsk) -> Answer:
+    """One conversation with a name: settle what ``ask.pending`` says, then reserve
+    ``ask.need`` (none: settle only, answered ``(False, 0, 0)``)."""
+    if ask.pending is not None and not ask.pending.empty():
+        tokens_settle(f, ask.now, ask.cfg, ask.pending)
+    if ask.need is None:
+        _load(f, ask.now, ask.cfg)
+        return False, 0.0, 0.0
+    return tokens_reserve(f, ask.now, ask.cfg, ask.need, ask.horizon)
+
+
 def tokens_view(f: Fields, now: float, cfg: TokenConfig) -> dict[str, Any]:
-    """The state as the operator reads it: limits, levels, the pause."""
+    """The state as the operator reads it: limits, levels (after the line), the line, the
+    pause."""
     _load(f, now, cfg)
     return {
         "limits": {b: f[f"cap{i}"] for i, b in enumerate(BUCKETS) if f[f"cap{i}"] > 0},
         "levels": {b: f[f"lvl{i}"] for i, b in enumerate(BUCKETS) if f[f"cap{i}"] > 0},
         "calibrated": bool(f["known"]),
+        "line": max(0.0, f["t"] - now),
         "paused_for": max(0.0, f["paused_until"] - now),
     }
 
 
 class TokenOps(Protocol):
-    """A store's token operations (see :func:`token_ops`)."""
+    """A store's token operations (see :func:`token_ops`): one exchange (a settlement, a
+    reservation or both: one round trip), the view, a reset."""
 
-    def reserve(
-        self,
-        name: str,
-        now: float,
-        cfg: TokenConfig,
-        need: Four,
-        horizon: float,
-        pending: Settlement | None = None,
-    ) -> tuple[bool, float, float]: ...
+    def exchange(self, ask: TokenAsk) -> Answer: ...
 
-    def settle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None: ...
+    async def aexchange(self, ask: TokenAsk) -> Answer: ...
 
     def view(self, name: str, now: float, cfg: TokenConfig) -> dict[str, Any]: ...
-
-    async def areserve(
-        self,
-        name: str,
-        now: float,
-        cfg: TokenConfig,
-        need: Four,
-        horizon: float,
-        pending: Settlement | None = None,
-    ) -> tuple[bool, float, float]: ...
-
-    async def asettle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None: ...
 
     def reset(self, name: str | None = None) -> None: ...
 
@@ -230,42 +258,16 @@ class MemoryTokens:
         self._lock = threading.Lock()
         self._data: dict[str, Fields] = {}
 
-    def reserve(
-        self,
-        name: str,
-        now: float,
-        cfg: TokenConfig,
-        need: Four,
-        horizon: float,
-        pending: Settlement | None = None,
-    ) -> tuple[bool, float, float]:
+    def exchange(self, ask: TokenAsk) -> Answer:
         with self._lock:
-            f = self._data.setdefault(name, {})
-            if pending is not None and not pending.empty():
-                tokens_settle(f, now, cfg, pending)
-            return tokens_reserve(f, now, cfg, need, horizon)
+            return tokens_exchange(self._data.setdefault(ask.name, {}), ask)
 
-    def settle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None:
-        with self._lock:
-            tokens_settle(self._data.setdefault(name, {}), now, cfg, s)
+    async def aexchange(self, ask: TokenAsk) -> Answer:
+        return self.exchange(ask)
 
     def view(self, name: str, now: float, cfg: TokenConfig) -> dict[str, Any]:
         with self._lock:
             return tokens_view(self._data.setdefault(name, {}), now, cfg)
-
-    async def areserve(
-        self,
-        name: str,
-        now: float,
-        cfg: TokenConfig,
-        need: Four,
-        horizon: float,
-        pending: Settlement | None = None,
-    ) -> tuple[bool, float, float]:
-        return self.reserve(name, now, cfg, need, horizon, pending)
-
-    async def asettle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None:
-        self.settle(name, now, cfg, s)
 
     def reset(self, name: str | None = None) -> None:
         with self._lock:

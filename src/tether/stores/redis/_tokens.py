@@ -18,7 +18,7 @@ from tether.stores._tokens import Settlement, TokenConfig, tokens_view
 from tether.stores.redis._tokens_lua import TOKENS
 
 if TYPE_CHECKING:
-    from tether.stores._tokens import Four, TokenOps
+    from tether.stores._tokens import Answer, TokenAsk, TokenOps
     from tether.stores.redis._connection import Connection, Plan
 
 __all__ = ["TOKENS", "Tokens"]
@@ -41,67 +41,21 @@ class Tokens:
     def fallback(self) -> TokenOps:
         return self.conn.fallback.tokens()
 
-    def _p_run(
-        self,
-        mode: str,
-        name: str,
-        now: float,
-        cfg: TokenConfig,
-        need: Four,
-        horizon: float,
-        pending: Settlement | None,
-    ) -> Plan[tuple[bool, float, float] | None]:
-        s = pending or Settlement()
-        args = [
-            now,
-            mode,
-            self.conn.ttl_ms,
-            cfg.probe_timeout,
-            horizon,
-            *cfg.limits,
-            *need,
-            *s.args(),
-        ]
-        r = yield ("tokens", self.key(name), args)
-        if r is None:
-            if mode == "settle":
-                self.fallback.settle(name, now, cfg, s)
-                return None
-            return self.fallback.reserve(name, now, cfg, need, horizon, pending)
+    def _p_exchange(self, ask: TokenAsk) -> Plan[Answer]:
+        s, need = ask.pending or Settlement(), ask.need
+        mode = "settle" if need is None else "reserve"
+        args = [ask.now, mode, self.conn.ttl_ms, ask.cfg.probe_timeout, ask.horizon]
+        args += [*ask.cfg.limits, *(need or (0.0, 0.0, 0.0, 0.0)), *s.args()]
+        r = yield ("tokens", self.key(ask.name), args)
+        if r is None:  # Redis is away: this process's memory
+            return self.fallback.exchange(ask)
         return bool(int(r[0])), float(_s(r[1])), float(_s(r[2]))
 
-    def reserve(
-        self,
-        name: str,
-        now: float,
-        cfg: TokenConfig,
-        need: Four,
-        horizon: float,
-        pending: Settlement | None = None,
-    ) -> tuple[bool, float, float]:
-        answer = self.conn.drive(self._p_run("reserve", name, now, cfg, need, horizon, pending))
-        assert answer is not None
-        return answer
+    def exchange(self, ask: TokenAsk) -> Answer:
+        return self.conn.drive(self._p_exchange(ask))
 
-    async def areserve(
-        self,
-        name: str,
-        now: float,
-        cfg: TokenConfig,
-        need: Four,
-        horizon: float,
-        pending: Settlement | None = None,
-    ) -> tuple[bool, float, float]:
-        plan = self._p_run("reserve", name, now, cfg, need, horizon, pending)
-        answer = await self.conn.adrive(plan)
-        assert answer is not None
-        return answer
-
-    def settle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None:
-        self.conn.drive(self._p_run("settle", name, now, cfg, (0.0, 0.0, 0.0, 0.0), 0.0, s))
-
-    async def asettle(self, name: str, now: float, cfg: TokenConfig, s: Settlement) -> None:
-        await self.conn.adrive(self._p_run("settle", name, now, cfg, (0.0, 0.0, 0.0, 0.0), 0.0, s))
+    async def aexchange(self, ask: TokenAsk) -> Answer:
+        return await self.conn.adrive(self._p_exchange(ask))
 
     def view(self, name: str, now: float, cfg: TokenConfig) -> dict[str, Any]:
         try:

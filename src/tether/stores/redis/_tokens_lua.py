@@ -45,7 +45,7 @@ for i = 1, 4 do
   if cap[i] > 0 then
     local level = math.min(cap[i], lvl[i] + refund)
     if remaining >= 0 then
-      local said = math.min(cap[i], remaining + cap[i] * math.max(0, now - seen_at) / 60.0)
+      local said = math.min(cap[i], remaining + cap[i] * math.max(0, t - seen_at) / 60.0)
       if answered > 0 and known == 0 then level = said else level = math.min(level, said) end
     end
     lvl[i] = level
@@ -66,17 +66,25 @@ if known == 0 and probe_until > now then
   local out_for = now - (probe_until - probe_timeout)
   return {0, '-1', fmt(math.min(math.max(PROBE_WAIT, out_for / 2.0), probe_until - now))}
 end
-local wait = math.max(0, paused_until - now)
+-- the call goes out after the line (t) and the pause, once every bucket holds its need;
+-- the buckets are brought to then (a full bucket gains nothing more), the need taken then
+local start = math.max(t, paused_until)
+local go = start
 for i = 1, 4 do
   if cap[i] > 0 then
-    local deficit = math.min(tonumber(ARGV[9 + i]), cap[i]) - lvl[i]
-    if deficit > 0 then wait = math.max(wait, deficit * 60.0 / cap[i]) end
+    local level = math.min(cap[i], lvl[i] + cap[i] * (start - t) / 60.0)
+    go = math.max(go, start + (math.min(tonumber(ARGV[9 + i]), cap[i]) - level) * 60.0 / cap[i])
   end
 end
+local wait = go - now
 if wait > horizon then save(); return {0, fmt(wait), fmt(wait - horizon)} end
 for i = 1, 4 do
-  if cap[i] > 0 then lvl[i] = lvl[i] - math.min(tonumber(ARGV[9 + i]), cap[i]) end
+  if cap[i] > 0 then
+    lvl[i] = math.min(cap[i], lvl[i] + cap[i] * math.max(0, go - t) / 60.0)
+    lvl[i] = lvl[i] - math.min(tonumber(ARGV[9 + i]), cap[i])
+  end
 end
+t = math.max(t, go)
 if known == 0 then probe_until = now + probe_timeout end
 save()
 return {1, fmt(wait), '0'}

@@ -1,0 +1,200 @@
+"""What a token budget learns from responses: the headers' limits and levels, a 429's
+pause, and the bias of its own token estimate.
+
+Pure parts of :class:`tether.TokenBudget`: :func:`rate_limit_headers` reads both
+providers' header shapes, :class:`Estimator` learns how far ``estimate_tokens`` is off for
+a family, and :func:`settlement_of` turns one response into the
+:class:`~tether.stores._tokens.Settlement` the store applies.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tether.classification._classify import _header, _parse_reset, retry_after_from_headers
+from tether.stores._tokens import Settlement
+
+if TYPE_CHECKING:
+    from tether.stores._tokens import Four
+
+__all__ = [
+    "Estimator",
+    "Reservation",
+    "estimate_tokens",
+    "headers_of",
+    "rate_limit_headers",
+    "settlement_of",
+]
+
+#: header names per bucket (requests, input, output, tokens): limit, remaining, reset
+_HEADERS = (
+    [
+        (
+            "anthropic-ratelimit-requests-limit",
+            "anthropic-ratelimit-requests-remaining",
+            "anthropic-ratelimit-requests-reset",
+        ),
+        (
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+        ),
+    ],
+    [
+        (
+            "anthropic-ratelimit-input-tokens-limit",
+            "anthropic-ratelimit-input-tokens-remaining",
+            "anthropic-ratelimit-input-tokens-reset",
+        )
+    ],
+    [
+        (
+            "anthropic-ratelimit-output-tokens-limit",
+            "anthropic-ratelimit-output-tokens-remaining",
+            "anthropic-ratelimit-output-tokens-reset",
+        )
+    ],
+    [("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")],
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A model call's place in its token budget: what it took and how long it waited."""
+
+    name: str
+    need: Four
+    estimated_input_tokens: int
+    max_output_tokens: int
+    waited: float
+
+
+def _number(raw: str | None) -> float | None:
+    if raw is None or len(raw) > 32:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if 0 <= value < math.inf else None
+
+
+def rate_limit_headers(
+    headers: Any, now_wall: float
+) -> tuple[list[float], list[float], list[float | None]]:
+    """A response's rate-limit headers as (limits, remaining, resets in seconds) per bucket
+    (requests, input, output, tokens); 0, -1 and None where a header is absent or garbage.
+
+    Anthropic's ``anthropic-ratelimit-{requests,input-tokens,output-tokens}-*`` (reset as
+    RFC 3339) and OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` (reset
+    as a duration, ``6m0s``, ``20ms``). Anthropic's ``anthropic-ratelimit-tokens-*`` is the
+    most restrictive of its input and output limits: the two buckets say more.
+    """
+    limits, remaining = [0.0] * 4, [-1.0] * 4
+    resets: list[float | None] = [None] * 4
+    if headers is None:
+        return limits, remaining, resets
+    for i, names in enumerate(_HEADERS):
+        for limit_name, remaining_name, reset_name in names:
+            limit = _number(_header(headers, limit_name))
+            left = _number(_header(headers, remaining_name))
+            if limit is None and left is None:
+                continue
+            if limit:
+                limits[i] = limit
+            if left is not None:
+                remaining[i] = left
+            raw = _header(headers, reset_name)
+            resets[i] = _parse_reset(raw, now_wall) if raw else None
+            break
+    return limits, remaining, resets
+
+
+def headers_of(obj: Any) -> Mapping[str, str] | None:
+    """The HTTP headers of an SDK response or error, when it carries them."""
+    response = getattr(obj, "response", None)
+    headers = getattr(response, "headers", None) or getattr(obj, "headers", None)
+    return headers if headers is not None else None
+
+
+def estimate_tokens(*parts: Any) -> int:
+    """A prompt's tokens, estimated without a tokenizer: about four characters a token of
+    its JSON text (messages, system prompt, tools). The budget corrects it from usage."""
+    chars = 0
+    for part in parts:
+        if part is None:
+            continue
+        if isinstance(part, str):
+            chars += len(part)
+        else:
+            chars += len(json.dumps(part, default=str, ensure_ascii=False))
+    return max(1, math.ceil(chars / 4))
+
+
+class Estimator:
+    """How far a family's prompt estimates are off: the ratio usage / estimate, learned
+    from the responses (an exponential average), and its mean absolute deviation."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.ratio = 1.0
+        self.spread = 0.0
+
+    def need(self, estimated_input_tokens: int, max_output_tokens: int) -> Four:
+        """What a call reserves: one request, the estimate with its bias and three times
+        its spread (an estimate that falls short near an empty bucket is a 429; one that
+        is too large only holds tokens until the usage gives them back), ``max_tokens``."""
+        factor = min(4.0, max(self.ratio + 3.0 * self.spread, 0.5))
+        est = math.ceil(estimated_input_tokens * factor)
+        return 1.0, float(est), float(max_output_tokens), float(est + max_output_tokens)
+
+    def learn(self, estimated: int, used: float) -> None:
+        if estimated > 0 and used > 0:
+            with self._lock:
+                seen = used / estimated
+                self.spread = 0.9 * self.spread + 0.1 * abs(seen - self.ratio)
+                self.ratio = 0.9 * self.ratio + 0.1 * seen
+
+    def reset(self) -> None:
+        with self._lock:
+            self.ratio, self.spread = 1.0, 0.0
+
+
+def _refund(
+    r: Reservation, input_tokens: int | None, output_tokens: int | None, sent: bool
+) -> list[float]:
+    if input_tokens is None and output_tokens is None:
+        # no usage: nothing was generated; a refused (429) call took no tokens at all
+        return [0.0 if sent else 1.0, r.need[1], r.need[2], r.need[3]]
+    used_in, used_out = float(input_tokens or 0), float(output_tokens or 0)
+    return [0.0, r.need[1] - used_in, r.need[2] - used_out, r.need[3] - used_in - used_out]
+
+
+def settlement_of(
+    r: Reservation,
+    input_tokens: int | None,
+    output_tokens: int | None,
+    headers: Any,
+    status: int | None,
+    now: float,
+) -> Settlement:
+    """What a response (or a 429, or no answer) says to the store: the refund from its
+    usage, the headers' limits and levels, a 429's pause (its Retry-After, else the reset
+    of an exhausted bucket)."""
+    s = Settlement(seen_at=now)
+    s.refund = _refund(r, input_tokens, output_tokens, status is None or status != 429)
+    limits, remaining, resets = rate_limit_headers(headers, now)
+    s.limit, s.remaining = limits, remaining
+    s.answered = status is not None or input_tokens is not None
+    if status == 429:
+        wait = retry_after_from_headers(headers, now_wall=now, include_reset=False)
+        if wait is None:
+            exhausted = [x for i, x in enumerate(resets) if x is not None and remaining[i] == 0]
+            wait = max(exhausted or [1.0])
+        s.pause_until = now + wait
+    return s
