@@ -366,14 +366,16 @@ def _admit_all(
     return sent
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.floats(0, 5), st.integers(0, 400), st.integers(0, 400), st.booleans()),
-        min_size=1,
-        max_size=60,
+def _arrivals(max_input: int, max_output: int) -> st.SearchStrategy[list[Any]]:
+    """Calls as (gap before it, input tokens, output tokens, urgent)."""
+    call = st.tuples(
+        st.floats(0, 5), st.integers(0, max_input), st.integers(0, max_output), st.booleans()
     )
-)
+    return st.lists(call, min_size=1, max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_arrivals(400, 400))
 def test_admitted_tokens_never_exceed_the_bucket_and_its_refill(
     calls: list[tuple[float, int, int, bool]],
 ) -> None:
@@ -518,13 +520,7 @@ def test_a_bucket_waiting_for_another_does_not_count_refill_past_its_capacity() 
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.floats(0, 5), st.integers(0, 1000), st.integers(0, 500), st.booleans()),
-        min_size=1,
-        max_size=60,
-    )
-)
+@given(_arrivals(1000, 500))
 def test_what_the_budget_admits_a_provider_with_capped_buckets_admits(
     calls: list[tuple[float, int, int, bool]],
 ) -> None:
