@@ -4,12 +4,21 @@ of an adapter, model-call retries, and tool results for the model."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from typing import Any, ClassVar, TypedDict, TypeVar, cast
 
 from tether import Run, Tool, telemetry
 from tether.guards._breaker import breakers
@@ -20,7 +29,14 @@ from tether.integrations._translate import translation
 from tether.retries._policy import RetryPolicy
 from tether.run._fallbacks import fallback_chain
 
-__all__ = ["AsyncGuardedStream", "Guarded", "GuardedStream", "Tool"]
+__all__ = [
+    "AsyncGuardedStream",
+    "Guarded",
+    "GuardedStream",
+    "Tool",
+    "ToolRuleOptions",
+    "ToolRules",
+]
 
 _log = logging.getLogger("tether")
 T = TypeVar("T")
@@ -77,6 +93,25 @@ def _labels(labels: Mapping[str, str] | None) -> dict[str, str]:
         if not isinstance(label, str) or not label.strip():
             raise ValueError(f"labels[{name!r}] must be a non-empty string, got {label!r}")
     return dict(labels)
+
+
+class ToolRuleOptions(TypedDict, total=False):
+    """The rules an adapter takes for a framework's tools, by tool name, declared once for
+    every adapter (see :class:`ToolRules`): per-attempt timeouts, which need a person's
+    approval (True or a predicate of the arguments), how to undo them, and the label the
+    customer reads for each tool's effect."""
+
+    timeouts: Mapping[str, float] | None
+    requires_approval: Mapping[str, Any] | None
+    compensate: Mapping[str, Callable[[Any], Any]] | None
+    labels: Mapping[str, str] | None
+
+
+def take_rules(options: dict[str, Any]) -> ToolRuleOptions:
+    """The tool rules among an entry point's keywords (taken out of ``options``; what is
+    left goes to the framework)."""
+    names = ToolRuleOptions.__optional_keys__
+    return cast("ToolRuleOptions", {n: options.pop(n) for n in list(options) if n in names})
 
 
 class ToolRules:
@@ -293,16 +328,35 @@ class _Endpoint:
             left = owner.run.time_left() if owner.run is not None else left
         if kwargs.get("stream"):
             return self._stream(kwargs, left, gate)
-        with telemetry.span(
-            f"chat {kwargs.get('model', '')}", **_request_attributes(owner, kwargs)
-        ) as span:
-            try:
-                response = owner.policy.call_within(left, lambda: self._send(gate, kwargs))
-            finally:
-                self._counted_retries()
+        with self._span(kwargs) as span:
+            response = self._within(left, lambda: self._send(gate, kwargs))
             _response_attributes(span, response)
-        if owner.run is not None:
-            self._count(owner.run, response)
+        return self._counted(response)
+
+    def _span(self, kwargs: dict[str, Any]) -> Any:
+        """The request's ``chat`` span (OpenTelemetry's GenAI conventions)."""
+        owner = self._owner
+        return telemetry.span(
+            f"chat {kwargs.get('model', '')}", **_request_attributes(owner, kwargs)
+        )
+
+    def _within(self, left: float | None, fn: Callable[[], T]) -> T:
+        """``fn()`` under the client's policy within ``left``; its retries counted in the run."""
+        try:
+            return self._owner.policy.call_within(left, fn)
+        finally:
+            self._counted_retries()
+
+    async def _awithin(self, left: float | None, fn: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await self._owner.policy.acall_within(left, fn)
+        finally:
+            self._counted_retries()
+
+    def _counted(self, response: Any) -> Any:
+        """The response, its usage counted in the run."""
+        if self._owner.run is not None:
+            self._count(self._owner.run, response)
         return response
 
     def _send(self, gate: TokenGate | None, kwargs: dict[str, Any]) -> Any:
@@ -323,10 +377,7 @@ class _Endpoint:
             events = iter(stream)
             return stream, events, next(events)
 
-        try:
-            stream, events, first = self._owner.policy.call_within(left, open_first)
-        finally:
-            self._counted_retries()
+        stream, events, first = self._within(left, open_first)
         return GuardedStream(stream, events, first, self._owner.run)
 
     async def _astream(
@@ -337,10 +388,7 @@ class _Endpoint:
             events = stream.__aiter__()
             return stream, events, await events.__anext__()
 
-        try:
-            stream, events, first = await self._owner.policy.acall_within(left, open_first)
-        finally:
-            self._counted_retries()
+        stream, events, first = await self._awithin(left, open_first)
         return AsyncGuardedStream(stream, events, first, self._owner.run)
 
     async def _acall(
@@ -352,17 +400,10 @@ class _Endpoint:
             left = owner.run.time_left() if owner.run is not None else left
         if kwargs.get("stream"):
             return await self._astream(kwargs, left, gate)
-        with telemetry.span(
-            f"chat {kwargs.get('model', '')}", **_request_attributes(owner, kwargs)
-        ) as span:
-            try:
-                response = await owner.policy.acall_within(left, lambda: self._asend(gate, kwargs))
-            finally:
-                self._counted_retries()
+        with self._span(kwargs) as span:
+            response = await self._awithin(left, lambda: self._asend(gate, kwargs))
             _response_attributes(span, response)
-        if owner.run is not None and not kwargs.get("stream"):
-            self._count(owner.run, response)
-        return response
+        return self._counted(response)
 
 
 class _StreamUsage:
@@ -415,9 +456,23 @@ class _StreamBase:
         self.error: BaseException | None = None
         self._usage = _StreamUsage()
 
-    def _broke(self, exc: BaseException) -> None:
-        self.truncated, self.error = True, exc
-        _log.warning("tether: stream broke after content arrived (%s); reply marked truncated", exc)
+    def _seen(self, event: Any) -> Any:
+        self._usage.see(event)
+        return event
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """While the events after the first are read: a break ends the stream as
+        truncated; whatever happens, the usage seen is counted in the run."""
+        try:
+            yield
+        except Exception as exc:
+            self.truncated, self.error = True, exc
+            _log.warning(
+                "tether: stream broke after content arrived (%s); reply marked truncated", exc
+            )
+        finally:
+            self._usage.record(self._run)
 
 
 class GuardedStream(_StreamBase):
@@ -429,16 +484,10 @@ class GuardedStream(_StreamBase):
     """
 
     def __iter__(self) -> Any:
-        self._usage.see(self._first)
-        yield self._first
-        try:
+        yield self._seen(self._first)
+        with self._reading():
             for event in self._events:
-                self._usage.see(event)
-                yield event
-        except Exception as exc:
-            self._broke(exc)
-        finally:
-            self._usage.record(self._run)
+                yield self._seen(event)
 
     def close(self) -> None:
         close = getattr(self.stream, "close", None)
@@ -456,16 +505,10 @@ class AsyncGuardedStream(_StreamBase):
     """The async form of :class:`GuardedStream`."""
 
     async def __aiter__(self) -> Any:
-        self._usage.see(self._first)
-        yield self._first
-        try:
+        yield self._seen(self._first)
+        with self._reading():
             async for event in self._events:
-                self._usage.see(event)
-                yield event
-        except Exception as exc:
-            self._broke(exc)
-        finally:
-            self._usage.record(self._run)
+                yield self._seen(event)
 
     async def close(self) -> None:
         close = getattr(self.stream, "close", None)

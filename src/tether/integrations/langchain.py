@@ -20,14 +20,19 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Annotated, Any, NotRequired
+from typing import Annotated, Any, NotRequired, Unpack
 
 from typing_extensions import TypedDict
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError
 from tether._errors import CheckpointError, TetherError, require
 from tether.guards._tokens import estimate_tokens
-from tether.integrations._common import ToolRules, require_a_place_to_wait, result_text
+from tether.integrations._common import (
+    ToolRuleOptions,
+    ToolRules,
+    require_a_place_to_wait,
+    result_text,
+)
 from tether.integrations._tokens import DEFAULT_MAX_OUTPUT
 
 require("langchain", "langchain")
@@ -154,13 +159,10 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         guard: Guard,
         side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
         *,
-        timeouts: Mapping[str, float] | None = None,
-        requires_approval: Mapping[str, Any] | None = None,
-        compensate: Mapping[str, Callable[[Any], Any]] | None = None,
-        labels: Mapping[str, str] | None = None,
         read_only: Iterable[str] = (),
         volatile: Mapping[str, Iterable[str]] | None = None,
         key: str | Callable[[Mapping[str, Any]], str | None] | None = None,
+        **rules: Unpack[ToolRuleOptions],
     ) -> None:
         super().__init__()
         if not isinstance(guard, Guard):
@@ -174,15 +176,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         # model calls: retried at this one layer, classified by tether, within the run's time
         self._policy = guard.retry.replace(name="model")
         self._warned = False
-        self._tools = ToolGuard(
-            side_effects,
-            timeouts,
-            requires_approval,
-            compensate,
-            labels=labels,
-            volatile=volatile,
-            read_only=read_only,
-        )
+        self._tools = ToolGuard(side_effects, volatile=volatile, read_only=read_only, **rules)
         require_a_place_to_wait(guard, self._tools.rules.needing_approval())
         self.side_effects = self._tools.side_effects
         # runs rebuilt from a snapshot, shared by the hooks that hold them at once (parallel
@@ -468,15 +462,12 @@ class ToolGuard:
     def __init__(
         self,
         side_effects: Any = None,
-        timeouts: Mapping[str, float] | None = None,
-        requires_approval: Mapping[str, Any] | None = None,
-        compensate: Mapping[str, Callable[[Any], Any]] | None = None,
         *,
-        labels: Mapping[str, str] | None = None,
         volatile: Mapping[str, Iterable[str]] | None = None,
         read_only: Iterable[str] = (),
+        **rules: Unpack[ToolRuleOptions],
     ) -> None:
-        self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
+        self.rules = ToolRules(side_effects, **rules)
         self.side_effects = self.rules.side_effects
         self.timeouts = self.rules.timeouts
         self.volatile = _volatile(volatile)

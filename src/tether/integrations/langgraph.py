@@ -101,7 +101,7 @@ def tool_wrapper(
     drain it: LangGraph stops at the next superstep with a resumable checkpoint."""
     from tether.integrations.langchain import ToolGuard
 
-    guard = ToolGuard(side_effects, timeouts, labels=labels, volatile=volatile)
+    guard = ToolGuard(side_effects, timeouts=timeouts, labels=labels, volatile=volatile)
     return _ToolWrapper(run, guard, control)
 
 

@@ -32,7 +32,12 @@ from typing import Any
 from tether import Guard, Outcome, Run, Stopped, StopReason, UnknownModelError
 from tether._errors import require
 from tether.integrations._arguments import same_arguments
-from tether.integrations._common import ToolRules, blocking, require_a_place_to_wait
+from tether.integrations._common import (
+    ToolRules,
+    blocking,
+    require_a_place_to_wait,
+    take_rules,
+)
 from tether.redaction._redact import redact
 
 require("agents", "openai-agents")
@@ -172,19 +177,17 @@ class _Session:
         *,
         guard: Guard,
         side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
-        timeouts: Mapping[str, float] | None = None,
-        requires_approval: Mapping[str, Any] | None = None,
-        compensate: Mapping[str, Callable[[Any], Any]] | None = None,
         resume: str | None = None,
         snapshot: Mapping[str, Any] | None = None,
         key: str | None = None,
-        labels: Mapping[str, str] | None = None,
         context: Any = None,
         max_turns: int | None = None,
         run_config: RunConfig | None = None,
         **options: Any,
     ) -> None:
-        rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
+        # the tools' rules (timeouts, requires_approval, compensate, labels); the rest of
+        # the keywords go to Runner.run
+        rules = ToolRules(side_effects, **take_rules(options))
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
         if not isinstance(agent, Agent):

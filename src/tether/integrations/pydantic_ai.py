@@ -32,36 +32,31 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError, UnknownModelError
 from tether._errors import require
 from tether.guards._tokens import estimate_tokens
 from tether.integrations._common import (
     ModelRetries,
+    ToolRuleOptions,
     ToolRules,
     blocking,
     provider_breaker,
     require_a_place_to_wait,
+    take_rules,
 )
 from tether.integrations._tokens import DEFAULT_MAX_OUTPUT
 from tether.retries._policy import RetryPolicy
 
 require("pydantic_ai", "pydantic-ai")
 
-from pydantic_ai import Agent, ModelRetry  # noqa: E402 - after the extra check
-from pydantic_ai.capabilities import AbstractCapability  # noqa: E402
-from pydantic_ai.exceptions import (  # noqa: E402
-    ApprovalRequired,
-    CallDeferred,
-    RetryModelRequest,
-    RunTimedOut,
-    SkipToolExecution,
-    ToolFailedError,
-    ToolRetryError,
-    UsageLimitExceeded,
-    UserError,
+from pydantic_ai import (  # noqa: E402 - after the extra check
+    Agent,
+    ModelRetry,
+    exceptions,
 )
+from pydantic_ai.capabilities import AbstractCapability  # noqa: E402
 from pydantic_ai.messages import ToolCallPart  # noqa: E402
 from pydantic_ai.tools import DeferredToolRequests  # noqa: E402
 
@@ -71,7 +66,13 @@ _log = logging.getLogger("tether")
 
 #: PydanticAI's control flow raised inside a tool call: tether records the failure of the
 #: intent and hands the original back to the framework.
-_CONTROL_FLOW = (ToolRetryError, CallDeferred, ApprovalRequired, SkipToolExecution, ToolFailedError)
+_CONTROL_FLOW = (
+    exceptions.ToolRetryError,
+    exceptions.CallDeferred,
+    exceptions.ApprovalRequired,
+    exceptions.SkipToolExecution,
+    exceptions.ToolFailedError,
+)
 #: The run of the tool call in progress: a delegate agent called inside it joins that run.
 _CALLER: contextvars.ContextVar[_Live | None] = contextvars.ContextVar(
     "tether_pydantic_ai_caller", default=None
@@ -179,7 +180,7 @@ def free_test_model(model: Any) -> bool:
     )
 
 
-def _limit_reason(exc: UsageLimitExceeded) -> StopReason:
+def _limit_reason(exc: exceptions.UsageLimitExceeded) -> StopReason:
     text = str(exc)
     if "request_limit" in text:
         return StopReason.MAX_MODEL_CALLS
@@ -214,17 +215,14 @@ class TetherCapability(AbstractCapability[Any]):
         guard: Guard,
         side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
         *,
-        timeouts: Mapping[str, float] | None = None,
-        requires_approval: Mapping[str, Any] | None = None,
-        compensate: Mapping[str, Callable[[Any], Any]] | None = None,
         resume: str | None = None,
         key: str | None = None,
-        labels: Mapping[str, str] | None = None,
+        **rules: Unpack[ToolRuleOptions],
     ) -> None:
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
         self.guard = guard
-        self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
+        self.rules = ToolRules(side_effects, **rules)
         require_a_place_to_wait(guard, self.rules.needing_approval())
         self.side_effects = self.rules.side_effects
         self._resume = resume
@@ -309,11 +307,13 @@ class TetherCapability(AbstractCapability[Any]):
             raise error
         if isinstance(error, Stopped):
             pass
-        elif isinstance(error, UsageLimitExceeded):
+        elif isinstance(error, exceptions.UsageLimitExceeded):
             run.halt(_limit_reason(error), f"PydanticAI usage limit: {error}")
-        elif isinstance(error, RunTimedOut):
+        elif isinstance(error, exceptions.RunTimedOut):
             run.halt(StopReason.TIMEOUT, f"PydanticAI run timeout: {error}")
-        elif isinstance(error, UserError | UnknownModelError):  # the caller's configuration
+        elif isinstance(
+            error, exceptions.UserError | UnknownModelError
+        ):  # the caller's configuration
             run.note_error(error)
             run.halt(StopReason.ERROR, type(error).__name__)
             self._finish(str(ctx.run_id), run, self._messages(ctx))
@@ -419,7 +419,7 @@ class TetherCapability(AbstractCapability[Any]):
         if delay is None:
             raise error
         await live.run.clock.asleep(delay)
-        raise RetryModelRequest()
+        raise exceptions.RetryModelRequest()
 
     @staticmethod
     async def _settle(live: _Live, verdict: Any) -> None:
@@ -563,12 +563,8 @@ async def run(
     *,
     guard: Guard,
     side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
-    timeouts: Mapping[str, float] | None = None,
-    requires_approval: Mapping[str, Any] | None = None,
-    compensate: Mapping[str, Callable[[Any], Any]] | None = None,
     resume: str | None = None,
     key: str | None = None,
-    labels: Mapping[str, str] | None = None,
     **agent_options: Any,
 ) -> Outcome:
     """Run ``agent`` on ``prompt`` under ``guard``; the :class:`tether.Outcome`.
@@ -587,16 +583,8 @@ async def run(
         raise TypeError(f"agent must be a pydantic_ai.Agent, got {agent!r}")
     if key is None and agent_options.get("deferred_tool_results") is not None:
         key = _paused_request(agent_options.get("message_history"))
-    capability = TetherCapability(
-        guard,
-        side_effects,
-        timeouts=timeouts,
-        compensate=compensate,
-        requires_approval=requires_approval,
-        resume=resume,
-        key=key,
-        labels=labels,
-    )
+    rules = take_rules(agent_options)  # the tools' rules; the rest goes to agent.run
+    capability = TetherCapability(guard, side_effects, resume=resume, key=key, **rules)
     extra = list(agent_options.pop("capabilities", None) or ())
     try:
         result = await agent.run(prompt, capabilities=[capability, *extra], **agent_options)
