@@ -147,6 +147,19 @@ def test_the_live_suite_runs_real_processes_against_real_redis(redis_url: str) -
     assert live["completion_s"] >= 2.0
     assert 0 < live["round_trips_per_call"] < 50
     assert set(live["round_trips_by_script"]) >= {"limiter_acquire", "breaker_record"}
+    from tether.bench._fleet import CALL_CLASSES
+
+    for run in (live, sim):  # every call in one class; one first call per job
+        assert sum(run["calls_by_class"][c] for c in CALL_CLASSES) == run["total_calls"]
+        assert run["calls_by_class"]["retries"] == run["total_calls"] - 40
+    from tether.bench._live_report import live_tables
+
+    tables = live_tables({"scenarios": {"outage-2": report}})
+    head, rows = tables["fleet-live: where the calls went"]
+    assert [row[:3] for row in rows] == [
+        ["outage-2", "live", str(live["total_calls"])],
+        ["outage-2", "simulated", str(sim["total_calls"])],
+    ]
 
 
 def test_acall_uses_the_asyncio_redis_client(redis_url: str) -> None:

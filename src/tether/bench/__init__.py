@@ -205,15 +205,9 @@ def run(
 
         out["suites"]["tau-live"] = run_live_tau(tau_data, tasks=tau_tasks, progress=note)
     if "fleet-live" in suites:
-        from tether.bench._live import LIVE_SCENARIOS, measure_shard, projection, run_live
+        from tether.bench._live import run_live_suite
 
-        live = {}
-        for name, outage in LIVE_SCENARIOS.items():
-            live[name] = run_live(outage, seed=seed)
-            note(f"fleet-live: {name}", len(LIVE_SCENARIOS) + 1)
-        shard = measure_shard()
-        note("fleet-live: shard capacity", len(LIVE_SCENARIOS) + 1)
-        out["suites"]["fleet-live"] = {"scenarios": live, "redis_load": projection(live, shard)}
+        out["suites"]["fleet-live"] = run_live_suite(scenarios, seed=seed, progress=note)
     if "serve" in suites:
         from tether.bench._serve import SIZES, run_serve
 

@@ -18,9 +18,10 @@ import queue as queue_mod
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["LIVE_SCENARIOS", "run_live"]
+__all__ = ["LIVE_SCENARIOS", "run_live", "run_live_suite"]
 
 LATENCY = 0.05
 TICKS = 10
@@ -41,6 +42,7 @@ def _server_main(
     load: Counter[int] = Counter()
     ticks: Counter[int] = Counter()
     total = [0]
+    log: list[tuple[float, int, bool]] = []  # (sent at, status, a job's first call)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -48,8 +50,10 @@ def _server_main(
                 line = await reader.readline()
                 if not line:
                     break
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass
+                sent, first = time.time() - start_at, True
+                while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    if header.lower().startswith(b"x-call:"):
+                        first = header.split(b":", 1)[1].strip() == b"1"
                 await asyncio.sleep(LATENCY)
                 now = time.time() - start_at
                 total[0] += 1
@@ -62,6 +66,7 @@ def _server_main(
                     status = b"429 Too Many Requests"
                 else:
                     status = b"200 OK"
+                log.append((sent, int(status.split()[0]), first))
                 writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: 2\r\n\r\nok")
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -75,7 +80,7 @@ def _server_main(
         while not stop.is_set() and time.time() < start_at + stop_after:
             await asyncio.sleep(0.1)
         server.close()
-        result_q.put({"total": total[0], "load": dict(load)})
+        result_q.put({"total": total[0], "load": dict(load), "log": log})
 
     asyncio.run(main())
 
@@ -97,23 +102,31 @@ def _worker_main(
     result_q: Any,
 ) -> None:
     """One worker process: ``clients`` jobs sharing this process's RedisStore."""
-    from tether import AdaptiveLimiter, CircuitBreaker, RetryBudget, RetryPolicy
+    from tether import AdaptiveLimiter, BreakerEvent, CircuitBreaker, RetryBudget, RetryPolicy
     from tether.bench._fleet import FLEET_BREAKER
     from tether.stores.redis._store import RedisStore
 
     store = RedisStore(redis_url, prefix=prefix)
+    events: list[tuple[float, str, str, str]] = []  # the breaker's, seconds since the start
+
+    def heard(e: BreakerEvent) -> None:
+        events.append((e.at - start_at, e.old, e.new, e.reason))
+
     budget = RetryBudget("dep", store=store)
-    breaker = CircuitBreaker("dep", store=store, **FLEET_BREAKER)
+    breaker = CircuitBreaker("dep", store=store, on_change=heard, **FLEET_BREAKER)
     limiter = AdaptiveLimiter("dep", store=store)
     done: list[float] = []
 
     async def job(i: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         lock = asyncio.Lock()
+        calls = 0
 
         async def request() -> str:
+            nonlocal calls
+            calls += 1
             async with lock:
-                writer.write(b"GET / HTTP/1.1\r\nHost: dep\r\n\r\n")
+                writer.write(b"GET / HTTP/1.1\r\nHost: dep\r\nX-Call: %d\r\n\r\n" % calls)
                 await writer.drain()
                 status = int((await reader.readline()).split()[1])
                 while (await reader.readline()) not in (b"\r\n", b""):
@@ -156,6 +169,7 @@ def _worker_main(
             "round_trips": store.round_trips,
             "scripts": dict(store.scripts_run),
             "timeline": timeline,
+            "events": events,
         }
     )
 
@@ -291,7 +305,7 @@ def run_live(
 ) -> dict[str, Any]:
     """One live run of an ``outage`` (seconds) with real processes; the simulation of the
     same scenario beside it."""
-    from tether.bench._fleet import run_fleet
+    from tether.bench._fleet import calls_by_class, run_fleet
 
     url = redis_url or os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
     bound_s = outage + clients / capacity
@@ -339,8 +353,15 @@ def run_live(
     total = served["total"]
     peak = max(served["load"].values(), default=0)
     sim = run_fleet(
-        "outage", "tether", clients=clients, capacity=capacity, seed=seed, outage_s=outage
+        "outage",
+        "tether",
+        clients=clients,
+        capacity=capacity,
+        seed=seed,
+        outage_s=outage,
+        by_class=True,
     )
+    events = sorted(e for r in results for e in r["events"])
     sim.pop("load_per_second", None)
     return {
         "clients": clients,
@@ -358,7 +379,30 @@ def run_live(
             "redis_commands": commands,
             "round_trips_per_call": round(round_trips / max(1, total), 2),
             "round_trips_by_script": dict(scripts),
+            "calls_by_class": calls_by_class(served["log"], events),
             **_phases(results, outage, max(done, default=time.time() - start_at), clients),
         },
         "simulated": sim,
     }
+
+
+def run_live_suite(
+    scenarios: Sequence[str] | None,
+    *,
+    seed: int = 7,
+    progress: Callable[[str, int], None] | None = None,
+) -> dict[str, Any]:
+    """The fleet-live suite: each outage of LIVE_SCENARIOS (or those of ``scenarios``), the
+    shard's capacity and the Redis load projected from them."""
+    note = progress or (lambda message, total: None)
+    names = [n for n in LIVE_SCENARIOS if not scenarios or n in scenarios]
+    live = {}
+    for name in names:
+        live[name] = run_live(LIVE_SCENARIOS[name], seed=seed)
+        note(f"fleet-live: {name}", len(names) + 1)
+    out: dict[str, Any] = {"scenarios": live}
+    if live:
+        shard = measure_shard()
+        note("fleet-live: shard capacity", len(names) + 1)
+        out["redis_load"] = projection(live, shard)
+    return out

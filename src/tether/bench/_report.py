@@ -100,56 +100,9 @@ def _rows(results: dict[str, Any]) -> dict[str, Table]:
         title = f"provider-limits ({limits['agents']} agents, limits configured 2x wrong)"
         tables[title] = table(LIMITS, cells)
     if "fleet-live" in suites:
-        head = [
-            "scenario",
-            "run",
-            "success",
-            "calls",
-            "x bound",
-            "peak / capacity",
-            "completion s",
-            "x bound",
-            "Redis round trips / call",
-        ]
-        rows = []
-        for scenario, e in suites["fleet-live"]["scenarios"].items():
-            for run in ("live", "simulated"):
-                m = e[run]
-                done = m["completion_s"]
-                rows.append(
-                    [
-                        scenario,
-                        run,
-                        f"{m['success']:.1%}",
-                        str(m["total_calls"]),
-                        f"{m['total_calls'] / e['lower_bound_calls']:.2f}",
-                        f"{m['peak_load_ratio']:.2f}",
-                        "-" if done is None else f"{done:.1f}",
-                        "-" if done is None else f"{done / e['lower_bound_s']:.2f}",
-                        f"{m['round_trips_per_call']:.2f}" if "round_trips_per_call" in m else "",
-                    ]
-                )
-        tables[
-            f"fleet-live ({e['clients']} clients in {e['workers']} processes, {e['capacity_rps']} req/s)"
-        ] = (head, rows)
-        load = suites["fleet-live"].get("redis_load")
-        if load:
-            shard = load["shard"]
-            title = (
-                f"Redis load of a fleet (per client: {load['per_client']['outage']:.3f} round trips/s in an "
-                f"outage, {load['per_client']['recovery']:.3f} in recovery; one shard here: "
-                f"{shard['ops_per_s']:,} script calls/s, planned at {load['headroom']:.0%})"
-            )
-            rows = [
-                [
-                    f"{int(n):,}",
-                    f"{m['outage_ops_per_s']:,}",
-                    f"{m['recovery_ops_per_s']:,}",
-                    str(m["shards"]),
-                ]
-                for n, m in load["fleets"].items()
-            ]
-            tables[title] = (["clients", "ops/s in an outage", "ops/s in recovery", "shards"], rows)
+        from tether.bench._live_report import live_tables
+
+        tables.update(live_tables(suites["fleet-live"]))
     if "tau" in suites:
         from tether.bench._tau_report import tau_tables
 
