@@ -156,6 +156,7 @@ def test_the_live_suite_runs_real_processes_against_real_redis(redis_url: str) -
 
     tables = live_tables({"scenarios": {"outage-2": report}})
     head, rows = tables["fleet-live: where the calls went"]
+    assert head[:4] == ["scenario", "run", "calls", "before the trip"]
     assert [row[:3] for row in rows] == [
         ["outage-2", "live", str(live["total_calls"])],
         ["outage-2", "simulated", str(sim["total_calls"])],
