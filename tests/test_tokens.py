@@ -549,3 +549,17 @@ def test_a_full_bucket_gains_nothing_while_the_line_waits_for_another(store: Any
     assert clock.now() == pytest.approx(60.0, abs=0.5)
     b.reserve(estimated_input_tokens=1000, max_output_tokens=0, urgency=1.0)
     assert clock.now() == pytest.approx(120.0, abs=0.5)
+
+
+def test_a_reset_budget_forgets_the_line_it_saw(store: Any) -> None:
+    """After a refusal that saw a long line, reset() (the buckets full again) admits a small
+    call at once: the process does not keep the line it learned before the reset."""
+    clock = VirtualClock()
+    b = budget(store, clock)
+    calibrated(b)
+    b.reserve(estimated_input_tokens=10, max_output_tokens=1200)  # the output bucket empty
+    with pytest.raises(LimiterTimeout):
+        b.reserve(estimated_input_tokens=10, max_output_tokens=1200, max_wait=10.0)
+    b.reset()
+    r = b.reserve(estimated_input_tokens=10, max_output_tokens=20, max_wait=10.0)
+    assert r.waited < 10.0

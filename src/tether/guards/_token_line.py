@@ -111,6 +111,11 @@ class Line:
         self._probe_gate = -math.inf  # until then another caller here waits for the probe
         self._line_until = -math.inf  # when the longest place in line the store gave ends
 
+    def reset(self) -> None:
+        """Forget what the store's answers said of the line and the probe."""
+        with self._lock:
+            self._probe_gate = self._line_until = -math.inf
+
     def wait(self, need: Four, max_wait: float | None, urgency: float) -> Plan[float]:
         """The plan of one caller: wait for its place and take it; returns the time waited.
         Raises LimiterTimeout (having taken nothing) when the wait would outlast

@@ -240,6 +240,7 @@ class TokenBudget:
         """Forget this budget's shared state (its limits are the configured ones again)."""
         self._ops.reset(self.name)
         self._outbox.reset()
+        self._line.reset()
         self._estimator.reset()
 
 
