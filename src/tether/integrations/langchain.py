@@ -366,12 +366,17 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
 
 
 def _estimate(request: Any) -> int:
-    """The request's prompt in tokens, estimated: the system message, the messages' content
-    and tool calls, the tools' names, descriptions and arguments."""
-    said: list[Any] = [getattr(request.system_message, "content", None)]
-    for message in request.messages:
-        said += [message.content, getattr(message, "tool_calls", None) or None]
-    for t in request.tools:
+    """The request's prompt in tokens, estimated (see :func:`prompt_tokens`)."""
+    return prompt_tokens(request.messages, request.system_message, request.tools)
+
+
+def prompt_tokens(messages: Iterable[Any], system: Any = None, tools: Iterable[Any] = ()) -> int:
+    """A prompt's tokens, estimated: the system message, the messages' content and tool
+    calls, the tools' names, descriptions and arguments."""
+    said: list[Any] = [getattr(system, "content", None)]
+    for message in messages:
+        said += [getattr(message, "content", None), getattr(message, "tool_calls", None) or None]
+    for t in tools:
         said.append(t if isinstance(t, Mapping) else (t.name, t.description, t.args))
     return estimate_tokens(*said)
 

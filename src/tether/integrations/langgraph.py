@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any, cast
 
-from tether import Run
+from tether import Run, Stopped
 from tether._errors import require
 from tether.classification._classify import classify
 from tether.integrations._arguments import same_arguments
@@ -197,6 +197,10 @@ class GraphGuard:
                 run, ended = self._turn(state)
                 if ended is not None:
                     return ended
+                try:  # the guard's token budget may make the call wait (on the event loop)
+                    await run.abegin_model_call(**self._model_call(state))
+                except Stopped:  # a wait past the run's time: stopped before the call
+                    return self._ended(run, state, {})
 
                 async def call() -> Any:
                     return await fn(*arguments(state, runtime))
@@ -216,6 +220,10 @@ class GraphGuard:
             if ended is not None:
                 return ended
             try:
+                run.begin_model_call(**self._model_call(state))
+            except Stopped:
+                return self._ended(run, state, {})
+            try:
                 out = run.retry_model_call(
                     self._agent._policy, lambda: fn(*arguments(state, runtime))
                 )
@@ -226,6 +234,20 @@ class GraphGuard:
 
         node.__name__ = getattr(fn, "__name__", "model")
         return node
+
+    def _model_call(self, state: Any) -> dict[str, Any]:
+        """What ``run.begin_model_call`` is told of the call the node makes: the model's
+        name, the state's messages as the prompt's estimate (the node's own system prompt
+        and tools are not seen: the budget learns the difference from the usage), the
+        default output reservation."""
+        from tether.integrations._tokens import DEFAULT_MAX_OUTPUT
+        from tether.integrations.langchain import prompt_tokens
+
+        return {
+            "model": self.model,
+            "estimated_input_tokens": prompt_tokens(_get(state, "messages") or ()),
+            "max_output_tokens": DEFAULT_MAX_OUTPUT,
+        }
 
     def _turn(self, state: Any) -> tuple[Run, dict[str, Any] | None]:
         """The turn's run (a new turn starts one), its step begun; or how the turn ends."""
