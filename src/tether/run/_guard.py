@@ -89,25 +89,13 @@ class Guard:
             dead_letters = dead_letters if dead_letters is not None else records.dead_letters
         #: where every ended run's outcome, handoff and approval is recorded (tether serve)
         self.records = records
-        if keep_last is not None and (
-            isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
-        ):
-            raise ValueError(
-                f"keep_last must be an int >= 1 or None (keep everything), got {keep_last!r}"
-            )
+        _at_least_one("keep_last", keep_last, " (keep everything)")
         #: how many completed tool calls (``outcome.partial``) and transcript entries a run
         #: keeps in memory; older ones are counted (``outcome.partial_omitted``), not kept
         self.keep_last = keep_last
         if clock is not None and not isinstance(clock, Clock):
             raise TypeError(f"clock must be a tether clock (tether.VirtualClock()), got {clock!r}")
-        if breaker_threshold is not None and (
-            not isinstance(breaker_threshold, int)
-            or isinstance(breaker_threshold, bool)
-            or breaker_threshold < 1
-        ):
-            raise ValueError(
-                f"breaker_threshold must be an int >= 1 or None, got {breaker_threshold!r}"
-            )
+        _at_least_one("breaker_threshold", breaker_threshold)
         if (
             isinstance(breaker_cooldown, bool)
             or not isinstance(breaker_cooldown, int | float)
@@ -296,6 +284,12 @@ class Guard:
 def request_of(key: str | None, run_id: str) -> str:
     """The request a run serves: the caller's key, or the run itself."""
     return f"key:{key}" if key is not None else f"run:{run_id}"
+
+
+def _at_least_one(name: str, value: object, none: str = "") -> None:
+    """An int setting that may be None: below 1 (or not an int) fails here, naming it."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be an int >= 1 or None{none}, got {value!r}")
 
 
 def _expect(name: str, value: object, kind: type, example: str) -> None:
