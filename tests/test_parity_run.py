@@ -361,23 +361,7 @@ def _play(shell: str, case: Case, tmp: Path, exporter: Any) -> dict[str, Any]:
     }
 
 
-#: Known drift, kept visible: a sync attempt with no timeout runs inline (no worker thread),
-#: so the run's time budget cannot cut it; async cancels it at the budget. Sync stops at the
-#: next step instead (21 s against 20). Fixed when RetryPolicy.call_within times a sync
-#: attempt against the deadline it is given.
-DRIFT = {"time_budget_untimed_tool"}
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="sync cannot cut it"))
-        if c.name in DRIFT
-        else c
-        for c in CASES
-    ],
-    ids=lambda c: c.name,
-)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_both_shells_behave_alike(case: Case, tmp_path: Path, otel: Any) -> None:
     exporter, _ = otel
     sync = _play("sync", case, tmp_path, exporter)

@@ -35,6 +35,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tether.redaction._clean import clean_json, clean_strings
 from tether.redaction._secret_names import (
     _BUILTIN_NAMES,
     REDACTED,
@@ -361,7 +362,8 @@ def redacted_json(value: Any, text: str | None = None) -> Any:
             text = json.dumps(value, ensure_ascii=False, default=repr)
         except (TypeError, ValueError):  # a circular value, a key JSON cannot hold
             return _redact(repr(value), None, False, 0, "")
-    return _scrub(json.loads(text), 0, "", _memo())
+    parsed = json.loads(text)
+    return parsed if clean_json(text) else _scrub(parsed, 0, "", _memo())
 
 
 class RecordedEntry(dict[str, Any]):
@@ -390,15 +392,22 @@ class RecordedEntry(dict[str, Any]):
             import json
 
             form = {}
+            clean = clean_strings(self.keys())  # most calls hold no secret: no walk then
             for name, value in self.items():
                 text = texts.get(name)
                 if text is not None:
                     form[name] = json.loads(text)  # private: redacted in place below
-                elif value is None or type(value) in (str, int, bool):  # its own JSON form
+                    clean = clean and clean_json(text)
+                elif value is None or type(value) in (int, bool):  # its own JSON form
                     form[name] = value
+                elif type(value) is str:
+                    form[name] = value
+                    clean = clean and clean_strings((value,))
                 else:
                     form[name] = jsonable(value)
-            _scrub(form, 0, "", _memo())
+                    clean = False
+            if not clean:
+                _scrub(form, 0, "", _memo())
             self.clear()
             self.update(form)
             self._texts = None

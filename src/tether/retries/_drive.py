@@ -16,10 +16,10 @@ import contextvars
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from tether.retries._plan import Op, Plan, Settings, Step
+from tether.retries._plan import NO_PERMIT, CallState, Op, Plan, Settings, Step, attempt_timeout
 from tether.telemetry._attempts import AttemptHook
 
-__all__ = ["IN_ATTEMPT", "adrive", "drive", "retry_context"]
+__all__ = ["IN_ATTEMPT", "adrive", "afirst_attempt", "drive", "first_attempt", "retry_context"]
 
 T = TypeVar("T")
 
@@ -80,6 +80,55 @@ async def adrive(
         except Exception as exc:
             cursor.error = exc
     return cursor.value  # type: ignore[no-any-return]
+
+
+#: what :func:`first_attempt` gives for an attempt that raised
+FAILED: Any = object()
+
+
+def first_attempt(
+    s: Settings, st: CallState, call: Callable[[], T], hook: AttemptHook | None
+) -> tuple[Any, Exception | None, object]:
+    """The plan's first steps, made straight when :func:`~tether.retries._plan.straight`
+    says so (a call that succeeds costs no plan): the breaker's permit, the attempt, the
+    success recorded. Returns ``(result, None, permit)``, or ``(FAILED, error, permit)``
+    for the plan to go on from (``attempt_plan(first_error=error, permit=permit)``)."""
+    permit = NO_PERMIT
+    try:
+        timeout = attempt_timeout(s, st)
+        if s.breaker is not None:
+            permit = s.breaker._acquire()
+        with _Attempt(hook, st.attempt):
+            if timeout is not None and s.attempt_timeout is not None:
+                result = s.clock.call_with_timeout(timeout, call)
+            else:
+                result = call()
+    except Exception as exc:
+        return FAILED, exc, permit
+    if s.breaker is not None:
+        s.breaker._record(permit, None)
+    return result, None, permit
+
+
+async def afirst_attempt(
+    s: Settings, st: CallState, call: Callable[[], Awaitable[T]], hook: AttemptHook | None
+) -> tuple[Any, Exception | None, object]:
+    """The async form of :func:`first_attempt` (an attempt past its timeout is cancelled)."""
+    permit = NO_PERMIT
+    try:
+        timeout = attempt_timeout(s, st)
+        if s.breaker is not None:
+            permit = await s.breaker._aacquire()
+        with _Attempt(hook, st.attempt):
+            if timeout is not None:
+                result = await s.clock.acall_with_timeout(timeout, call)
+            else:
+                result = await call()
+    except Exception as exc:
+        return FAILED, exc, permit
+    if s.breaker is not None:
+        await s.breaker._arecord(permit, None)
+    return result, None, permit
 
 
 class _Attempt:

@@ -32,7 +32,18 @@ if TYPE_CHECKING:
     from tether.guards._budget import RetryBudget
     from tether.guards._limiter import AdaptiveLimiter
 
-__all__ = ["CallState", "Jitter", "Op", "Plan", "Settings", "Step", "Waits", "attempt_plan"]
+__all__ = [
+    "CallState",
+    "Jitter",
+    "Op",
+    "Plan",
+    "Settings",
+    "Step",
+    "Waits",
+    "attempt_plan",
+    "attempt_timeout",
+    "straight",
+]
 
 
 class Jitter(enum.StrEnum):
@@ -137,7 +148,7 @@ class CallState:
         self.attempt = 0
         self.start = settings.clock.now()
         self.deadline_at = None if deadline is None else self.start + deadline
-        self.waits = Waits(settings)
+        self.waits: Waits | None = None  # made at the first failure: most calls succeed
         self.total_wait = 0.0
         self.verdict: Verdict | None = None
 
@@ -156,16 +167,19 @@ class _Permit:
 NO_PERMIT: Any = _Permit("NO_PERMIT")
 
 
-def attempt_plan(s: Settings, st: CallState, first_error: Exception | None = None) -> Plan:
-    """The attempt loop; ``first_error``: the first attempt was made already and failed."""
+def attempt_plan(
+    s: Settings, st: CallState, first_error: Exception | None = None, permit: object = NO_PERMIT
+) -> Plan:
+    """The attempt loop; ``first_error``: the first attempt was made already (under the
+    breaker's ``permit``, if it took one) and failed."""
     if first_error is not None:
         st.attempt = 1
-        failure = yield from _after_failure(s, st, first_error, NO_PERMIT)
+        failure = yield from _after_failure(s, st, first_error, permit)
         yield Step(Op.SLEEP, failure)
     while True:
         permit = NO_PERMIT
         try:
-            timeout = _attempt_timeout(s, st)
+            timeout = attempt_timeout(s, st)
             if s.breaker is not None:  # first: a caller it refuses never asks the limiter
                 permit = yield Step(Op.ACQUIRE)
             # a probe is paced by the breaker (one at a time), not queued behind the limiter
@@ -192,7 +206,15 @@ def attempt_plan(s: Settings, st: CallState, first_error: Exception | None = Non
         yield Step(Op.SLEEP, wait)
 
 
-def _attempt_timeout(s: Settings, st: CallState) -> float | None:
+def straight(s: Settings) -> bool:
+    """Whether a call's first attempt can be made straight by its driver, without the
+    plan (:func:`tether.retries._drive.first_attempt`): no limiter to ask, no budget to
+    refund; a breaker's permit is taken before it and its success recorded after it, as
+    the plan would. A failure goes on in the plan (``attempt_plan(first_error=...)``)."""
+    return s.limiter is None and s.budget is None
+
+
+def attempt_timeout(s: Settings, st: CallState) -> float | None:
     """Count the attempt and work out its timeout; raises past the deadline."""
     st.attempt += 1
     if st.deadline_at is None:
@@ -239,6 +261,8 @@ def _after_failure(
         refusal = s.breaker._refusal()
         if refusal is not None:
             raise refusal from exc
+    if st.waits is None:
+        st.waits = Waits(s)
     delay = st.waits.next(verdict)
     now = s.clock.now()
     if st.deadline_at is not None and now + delay >= st.deadline_at:

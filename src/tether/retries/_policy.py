@@ -19,9 +19,16 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from tether.classification._classify import Verdict, classify
 from tether.clock import Clock, system_clock
-from tether.retries._drive import IN_ATTEMPT, adrive, drive, retry_context
+from tether.retries._drive import (
+    IN_ATTEMPT,
+    adrive,
+    afirst_attempt,
+    drive,
+    first_attempt,
+    retry_context,
+)
 from tether.retries._job import JOB_CAP, Job
-from tether.retries._plan import CallState, Jitter, Waits, attempt_plan
+from tether.retries._plan import NO_PERMIT, CallState, Jitter, Waits, attempt_plan, straight
 from tether.telemetry import enabled as _recording
 from tether.telemetry._attempts import AttemptHook, retry_spans
 from tether.telemetry._events import RetryHook
@@ -176,6 +183,7 @@ class RetryPolicy:
         # no guard and no clock reading: the first attempt can be a plain call (the
         # settings are fixed once made; ``replace`` makes a policy with others)
         self._plain = all(x is None for x in (budget, breaker, limiter, deadline, attempt_timeout))
+        self._straight = straight(self)
 
     def replace(self, **changes: Any) -> RetryPolicy:
         """A copy with some settings changed (validated again)."""
@@ -200,6 +208,13 @@ class RetryPolicy:
         if last is None or last is IN_ATTEMPT or last[0] != id(self):
             return RetryStats(0, 0.0, None)
         return RetryStats(last[1], last[2], last[3])
+
+    def _retries(self) -> int:
+        """``statistics.retries``, without building the statistics (a run asks per call)."""
+        last = retry_context.get()
+        if last is None or last is IN_ATTEMPT or last[0] != id(self):
+            return 0
+        return max(0, last[1] - 1)  # type: ignore[no-any-return]
 
     def waits(self) -> Waits:
         """A fresh two-tier backoff: ``.next(verdict)`` is the wait after each failure.
@@ -255,7 +270,12 @@ class RetryPolicy:
     ) -> T:
         st = CallState(self, self._span_name(fn), deadline)
         try:
-            return drive(self, attempt_plan(self, st, first), call, hook)
+            permit = NO_PERMIT
+            if first is None and self._straight:
+                result, first, permit = first_attempt(self, st, call, hook)
+                if first is None:
+                    return result  # type: ignore[no-any-return]
+            return drive(self, attempt_plan(self, st, first, permit), call, hook)
         finally:
             retry_context.set((id(self), st.attempt, st.total_wait, st.verdict))
 
@@ -299,7 +319,12 @@ class RetryPolicy:
     ) -> T:
         st = CallState(self, self._span_name(fn), deadline)
         try:
-            return await adrive(self, attempt_plan(self, st), call, hook)
+            first, permit = None, NO_PERMIT
+            if self._straight:
+                result, first, permit = await afirst_attempt(self, st, call, hook)
+                if first is None:
+                    return result  # type: ignore[no-any-return]
+            return await adrive(self, attempt_plan(self, st, first, permit), call, hook)
         finally:
             retry_context.set((id(self), st.attempt, st.total_wait, st.verdict))
 

@@ -7,6 +7,7 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import FunctionType
 from typing import Any
 
 from tether.effects._canonical import rules
@@ -128,6 +129,8 @@ class Tool:
 
 def _is_async(fn: Any) -> bool:
     """A coroutine function, also behind functools.partial or an async ``__call__``."""
+    if type(fn) is FunctionType:  # most tools: no partial, no __call__ to look at
+        return inspect.iscoroutinefunction(fn)
     while isinstance(fn, functools.partial):
         fn = fn.func
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(

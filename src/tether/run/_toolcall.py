@@ -4,12 +4,12 @@ driven in both shells over one set of decisions."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Unpack
 
-from tether import telemetry
 from tether._errors import ControlSignal
 from tether.run._hung import HungTools
+from tether.run._options import ToolOptions
 from tether.run._runstate import RunState
 from tether.run._tool import _is_async
 from tether.run._tooldecisions import ToolDecisions
@@ -19,11 +19,13 @@ from tether.run._toolkit import (
     _acarried,
     _arguments,
     _attempt_span,
+    _Call,
     _carried,
     _not_awaitable,
     _paths,
     _Progress,
     _repeat_cap,
+    _tool_span,
 )
 
 __all__ = ["ToolPipeline"]
@@ -39,21 +41,35 @@ class ToolPipeline:
         self.decide = ToolDecisions(state, self.hung)
         self.gate = ToolGate(state, self.decide)
 
+    def _checked(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: Mapping[str, Any] | None,
+        options: ToolOptions,
+        carried: Callable[[Callable[..., Any], object], Callable[..., Any]],
+    ) -> tuple[_Call, Callable[[], None] | None, bool, dict[str, Any], Callable[..., Any]]:
+        """What both drivers do before the attempt: the arguments and options checked, the
+        run's checks, the policies and the approval. Returns the call, its gate (None: no
+        approval governs it), whether it is idempotent, its arguments and its function."""
+        arguments = _arguments(name, args)
+        self.decide._label(name, options.get("label"))
+        timeout, idempotent = options.get("timeout"), options.get("idempotent", True)
+        cap = _repeat_cap(name, options.get("allow_repeat"))
+        fn = carried(fn, options.get("passthrough", ()))
+        volatile = _paths(name, options.get("volatile", ()))
+        call = self.decide._before_tool(name, arguments, timeout, idempotent, volatile, cap)
+        compensate = options.get("compensate")
+        gate = self.gate._govern(call, options.get("requires_approval", False), compensate)
+        call, idempotent = self.gate._gated(call, gate, idempotent, timeout)
+        return call, gate, idempotent, arguments, fn
+
     def call(
         self,
         name: str,
         fn: Callable[..., Any],
         args: Mapping[str, Any] | None = None,
-        *,
-        timeout: float | None = None,
-        idempotent: bool = True,
-        lookup: Callable[[str], Any] | None = None,
-        requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
-        compensate: Callable[[Any], Any] | None = None,
-        volatile: Iterable[str] = (),
-        label: str | None = None,
-        allow_repeat: int | None = None,
-        passthrough: tuple[type[BaseException], ...] = (),
+        **options: Unpack[ToolOptions],
     ) -> Any:
         """The sync driver of :meth:`tether.Run.call_tool`."""
         if _is_async(fn):
@@ -61,14 +77,9 @@ class ToolPipeline:
                 f"tool {name!r} is a coroutine function: call it with `await run.acall_tool(...)`"
                 " (call_tool would never await it, and the tool would never run)"
             )
-        args = _arguments(name, args)
-        self.decide._label(name, label)
-        cap, fn = _repeat_cap(name, allow_repeat), _carried(fn, passthrough)
-        call = self.decide._before_tool(
-            name, args, timeout, idempotent, _paths(name, volatile), cap
-        )
-        gate = self.gate._govern(call, requires_approval, compensate)
-        call, idempotent = self.gate._gated(call, gate, idempotent, timeout)
+        call, gate, idempotent, args, fn = self._checked(name, fn, args, options, _carried)
+        timeout, lookup = options.get("timeout"), options.get("lookup")
+        compensate = options.get("compensate")
         if gate is None:
             attempt = _attempt_span(name, lambda: _not_awaitable(name, fn(**args)))
         else:
@@ -85,9 +96,7 @@ class ToolPipeline:
         progress = None if idempotent else _Progress()
         if progress is not None:
             run = functools.partial(progress.run, run)
-        with telemetry.span(
-            "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.s.run_id}
-        ):
+        with _tool_span(name, self.s.run_id):
             try:
                 if health is not None:
                     self.hung._refuse_unresponsive(call, before=True)
@@ -112,26 +121,12 @@ class ToolPipeline:
         name: str,
         fn: Callable[..., Awaitable[Any]] | Callable[..., Any],
         args: Mapping[str, Any] | None = None,
-        *,
-        timeout: float | None = None,
-        idempotent: bool = True,
-        lookup: Callable[[str], Any] | None = None,
-        requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
-        compensate: Callable[[Any], Any] | None = None,
-        volatile: Iterable[str] = (),
-        label: str | None = None,
-        allow_repeat: int | None = None,
-        passthrough: tuple[type[BaseException], ...] = (),
+        **options: Unpack[ToolOptions],
     ) -> Any:
         """The async driver of :meth:`tether.Run.acall_tool` (a hanging attempt is cancelled)."""
-        args = _arguments(name, args)
-        self.decide._label(name, label)
-        cap, fn = _repeat_cap(name, allow_repeat), _acarried(fn, passthrough)
-        call = self.decide._before_tool(
-            name, args, timeout, idempotent, _paths(name, volatile), cap
-        )
-        gate = self.gate._govern(call, requires_approval, compensate)
-        call, idempotent = self.gate._gated(call, gate, idempotent, timeout)
+        call, gate, idempotent, args, fn = self._checked(name, fn, args, options, _acarried)
+        timeout, lookup = options.get("timeout"), options.get("lookup")
+        compensate = options.get("compensate")
         attempt: Callable[[], Awaitable[Any]]
         progress = None if idempotent else _Progress()
         health = self.hung._watch(call, idempotent)
@@ -183,9 +178,7 @@ class ToolPipeline:
 
                     return await asyncio.to_thread(sync)
 
-        with telemetry.span(
-            "tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": self.s.run_id}
-        ):
+        with _tool_span(name, self.s.run_id):
             try:
                 if health is not None:
                     self.hung._refuse_unresponsive(call, before=True)

@@ -67,7 +67,7 @@ class ToolDecisions:
             )
         # a non-idempotent call's timeout is the ledger's business: the attempt it abandons
         # keeps its claim until it really ends, so that nothing runs it a second time
-        policy = self.s.guard._policy(name, timeout, effect=not idempotent)
+        policy = self.s.guard._policy(name, self._timed(timeout), effect=not idempotent)
         if b.max_seconds is not None and b.max_seconds - self.s.elapsed <= 0:
             raise self.s._halt(StopReason.TIMEOUT, f"time budget ({b.max_seconds:g} s) exceeded")
         hung = hung_threads() - self.s._hung_base
@@ -88,6 +88,16 @@ class ToolDecisions:
         if allow_repeat is None and name not in self.s.guard.loops.allow_repeat:
             self.s._step_counted = True
         return _Call(name, args, action, key, self.s.steps, policy, allow_repeat, text)
+
+    def _timed(self, timeout: float | None) -> float | None:
+        """The attempt timeout a call's policy is made with: the tool's (or the guard's
+        retry policy's); with neither, under a time budget, the budget itself, so that an
+        attempt gets at most the time the run has left and the budget cuts it in both
+        shells (a sync attempt then runs in a worker thread; without a time budget it runs
+        inline, as before)."""
+        if timeout is not None or self.s.guard.retry.attempt_timeout is not None:
+            return timeout
+        return self.s.budget.max_seconds
 
     def _not_made(self) -> None:
         """A call that a framework's control flow interrupted did not happen."""
@@ -178,7 +188,7 @@ class ToolDecisions:
         # only completed calls count as repeats: a call that failed is the business of
         # max_identical_failures, so a model retrying a dead dependency is not a "loop"
         self.s._loops.record_action(call.name, call.action, allowed=call.allow_repeat is not None)
-        self.s.retries += call.policy.statistics.retries
+        self.s.retries += call.policy._retries()
         try:
             encoded: str | None = canonical_json(result, ignore=())
         except (TypeError, ValueError):
@@ -207,7 +217,7 @@ class ToolDecisions:
     def _after_failure(self, call: _Call, exc: Exception) -> BaseException:
         """The exception to raise for a failed tool call (Stopped or ToolError)."""
         if not (isinstance(exc, ToolUnresponsive) and exc.before):
-            self.s.retries += call.policy.statistics.retries
+            self.s.retries += call.policy._retries()
         entry = {"step": call.step, "tool": call.name, "ok": False, "error": type(exc).__name__}
         if isinstance(exc, UnknownOutcome):  # what a person must check (the case shows it)
             entry.update(args=redact(jsonable(call.args)), key=exc.key)

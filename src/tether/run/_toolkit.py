@@ -7,6 +7,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,16 @@ class _Call:
     policy: RetryPolicy
     allow_repeat: int | None = None  # this call's own repeat cap (a read-only tool's polling)
     text: str | None = None  # the arguments' canonical JSON, when it holds all of them
+
+
+def _tool_span(name: str, run_id: str) -> AbstractContextManager[Any]:
+    """The ``tether.tool_call`` span of a call (nothing is built while nothing records)."""
+    if not telemetry.enabled():
+        return _NO_SPAN
+    return telemetry.span("tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": run_id})
+
+
+_NO_SPAN = nullcontext()
 
 
 def _repeat_cap(name: str, cap: int | None) -> int | None:

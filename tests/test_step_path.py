@@ -1,0 +1,104 @@
+"""The success path of a guarded step: what it skips must not change what it gives."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+import tether
+from test_redaction_once import _json_values
+from tether import Budget, CircuitBreaker, Guard, RetryPolicy, VirtualClock
+from tether.effects._canonical import canonical_json, jsonable
+from tether.redaction._redact import RecordedEntry, _reset, redact
+
+
+@pytest.fixture(autouse=True)
+def fresh_secrets() -> Any:
+    _reset()
+    yield
+    _reset()
+
+
+def test_a_recorded_view_made_without_the_walk_is_the_walked_one() -> None:
+    """For any arguments and result, the recorded view equals redact(jsonable(call)),
+    whether its texts were judged clean (no walk) or not."""
+    from hypothesis import given, settings
+
+    @settings(max_examples=400, deadline=None)
+    @given(_json_values(), _json_values())
+    def check(args: Any, result: Any) -> None:
+        raw = {"step": 1, "tool": "t", "args": args, "result": result}
+        texts = {
+            "args": canonical_json(args, ignore=()),
+            "result": canonical_json(result, ignore=()),
+        }
+        assert dict(RecordedEntry(raw, texts).redacted(jsonable)) == redact(jsonable(raw))
+
+    check()
+
+
+def test_a_text_judged_clean_is_judged_again_when_the_secrets_change() -> None:
+    """A string remembered as clean is a secret's name once it is registered as one."""
+    raw = {"step": 1, "tool": "t", "args": {"zorkword": "abcdef123"}, "result": None}
+    texts = {"args": canonical_json(raw["args"], ignore=()), "result": None}
+    assert RecordedEntry(raw, texts).redacted(jsonable)["args"] == {"zorkword": "abcdef123"}
+    tether.add_secret_names("zorkword")
+    assert RecordedEntry(raw, texts).redacted(jsonable)["args"] == {"zorkword": "[redacted]"}
+
+
+def _thread_of_tool(budget: Budget) -> threading.Thread:
+    seen: list[threading.Thread] = []
+
+    def lookup(q: str) -> str:
+        seen.append(threading.current_thread())
+        return q
+
+    with Guard(budget=budget).start(task="t") as run:  # the system clock: real threads
+        run.proceed()
+        run.call_tool("lookup", lookup, {"q": "x"})
+        run.succeed("done")
+    return seen[0]
+
+
+def test_no_worker_thread_without_a_time_budget() -> None:
+    """A sync tool with no timeout runs in the caller's thread unless the run has a time
+    budget; under one it runs in a worker thread the budget can leave."""
+    assert _thread_of_tool(Budget(max_steps=5)) is threading.current_thread()
+    assert _thread_of_tool(Budget(max_seconds=60)) is not threading.current_thread()
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_first_attempt_made_straight_keeps_the_breaker_s_permit(shell: str) -> None:
+    """A half-open breaker's probe that fails reopens it, one that succeeds closes it, when
+    the first attempt is made without the plan, in both shells."""
+    clock = VirtualClock()
+    breaker = CircuitBreaker("dep", failure_threshold=1, cooldown=5.0, clock=clock)
+    policy = RetryPolicy(max_attempts=1, breaker=breaker, clock=clock)
+
+    def down() -> None:
+        raise ConnectionRefusedError("refused")
+
+    async def adown() -> None:
+        down()
+
+    async def aup() -> int:
+        return 1
+
+    def call(fn: Any, afn: Any) -> Any:
+        if shell == "sync":
+            return policy.call(fn)
+        return asyncio.run(policy.acall(afn))
+
+    with pytest.raises(ConnectionRefusedError):
+        call(down, adown)
+    assert breaker.state == "open"
+    clock.advance(5.0)
+    with pytest.raises(ConnectionRefusedError):  # the probe failed: open again
+        call(down, adown)
+    assert breaker.state == "open"
+    clock.advance(5.0)
+    assert call(lambda: 1, aup) == 1  # the probe succeeded
+    assert breaker.state == "closed"
