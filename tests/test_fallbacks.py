@@ -453,7 +453,10 @@ def test_a_token_budget_wait_past_the_run_falls_back(
     assert stopped.stopped_because is StopReason.TIMEOUT and server.requests == []
 
 
-def test_spans_name_the_model_that_answered(server: ScriptedServer, otel: tuple[Any, Any]) -> None:
+@SHELLS
+def test_spans_name_the_model_that_answered(
+    server: ScriptedServer, otel: tuple[Any, Any], asynchronous: bool
+) -> None:
     """One chat span per model asked, and a tether.fallback event saying why."""
     exporter, _ = otel
     p = PROVIDERS["openai"]
@@ -463,7 +466,7 @@ def test_spans_name_the_model_that_answered(server: ScriptedServer, otel: tuple[
         run.proceed()
         drive(
             p,
-            False,
+            asynchronous,
             lambda raw: ask(
                 p,
                 t_openai.guarded(raw, policy=policy, run=run, fallbacks=[p["fallback"]]),
