@@ -5,6 +5,7 @@ the run TIMEOUT before the request), and its usage gives back what it did not us
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import pytest
@@ -133,3 +134,41 @@ def test_a_run_waiting_for_its_place_does_not_block_the_event_loop() -> None:
     assert outcome.status == "success" and len(sent) == 2
     assert limits.longest_wait >= 1.0
     assert longest_gap < limits.longest_wait / 2  # the loop ran other tasks during the wait
+
+
+def test_two_processes_share_the_budget_through_redis(redis_url: str) -> None:
+    """Two processes' budgets of one name in one Redis: the first one's answer takes 800 of
+    1,000 output tokens a minute, so the second process's run would wait ~36 s for its
+    800: it stops TIMEOUT before its request, which its own memory would have sent. (The
+    capability is async: ``run_sync`` drives the same coroutine.)"""
+    from tether.stores import RedisStore
+
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    clock = VirtualClock()
+    sent: list[str] = []
+
+    def respond(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        sent.append("request")
+        return ModelResponse(
+            parts=[TextPart("Paid.")], usage=RequestUsage(input_tokens=50, output_tokens=800)
+        )
+
+    agent: Agent[None, Any] = Agent(
+        FunctionModel(respond, model_name="gpt-5-mini"), model_settings={"max_tokens": 800}
+    )
+
+    async def process() -> tether.Outcome:
+        store = RedisStore(redis_url, prefix=prefix, server_time=False)
+        limits = TokenBudget("openai", output_tokens_per_minute=1000, store=store, clock=clock)
+        guard = Guard(clock=clock, token_budget=limits, budget=Budget(max_seconds=10))
+        try:
+            outcome = await ta_pydantic.run(agent, "invoice 99?", guard=guard)
+            limits.flush()  # what this process learned, sent before it "exits"
+            return outcome
+        finally:
+            await store.aclose()
+            store.close()
+
+    first, second = asyncio.run(process()), asyncio.run(process())
+    assert first.status == "success"
+    assert second.stopped_because is StopReason.TIMEOUT and len(sent) == 1
