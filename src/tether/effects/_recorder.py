@@ -31,7 +31,7 @@ from tether.classification._classify import Kind, classify
 from tether.clock import Clock, VirtualClock
 from tether.effects._codec import Codec, JsonCodec
 from tether.redaction._redact import redact_text
-from tether.stores._ledger_logic import Completion, LedgerBackend, Record, State
+from tether.stores._ledger_logic import Completion, LedgerBackend, Record, Settlement, State
 
 __all__ = ["NOT_FOUND", "EffectFailed", "LedgerSettings", "Recorder", "current_key", "why"]
 
@@ -143,7 +143,7 @@ class Recorder:
             if previous is None:
                 ledger.backend.release(key, owner)
             else:
-                ledger.backend.mark_unknown(key, owner, why(previous), self.now(), ledger.ttl)
+                ledger.backend.mark_unknown(self._unknown(key, owner, why(previous)))
         except Exception as exc:  # the claim stays pending until its lease runs out
             _log.error("tether: effect %s…: its claim could not be given back: %s", key[:16], exc)
 
@@ -170,19 +170,21 @@ class Recorder:
 
     # --- settlements ------------------------------------------------------------------
 
+    def _unknown(self, key: str, owner: str, detail: str, keep_lease: bool = False) -> Settlement:
+        now, ttl = self.now(), self.ledger.ttl
+        return Settlement(key, owner, State.UNKNOWN, now, ttl, detail=detail, keep_lease=keep_lease)
+
     def mark_unknown(self, key: str, owner: str, detail: str, *, keep_lease: bool = False) -> None:
-        ledger = self.ledger
         try:
-            ledger.backend.mark_unknown(key, owner, detail, self.now(), ledger.ttl, keep_lease)
+            self.ledger.backend.mark_unknown(self._unknown(key, owner, detail, keep_lease))
         except Exception as exc:  # the record stays PENDING: its lease runs out, then unknown
             _log.error("tether: effect %s…: could not mark it unknown: %s", key[:16], exc)
 
     def record_done(self, key: str, owner: str, result: Any) -> None:
         ledger = self.ledger
         try:
-            verdict = ledger.backend.complete(
-                key, owner, State.DONE, self._encode(result), None, self.now(), ledger.ttl
-            )
+            done = Settlement(key, owner, State.DONE, self.now(), ledger.ttl, self._encode(result))
+            verdict = ledger.backend.complete(done)
         except Exception as exc:
             said = f"the ledger's store failed ({redact_text(str(exc))})"
             raise self._not_recorded(key, result, said) from exc
@@ -216,8 +218,9 @@ class Recorder:
             verdict = classify(exc)
             if verdict.kind is Kind.PERMANENT and not verdict.outcome_unknown:
                 self._remember_error(key, exc)
+                now, error = self.now(), _encode_error(exc)
                 ledger.backend.complete(
-                    key, owner, State.FAILED, None, _encode_error(exc), self.now(), ledger.ttl
+                    Settlement(key, owner, State.FAILED, now, ledger.ttl, None, error)
                 )
             elif verdict.outcome_unknown:
                 detail = redact_text(f"{type(exc).__name__}: {verdict.reason}")
@@ -239,7 +242,7 @@ class Recorder:
         try:
             ledger.backend.claim(Record.claim_of(key, None, owner, 60.0, ledger.ttl), self.now())
             said = "the store lost this record after the effect ran; check the provider's records"
-            ledger.backend.mark_unknown(key, owner, said, self.now(), ledger.ttl)
+            ledger.backend.mark_unknown(self._unknown(key, owner, said))
         except Exception as exc:
             _log.error(
                 "tether: effect %s…: its lost record could not be restored: %s", key[:16], exc

@@ -8,10 +8,11 @@ from tether.clock import system_clock
 from tether.stores._ledger_logic import (
     Completion,
     Record,
+    Settlement,
     State,
-    claimed_record,
     decide_claim,
     decide_complete,
+    may_mark_unknown,
     may_release,
     may_renew,
     renewed,
@@ -43,13 +44,11 @@ class MemoryLedgerBackend:
         return self._epoch + system_clock.now() if now is None else now
 
     def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
-        now = self._time(now)
-        new = record.at(now)
+        new = record.at(self._time(now))
         with self._lock:
-            claimed, previous = decide_claim(self._records.get(new.key), new, now)
-            if claimed:  # a fresh claim is stored as it came (claimed_record would copy it)
-                fresh = previous is None and new.attempts == 1
-                self._records[new.key] = new if fresh else claimed_record(new, previous)
+            claimed, previous, store = decide_claim(self._records.get(new.key), new, new.created_at)
+            if store is not None:
+                self._records[new.key] = store
             return claimed, previous
 
     def get(self, key: str) -> Record | None:
@@ -66,39 +65,23 @@ class MemoryLedgerBackend:
             self._records[key] = renewed(rec, now, lease, ttl)
             return True
 
-    def complete(
-        self,
-        key: str,
-        owner: str,
-        state: State,
-        result: str | None,
-        error: str | None,
-        now: float | None,
-        ttl: float,
-    ) -> Completion:
-        now = self._time(now)
+    def complete(self, s: Settlement) -> Completion:
+        now = self._time(s.now)
         with self._lock:
-            rec = self._records.get(key)
-            verdict = decide_complete(rec, owner)
+            rec = self._records.get(s.key)
+            verdict = decide_complete(rec, s.owner)
             if verdict is Completion.RECORDED:
                 assert rec is not None
-                self._records[key] = settled(rec, state, result, error, now, ttl)
+                self._records[s.key] = settled(rec, s, now)
             return verdict
 
-    def mark_unknown(
-        self,
-        key: str,
-        owner: str,
-        detail: str,
-        now: float | None,
-        ttl: float,
-        keep_lease: bool = False,
-    ) -> None:
-        now = self._time(now)
+    def mark_unknown(self, s: Settlement) -> None:
+        now = self._time(s.now)
         with self._lock:
-            rec = self._records.get(key)
-            if rec is not None and rec.state is State.PENDING and rec.owner == owner:
-                self._records[key] = unknown_at(rec, detail, now, ttl, keep_lease)
+            rec = self._records.get(s.key)
+            if may_mark_unknown(rec, s.owner):
+                assert rec is not None
+                self._records[s.key] = unknown_at(rec, s, now)
 
     def release(self, key: str, owner: str) -> None:
         with self._lock:

@@ -22,8 +22,8 @@ from tether.stores._ledger_logic import (
     COLUMNS,
     Completion,
     Record,
+    Settlement,
     State,
-    claimed_record,
     decide_claim,
     decide_complete,
 )
@@ -134,8 +134,9 @@ class PostgresLedgerBackend:
             f"{safe_url(str(exc))})"
         )
 
-    def _row(self, row: Any) -> Record | None:
-        return None if row is None else Record.from_row(dict(zip(COLUMNS, row, strict=True)))
+    @staticmethod
+    def _row(row: Any) -> Record | None:
+        return None if row is None else Record.from_values(row)
 
     def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
         cols = ", ".join(COLUMNS)
@@ -170,12 +171,10 @@ class PostgresLedgerBackend:
                         continue  # released in between: try the insert again
                     existing, at = self._row(row[:-1]), float(row[-1])
                     new = record.at(at)
-                    claimed, previous = decide_claim(existing, new, at)
-                    if claimed and (
-                        previous is not None or existing is None or existing.owner != new.owner
-                    ):
-                        put = claimed_record(new, previous).to_row()
+                    claimed, previous, store = decide_claim(existing, new, at)
+                    if store is not None:
                         sets = ", ".join(f"{c} = %({c})s" for c in COLUMNS if c != "key")
+                        put = store.to_row()
                         conn.execute(f"UPDATE {self.table} SET {sets} WHERE key = %(key)s", put)
                     return claimed, previous
 
@@ -202,49 +201,32 @@ class PostgresLedgerBackend:
         )
         return bool(cur.rowcount == 1)
 
-    def complete(
-        self,
-        key: str,
-        owner: str,
-        state: State,
-        result: str | None,
-        error: str | None,
-        now: float | None,
-        ttl: float,
-    ) -> Completion:
+    def complete(self, s: Settlement) -> Completion:
         def run(conn: Any) -> Completion:
             done = conn.execute(
                 f"UPDATE {self.table} SET state = %s, result = %s, error = %s, "
                 f"expires_at = COALESCE(%s::float8, {_EPOCH}) + %s "
                 "WHERE key = %s AND owner = %s AND state IN ('pending', 'unknown') RETURNING key",
-                (state.value, result, error, now, ttl, key, owner),
+                (s.state.value, s.result, s.error, s.now, s.ttl, s.key, s.owner),
             ).fetchone()
             if done:
                 return Completion.RECORDED
             cols = ", ".join(COLUMNS)
-            row = conn.execute(f"SELECT {cols} FROM {self.table} WHERE key = %s", (key,))
-            return decide_complete(self._row(row.fetchone()), owner)
+            row = conn.execute(f"SELECT {cols} FROM {self.table} WHERE key = %s", (s.key,))
+            return decide_complete(self._row(row.fetchone()), s.owner)
 
         verdict: Completion = self._exec(run)
         return verdict
 
-    def mark_unknown(
-        self,
-        key: str,
-        owner: str,
-        detail: str,
-        now: float | None,
-        ttl: float,
-        keep_lease: bool = False,
-    ) -> None:
-        self._exec(  # the rule of unknown_at
+    def mark_unknown(self, s: Settlement) -> None:
+        self._exec(  # the rule of unknown_at, where may_mark_unknown
             lambda c: c.execute(
                 f"UPDATE {self.table} SET state = 'unknown', detail = %s, lease_until = CASE "
                 "WHEN %s THEN lease_until ELSE LEAST(lease_until, n) END, "
                 "expires_at = CASE WHEN %s THEN GREATEST(lease_until, n) ELSE n END + %s "
                 f"FROM (SELECT COALESCE(%s::float8, {_EPOCH}) AS n) AS t "
                 "WHERE key = %s AND state = 'pending' AND owner = %s",
-                (detail, keep_lease, keep_lease, ttl, now, key, owner),
+                (s.detail, s.keep_lease, s.keep_lease, s.ttl, s.now, s.key, s.owner),
             )
         )
 
@@ -267,7 +249,7 @@ class PostgresLedgerBackend:
             sql = f"SELECT {cols} FROM {self.table} WHERE state = %s ORDER BY created_at LIMIT %s"
             params = (state.value, limit)  # type: ignore[assignment]
         rows = self._exec(lambda c: c.execute(sql, params).fetchall())
-        return [r for r in (self._row(row) for row in rows) if r is not None]
+        return [Record.from_values(row) for row in rows]
 
     def close(self) -> None:
         self._pool.close()

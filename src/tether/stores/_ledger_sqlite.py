@@ -17,8 +17,8 @@ from tether.stores._ledger_logic import (
     COLUMNS,
     Completion,
     Record,
+    Settlement,
     State,
-    claimed_record,
     decide_claim,
     decide_complete,
 )
@@ -73,14 +73,12 @@ class SqliteLedgerBackend:
                 "writable and the file is a SQLite database"
             ) from exc
 
-    def _row(self, row: Any) -> Record | None:
-        return None if row is None else Record.from_row(dict(zip(COLUMNS, row, strict=True)))
-
     def _select(self, key: str) -> Record | None:
         cur = self._db.execute(
             f"SELECT {', '.join(COLUMNS)} FROM tether_ledger WHERE key = ?", (key,)
         )
-        return self._row(cur.fetchone())
+        row = cur.fetchone()
+        return None if row is None else Record.from_values(row)
 
     @contextmanager
     def _immediate(self) -> Iterator[None]:
@@ -99,21 +97,19 @@ class SqliteLedgerBackend:
             return decide(self._select(key))
 
     def _put(self, record: Record) -> None:
-        row = record.to_row()
-        self._db.execute(_REPLACE, [row[c] for c in COLUMNS])
+        self._db.execute(_REPLACE, record.values())
 
     def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
         now = system_clock.wall() if now is None else now
         new = record.at(now)
-        row = claimed_record(new, None).to_row()
         with self._lock:  # a fresh key: one statement, its own transaction
-            if self._db.execute(_INSERT_NEW, [row[c] for c in COLUMNS]).rowcount == 1:
+            if self._db.execute(_INSERT_NEW, new.values()).rowcount == 1:
                 return True, None
 
         def decide(existing: Record | None) -> tuple[bool, Record | None]:
-            claimed, previous = decide_claim(existing, new, now)
-            if claimed:
-                self._put(claimed_record(new, previous))
+            claimed, previous, store = decide_claim(existing, new, now)
+            if store is not None:
+                self._put(store)
             return claimed, previous
 
         return self._decided(new.key, decide)
@@ -133,55 +129,39 @@ class SqliteLedgerBackend:
             )
             return cur.rowcount == 1
 
-    def complete(
-        self,
-        key: str,
-        owner: str,
-        state: State,
-        result: str | None,
-        error: str | None,
-        now: float | None,
-        ttl: float,
-    ) -> Completion:
-        expires = (system_clock.wall() if now is None else now) + ttl
+    def complete(self, s: Settlement) -> Completion:
+        expires = (system_clock.wall() if s.now is None else s.now) + s.ttl
+        values = (s.state.value, s.result, s.error, expires, s.key)
         with self._lock:  # the owner's live claim: one statement, its own transaction
             done = self._db.execute(
                 "UPDATE tether_ledger SET state = ?, result = ?, error = ?, expires_at = ? "
                 "WHERE key = ? AND owner = ? AND state IN ('pending', 'unknown')",
-                (state.value, result, error, expires, key, owner),
+                (*values, s.owner),
             )
             if done.rowcount == 1:
                 return Completion.RECORDED
 
         def decide(existing: Record | None) -> Completion:
-            verdict = decide_complete(existing, owner)
+            verdict = decide_complete(existing, s.owner)
             if verdict is Completion.RECORDED:
                 self._db.execute(
                     "UPDATE tether_ledger SET state = ?, result = ?, error = ?, expires_at = ? "
                     "WHERE key = ?",
-                    (state.value, result, error, expires, key),
+                    values,
                 )
             return verdict
 
-        return self._decided(key, decide)
+        return self._decided(s.key, decide)
 
-    def mark_unknown(
-        self,
-        key: str,
-        owner: str,
-        detail: str,
-        now: float | None,
-        ttl: float,
-        keep_lease: bool = False,
-    ) -> None:
-        now = system_clock.wall() if now is None else now
-        with self._lock:  # the rule of unknown_at
+    def mark_unknown(self, s: Settlement) -> None:
+        now = system_clock.wall() if s.now is None else s.now
+        with self._lock:  # the rule of unknown_at, where may_mark_unknown
             self._db.execute(
                 "UPDATE tether_ledger SET state = 'unknown', detail = ?, "
                 "lease_until = CASE WHEN ? THEN lease_until ELSE MIN(lease_until, ?) END, "
                 "expires_at = CASE WHEN ? THEN MAX(lease_until, ?) ELSE ? END + ? "
                 "WHERE key = ? AND state = 'pending' AND owner = ?",
-                (detail, keep_lease, now, keep_lease, now, now, ttl, key, owner),
+                (s.detail, s.keep_lease, now, s.keep_lease, now, now, s.ttl, s.key, s.owner),
             )
 
     def release(self, key: str, owner: str) -> None:
@@ -205,7 +185,7 @@ class SqliteLedgerBackend:
         params.append(limit)
         with self._lock:
             rows = self._db.execute(sql, params).fetchall()
-        return [r for r in (self._row(row) for row in rows) if r is not None]
+        return [Record.from_values(row) for row in rows]
 
     def close(self) -> None:
         with self._lock:

@@ -16,7 +16,7 @@ from typing import Any
 from tether._errors import StoreUnavailable, require
 from tether.redaction._redact import safe_url
 from tether.stores._base import redis_client
-from tether.stores._ledger_logic import Completion, Record, State
+from tether.stores._ledger_logic import Completion, Record, Settlement, State
 
 __all__ = ["LedgerNotDurable", "RedisLedgerBackend"]
 
@@ -217,29 +217,13 @@ class RedisLedgerBackend:
     def renew(self, key: str, owner: str, lease: float, now: float | None, ttl: float) -> bool:
         return self._run(key, "renew", now, owner, ttl, repr(float(lease))) == "recorded"
 
-    def complete(
-        self,
-        key: str,
-        owner: str,
-        state: State,
-        result: str | None,
-        error: str | None,
-        now: float | None,
-        ttl: float,
-    ) -> Completion:
-        extra = json.dumps({"result": result, "error": error})
-        return Completion(self._run(key, "complete", now, owner, ttl, state.value, extra))
+    def complete(self, s: Settlement) -> Completion:
+        extra = json.dumps({"result": s.result, "error": s.error})
+        return Completion(self._run(s.key, "complete", s.now, s.owner, s.ttl, s.state.value, extra))
 
-    def mark_unknown(
-        self,
-        key: str,
-        owner: str,
-        detail: str,
-        now: float | None,
-        ttl: float,
-        keep_lease: bool = False,
-    ) -> None:
-        self._run(key, "unknown", now, owner, ttl, detail, "1" if keep_lease else "0")
+    def mark_unknown(self, s: Settlement) -> None:
+        keep = "1" if s.keep_lease else "0"
+        self._run(s.key, "unknown", s.now, s.owner, s.ttl, s.detail, keep)
 
     def release(self, key: str, owner: str) -> None:
         self._run(key, "release", None, owner, 0.0)
