@@ -570,6 +570,24 @@ def _drop(ledger: tether.Ledger) -> None:
         ledger.close()
 
 
+def _against(
+    ledger: tether.Ledger,
+    tag: str,
+    floor: dict[str, Callable[[], Any]],
+    peer: str,
+    *,
+    number: int,
+    reps: int,
+) -> dict[str, dict[str, Any]]:
+    """A ledger's new-key ``once`` interleaved with the floor's ``peer`` statements (the
+    floor is closed after); its goal: 1.5x the floor."""
+    times = _interleaved(
+        {"tether": _once_of(ledger, tag), peer: floor[peer]}, number=number, reps=reps
+    )
+    floor["close"]()
+    return _row(times, peer=peer, goal=1.5)
+
+
 def _ledgers(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
     import os
     import tempfile
@@ -604,13 +622,9 @@ def _ledgers(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
     tmp = tempfile.mkdtemp(prefix="tether-bench-")
     sqlite = tether.Ledger.sqlite(os.path.join(tmp, "ledger.db"))
     floor = _sqlite_floor(os.path.join(tmp, "floor.db"))
-    times = _interleaved(
-        {"tether": _once_of(sqlite, "s"), "insert_update": floor["insert_update"]},
-        number=60 if quick else 200,
-        reps=reps,
+    out["ledger_sqlite_new_key"] = _against(
+        sqlite, "s", floor, "insert_update", number=60 if quick else 200, reps=reps
     )
-    out["ledger_sqlite_new_key"] = _row(times, peer="insert_update", goal=1.5)
-    floor["close"]()
     sqlite.close()
 
     # Redis: SET NX + SET on the same server
@@ -624,13 +638,9 @@ def _ledgers(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
             "tether": {"note": f"skipped: {type(exc).__name__} (set TETHER_REDIS_URL)"}
         }
     else:
-        times = _interleaved(
-            {"tether": _once_of(redis_ledger, "r"), "set_nx_set": rfloor["set_nx_set"]},
-            number=30 if quick else 60,
-            reps=reps,
+        out["ledger_redis_new_key"] = _against(
+            redis_ledger, "r", rfloor, "set_nx_set", number=30 if quick else 60, reps=reps
         )
-        out["ledger_redis_new_key"] = _row(times, peer="set_nx_set", goal=1.5)
-        rfloor["close"]()
         _drop(redis_ledger)
         out["ledger_redis_new_key"]["tether"]["round_trips_per_call"] = _round_trips(
             lambda u: tether.Ledger.redis(u, prefix=prefix + "-rt", allow_lost_records=True),

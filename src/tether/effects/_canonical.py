@@ -71,26 +71,23 @@ def _plain(obj: Any, depth: int) -> bool:
     if kind is dict:
         if depth > MAX_DEPTH:
             return False
-        for k, v in obj.items():  # keys and values in one pass
+        for k in obj:
             if type(k) is not str:
                 return False
-            kind = type(v)
-            if kind in _SCALARS:
-                continue
-            if kind not in _NESTED or not _plain(v, depth + 1):
-                return False
-        return True
-    if kind is list or kind is tuple:
+        values: Iterable[Any] = obj.values()
+    elif kind is list or kind is tuple:
         if depth > MAX_DEPTH:
             return False
-        for v in obj:
-            kind = type(v)
-            if kind in _SCALARS:
-                continue
-            if kind not in _NESTED or not _plain(v, depth + 1):
-                return False
-        return True
-    return kind in _SCALARS
+        values = obj
+    else:
+        return kind in _SCALARS
+    for v in values:
+        kind = type(v)
+        if kind in _SCALARS:
+            continue
+        if kind not in _NESTED or not _plain(v, depth + 1):
+            return False
+    return True
 
 
 def _text(value: str, path: str) -> str:

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 __all__ = ["RetryPolicy", "RetryStats", "retry"]
 
+#: the context's retry state, read and set on every call (bound once: no look-up per call)
+_context, _mark = retry_context.get, retry_context.set
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -228,12 +231,10 @@ class RetryPolicy:
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Call ``fn(*args, **kwargs)`` under this policy."""
-        if retry_context.get() is IN_ATTEMPT:
+        if _context() is IN_ATTEMPT:
             return fn(*args, **kwargs)  # an outer layer retries
-        if _recording():
-            return self._traced(functools.partial(fn, *args, **kwargs), self._span_name(fn))
-        if self._plain:
-            token = retry_context.set(IN_ATTEMPT)
+        if self._plain and not _recording():
+            token = _mark(IN_ATTEMPT)
             try:
                 result = fn(*args, **kwargs)
             except BaseException as exc:
@@ -242,9 +243,11 @@ class RetryPolicy:
                     raise
                 first = exc
             else:
-                retry_context.set(self._one_attempt)  # what reset, then set would leave
+                _mark(self._one_attempt)  # what reset, then set would leave
                 return result
             return self._loop(functools.partial(fn, *args, **kwargs), fn, self.deadline, first)
+        if _recording():
+            return self._traced(functools.partial(fn, *args, **kwargs), self._span_name(fn))
         return self._loop(functools.partial(fn, *args, **kwargs), fn, self.deadline)
 
     def call_within(
