@@ -18,7 +18,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any, ClassVar, TypedDict, TypeVar, cast
+from typing import Any, ClassVar, ParamSpec, TypedDict, TypeVar, cast
 
 from tether import Run, Tool, telemetry
 from tether.guards._breaker import breakers
@@ -27,7 +27,7 @@ from tether.integrations._fallbacks import acall_chain, call_chain, candidates, 
 from tether.integrations._tokens import TokenGate, gate_for
 from tether.integrations._translate import translation
 from tether.retries._policy import RetryPolicy
-from tether.run._fallbacks import fallback_chain
+from tether.run._fallbacks import Fallback, fallback_chain
 
 __all__ = [
     "AsyncGuardedStream",
@@ -36,10 +36,26 @@ __all__ = [
     "Tool",
     "ToolRuleOptions",
     "ToolRules",
+    "guarding",
 ]
 
 _log = logging.getLogger("tether")
 T = TypeVar("T")
+P = ParamSpec("P")
+G = TypeVar("G", bound="Guarded")
+
+
+def guarding(kind: Callable[P, G], module: str, doc: str) -> Callable[P, G]:
+    """A provider module's ``guarded(client, policy=None, run=None, *, token_budget=None,
+    fallbacks=None)``: the constructor of its guarded client class, as a function."""
+
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> G:
+        return kind(*args, **kwargs)
+
+    guarded.__module__, guarded.__doc__ = module, doc
+    signature = inspect.signature(kind).replace(return_annotation=getattr(kind, "__name__", ""))
+    guarded.__signature__ = signature  # type: ignore[attr-defined]
+    return guarded
 
 
 def require_a_place_to_wait(guard: Any, needing: Iterable[str]) -> None:
@@ -578,8 +594,9 @@ class Guarded:
         client: Any,
         policy: RetryPolicy | None = None,
         run: Run | None = None,
+        *,
         token_budget: Any = None,
-        fallbacks: Any = None,
+        fallbacks: Sequence[Fallback | str] | None = None,
     ) -> None:
         #: the provider token budgets of this client's calls (besides its run's guard's)
         self.token_budgets = budgets_for(

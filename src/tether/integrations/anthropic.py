@@ -9,14 +9,12 @@ requests, not 9. Usage (input, output, cache tokens) is counted into the run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from tether import Run, StopReason, Tool
-from tether.integrations._common import Guarded
+from tether.integrations._common import Guarded, guarding
 from tether.integrations._loop import AgentCall, Provider, ToolUse, Turns, agent_call, agent_shells
-from tether.retries._policy import RetryPolicy
-from tether.run._fallbacks import Fallback
 
 __all__ = ["GuardedAnthropic", "Tool", "arun_agent", "guarded", "run_agent"]
 
@@ -42,14 +40,9 @@ class GuardedAnthropic(Guarded):
     }
 
 
-def guarded(
-    client: Any,
-    policy: RetryPolicy | None = None,
-    run: Run | None = None,
-    *,
-    token_budget: Any = None,
-    fallbacks: Sequence[Fallback | str] | None = None,
-) -> GuardedAnthropic:
+guarded = guarding(
+    GuardedAnthropic,
+    __name__,
     """``client`` (``anthropic.Anthropic`` or ``AsyncAnthropic``) under tether's policy.
 
     >>> client = guarded(anthropic.Anthropic())  # doctest: +SKIP
@@ -63,10 +56,8 @@ def guarded(
     (its provider's breaker open, a spend limit, a token-budget wait past the run's time):
     ``[tether.Fallback("claude-haiku-4-5")]``; Anthropic models only (a guarded client
     sends Anthropic requests). Without it, the run's guard's (``Guard(fallbacks=...)``).
-    """
-    return GuardedAnthropic(
-        client, policy=policy, run=run, token_budget=token_budget, fallbacks=fallbacks
-    )
+    """,
+)
 
 
 def _tool_param(tool: Tool) -> dict[str, Any]:

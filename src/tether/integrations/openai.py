@@ -8,14 +8,12 @@ the chat-completions tool loop ending in a :class:`tether.Outcome`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from tether import Run, StopReason, Tool
-from tether.integrations._common import Guarded
+from tether.integrations._common import Guarded, guarding
 from tether.integrations._loop import AgentCall, Provider, ToolUse, Turns, agent_call, agent_shells
-from tether.retries._policy import RetryPolicy
-from tether.run._fallbacks import Fallback
 
 __all__ = ["GuardedOpenAI", "Tool", "arun_agent", "guarded", "run_agent"]
 
@@ -58,21 +56,14 @@ class GuardedOpenAI(Guarded):
     }
 
 
-def guarded(
-    client: Any,
-    policy: RetryPolicy | None = None,
-    run: Run | None = None,
-    *,
-    token_budget: Any = None,
-    fallbacks: Sequence[Fallback | str] | None = None,
-) -> GuardedOpenAI:
+guarded = guarding(
+    GuardedOpenAI,
+    __name__,
     """``client`` (``openai.OpenAI`` or ``AsyncOpenAI``) under tether's policy; with
     ``token_budget``, every attempt waits for its place in the budget of its model (see
     :func:`tether.integrations.anthropic.guarded`); ``fallbacks``: OpenAI models to ask
-    when the request's own cannot answer (``[tether.Fallback("gpt-5-mini")]``)."""
-    return GuardedOpenAI(
-        client, policy=policy, run=run, token_budget=token_budget, fallbacks=fallbacks
-    )
+    when the request's own cannot answer (``[tether.Fallback("gpt-5-mini")]``).""",
+)
 
 
 def _tool_param(tool: Tool) -> dict[str, Any]:
