@@ -21,6 +21,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tether.bench._wire import serve_until
+
 __all__ = ["LIVE_SCENARIOS", "run_live", "run_live_suite"]
 
 LATENCY = 0.05
@@ -75,11 +77,7 @@ def _server_main(
             writer.close()
 
     async def main() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
-        port_q.put(server.sockets[0].getsockname()[1])
-        while not stop.is_set() and time.time() < start_at + stop_after:
-            await asyncio.sleep(0.1)
-        server.close()
+        await serve_until(handle, port_q, stop, start_at + stop_after)
         result_q.put({"total": total[0], "load": dict(load), "log": log})
 
     asyncio.run(main())
@@ -393,7 +391,8 @@ def run_live_suite(
     progress: Callable[[str, int], None] | None = None,
 ) -> dict[str, Any]:
     """The fleet-live suite: each outage of LIVE_SCENARIOS (or those of ``scenarios``), the
-    shard's capacity and the Redis load projected from them."""
+    shard's capacity and the Redis load projected from them, and the provider-limits
+    scenario (:mod:`tether.bench._live_limits`; ``scenarios`` may name it alone)."""
     note = progress or (lambda message, total: None)
     names = [n for n in LIVE_SCENARIOS if not scenarios or n in scenarios]
     live = {}
@@ -405,4 +404,9 @@ def run_live_suite(
         shard = measure_shard()
         note("fleet-live: shard capacity", len(names) + 1)
         out["redis_load"] = projection(live, shard)
+    if not scenarios or "provider-limits" in scenarios:
+        from tether.bench._live_limits import run_live_limits_suite
+
+        out["provider-limits"] = run_live_limits_suite(seed=seed)
+        note("fleet-live: provider-limits", len(names) + 1)
     return out

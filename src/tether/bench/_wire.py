@@ -8,12 +8,15 @@ once). Used by the overhead suite and the tests that count a ledger's round trip
 
 from __future__ import annotations
 
+import asyncio
+import math
 import socket
 import threading
+import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["Relay"]
+__all__ = ["Relay", "serve_until"]
 
 
 class Relay:
@@ -118,3 +121,13 @@ class Relay:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def serve_until(handle: Any, port_q: Any, stop: Any, until: float = math.inf) -> None:
+    """Serve ``handle`` on a loopback port (put on ``port_q``) until ``stop`` is set or the
+    clock passes ``until``."""
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
+    port_q.put(server.sockets[0].getsockname()[1])
+    while not stop.is_set() and time.time() < until:
+        await asyncio.sleep(0.1)
+    server.close()

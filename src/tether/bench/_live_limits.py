@@ -1,0 +1,286 @@
+"""The provider-limits scenario of the live fleet suite: real worker processes sharing one
+Redis, against a loopback model provider that enforces one API key's limits.
+
+The provider (its own process) is :class:`tether.bench._provider.SimulatedProvider`
+behind a small HTTP/1.1 server on 127.0.0.1: requests, input tokens and output tokens
+per minute as token buckets, the ``anthropic-ratelimit-*`` headers on every answer and a
+429 with ``retry-after`` for a request that does not fit; it counts a prompt's tokens
+with a tokenizer of its own per agent (2.6 to 4.6 characters a token). Worker processes
+run the agents as asyncio tasks, each through the real ``anthropic.AsyncAnthropic``
+client over HTTP, guarded by tether with one :class:`tether.TokenBudget` in a
+:class:`~tether.stores.RedisStore` per process (the same key for all), configured with
+the key's limits 2x too high or 2x too low. Everything runs on real time, scaled down
+(a small key, short answers) to finish in well under a minute per configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import multiprocessing
+import os
+import queue as queue_mod
+import random
+import statistics
+import time
+import uuid
+from typing import Any
+
+from tether.bench._provider import Limits, SimulatedProvider, Stats, share_of_limit
+from tether.bench._wire import serve_until
+
+__all__ = ["LIVE_LIMITS", "LIVE_MISCONFIGS", "message_reply", "run_live_limits"]
+
+#: the key's real limits: RPM, ITPM, OTPM (small, so that a live run binds in seconds)
+LIVE_LIMITS = Limits(requests=600, input=360_000, output=100_000)
+#: the configured limits as a share of the real ones
+LIVE_MISCONFIGS = {"configured-2x-high": 2.0, "configured-2x-low": 0.5}
+AGENTS, WORKERS = 80, 4
+MODEL = "claude-sonnet-4-5"
+
+
+def _agent(seed: int, key: str) -> dict[str, Any]:
+    """One agent's conversation and the provider's view of it (its tokenizer, its output)."""
+    rng = random.Random(f"{seed}:{key}")
+    turns = rng.randint(2, 4)
+    return {
+        "turns": turns,
+        "system": "s" * rng.randint(1_000, 8_000),
+        "chars_per_token": rng.uniform(2.6, 4.6),
+        "max_tokens": [rng.choice((128, 256, 512)) for _ in range(turns)],
+        "used": [rng.uniform(0.1, 0.9) for _ in range(turns)],
+        "results": [rng.randint(400, 2_000) for _ in range(turns)],
+        "start": rng.uniform(0.0, 3.0),
+    }
+
+
+def message_reply(out: int, used_in: int, model: str = MODEL) -> dict[str, Any]:
+    """A Messages API answer of ``out`` output tokens (the scenarios' loopback providers)."""
+    return {
+        "id": "msg",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": "r" * (out * 4)}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": used_in, "output_tokens": out},
+    }
+
+
+def _provider_main(
+    port_q: Any, result_q: Any, stop: Any, real: Limits, seed: int, start_at: float
+) -> None:
+    """The provider: answers ``POST /v1/messages`` on loopback until told to stop."""
+    provider = SimulatedProvider("anthropic", real, start_at)
+    agents: dict[str, dict[str, Any]] = {}
+
+    def answer(status: str, body: dict[str, Any], headers: dict[str, str]) -> bytes:
+        data = json.dumps(body).encode()
+        lines = [f"HTTP/1.1 {status}", "content-type: application/json"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        lines.append(f"content-length: {len(data)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode() + data
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while await reader.readline():
+                length = 0
+                while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = header.decode().partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                body = json.loads(await reader.readexactly(length))
+                key = body["metadata"]["user_id"]
+                agent = agents.setdefault(key, _agent(seed, key))
+                chars = len(json.dumps([body.get("system"), body["messages"]]))
+                used_in = math.ceil(chars / agent["chars_per_token"])
+                max_out = int(body["max_tokens"])
+                ok, headers = provider.admit(time.time(), used_in, max_out)
+                if not ok:
+                    error = {"type": "rate_limit_error", "message": "rate limit exceeded"}
+                    reply = {"type": "error", "error": error}
+                    writer.write(answer("429 Too Many Requests", reply, headers))
+                    await writer.drain()
+                    continue
+                turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+                out = max(1, int(max_out * agent["used"][min(turn, agent["turns"] - 1)]))
+                await asyncio.sleep(0.3 + out / 400.0)  # first token, then 400 tokens a second
+                provider.finish(time.time(), used_in, out, max_out)
+                writer.write(answer("200 OK", message_reply(out, used_in), headers))
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        await serve_until(handle, port_q, stop)
+        s = provider.stats
+        result_q.put(
+            {
+                "requests": s.requests,
+                "throttled": s.throttled,
+                "admitted": s.admitted,
+                "served": s.served,
+            }
+        )
+
+    asyncio.run(main())
+
+
+def _worker_main(
+    redis_url: str,
+    prefix: str,
+    port: int,
+    keys: list[str],
+    configured: Limits,
+    seed: int,
+    start_at: float,
+    result_q: Any,
+) -> None:
+    """One worker process: its agents through the guarded client, one TokenBudget in Redis."""
+    import logging
+
+    import anthropic
+
+    from tether import RetryPolicy, TokenBudget
+    from tether.integrations import anthropic as tanthropic
+    from tether.stores.redis._store import RedisStore
+
+    logging.getLogger("tether").setLevel(logging.ERROR)
+    logging.getLogger("anthropic").setLevel(logging.ERROR)
+    logging.getLogger("httpx").setLevel(logging.ERROR)
+    store = RedisStore(redis_url, prefix=prefix)
+    budget = TokenBudget("anthropic", "claude", store=store, **configured.as_budget())
+    finished: list[float] = []
+    failed: list[str] = []
+
+    async def agent(key: str, client: Any) -> None:
+        a = _agent(seed, key)
+        await asyncio.sleep(max(0.0, start_at + a["start"] - time.time()))
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "q" * 400}]
+        for turn in range(a["turns"]):
+            try:
+                reply = await client.messages.create(
+                    model=MODEL,
+                    max_tokens=a["max_tokens"][turn],
+                    system=a["system"],
+                    messages=messages,
+                    metadata={"user_id": key},
+                )
+            except Exception as exc:
+                failed.append(f"{type(exc).__name__}: {exc}"[:200])
+                return
+            messages = [
+                *messages,
+                {"role": "assistant", "content": reply.content[0].text},
+                {"role": "user", "content": "t" * a["results"][turn]},
+            ]
+        finished.append(time.time() - start_at)
+
+    async def main() -> None:
+        raw = anthropic.AsyncAnthropic(
+            api_key="bench", base_url=f"http://127.0.0.1:{port}", max_retries=0
+        )
+        client = tanthropic.guarded(raw, policy=RetryPolicy(), token_budget=budget)
+        await asyncio.gather(*(agent(k, client) for k in keys))
+        await raw.close()
+        await store.aclose()
+
+    asyncio.run(main())
+    result_q.put({"finished": finished, "failed": failed, "round_trips": store.round_trips})
+
+
+def run_live_limits(
+    misconfig: str,
+    *,
+    agents: int = AGENTS,
+    workers: int = WORKERS,
+    real: Limits = LIVE_LIMITS,
+    redis_url: str | None = None,
+    seed: int = 7,
+) -> dict[str, Any]:
+    """One live run: ``agents`` agents in ``workers`` processes, the key's limits ``real``,
+    configured per ``misconfig``."""
+    url = redis_url or os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
+    ctx = multiprocessing.get_context("spawn")
+    port_q, provider_q, worker_q, stop = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
+    start_at = time.time() + 4.0  # time for the processes to start
+    provider = ctx.Process(
+        target=_provider_main, args=(port_q, provider_q, stop, real, seed, start_at), daemon=True
+    )
+    provider.start()
+    port = port_q.get(timeout=30)
+    prefix = f"tether-live-limits-{uuid.uuid4().hex[:8]}"
+    keys = [f"a{i}" for i in range(agents)]
+    configured = real.scaled(LIVE_MISCONFIGS[misconfig])
+    procs = [
+        ctx.Process(
+            target=_worker_main,
+            args=(url, prefix, port, keys[i::workers], configured, seed, start_at, worker_q),
+            daemon=True,
+        )
+        for i in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    results = []
+    for _ in procs:
+        try:
+            results.append(worker_q.get(timeout=300))
+        except queue_mod.Empty:
+            break
+    for p in procs:
+        p.join(timeout=5)
+    stop.set()
+    served = provider_q.get(timeout=30)
+    provider.join(timeout=5)
+    stats = Stats(requests=served["requests"], throttled=served["throttled"])
+    stats.admitted = [tuple(e) for e in served["admitted"]]
+    stats.served = [tuple(e) for e in served["served"]]
+    finished = sorted(t for r in results for t in r["finished"])
+    failures = [f for r in results for f in r["failed"]]
+    ended = sorted(finished + [0.0] * len(failures))
+    # the busy time: from the start (the buckets full: the key's whole minute counted) until
+    # 90% of the agents ended (after that, fewer agents than the limit can serve are left)
+    end = start_at + (_quantile(ended, 0.9) if ended else 0.0)
+    admitted = stats.requests - stats.throttled
+    round_trips = sum(r["round_trips"] for r in results)
+    return {
+        "agents": agents,
+        "workers": workers,
+        "success": round(len(finished) / agents, 4),
+        "requests": stats.requests,
+        "throttled_per_1000": round(1000.0 * stats.throttled / max(1, stats.requests), 2),
+        "input_share_of_limit": round(
+            share_of_limit(stats, real.input, start_at, end, 1, real.input), 3
+        ),
+        "output_share_of_limit": round(
+            share_of_limit(stats, real.output, start_at, end, 2, real.output), 3
+        ),
+        "p50_completion_s": round(statistics.median(finished), 1) if finished else None,
+        "p95_completion_s": round(_quantile(finished, 0.95), 1) if finished else None,
+        "round_trips_per_call": round(round_trips / max(1, admitted), 2),
+        "failures": failures[:5],
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def run_live_limits_suite(seed: int = 7) -> dict[str, Any]:
+    """Both misconfigurations, one after the other."""
+    runs = {m: run_live_limits(m, seed=seed) for m in LIVE_MISCONFIGS}
+    return {
+        "agents": AGENTS,
+        "workers": WORKERS,
+        "real_limits": {
+            "requests_per_minute": LIVE_LIMITS.requests,
+            "input_tokens_per_minute": LIVE_LIMITS.input,
+            "output_tokens_per_minute": LIVE_LIMITS.output,
+        },
+        "runs": runs,
+    }
