@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -99,12 +100,29 @@ async def cancel_at(point: tuple[str, int], coro: Awaitable[Any]) -> None:
         pass
 
 
-def settled(ledger: Ledger, key: str, thread: bool) -> Any:
-    """The record once no worker thread is still running the effect (the sync tool path:
-    a thread that began goes on to its end; give it a moment to claim, then to record)."""
+class Workers:
+    """The event loop's worker threads, one pool per trial: a sync tool's thread that began
+    goes on to its end (it claims, runs and records), however late the machine lets it."""
+
+    def __init__(self) -> None:
+        self.pool = self._fresh()
+
+    @staticmethod
+    def _fresh() -> ThreadPoolExecutor:
+        pool = ThreadPoolExecutor()
+        asyncio.get_running_loop().set_default_executor(pool)
+        return pool
+
+    def join(self) -> None:
+        """Wait until every thread of this trial ended; the loop gets a fresh pool."""
+        self.pool.shutdown(wait=True)
+        self.pool = self._fresh()
+
+
+def settled(ledger: Ledger, key: str, workers: Workers) -> Any:
+    """The record once no worker thread is still running the effect."""
     deadline = time.monotonic() + 5.0
-    if thread:
-        time.sleep(0.05)
+    workers.join()
     record = ledger.get(key)
     while record is not None and record.state is State.PENDING and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -144,6 +162,7 @@ def count_trials(ledger: Ledger, tool: str) -> dict[str, Any]:
     counts: dict[str, Any] = {"trials": 0, "twice": 0, "dishonest": [], "stuck": 0, "not_done": 0}
 
     async def trials() -> None:
+        workers = Workers()
         for point in POINTS:
             provider = Provider()
             order = f"A-{uuid.uuid4().hex[:8]}"
@@ -154,7 +173,7 @@ def count_trials(ledger: Ledger, tool: str) -> dict[str, Any]:
             if not runs:  # cancelled before the run began: nothing to judge
                 continue
             key = tether.intent_key("pay", {"order": order}, scope=runs[0]._scope)
-            record = settled(ledger, key, thread=tool == "sync")
+            record = settled(ledger, key, workers)
             executed = len(provider.paid)
             outcome = runs[0].outcome
             if not honest(record, outcome, executed):
