@@ -136,10 +136,12 @@ def _worker_main(
     keys: list[str],
     configured: Limits,
     seed: int,
-    start_at: float,
+    start: Any,
+    ready_q: Any,
     result_q: Any,
 ) -> None:
-    """One worker process: its agents through the guarded client, one TokenBudget in Redis."""
+    """One worker process: its agents through the guarded client, one TokenBudget in Redis.
+    It says when it is ready (its imports done), then waits for the common start."""
     import logging
 
     import anthropic
@@ -179,6 +181,10 @@ def _worker_main(
             ]
         finished.append(time.time() - start_at)
 
+    ready_q.put(os.getpid())
+    start["go"].wait()
+    start_at = start["at"].value
+
     async def main() -> None:
         raw = anthropic.AsyncAnthropic(
             api_key="bench", base_url=f"http://127.0.0.1:{port}", max_retries=0
@@ -206,9 +212,10 @@ def run_live_limits(
     url = redis_url or os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
     ctx = multiprocessing.get_context("spawn")
     port_q, provider_q, worker_q, stop = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
-    start_at = time.time() + 4.0  # time for the processes to start
+    ready_q = ctx.Queue()
+    start: dict[str, Any] = {"go": ctx.Event(), "at": ctx.Value("d", 0.0)}
     provider = ctx.Process(
-        target=_provider_main, args=(port_q, provider_q, stop, real, seed, start_at), daemon=True
+        target=_provider_main, args=(port_q, provider_q, stop, real, seed, time.time()), daemon=True
     )
     provider.start()
     port = port_q.get(timeout=30)
@@ -218,13 +225,17 @@ def run_live_limits(
     procs = [
         ctx.Process(
             target=_worker_main,
-            args=(url, prefix, port, keys[i::workers], configured, seed, start_at, worker_q),
+            args=(url, prefix, port, keys[i::workers], configured, seed, start, ready_q, worker_q),
             daemon=True,
         )
         for i in range(workers)
     ]
     for p in procs:
         p.start()
+    for _ in procs:  # the clock starts when every worker has its imports done
+        ready_q.get(timeout=120)
+    start_at = start["at"].value = time.time() + 0.2
+    start["go"].set()
     results = []
     for _ in procs:
         try:
