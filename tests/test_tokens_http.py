@@ -81,7 +81,7 @@ def output_of(body: dict[str, Any]) -> int:
 class Provider:
     """The loopback provider: the simulated buckets behind a scripted HTTP server."""
 
-    def __init__(self, style: str, clock: FastClock) -> None:
+    def __init__(self, style: str, clock: Any) -> None:
         self.style, self.clock = style, clock
         self.sim = SimulatedProvider(style, LIMITS[style], clock.wall())
 
@@ -383,3 +383,62 @@ def test_the_async_run_waits_for_its_place_and_the_wait_counts_against_its_time(
     assert outcome.status == "success"
     assert clock.now() == pytest.approx(15.0, abs=0.5)
     assert len(server.requests) == 1
+
+
+def _two_calls(
+    clock: tether.VirtualClock, budget: tether.TokenBudget, url: str, asynchronous: bool
+) -> tether.Outcome:
+    """A run of 15 s, in its own loop, two calls through a guarded client: the first waits
+    10 s for its output tokens, the second would wait at least 7 s more."""
+    guard = tether.Guard(budget=tether.Budget(max_seconds=15), clock=clock, token_budget=budget)
+
+    def kw(max_tokens: int) -> dict[str, Any]:
+        return {"model": "claude-sonnet-4-5", "max_tokens": max_tokens, "messages": prompt(3)}
+
+    if asynchronous:
+
+        async def main() -> tether.Outcome:
+            async with guard.start(task="two calls") as run:
+                client = tanthropic.guarded(
+                    anthropic.AsyncAnthropic(api_key="t", base_url=url), run=run
+                )
+                await client.messages.create(**kw(100))
+                await client.messages.create(**kw(150))
+                run.succeed("both answered")
+            await client.close()
+            return run.outcome
+
+        return asyncio.run(main())
+    with guard.start(task="two calls") as run:
+        client = tanthropic.guarded(anthropic.Anthropic(api_key="t", base_url=url), run=run)
+        client.messages.create(**kw(100))
+        client.messages.create(**kw(150))
+        run.succeed("both answered")
+    client.close()
+    return run.outcome
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_the_token_wait_counts_against_the_run_and_stops_it_before_the_request(
+    asynchronous: bool,
+) -> None:
+    """Sync and async alike: the first call's 10 s wait is the run's time, so the second
+    call, whose wait would outlast the 5 s left, stops the run TIMEOUT before its request
+    (the provider sees one request), without waiting it out. The provider's limit is the
+    budget's (600 output tokens a minute), on the run's clock."""
+    clock = tether.VirtualClock()
+    provider = Provider("anthropic", clock)
+    provider.sim = SimulatedProvider("anthropic", Limits(600, 40_000, 600), clock.wall())
+    with ScriptedServer() as server:
+        server.handler = provider
+        budget = tether.TokenBudget(
+            "anthropic", "claude", clock=clock, output_tokens_per_minute=600
+        )
+        r = budget.reserve(estimated_input_tokens=0, max_output_tokens=0)
+        budget.settle(r, input_tokens=0, output_tokens=0, status=200)
+        budget.reserve(estimated_input_tokens=10, max_output_tokens=600)  # the bucket empty
+        outcome = _two_calls(clock, budget, server.url, asynchronous)
+    assert outcome.stopped_because is tether.StopReason.TIMEOUT
+    assert "token budget 'anthropic:claude'" in outcome.detail
+    assert len(server.requests) == 1
+    assert 10.0 <= clock.now() < 15.0

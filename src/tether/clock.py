@@ -157,7 +157,10 @@ class VirtualClock:
 
     ``sleep`` and ``asleep`` return at once after moving the time forward, so minutes
     of backoff take microseconds. A sleep that would cross a deadline set by
-    ``call_with_timeout`` moves time to the deadline and raises ``TimeoutError``.
+    ``call_with_timeout`` moves time to the deadline and raises ``TimeoutError``. On an
+    event loop that runs on this clock (its ``virtual_clock`` attribute is the clock, as
+    the benchmark's loop does) ``asleep`` is a timer of the loop instead: concurrent
+    tasks' sleeps overlap, as real ones do, rather than adding up.
 
     >>> clock = VirtualClock()
     >>> clock.sleep(2.5)
@@ -202,10 +205,32 @@ class VirtualClock:
         self._sleep(seconds)
 
     async def asleep(self, seconds: float) -> None:
-        self._sleep(seconds)
         import asyncio
 
+        if getattr(asyncio.get_running_loop(), "virtual_clock", None) is self:
+            await self._timer(seconds)
+            return
+        self._sleep(seconds)
         await asyncio.sleep(0)
+
+    async def _timer(self, seconds: float) -> None:
+        """A sleep on an event loop whose time is this clock's (``virtual_clock``): a timer
+        of the loop, so that one task's sleep moves nobody else's time; the loop moves the
+        clock when every task waits. Crossing a deadline: up to it, then ``TimeoutError``."""
+        import asyncio
+
+        seconds = max(0.0, seconds)
+        deadline = _virtual_deadline.get()
+        late = False
+        if deadline is not None and self._now + seconds > deadline:
+            seconds, late = max(0.0, deadline - self._now), True
+        with self._lock:
+            self.sleeps += 1
+        await asyncio.sleep(seconds)
+        with self._lock:
+            self.slept += seconds
+        if late:
+            raise TimeoutError("call did not return before its deadline (virtual time)")
 
     def call_with_timeout(self, timeout: float, fn: Callable[[], T]) -> T:
         token = self._push_deadline(timeout)

@@ -193,16 +193,6 @@ def _policy(
 PROVIDER_POLICIES = ("sdk-default", "tenacity", "langchain-limiter", "router-tpm", "tether")
 
 
-class LoopClock(VirtualClock):
-    """The virtual clock of a :func:`run_virtual` loop: an async sleep is a timer of the loop
-    (the clock moves when every task waits), not a jump of the clock for everybody."""
-
-    async def asleep(self, seconds: float) -> None:
-        self.sleeps += 1
-        self.slept += max(0.0, seconds)
-        await asyncio.sleep(max(0.0, seconds))
-
-
 class _VirtualTime:
     """``time`` as LangChain's limiter reads it, on the virtual clock (as freezegun would)."""
 
@@ -264,7 +254,7 @@ def run_provider_limits(
 
     logging.getLogger("anthropic").setLevel(logging.ERROR)
     logging.getLogger("httpx").setLevel(logging.ERROR)
-    clock = LoopClock(wall_start=1_800_000_000.0)
+    clock = VirtualClock(wall_start=1_800_000_000.0)  # its asleep: a timer of the loop
     rng = random.Random(f"{seed}:provider-limits")  # the same agents for every policy
     people = {f"a{i}": _Agent(rng) for i in range(agents)}
     provider = SimulatedProvider("anthropic", real, clock.wall())

@@ -6,6 +6,9 @@ are timers of the loop, and the loop's time is the clock's: when nothing is read
 the loop moves the clock to its next timer instead of waiting. Minutes of backoff take
 microseconds, and the waits are exactly what each library decided.
 
+A :class:`tether.VirtualClock`'s own ``asleep`` on this loop is one of its timers too, so
+tasks that sleep at once overlap their sleeps instead of each moving everybody's time.
+
 Work handed to a thread (``asyncio.to_thread``) is waited for in real time: the loop's
 executor counts what is in flight, and the clock does not jump while a thread works.
 """
@@ -85,11 +88,12 @@ class _Loop(asyncio.SelectorEventLoop):
     def __init__(self, clock: VirtualClock) -> None:
         self._executor_ = _Executor()
         super().__init__(_Selector(clock, self._executor_))
-        self._vclock = clock
+        #: the clock whose time this loop's is: its ``asleep`` is a timer of this loop
+        self.virtual_clock = clock
         self.used_threads = False
 
     def time(self) -> float:
-        return self._vclock.now()
+        return self.virtual_clock.now()
 
     def run_in_executor(self, executor: Any, func: Any, *args: Any) -> Any:  # type: ignore[override]
         if executor is None and not self.used_threads:  # the counting executor, made on first use
