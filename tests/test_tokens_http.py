@@ -334,6 +334,17 @@ def test_real_processes_share_one_budget_through_redis(
     assert utilisation(provider.sim, slept) >= 0.75
 
 
+def emptied_budget(clock: tether.VirtualClock, output_per_minute: int) -> tether.TokenBudget:
+    """A calibrated budget whose output bucket a call outside the test has just emptied."""
+    budget = tether.TokenBudget(
+        "anthropic", "claude", clock=clock, output_tokens_per_minute=output_per_minute
+    )
+    r = budget.reserve(estimated_input_tokens=0, max_output_tokens=0)
+    budget.settle(r, input_tokens=0, output_tokens=0, status=200)
+    budget.reserve(estimated_input_tokens=10, max_output_tokens=output_per_minute)
+    return budget
+
+
 def test_a_wait_past_the_runs_time_stops_it_timeout_before_the_request() -> None:
     """run_agent under a 20 s time budget, the output bucket empty for a minute: the run
     stops TIMEOUT and the provider never sees the request."""
@@ -341,12 +352,7 @@ def test_a_wait_past_the_runs_time_stops_it_timeout_before_the_request() -> None
     provider = Provider("anthropic", FastClock())
     with ScriptedServer() as server:
         server.handler = provider
-        budget = tether.TokenBudget(
-            "anthropic", "claude", clock=clock, output_tokens_per_minute=600
-        )
-        r = budget.reserve(estimated_input_tokens=0, max_output_tokens=0)
-        budget.settle(r, input_tokens=0, output_tokens=0, status=200)
-        budget.reserve(estimated_input_tokens=10, max_output_tokens=600)  # all of it
+        budget = emptied_budget(clock, 600)
         guard = tether.Guard(budget=tether.Budget(max_seconds=20), clock=clock, token_budget=budget)
         with anthropic.Anthropic(api_key="t", base_url=server.url) as client:
             outcome = tanthropic.run_agent(
@@ -372,12 +378,7 @@ def test_the_async_run_waits_for_its_place_and_the_wait_counts_against_its_time(
     provider = Provider("anthropic", FastClock())
     with ScriptedServer() as server:
         server.handler = provider
-        budget = tether.TokenBudget(
-            "anthropic", "claude", clock=clock, output_tokens_per_minute=1200
-        )
-        r = budget.reserve(estimated_input_tokens=0, max_output_tokens=0)
-        budget.settle(r, input_tokens=0, output_tokens=0, status=200)
-        budget.reserve(estimated_input_tokens=10, max_output_tokens=1200)
+        budget = emptied_budget(clock, 1200)
         guard = tether.Guard(budget=tether.Budget(max_seconds=60), clock=clock, token_budget=budget)
         outcome = asyncio.run(_arun(guard, server.url))
     assert outcome.status == "success"
@@ -431,12 +432,7 @@ def test_the_token_wait_counts_against_the_run_and_stops_it_before_the_request(
     provider.sim = SimulatedProvider("anthropic", Limits(600, 40_000, 600), clock.wall())
     with ScriptedServer() as server:
         server.handler = provider
-        budget = tether.TokenBudget(
-            "anthropic", "claude", clock=clock, output_tokens_per_minute=600
-        )
-        r = budget.reserve(estimated_input_tokens=0, max_output_tokens=0)
-        budget.settle(r, input_tokens=0, output_tokens=0, status=200)
-        budget.reserve(estimated_input_tokens=10, max_output_tokens=600)  # the bucket empty
+        budget = emptied_budget(clock, 600)
         outcome = _two_calls(clock, budget, server.url, asynchronous)
     assert outcome.stopped_because is tether.StopReason.TIMEOUT
     assert "token budget 'anthropic:claude'" in outcome.detail
