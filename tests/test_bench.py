@@ -176,6 +176,7 @@ def test_overhead_suite_reports_every_case() -> None:
         "ledger_postgres_new_key": "two_statements",
         "record_model_call_prices_extra": "own_table",
         "import_tether": "tenacity",
+        "langchain_middleware": "langchain_limits",
     }
     assert set(out) == set(rows) | {"breaker_success_path"}
     assert len(seen) == 6 and all(m.startswith("overhead: ") for m in seen)
@@ -279,3 +280,43 @@ def test_report_plots_show_every_value_with_the_legend_outside_the_data(tmp_path
     images = _plots({"suites": {"agents": {"scenarios": cells}}}, tmp_path)
     assert [name for _, name in images] == ["agents.png", "agents-effects.png", "latency.png"]
     assert all((tmp_path / name).stat().st_size > 10_000 for _, name in images)
+
+
+def test_langchain_middleware_row_times_both_middlewares() -> None:
+    """A real create_agent turn under TetherMiddleware, LangChain's limit middlewares and none:
+    every implementation timed, the ratio ours over LangChain's limits from their rounds."""
+    from tether.bench._overhead import _interleaved, _row
+    from tether.bench._scale import langchain_middleware
+
+    row = langchain_middleware(_interleaved, _row, quick=True, number=1)
+    assert set(row) == {"tether", "langchain_limits", "none"}
+    ours, theirs = row["tether"], row["langchain_limits"]
+    assert ours["vs"] == "langchain_limits" and ours["per"] == "turn"
+    assert ours["ns_per_call"] > 0 and theirs["ns_per_call"] > 0 and row["none"]["ns_per_call"] > 0
+    assert ours["ratio_min"] <= ours["ratio"] <= ours["ratio_max"]
+    # the ratio of the medians lies within the per-round ratios' spread (min <= it <= max)
+    medians = ours["ns_per_call"] / theirs["ns_per_call"]
+    assert ours["ratio_min"] - 0.01 <= medians <= ours["ratio_max"] + 0.01
+    assert ours["vs_none"] > 0 and theirs["vs_none"] > 0
+    assert ours["holds"] == (ours["ratio"] <= ours["goal"])
+
+
+def test_scale_rows_at_tiny_sizes() -> None:
+    """Steps at scale in fresh interpreters and concurrent runs on one loop: their shape."""
+    from tether.bench._report import _rows
+    from tether.bench._scale import concurrent_runs, steps_at_scale
+
+    steps = steps_at_scale((100, 1_000))
+    assert list(steps) == ["100_steps", "1000_steps"]
+    for n, row in zip((100, 1_000), steps.values(), strict=True):
+        assert row["steps"] == n and row["ns_per_call"] > 0
+        assert row["peak_rss_mb"] >= row["run_peak_mb"] >= 0 and row["peak_rss_mb"] > 5
+    runs = concurrent_runs((10, 100), steps=2)
+    assert list(runs) == ["10_runs", "100_runs"]
+    for n, row in zip((10, 100), runs.values(), strict=True):
+        assert row["runs"] == n and row["steps"] == 2 * n and row["steps_per_s"] > 0
+        assert 1_000 < row["bytes_per_open_run"] < 1_000_000  # a run holds something, not a lot
+    _, table = _rows({"suites": {"soak": {"steps_at_scale": steps, "concurrent_runs": runs}}})[
+        "soak"
+    ]
+    assert len(table) == 4 and all(r[3] for r in table)

@@ -783,6 +783,9 @@ def run_overhead(
     out.update(_ledgers(quick))
     note("overhead: ledgers against their statements", total)
     out["record_model_call_prices_extra"] = _prices(quick)
+    from tether.bench._scale import langchain_middleware
+
+    out["langchain_middleware"] = langchain_middleware(_interleaved, _row, quick)
     note("overhead: prices", total)
     out["breaker_success_path"] = _breakers(2_000 if quick else 10_000)
     note("overhead: breaker", total)
@@ -823,5 +826,8 @@ def run_soak(quick: bool = False, progress: Progress | None = None) -> dict[str,
             "bytes_after_all_steps": _deep_size(state),
         }
     }
+    from tether.bench._scale import run_scale
+
+    out.update(run_scale(quick))
     note("soak: done", 4)
     return out

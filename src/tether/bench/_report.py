@@ -118,7 +118,10 @@ def _rows(results: dict[str, Any]) -> dict[str, Table]:
         rows = []
         for case, impls in suites["soak"].items():
             for impl, m in impls.items():
-                if "ns_per_call" in m:
+                if "summary" in m:  # the scale rows say what they measured
+                    ns = f"{m['ns_per_call']:.0f}" if "ns_per_call" in m else ""
+                    rows.append([case, impl, ns, m["summary"]])
+                elif "ns_per_call" in m:
                     extra = f"{m['run_state_bytes'] / 1e6:.1f} MB of run state after {m['steps']:,} steps"
                     rows.append([case, impl, f"{m['ns_per_call']:.0f}", extra])
                 else:
