@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Annotated, Any, NotRequired, Unpack
 
 from typing_extensions import TypedDict
@@ -33,7 +34,10 @@ from tether.integrations._common import (
     require_a_place_to_wait,
     result_text,
 )
+from tether.integrations._fallbacks import gives_way
 from tether.integrations._tokens import DEFAULT_MAX_OUTPUT
+from tether.retries._policy import RetryPolicy
+from tether.run._fallbacks import Fallback, fallback_chain, gave_way
 
 require("langchain", "langchain")
 
@@ -150,6 +154,10 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     on every call. ``key`` names the request a turn serves, as ``guard.start(key=)``: a
     string, or a function of the invocation's ``RunnableConfig`` (``lambda config:
     config["configurable"]["ticket"]``); None: every turn is its own request.
+    ``fallbacks``: the models a model call goes to, in order, when its own cannot answer
+    (its breaker is open, a quota refused it: see :class:`tether.Fallback`); default: the
+    guard's. Each is a LangChain chat model (``Fallback.client``) or built by
+    ``init_chat_model(model, model_provider=provider)``, refused here when it cannot be.
     """
 
     state_schema = TetherState
@@ -162,6 +170,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         read_only: Iterable[str] = (),
         volatile: Mapping[str, Iterable[str]] | None = None,
         key: str | Callable[[Mapping[str, Any]], str | None] | None = None,
+        fallbacks: Sequence[Fallback | str] | None = None,
         **rules: Unpack[ToolRuleOptions],
     ) -> None:
         super().__init__()
@@ -175,6 +184,11 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         self.key = key
         # model calls: retried at this one layer, classified by tether, within the run's time
         self._policy = guard.retry.replace(name="model")
+        #: the chat models a model call goes to when its own cannot answer, in order
+        self.fallbacks = _chat_models(
+            fallback_chain(guard.fallbacks if fallbacks is None else fallbacks)
+        )
+        self._fallback_policy = self._policy.replace(breaker=None)
         self._warned = False
         self._tools = ToolGuard(side_effects, volatile=volatile, read_only=read_only, **rules)
         require_a_place_to_wait(guard, self._tools.rules.needing_approval())
@@ -251,35 +265,55 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         run = self._run(request.state)
         if run is None:
             return handler(request)
-        try:  # the guard's token budget may make the call wait for its place
-            run.begin_model_call(**self._model_call(request))
-        except Stopped:  # a wait past the run's time: stopped before the request
-            return _no_reply(run)
-        try:
-            response = run.retry_model_call(self._policy, lambda: handler(request))
-        except Exception as exc:
-            return self._model_failed(run, exc)
-        self._count(run, request, response)
-        return _with_run(response, run)
+        chain = self._chain(request)
+        for i, (asked, policy) in enumerate(chain):
+            try:  # the guard's token budget may make the call wait for its place
+                run.begin_model_call(**self._model_call(asked))
+            except Stopped:  # a wait past the run's time: stopped before the request
+                return _no_reply(run)
+            try:
+                response = run.retry_model_call(policy, partial(handler, asked))
+            except Exception as exc:
+                if _gives_way(run, chain, i, exc):
+                    continue
+                return self._model_failed(run, exc)
+            self._count(run, asked, response)
+            return _with_run(response, run)
+        raise AssertionError("unreachable: the last model answers or fails")  # pragma: no cover
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         run = self._run(request.state)
         if run is None:
             return await handler(request)
-        try:  # the token budget's wait sleeps on the event loop
-            await run.abegin_model_call(**self._model_call(request))
-        except Stopped:
-            return _no_reply(run)
+        chain = self._chain(request)
+        for i, (asked, policy) in enumerate(chain):
+            try:  # the token budget's wait sleeps on the event loop
+                await run.abegin_model_call(**self._model_call(asked))
+            except Stopped:
+                return _no_reply(run)
 
-        async def call() -> Any:
-            return await handler(request)
+            async def call(asked: Any = asked) -> Any:
+                return await handler(asked)
 
-        try:
-            response = await run.aretry_model_call(self._policy, call)
-        except Exception as exc:
-            return self._model_failed(run, exc)
-        self._count(run, request, response)
-        return _with_run(response, run)
+            try:
+                response = await run.aretry_model_call(policy, call)
+            except Exception as exc:
+                if _gives_way(run, chain, i, exc):
+                    continue
+                return self._model_failed(run, exc)
+            self._count(run, asked, response)
+            return _with_run(response, run)
+        raise AssertionError("unreachable: the last model answers or fails")  # pragma: no cover
+
+    def _chain(self, request: Any) -> list[tuple[Any, RetryPolicy]]:
+        """The request to its own model, then to each fallback (``request.override``); a
+        fallback's attempts go through the guard's retry policy without the primary's
+        breaker (an open one is what sends the call on)."""
+        if not self.fallbacks:
+            return [(request, self._policy)]
+        return [(request, self._policy)] + [
+            (request.override(model=model), self._fallback_policy) for model in self.fallbacks
+        ]
 
     def _model_call(self, request: Any) -> dict[str, Any]:
         """What ``run.begin_model_call`` is told of the request: its model, its prompt's
@@ -363,6 +397,43 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         if run is None:
             return await handler(request)
         return _and_run(await self._tools.acall(run, request, handler), run)
+
+
+def _chat_models(chain: Sequence[Fallback]) -> tuple[Any, ...]:
+    """The chat model of each fallback: its ``client`` (a LangChain chat model), else one
+    LangChain builds from its name and provider; refused here, naming the entry."""
+    from langchain_core.language_models import BaseChatModel
+
+    models = []
+    for i, entry in enumerate(chain):
+        if entry.client is not None:
+            if not isinstance(entry.client, BaseChatModel):
+                raise TypeError(
+                    f"fallbacks[{i}].client must be a LangChain chat model for a LangChain "
+                    f"agent (the agent calls its model through LangChain), got {entry.client!r}"
+                )
+            models.append(entry.client)
+            continue
+        from langchain.chat_models import init_chat_model
+
+        try:
+            models.append(init_chat_model(entry.model, model_provider=entry.provider))
+        except Exception as exc:  # an unknown provider, its package missing, no API key
+            raise ValueError(
+                f"fallbacks[{i}] ({entry.model!r}): LangChain cannot build its chat model "
+                f"({exc}); give it one: tether.Fallback({entry.model!r}, client=<chat model>)"
+            ) from None
+    return tuple(models)
+
+
+def _gives_way(run: Run, chain: Sequence[tuple[Any, Any]], i: int, exc: Exception) -> bool:
+    """Whether model ``i``'s failure sends the call to the next model (logged, with a
+    ``tether.fallback`` event); its token reservation is given back."""
+    names = [(None, _model_name(asked.model)) for asked, _ in chain]
+    if not gives_way(names, i, exc):
+        return False
+    gave_way(run, exc)
+    return True
 
 
 def _estimate(request: Any) -> int:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PROVIDERS", "Fallback", "fallback_chain"]
+__all__ = ["PROVIDERS", "Fallback", "fallback_chain", "gave_way", "is_chat_model"]
 
 #: the providers whose requests tether builds (and can translate between, in ``run_agent``)
 PROVIDERS = ("anthropic", "openai")
@@ -47,11 +47,22 @@ class Fallback:
                 f"Fallback.provider must be one of {', '.join(map(repr, PROVIDERS))} or None, "
                 f"got {self.provider!r}"
             )
-        if self.client is not None and not hasattr(self.client, "with_options"):
+        if self.client is not None and not (
+            hasattr(self.client, "with_options") or is_chat_model(self.client)
+        ):
             raise TypeError(
-                f"Fallback.client must be an Anthropic or OpenAI SDK client (raw or guarded), "
-                f"got {self.client!r}"
+                f"Fallback.client must be an Anthropic or OpenAI SDK client (raw or guarded) "
+                f"or a LangChain chat model, got {self.client!r}"
             )
+
+
+def is_chat_model(client: Any) -> bool:
+    """Whether ``client`` is a LangChain chat model (a ``langchain_core`` BaseChatModel),
+    told without importing LangChain."""
+    return any(
+        c.__name__ == "BaseChatModel" and c.__module__.startswith("langchain_core.")
+        for c in type(client).__mro__
+    )
 
 
 def fallback_chain(value: Any, field: str = "fallbacks") -> tuple[Fallback, ...]:
@@ -73,3 +84,10 @@ def fallback_chain(value: Any, field: str = "fallbacks") -> tuple[Fallback, ...]
             )
         chain.append(entry)
     return tuple(chain)
+
+
+def gave_way(run: Any, exc: BaseException) -> None:
+    """A model call of ``run`` (a :class:`tether.Run`) that gave way to a fallback after
+    ``exc``: its token reservation goes back (the run goes on; the fallback reserves its
+    own), as a failed call's does."""
+    run._state._tokens.release(exc)

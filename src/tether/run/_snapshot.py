@@ -75,6 +75,7 @@ def snapshot(run: RunState) -> dict[str, Any]:
         **{name: getattr(run, name) for name in _COUNTS},
         "error": run._error,
         "checked_models": sorted(run._checked_models),
+        "models": list(run.models),
         "last_costs": list(run._last_costs),
         "last_tokens": run._last_tokens,
         "max_steps": run._max_steps,
@@ -149,6 +150,7 @@ def restore(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R]) 
     s.transcript = _untail(guard.keep_last, doc.get("transcript"))
     s._error = doc.get("error") if isinstance(doc.get("error"), str) else None
     s._checked_models = {str(m) for m in doc.get("checked_models") or ()}
+    s.models = [str(m) for m in doc.get("models") or ()]
     s._last_costs = [float(c) for c in doc.get("last_costs") or ()]
     s._last_tokens = int(doc.get("last_tokens") or 0)
     max_steps = doc.get("max_steps")
