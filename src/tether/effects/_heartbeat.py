@@ -22,6 +22,7 @@ from tether.stores._ledger_logic import LedgerBackend
 __all__ = ["Heartbeat", "heartbeat"]
 
 _log = logging.getLogger("tether")
+_now = system_clock.now
 #: how often the thread looks while no effect runs (an effect whose first renewal is due
 #: later than that never wakes it)
 IDLE_TICK = 5.0
@@ -31,18 +32,18 @@ class Heartbeat:
     """Renews the leases of the effects this process is running."""
 
     def __init__(self) -> None:
-        # (key, owner) -> [backend, ttl, lease, next renewal due]
-        self._active: dict[tuple[str, str], list[Any]] = {}
+        # owner (a fresh token per claim) -> [backend, ttl, key, lease, next renewal due]
+        self._active: dict[str, list[Any]] = {}
         self._lock = threading.Lock()  # add and remove take it directly (the cheaper way)
         self._cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._wake_at = 0.0  # when the thread looks next
 
     def add(self, backend: LedgerBackend, ttl: float, key: str, owner: str, lease: float) -> None:
-        due = system_clock.now() + lease / 3
+        due = _now() + lease / 3
         # a dict insert is atomic: the lock is taken only to start or wake the thread
-        self._active[(key, owner)] = [backend, ttl, lease, due]
-        if self._thread is None or due < self._wake_at:
+        self._active[owner] = [backend, ttl, key, lease, due]
+        if due < self._wake_at or self._thread is None:
             with self._lock:
                 if self._thread is None:
                     self._thread = threading.Thread(
@@ -52,24 +53,24 @@ class Heartbeat:
                 elif due < self._wake_at:
                     self._cond.notify()
 
-    def remove(self, key: str, owner: str) -> None:
-        self._active.pop((key, owner), None)  # atomic; the thread reads a copy under its lock
+    def remove(self, owner: str) -> None:
+        self._active.pop(owner, None)  # atomic; the thread reads a copy under its lock
 
     def _loop(self) -> None:
         while True:
             with self._cond:
-                now = system_clock.now()
+                now = _now()
                 active = list(self._active.items())
-                due = [(k, e) for k, e in active if e[3] <= now]
+                due = [(o, e) for o, e in active if e[4] <= now]
                 if not due:
-                    soon = min((e[3] for _, e in active), default=now + IDLE_TICK)
+                    soon = min((e[4] for _, e in active), default=now + IDLE_TICK)
                     self._wake_at = soon
                     self._cond.wait(soon - now)
                     self._wake_at = 0.0  # awake: an add need not notify
                     continue
                 for _, entry in due:
-                    entry[3] = now + entry[2] / 3
-            for (key, owner), (backend, ttl, lease, _) in due:
+                    entry[4] = now + entry[3] / 3
+            for owner, (backend, ttl, key, lease, _) in due:
                 self._renew(backend, ttl, key, owner, lease)
 
     def _renew(
@@ -86,7 +87,7 @@ class Heartbeat:
                 "took it over, or the store forgot it)",
                 key[:16],
             )
-            self.remove(key, owner)
+            self.remove(owner)
 
 
 #: the process's heartbeat, shared by every ledger on a real clock

@@ -84,8 +84,6 @@ def current_idempotency_key() -> str | None:
 
 
 def _payload_hash(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    if not args and not kwargs:
-        return None
     try:
         # the request ids of each argument (at its top level) are not the intent
         text = f"[[{','.join(canonical_json(a) for a in args)}],{canonical_json(kwargs)}]"
@@ -263,7 +261,7 @@ class Ledger:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Generator[Step, Any, tuple[str, Any]]:
-        payload = _payload_hash(args, kwargs)
+        payload = _payload_hash(args, kwargs) if args or kwargs else None
         return claim_plan(self._records, self.wait, self.poll_interval, key, payload, lease, lookup)
 
     # --- for people -------------------------------------------------------------------

@@ -93,47 +93,35 @@ def claim_plan(
     return owner, found
 
 
-class _Cursor:
-    """Where a driver is in its plan: the answer to its last step, then its result."""
-
-    __slots__ = ("answer", "plan")
-
-    def __init__(self, plan: Generator[Step, Any, Any]) -> None:
-        self.plan = plan
-        self.answer: Any = None
-
-    def next(self) -> Step | None:
-        """The plan's next step, or None once it returned (its result in ``answer``)."""
-        try:
-            return self.plan.send(self.answer)
-        except StopIteration as done:
-            self.answer = done.value
-            return None
-
-
 def drive(plan: Generator[Step, Any, T], clock: Clock) -> T:
     """Run a plan's steps in this thread."""
-    cursor = _Cursor(plan)
-    while (step := cursor.next()) is not None:
+    answer: Any = None
+    while True:
+        try:
+            step = plan.send(answer)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         if step.fn is None:
             clock.sleep(step.args[0])
-            cursor.answer = None
+            answer = None
         else:
-            cursor.answer = step.fn(*step.args)
-    return cursor.answer  # type: ignore[no-any-return]
+            answer = step.fn(*step.args)
 
 
 async def adrive(plan: Generator[Step, Any, T], clock: Clock, backend: Any) -> T:
     """Run a plan's steps from async code: store steps off the event loop."""
-    cursor = _Cursor(plan)
-    while (step := cursor.next()) is not None:
+    answer: Any = None
+    while True:
+        try:
+            step = plan.send(answer)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         if step.fn is None:
             await clock.asleep(step.args[0])
-            cursor.answer = None
+            answer = None
         else:
             undo, skipped = step.undo, step.skipped
-            cursor.answer = await off_loop(backend, step.fn, *step.args, undo=undo, skipped=skipped)
-    return cursor.answer  # type: ignore[no-any-return]
+            answer = await off_loop(backend, step.fn, *step.args, undo=undo, skipped=skipped)
 
 
 def execute(
@@ -149,7 +137,7 @@ def execute(
             return _run_and_record(r, key, owner, fn)
         finally:
             if beat:
-                heartbeat.remove(key, owner)
+                heartbeat.remove(owner)
     ended = threading.Event()
 
     def body() -> T:
@@ -158,7 +146,7 @@ def execute(
         finally:
             ended.set()
             if beat:
-                heartbeat.remove(key, owner)
+                heartbeat.remove(owner)
 
     try:
         return ledger.clock.call_with_timeout(timeout, body)
@@ -220,6 +208,6 @@ async def aexecute(
     finally:
         current_key.reset(token)
         if beat:
-            heartbeat.remove(key, owner)
+            heartbeat.remove(owner)
     await settle(backend, r.record_done, key, owner, result)
     return result

@@ -125,23 +125,44 @@ class Record(NamedTuple):
     ) -> Record:
         """A new claim, its times relative to the moment the backend stores it: its lease
         runs ``lease`` seconds and the record lives ``ttl`` seconds past that."""
-        return cls(key, State.PENDING, payload_hash, owner, lease, lease + ttl, 0.0)
+        fields = (
+            key,
+            State.PENDING,
+            payload_hash,
+            owner,
+            lease,
+            lease + ttl,
+            0.0,
+            None,
+            None,
+            "",
+            1,
+        )
+        return _build(cls, fields)
 
     def at(self, now: float) -> Record:
         """This claim with its relative times made absolute at ``now``."""
-        return Record(
-            self.key,
-            self.state,
-            self.payload_hash,
-            self.owner,
-            now + self.lease_until,
-            now + self.expires_at,
-            now,
-            self.result,
-            self.error,
-            self.detail,
-            self.attempts,
+        return _build(
+            Record,
+            (
+                self.key,
+                self.state,
+                self.payload_hash,
+                self.owner,
+                now + self.lease_until,
+                now + self.expires_at,
+                now,
+                self.result,
+                self.error,
+                self.detail,
+                self.attempts,
+            ),
         )
+
+
+#: a record from all its fields at once, without the keyword handling of a named tuple's
+#: constructor (three are built for every effect: the claim, the stored claim, the settled)
+_build = tuple.__new__
 
 
 class Settlement(NamedTuple):
@@ -208,18 +229,21 @@ def renewed(existing: Record, now: float, lease: float, ttl: float) -> Record:
 def settled(existing: Record, s: Settlement, now: float) -> Record:
     """The record DONE or FAILED at ``now``: remembered ``s.ttl`` from now on."""
     e = existing  # built directly, not with _replace: this runs on every effect
-    return Record(
-        e.key,
-        s.state,
-        e.payload_hash,
-        e.owner,
-        e.lease_until,
-        now + s.ttl,
-        e.created_at,
-        s.result,
-        s.error,
-        e.detail,
-        e.attempts,
+    return _build(
+        Record,
+        (
+            e.key,
+            s.state,
+            e.payload_hash,
+            e.owner,
+            e.lease_until,
+            now + s.ttl,
+            e.created_at,
+            s.result,
+            s.error,
+            e.detail,
+            e.attempts,
+        ),
     )
 
 

@@ -22,6 +22,8 @@ from tether.stores._ledger_logic import (
 
 __all__ = ["MemoryLedgerBackend"]
 
+_now = system_clock.now
+
 
 class MemoryLedgerBackend:
     """Records in a dict under one lock.
@@ -41,10 +43,10 @@ class MemoryLedgerBackend:
         self._epoch = system_clock.wall() - system_clock.now()
 
     def _time(self, now: float | None) -> float:
-        return self._epoch + system_clock.now() if now is None else now
+        return self._epoch + _now() if now is None else now
 
     def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
-        new = record.at(self._time(now))
+        new = record.at(self._epoch + _now() if now is None else now)
         with self._lock:
             claimed, previous, store = decide_claim(self._records.get(new.key), new, new.created_at)
             if store is not None:
@@ -66,7 +68,7 @@ class MemoryLedgerBackend:
             return True
 
     def complete(self, s: Settlement) -> Completion:
-        now = self._time(s.now)
+        now = self._epoch + _now() if s.now is None else s.now
         with self._lock:
             rec = self._records.get(s.key)
             verdict = decide_complete(rec, s.owner)
