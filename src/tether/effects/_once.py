@@ -93,35 +93,47 @@ def claim_plan(
     return owner, found
 
 
+class _Cursor:
+    """Where a driver is in its plan: the answer to its last step, then its result."""
+
+    __slots__ = ("answer", "plan")
+
+    def __init__(self, plan: Generator[Step, Any, Any]) -> None:
+        self.plan = plan
+        self.answer: Any = None
+
+    def next(self) -> Step | None:
+        """The plan's next step, or None once it returned (its result in ``answer``)."""
+        try:
+            return self.plan.send(self.answer)
+        except StopIteration as done:
+            self.answer = done.value
+            return None
+
+
 def drive(plan: Generator[Step, Any, T], clock: Clock) -> T:
     """Run a plan's steps in this thread."""
-    answer: Any = None
-    while True:
-        try:
-            step = plan.send(answer)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+    cursor = _Cursor(plan)
+    while (step := cursor.next()) is not None:
         if step.fn is None:
             clock.sleep(step.args[0])
-            answer = None
+            cursor.answer = None
         else:
-            answer = step.fn(*step.args)
+            cursor.answer = step.fn(*step.args)
+    return cursor.answer  # type: ignore[no-any-return]
 
 
 async def adrive(plan: Generator[Step, Any, T], clock: Clock, backend: Any) -> T:
     """Run a plan's steps from async code: store steps off the event loop."""
-    answer: Any = None
-    while True:
-        try:
-            step = plan.send(answer)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+    cursor = _Cursor(plan)
+    while (step := cursor.next()) is not None:
         if step.fn is None:
             await clock.asleep(step.args[0])
-            answer = None
+            cursor.answer = None
         else:
             undo, skipped = step.undo, step.skipped
-            answer = await off_loop(backend, step.fn, *step.args, undo=undo, skipped=skipped)
+            cursor.answer = await off_loop(backend, step.fn, *step.args, undo=undo, skipped=skipped)
+    return cursor.answer  # type: ignore[no-any-return]
 
 
 def execute(
