@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tether import RetryPolicy, TokenBudget, VirtualClock
+from tether.bench._live_limits import message_reply
 from tether.bench._provider import Limits, SimulatedProvider, share_of_limit
 from tether.bench._vloop import run_virtual
 from tether.stores import MemoryStore
@@ -100,16 +101,7 @@ def _transport(provider: SimulatedProvider, clock: VirtualClock, agents: dict[st
         out = max(1, int(max_out * agent.used[turn]))
         await asyncio.sleep(0.5 + out / 80.0)  # time to first token, then 80 tokens a second
         provider.finish(clock.wall(), used_in, out, max_out)
-        reply = {
-            "id": "msg",
-            "type": "message",
-            "role": "assistant",
-            "model": MODEL,
-            "content": [{"type": "text", "text": "r" * (out * 4)}],
-            "stop_reason": "end_turn",
-            "usage": {"input_tokens": used_in, "output_tokens": out},
-        }
-        return httpx2.Response(200, json=reply, headers=headers)
+        return httpx2.Response(200, json=message_reply(out, used_in, MODEL), headers=headers)
 
     return httpx2.MockTransport(handle)
 
