@@ -191,3 +191,21 @@ def test_a_restored_run_keeps_its_models() -> None:
     again.succeed("done")
     again.__exit__(None, None, None)
     assert again.outcome.models == ("gpt-4o", "gpt-4o-mini")
+
+
+def test_a_resumed_run_names_the_models_before_its_checkpoint(tmp_path: Any) -> None:
+    """guard.resume: the models that answered before the checkpoint, then after it."""
+    from tether.records._collections import Checkpoints
+
+    store = Checkpoints.sqlite(str(tmp_path / "ckpt.db"))
+    with Guard(budget=Budget(max_steps=1), checkpoints=store).start(task="t") as run:
+        run.proceed()
+        run.record_model_call(model="gpt-4o", input_tokens=1, output_tokens=1)
+        assert not run.proceed()
+    assert run.outcome.checkpoint_id is not None
+    with Guard(budget=Budget(max_steps=5), checkpoints=store).resume(
+        run.outcome.checkpoint_id
+    ) as again:
+        again.record_model_call(model="gpt-4o-mini", input_tokens=1, output_tokens=1)
+        again.succeed("done")
+    assert again.outcome.models == ("gpt-4o", "gpt-4o-mini")

@@ -116,6 +116,7 @@ class Ending:
                 "reason": reason.value,
                 "detail": detail,
                 "usage": _usage_doc(usage),
+                "models": list(self.s.models),
                 **steps,
                 "open_issues": issues,
                 "omitted": {"partial": omitted, "transcript": self.s.transcript.summary()},

@@ -65,6 +65,7 @@ def resume(
         if isinstance(by_tool, Mapping):
             tail.by_tool.update({str(k): int(v) for k, v in by_tool.items() if isinstance(v, int)})
     s._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
+    s.models = [str(m) for m in doc.get("models") or ()]  # the models that answered so far
     s._resumed_from = str(doc.get("id") or checkpoint_id)
     try:
         s._resumed_stop = (StopReason(doc.get("reason")), str(doc.get("detail") or ""))
