@@ -113,6 +113,21 @@ def test_an_unknown_keyword_is_refused_naming_it(call: Any) -> None:
     assert run.tool_calls == 0 and run.model_calls == 0
 
 
+def test_a_misspelt_keyword_to_acall_tool_is_refused_before_the_tool_runs() -> None:
+    """``idempotnt=False`` must not pass as an idempotent call that may be retried."""
+    ran: list[int] = []
+
+    async def main() -> None:
+        async with Guard().start() as run:
+            run.proceed()
+            with pytest.raises(TypeError, match="idempotnt"):
+                await run.acall_tool("pay", lambda: ran.append(1), {}, idempotnt=False)
+            run.succeed()
+
+    asyncio.run(main())
+    assert ran == []
+
+
 def test_async_methods_stay_coroutine_functions() -> None:
     """A method the run's parts answer keeps its shell: an async one is awaited."""
     for name in ("abegin_model_call", "aretry_model_call", "athrough_breaker", "acall_tool"):

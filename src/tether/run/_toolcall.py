@@ -31,6 +31,10 @@ from tether.run._toolkit import (
 __all__ = ["ToolPipeline"]
 
 
+#: The keywords call_tool and acall_tool take (checked: ``**options`` accepts any name).
+_OPTION_NAMES = frozenset(ToolOptions.__optional_keys__)
+
+
 class ToolPipeline:
     """Calls a tool under every guard (a part of :class:`tether.Run`): the sync and the
     async driver over the shared decisions, the governance and the hung-tool watch."""
@@ -52,6 +56,9 @@ class ToolPipeline:
         """What both drivers do before the attempt: the arguments and options checked, the
         run's checks, the policies and the approval. Returns the call, its gate (None: no
         approval governs it), whether it is idempotent, its arguments and its function."""
+        if not options.keys() <= _OPTION_NAMES:  # a misspelt keyword must not pass silently
+            unknown = ", ".join(repr(k) for k in sorted(options.keys() - _OPTION_NAMES))
+            raise TypeError(f"call_tool() got an unexpected keyword argument {unknown}")
         arguments = _arguments(name, args)
         self.decide._label(name, options.get("label"))
         timeout, idempotent = options.get("timeout"), options.get("idempotent", True)
