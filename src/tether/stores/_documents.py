@@ -154,6 +154,36 @@ class SqliteDocuments:
             self._db.close()
 
 
+def open_pool(
+    dsn: str, name: str, size: int, *, probe: bool
+) -> tuple[Any, tuple[type[BaseException], ...]]:
+    """An open pool of autocommit PostgreSQL connections, and the errors the pool raises
+    when no connection can be had. ``probe``: each connection is checked when it is handed
+    out (one round trip more per checkout). :class:`StoreUnavailable` when the server does
+    not answer within 10 s."""
+    pool_mod: Any = require("psycopg_pool", "postgres")
+    pool = pool_mod.ConnectionPool(
+        dsn,
+        min_size=1,
+        max_size=size,
+        open=False,
+        name=name,
+        timeout=10.0,
+        kwargs={"autocommit": True, "connect_timeout": 10},
+        check=pool_mod.ConnectionPool.check_connection if probe else None,
+    )
+    errors = (pool_mod.PoolTimeout, pool_mod.PoolClosed)
+    try:
+        pool.open(wait=True, timeout=10.0)
+    except errors as exc:
+        pool.close()
+        raise StoreUnavailable(
+            f"cannot connect to PostgreSQL ({name}) at {safe_url(dsn)} ({exc}); check the DSN "
+            "and that the server is up"
+        ) from exc
+    return pool, errors
+
+
 class PostgresDocuments:
     """Documents in a PostgreSQL table, over a small pool of connections (a page that
     reads a large record never holds up the others)."""
@@ -164,27 +194,10 @@ class PostgresDocuments:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", table):
             raise ValueError(f"table must be a plain SQL identifier, got {table!r}")
         require("psycopg", "postgres")
-        pool_mod: Any = require("psycopg_pool", "postgres")
         self.dsn = dsn
         self.table = table
         self._q = DocumentSql(table, POSTGRES)
-        self._pool = pool_mod.ConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=pool_size,
-            open=False,
-            name=f"tether-documents-{table}",
-            timeout=10.0,
-            kwargs={"autocommit": True, "connect_timeout": 10},
-            check=pool_mod.ConnectionPool.check_connection,
-        )
-        try:
-            self._pool.open(wait=True, timeout=10.0)
-        except (pool_mod.PoolTimeout, pool_mod.PoolClosed) as exc:
-            self._pool.close()
-            raise StoreUnavailable(
-                f"cannot connect to PostgreSQL for tether documents at {safe_url(dsn)}: {exc}"
-            ) from exc
+        self._pool, _ = open_pool(dsn, f"tether-documents-{table}", pool_size, probe=True)
         with self._pool.connection() as conn:
             conn.execute(self._q.create)
 

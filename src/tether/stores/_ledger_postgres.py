@@ -18,6 +18,7 @@ from typing import Any
 
 from tether._errors import StoreUnavailable, require
 from tether.redaction._redact import safe_url
+from tether.stores._documents import open_pool
 from tether.stores._ledger_logic import (
     COLUMNS,
     Completion,
@@ -67,29 +68,15 @@ class PostgresLedgerBackend:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", table):
             raise ValueError(f"table must be a plain SQL identifier, got {table!r}")
         self._psycopg: Any = require("psycopg", "postgres")
-        pool_mod: Any = require("psycopg_pool", "postgres")
         self.dsn = safe_url(dsn)
         self.table = table
         self.round_trips = 0  # statements sent to the server
         self._count_lock = threading.Lock()
         self.reconnects = 0  # statements sent again after a broken idle connection
-        self._pool = pool_mod.ConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=pool_size,
-            open=False,
-            name=f"tether-ledger-{table}",
-            kwargs={"autocommit": True, "connect_timeout": 10},
+        # no probe per checkout: a connection found broken is replaced in _exec
+        self._pool, self._pool_errors = open_pool(
+            dsn, f"tether-ledger-{table}", pool_size, probe=False
         )
-        self._pool_errors = (pool_mod.PoolTimeout, pool_mod.PoolClosed)
-        try:
-            self._pool.open(wait=True, timeout=10.0)
-        except self._pool_errors as exc:
-            self._pool.close()
-            raise StoreUnavailable(
-                f"cannot connect to the ledger's PostgreSQL at {self.dsn} ({exc}); check the "
-                "DSN and that the server is up"
-            ) from exc
         self._exec(
             lambda c: c.execute(
                 f"""CREATE TABLE IF NOT EXISTS {table} (
