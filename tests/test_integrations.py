@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from typing import Any
 
@@ -178,6 +179,20 @@ def test_agent_finishes_with_an_answer(server: ScriptedServer) -> None:
                                         tools=[Tool("search", lambda q: {"paid": True})], guard=fast_guard())  # fmt: skip
     assert (outcome.status, outcome.result) == ("success", "Invoice 99 is paid.")
     assert outcome.usage.model_calls == 2
+
+
+def test_run_agent_takes_its_client_by_keyword_too(server: ScriptedServer) -> None:
+    """``run_agent(client=..., ...)`` works as ``run_agent(client, ...)`` does."""
+    server.script = [Reply(200, claude_message([{"type": "text", "text": "done"}]))]
+    with claude(server) as raw:
+        outcome = t_anthropic.run_agent(
+            client=raw,
+            model="claude-haiku-4-5",
+            messages=[{"role": "user", "content": "x"}],
+            guard=fast_guard(),
+        )
+    assert (outcome.status, outcome.result) == ("success", "done")
+    assert list(inspect.signature(t_openai.arun_agent).parameters)[:2] == ["client", "model"]
 
 
 def test_max_tokens_is_never_an_answer(server: ScriptedServer) -> None:

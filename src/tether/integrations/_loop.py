@@ -12,7 +12,7 @@ import abc
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec
+from typing import Any, ParamSpec
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, Tool, ToolError, UnknownModelError
 from tether.integrations._common import (
@@ -46,6 +46,8 @@ P = ParamSpec("P")
 class AgentCall:
     """The options of one ``run_agent`` / ``arun_agent`` call, checked."""
 
+    #: the SDK client (or guarded client) the loop calls
+    client: Any
     model: str
     messages: tuple[dict[str, Any], ...]
     tools: tuple[Tool, ...]
@@ -62,6 +64,7 @@ class AgentCall:
 
 
 def agent_call(
+    client: Any,
     *,
     model: str,
     messages: Sequence[dict[str, Any]],
@@ -79,6 +82,7 @@ def agent_call(
     """The keyword arguments of ``run_agent`` and ``arun_agent`` (both providers)."""
     guard = guard or Guard()
     return AgentCall(
+        client,
         model,
         tuple(dict(m) for m in messages),
         tuple(tools),
@@ -127,14 +131,15 @@ def chat(client: Guarded) -> Callable[..., Any]:
 def agent_shells(
     provider: Provider, options: Callable[P, AgentCall], module: str, docs: tuple[str, str]
 ) -> tuple[
-    Callable[Concatenate[Any, P], Outcome],
-    Callable[Concatenate[Any, P], Coroutine[Any, Any, Outcome]],
+    Callable[P, Outcome],
+    Callable[P, Coroutine[Any, Any, Outcome]],
 ]:
     """A provider's ``run_agent`` and ``arun_agent``: one set of options (``options``'s
     signature), one loop, two shells."""
 
-    def run_agent(client: Any, /, *args: P.args, **kwargs: P.kwargs) -> Outcome:
+    def run_agent(*args: P.args, **kwargs: P.kwargs) -> Outcome:
         call = options(*args, **kwargs)
+        client = call.client
         require_sync_tools(call.tools)
         turns = provider.turns(call)
         task = task_of(turns.history, call.task)
@@ -142,8 +147,9 @@ def agent_shells(
             run_loop(run, turns, chat(provider.client(client, call, turns).bind(run)))
         return run.outcome
 
-    async def arun_agent(client: Any, /, *args: P.args, **kwargs: P.kwargs) -> Outcome:
+    async def arun_agent(*args: P.args, **kwargs: P.kwargs) -> Outcome:
         call = options(*args, **kwargs)
+        client = call.client
         turns = provider.turns(call)
         guarded = client if isinstance(client, Guarded) else provider.guarded(client)
         if not guarded.is_async:
@@ -156,13 +162,10 @@ def agent_shells(
             await arun_loop(run, turns, chat(guarded.bind(run)))
         return run.outcome
 
-    signature = inspect.signature(options)
-    client = inspect.Parameter("client", inspect.Parameter.POSITIONAL_ONLY, annotation="Any")
+    signature = inspect.signature(options).replace(return_annotation="Outcome")
     for shell, doc in zip((run_agent, arun_agent), docs, strict=True):
         shell.__module__, shell.__doc__ = module, doc
-        shell.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=[client, *signature.parameters.values()], return_annotation="Outcome"
-        )
+        shell.__signature__ = signature  # type: ignore[attr-defined]
     return run_agent, arun_agent
 
 
