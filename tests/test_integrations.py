@@ -406,3 +406,14 @@ def test_stream_broken_after_content_is_truncated_not_replayed(server: ScriptedS
     assert stream.truncated
     assert stream.error is not None
     assert len(server.requests) == 1
+
+
+def test_a_guarded_client_takes_its_token_budget_in_its_old_place() -> None:
+    """``GuardedAnthropic(client, policy, run, token_budget)`` as before fallbacks= came."""
+    import anthropic
+
+    from tether.integrations.anthropic import GuardedAnthropic
+
+    budget = tether.TokenBudget("anthropic", "claude", requests_per_minute=50)
+    client = GuardedAnthropic(anthropic.Anthropic(api_key="x"), None, None, budget)
+    assert client.token_budgets == (budget,)

@@ -594,8 +594,8 @@ class Guarded:
         client: Any,
         policy: RetryPolicy | None = None,
         run: Run | None = None,
-        *,
         token_budget: Any = None,
+        *,
         fallbacks: Sequence[Fallback | str] | None = None,
     ) -> None:
         #: the provider token budgets of this client's calls (besides its run's guard's)
