@@ -286,3 +286,13 @@ def test_a_guard_stop_drains_the_graph_with_a_resumable_checkpoint() -> None:
     assert searched == ["invoice 99", "invoice 99"]
     saved = app.get_state(config)
     assert saved.values["messages"] and saved.next  # a checkpoint to resume from
+
+
+def test_tool_guard_keeps_its_positional_rules() -> None:
+    """``ToolGuard(side_effects, timeouts, requires_approval, compensate)`` as documented."""
+    from tether.integrations.langchain import ToolGuard
+
+    undo = {"refund": lambda result: None}
+    tools = ToolGuard({"refund": False}, {"refund": 2.0}, {"refund": True}, undo)
+    assert tools.timeouts == {"refund": 2.0}
+    assert tools.rules.needing_approval() == ["refund"]

@@ -538,12 +538,15 @@ class ToolGuard:
     def __init__(
         self,
         side_effects: Any = None,
+        timeouts: Mapping[str, float] | None = None,
+        requires_approval: Mapping[str, Any] | None = None,
+        compensate: Mapping[str, Callable[[Any], Any]] | None = None,
         *,
+        labels: Mapping[str, str] | None = None,
         volatile: Mapping[str, Iterable[str]] | None = None,
         read_only: Iterable[str] = (),
-        **rules: Unpack[ToolRuleOptions],
     ) -> None:
-        self.rules = ToolRules(side_effects, **rules)
+        self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
         self.side_effects = self.rules.side_effects
         self.timeouts = self.rules.timeouts
         self.volatile = _volatile(volatile)
