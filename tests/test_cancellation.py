@@ -281,3 +281,60 @@ def test_interrupted_sync_tool_call_ends_unknown_outcome(
     with pytest.raises(UnknownOutcome):  # never run again blindly
         guard.ledger.once(record.key, provider.commit, "A-1")
     assert len(provider.paid) == (1 if when == "after" else 0)
+
+
+class InterruptedBackoff(tether.VirtualClock):
+    """The run is interrupted while its retry policy waits to try a call again: Ctrl-C in
+    the sync shell, a cancellation in the async one."""
+
+    def sleep(self, seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    async def asleep(self, seconds: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("shell", ["sync", "async-thread", "async"])
+def test_interrupted_after_an_unknown_failure_still_ends_unknown_outcome(
+    ledger: Ledger, shell: str
+) -> None:
+    """The effect was sent and its answer lost (the ledger marks it UNKNOWN); the run is
+    interrupted before its retry asks the ledger again: it still ends UNKNOWN_OUTCOME,
+    never as if nothing had happened."""
+    provider = Provider()
+    guard = Guard(ledger=ledger, clock=InterruptedBackoff())
+
+    def pay(order: str) -> dict[str, str]:
+        provider.commit(order)
+        raise ConnectionResetError("connection reset after the request was sent")
+
+    async def apay(order: str) -> dict[str, str]:
+        return pay(order)
+
+    runs: list[tether.Run] = []
+
+    async def refund() -> None:
+        async with guard.start(task="refund A-1") as run:
+            runs.append(run)
+            run.proceed()
+            fn = apay if shell == "async" else pay
+            await run.acall_tool("pay", fn, {"order": "A-1"}, idempotent=False)
+
+    if shell == "sync":
+        with pytest.raises(KeyboardInterrupt), guard.start(task="refund A-1") as run:
+            runs.append(run)
+            run.proceed()
+            run.call_tool("pay", pay, {"order": "A-1"}, idempotent=False)
+    else:
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(refund())
+    run = runs[0]
+    record = ledger.get(tether.intent_key("pay", {"order": "A-1"}, scope=run._scope))
+    assert record is not None and record.state is State.UNKNOWN
+    assert run.outcome.stopped_because is StopReason.UNKNOWN_OUTCOME
+    assert run.outcome.status != "success"
+    assert ledger.once(record.key, provider.commit, "A-1", lookup=provider.lookup_for("A-1"))
+    assert provider.paid == ["A-1"]

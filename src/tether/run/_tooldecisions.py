@@ -285,19 +285,27 @@ class ToolDecisions:
         """What a cancelled (or interrupted) call leaves behind, before the cancellation goes
         on: the result it returned is kept; an effect that may have started stops the run
         UNKNOWN_OUTCOME; one that cannot have started leaves nothing (the ledger gave its
-        claim back)."""
+        claim back), unless an attempt failed in a way that may have done it (the ledger
+        marked it unknown, and the retry that would have said so never came)."""
         if progress is None:
             return
         progress.give_up()
+        # running first: an attempt sets its result or its error before it stops running
+        running, error = progress.running, progress.error
         if progress.returned:
             try:
                 self._after_success(call, progress.result, idempotent, compensate)
             except Stopped:
                 pass  # the cancellation is what the caller gets
-        elif progress.running:
+        elif running:
             self._after_failure(
                 call, UnknownOutcome(call.key, "cancelled while it ran: it may have happened")
             )
+        elif error is not None and (
+            isinstance(error, UnknownOutcome) or classify(error).outcome_unknown
+        ):
+            said = f"cancelled after it failed with an unknown outcome ({type(error).__name__})"
+            self._after_failure(call, UnknownOutcome(call.key, said))
 
     def _park(self, call: _Call, exc: BaseException) -> None:
         letters = self.s.guard.dead_letters

@@ -112,16 +112,18 @@ class _Progress:
     ``running`` while an attempt of the effect is under way (the effect itself, or, run
     in a worker thread, the whole ledger call, which goes on to its end once it began);
     ``returned`` once one gave a result. An attempt that raised is settled by the ledger
-    (released, failed or unknown) and is no longer running. Once the caller gave up, a
-    worker thread that had not begun yet never does.
+    (released, failed or unknown) and is no longer running; its ``error`` says which. Once
+    the caller gave up, a worker thread that had not begun yet never does. An attempt sets
+    its result or error before it stops ``running``: read ``running`` first.
     """
 
-    __slots__ = ("_lock", "_off", "result", "returned", "running")
+    __slots__ = ("_lock", "_off", "error", "result", "returned", "running")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._off = self.running = self.returned = False
         self.result: Any = None
+        self.error: Exception | None = None
 
     def run(self, fn: Callable[[], Any]) -> Any:
         with self._lock:
@@ -130,8 +132,8 @@ class _Progress:
             self.running = True
         try:
             result = fn()
-        except Exception:
-            self.running = False
+        except Exception as exc:
+            self.error, self.running = exc, False
             raise
         self.result, self.returned, self.running = result, True, False
         return result
@@ -140,8 +142,8 @@ class _Progress:
         self.running = True
         try:
             result = await fn()
-        except Exception:
-            self.running = False
+        except Exception as exc:
+            self.error, self.running = exc, False
             raise
         self.result, self.returned, self.running = result, True, False
         return result
