@@ -90,4 +90,4 @@ def gave_way(run: Any, exc: BaseException) -> None:
     """A model call of ``run`` (a :class:`tether.Run`) that gave way to a fallback after
     ``exc``: its token reservation goes back (the run goes on; the fallback reserves its
     own), as a failed call's does."""
-    run._state._tokens.release(exc)
+    run.model_call_gave_way(exc)

@@ -75,6 +75,12 @@ class ModelCalls:
             )
         self.s._checked_models.add(model)
 
+    def model_call_gave_way(self, exc: BaseException) -> None:
+        """A model call that gave way to a fallback model after ``exc``: its token
+        reservation goes back, as a failed call's does, and the run goes on (the fallback
+        reserves its own)."""
+        self.s._tokens.release(exc)
+
     def model_call_failed(self, exc: BaseException) -> Stopped:
         """Stop the run for a model call that failed after its retries, with the reason its
         failure says (``TIMEOUT`` for the time budget, ``CIRCUIT_OPEN`` for a provider that

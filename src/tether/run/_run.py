@@ -264,6 +264,7 @@ class Run:
 
     check_model = _answered_by("_models", ModelCalls.check_model)
     model_call_failed = _answered_by("_models", ModelCalls.model_call_failed)
+    model_call_gave_way = _answered_by("_models", ModelCalls.model_call_gave_way)
     retry_model_call = _answered_by("_models", ModelCalls.retry_model_call)
     aretry_model_call = _answered_by("_models", ModelCalls.aretry_model_call)
 
