@@ -35,6 +35,10 @@ class Codec(Protocol):
     def decode(self, text: str) -> Any: ...
 
 
+#: json.dumps(..., sort_keys=True, allow_nan=True) with its encoder built once, not per call
+_encode = json.JSONEncoder(sort_keys=True, allow_nan=True).encode
+
+
 def _to_json(obj: Any, depth: int = 0) -> Any:
     """``obj`` in JSON types, tagged so that :func:`decode_object` gives it back."""
     if depth > 200:
@@ -71,7 +75,7 @@ class JsonCodec:
     come back as themselves (dataclasses and pydantic models come back as dicts)."""
 
     def encode(self, value: Any) -> str:
-        return json.dumps(_to_json(value), sort_keys=True, allow_nan=True)
+        return _encode(_to_json(value))
 
     def decode(self, text: str) -> Any:
         return json.loads(text, object_hook=decode_object)
@@ -85,4 +89,4 @@ class RedactingCodec(JsonCodec):
     def encode(self, value: Any) -> str:
         from tether.redaction._redact import redact_tagged
 
-        return json.dumps(redact_tagged(_to_json(value), DECODERS), sort_keys=True, allow_nan=True)
+        return _encode(redact_tagged(_to_json(value), DECODERS))
