@@ -92,6 +92,41 @@ def _positive(name: str, value: float | None, *, allow_zero: bool = True) -> Non
         raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
+def _checked(
+    max_attempts: int,
+    base: float,
+    cap: float,
+    jitter: str,
+    deadline: float | None,
+    attempt_timeout: float | None,
+    retry_after_cap: float,
+    rate_limit_base: float | None,
+    rate_limit_cap: float | None,
+) -> tuple[Jitter, float, float]:
+    """A policy's settings checked, each error naming its field; returns the jitter and
+    the rate-limit tier's base and cap (the other tier's where not given)."""
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        raise TypeError(f"max_attempts must be an int, got {type(max_attempts).__name__}")
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts must be >= 1, got {max_attempts!r}")
+    _positive("base", base)
+    _positive("cap", cap)
+    if cap < base:
+        raise ValueError(f"cap must be >= base ({base!r}), got {cap!r}")
+    if jitter not in JITTERS:
+        raise ValueError(f"jitter must be one of {', '.join(JITTERS)}; got {jitter!r}")
+    _positive("deadline", deadline, allow_zero=False)
+    _positive("attempt_timeout", attempt_timeout, allow_zero=False)
+    _positive("retry_after_cap", retry_after_cap)
+    _positive("rate_limit_base", rate_limit_base)
+    _positive("rate_limit_cap", rate_limit_cap)
+    rl_base = base if rate_limit_base is None else rate_limit_base
+    rl_cap = cap if rate_limit_cap is None else rate_limit_cap
+    if rl_cap < rl_base:
+        raise ValueError(f"rate_limit_cap must be >= rate_limit_base ({rl_base!r}), got {rl_cap!r}")
+    return Jitter(jitter), rl_base, rl_cap
+
+
 class RetryPolicy:
     """How long to wait, how often, until when: one object, sync and async.
 
@@ -143,28 +178,17 @@ class RetryPolicy:
         name: str = "call",
         classifier: Callable[[BaseException], Verdict] | None = None,
     ) -> None:
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-            raise TypeError(f"max_attempts must be an int, got {type(max_attempts).__name__}")
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {max_attempts!r}")
-        _positive("base", base)
-        _positive("cap", cap)
-        if cap < base:
-            raise ValueError(f"cap must be >= base ({base!r}), got {cap!r}")
-        if jitter not in JITTERS:
-            raise ValueError(f"jitter must be one of {', '.join(JITTERS)}; got {jitter!r}")
-        self.jitter = Jitter(jitter)
-        _positive("deadline", deadline, allow_zero=False)
-        _positive("attempt_timeout", attempt_timeout, allow_zero=False)
-        _positive("retry_after_cap", retry_after_cap)
-        _positive("rate_limit_base", rate_limit_base)
-        _positive("rate_limit_cap", rate_limit_cap)
-        rl_base = base if rate_limit_base is None else rate_limit_base
-        rl_cap = cap if rate_limit_cap is None else rate_limit_cap
-        if rl_cap < rl_base:
-            raise ValueError(
-                f"rate_limit_cap must be >= rate_limit_base ({rl_base!r}), got {rl_cap!r}"
-            )
+        self.jitter, rl_base, rl_cap = _checked(
+            max_attempts,
+            base,
+            cap,
+            jitter,
+            deadline,
+            attempt_timeout,
+            retry_after_cap,
+            rate_limit_base,
+            rate_limit_cap,
+        )
         self.max_attempts = max_attempts
         self.base = float(base)
         self.cap = float(cap)
@@ -394,21 +418,27 @@ class RetryPolicy:
     def __call__(self, fn: Callable[P, T]) -> Callable[P, T]: ...
     def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
         """Use the policy as a decorator of a sync or async function."""
-        if inspect.iscoroutinefunction(fn):
+        return _decorated(self, fn)
 
-            @functools.wraps(fn)
-            async def awrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                return await self.acall(fn, *args, **kwargs)
 
-            awrapper.retry_policy = self  # type: ignore[attr-defined]
-            return awrapper
+def _decorated(policy: RetryPolicy, fn: Callable[P, Any]) -> Callable[P, Any]:
+    """``fn`` calling through ``policy`` (``policy.acall`` for a coroutine function);
+    the policy is ``wrapper.retry_policy``."""
+    if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-            return self.call(fn, *args, **kwargs)
+        async def awrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+            return await policy.acall(fn, *args, **kwargs)
 
-        wrapper.retry_policy = self  # type: ignore[attr-defined]
-        return wrapper
+        awrapper.retry_policy = policy  # type: ignore[attr-defined]
+        return awrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+        return policy.call(fn, *args, **kwargs)
+
+    wrapper.retry_policy = policy  # type: ignore[attr-defined]
+    return wrapper
 
 
 def retry(fn: Callable[..., Any] | None = None, /, **settings: Any) -> Any:
