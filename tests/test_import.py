@@ -68,3 +68,12 @@ def test_every_public_name_resolves_lazily() -> None:
     assert sorted(dir(tether)) == sorted(set(dir(tether)) | set(tether.__all__))
     with pytest.raises(AttributeError, match="no attribute 'Gaurd'"):
         tether.Gaurd  # noqa: B018
+
+
+def test_import_tether_loads_no_store() -> None:
+    """The stores (their state machines, the token buckets) load with the first guard that
+    needs one, not with ``import tether`` nor a plain retry."""
+    probe = "import tether\n@tether.retry\ndef f(): return 1\nf()\nimport json, sys\n"
+    probe += "print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert [m for m in json.loads(out.stdout) if m.startswith("tether.stores")] == []

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from tether import backoff
 from tether._errors import CircuitOpenError, DeadlineExceeded, LimiterTimeout
 from tether.classification._classify import Kind, Verdict
-from tether.stores._logic import PROBE
 from tether.telemetry._emit import emit_retry, safe_call
 from tether.telemetry._events import RetryEvent, RetryHook
 
@@ -167,6 +166,13 @@ class _Permit:
 NO_PERMIT: Any = _Permit("NO_PERMIT")
 
 
+def _probe() -> str:
+    """The breaker's half-open permit (``Permit.PROBE``)."""
+    from tether.stores._logic import PROBE
+
+    return PROBE
+
+
 def attempt_plan(
     s: Settings, st: CallState, first_error: Exception | None = None, permit: object = NO_PERMIT
 ) -> Plan:
@@ -182,15 +188,16 @@ def attempt_plan(
             timeout = attempt_timeout(s, st)
             if s.breaker is not None:  # first: a caller it refuses never asks the limiter
                 permit = yield Step(Op.ACQUIRE)
-            # a probe is paced by the breaker (one at a time), not queued behind the limiter
-            if s.limiter is not None and permit != PROBE:
+            # a probe is paced by the breaker (one at a time), not queued behind the limiter;
+            # the stores are imported only by a policy with a limiter (not by import tether)
+            if s.limiter is not None and permit != _probe():
                 while not (yield from _admission(s, st)):
                     # turned away: the breaker may have opened meanwhile, and a caller must
                     # not go out later on a permit of before the trip (nor queue for it)
                     if s.breaker is not None:
                         permit = NO_PERMIT  # a call's permit needs no giving back
                         permit = yield Step(Op.ACQUIRE)
-                        if permit == PROBE:
+                        if permit == _probe():
                             break
             result = yield Step(Op.ATTEMPT, timeout, None, st.attempt)
         except Exception as exc:
