@@ -139,9 +139,9 @@ def why_fall_back(exc: BaseException) -> str | None:
     """Why a failed candidate gives way to the next one; None when it does not (the
     failure is the call's: an ordinary rate limit, a bad request, a stopped run)."""
     if isinstance(exc, CircuitOpenError):
-        return "its provider's breaker is open"
+        return "its provider's breaker is open (or opened on its failed attempts)"
     if isinstance(exc, LimiterTimeout):
-        return "its token budget would admit it only after the run's time"
+        return "its token budget or the fleet's limiter would admit it only after the run's time"
     if not isinstance(exc, Exception):
         return None
     verdict = classify(exc)

@@ -2,9 +2,11 @@
 
 A :class:`Fallback` names a model (and, for another provider or another account, the client
 that reaches it). A call goes to the next model of its chain when the one it asked
-cannot answer: its provider's breaker is open (no request is sent to it), a quota or spend
-limit refused it (OpenAI's ``insufficient_quota``, Anthropic's billing error: retrying
-does not help), or its token budget would admit it only after the run's time is spent.
+cannot answer: its provider's breaker is open (no request is sent to it; or it opened on
+this call's own failed attempts, which were sent and are counted), a quota or spend limit
+refused it (OpenAI's ``insufficient_quota``, Anthropic's billing error: retrying does not
+help), or its token budget (or the fleet's limiter) would admit it only after the run's
+time is spent.
 An ordinary rate limit (a 429 with ``Retry-After``) is not a reason: the retry policy and
 the token budget wait it out. Each model is priced and budgeted as itself.
 """
