@@ -53,6 +53,17 @@ def test_no_integration_touches_a_private_member_of_a_run() -> None:
     assert reaches == []
 
 
+def test_no_integration_imports_a_private_module_of_the_run_layer() -> None:
+    """Adapters take the run layer's names from ``tether`` (Run, Guard, Fallback, ...), not
+    from ``tether.run._*``: what they need is public."""
+    found = []
+    for path in sorted(INTEGRATIONS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tether.run."):
+                found.append(f"{path.name}:{node.lineno} {node.module}")
+    assert found == []
+
+
 def test_the_check_finds_a_reach() -> None:
     """The check above is not blind: it names each kind of reach it forbids."""
     code = "run._halt(x)\nlive.run._probe_wait(e)\nself._owner.run.retries += 1\nrun.__enter__()\n"

@@ -20,14 +20,13 @@ from collections.abc import (
 )
 from typing import Any, ClassVar, ParamSpec, TypedDict, TypeVar, cast
 
-from tether import Run, Tool, telemetry
+from tether import Fallback, Run, Tool, telemetry
 from tether.guards._breaker import breakers
 from tether.guards._tokens import budgets_for
 from tether.integrations._fallbacks import acall_chain, call_chain, candidates, check_chain
 from tether.integrations._tokens import TokenGate, gate_for
 from tether.integrations._translate import translation
 from tether.retries._policy import RetryPolicy
-from tether.run._fallbacks import Fallback, fallback_chain
 
 __all__ = [
     "AsyncGuardedStream",
@@ -617,7 +616,7 @@ class Guarded:
         self.run = run
         #: the models a request goes to when its own cannot answer (tether.Fallback)
         self.fallbacks = check_chain(
-            self, fallback_chain(fallbacks if fallbacks is not None else inherited_fallbacks)
+            self, Fallback.chain(fallbacks if fallbacks is not None else inherited_fallbacks)
         )
 
     def _default_policy(self, client: Any) -> RetryPolicy:
@@ -648,7 +647,7 @@ class Guarded:
         """The same client with the fallback chain ``fallbacks`` (:class:`tether.Fallback`);
         given an agent loop's first ``request``, a fallback of the other provider too."""
         clone = self.bind(self.run)
-        clone.fallbacks = check_chain(self, fallback_chain(fallbacks), request)
+        clone.fallbacks = check_chain(self, Fallback.chain(fallbacks), request)
         return clone
 
     def _wrap(self, value: Any, path: str) -> Any:

@@ -1,7 +1,7 @@
 """A guarded client's fallback models: the same request to the next model of the chain.
 
 A guarded client with ``fallbacks=[tether.Fallback("gpt-5-mini")]`` sends each request
-to its own model first; when that model cannot answer (see :mod:`tether.run._fallbacks`)
+to its own model first; when that model cannot answer (see :class:`tether.Fallback`)
 the request goes to the next one, with its ``model`` changed (and to the fallback's own
 client when it names one). Every candidate is its own model call: checked against the
 run's cost budget by its own price, admitted by its own token budget, under the retry
@@ -17,10 +17,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from tether import Run, telemetry
+from tether import Fallback, Run, telemetry
 from tether._errors import CircuitOpenError, LimiterTimeout
 from tether.classification._classify import Kind, classify
-from tether.run._fallbacks import Fallback
 
 
 class Guarded(Protocol):

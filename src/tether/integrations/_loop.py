@@ -14,7 +14,17 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec
 
-from tether import Guard, Outcome, Run, Stopped, StopReason, Tool, ToolError, UnknownModelError
+from tether import (
+    Fallback,
+    Guard,
+    Outcome,
+    Run,
+    Stopped,
+    StopReason,
+    Tool,
+    ToolError,
+    UnknownModelError,
+)
 from tether.integrations._common import (
     Guarded,
     malformed_arguments,
@@ -23,7 +33,6 @@ from tether.integrations._common import (
     result_text,
     unknown_tool,
 )
-from tether.run._fallbacks import Fallback, fallback_chain
 
 __all__ = [
     "AgentCall",
@@ -93,7 +102,7 @@ def agent_call(
         continue_on_max_tokens,
         resume,
         key,
-        None if fallbacks is None else fallback_chain(fallbacks),
+        None if fallbacks is None else Fallback.chain(fallbacks),
         create_kwargs,
     )
 

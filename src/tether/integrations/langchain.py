@@ -25,7 +25,7 @@ from typing import Annotated, Any, NotRequired, Unpack
 
 from typing_extensions import TypedDict
 
-from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError
+from tether import Fallback, Guard, Outcome, Run, Stopped, StopReason, ToolError
 from tether._errors import CheckpointError, TetherError, require
 from tether.guards._tokens import estimate_tokens
 from tether.integrations._common import (
@@ -37,7 +37,6 @@ from tether.integrations._common import (
 from tether.integrations._fallbacks import gives_way
 from tether.integrations._tokens import DEFAULT_MAX_OUTPUT
 from tether.retries._policy import RetryPolicy
-from tether.run._fallbacks import Fallback, fallback_chain, gave_way
 
 require("langchain", "langchain")
 
@@ -186,7 +185,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         self._policy = guard.retry.replace(name="model")
         #: the chat models a model call goes to when its own cannot answer, in order
         self.fallbacks = _chat_models(
-            fallback_chain(guard.fallbacks if fallbacks is None else fallbacks)
+            Fallback.chain(guard.fallbacks if fallbacks is None else fallbacks)
         )
         self._fallback_policy = self._policy.replace(breaker=None)
         self._warned = False
@@ -432,7 +431,7 @@ def _gives_way(run: Run, chain: Sequence[tuple[Any, Any]], i: int, exc: Exceptio
     names = [(None, _model_name(asked.model)) for asked, _ in chain]
     if not gives_way(names, i, exc):
         return False
-    gave_way(run, exc)
+    run.model_call_gave_way(exc)
     return True
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PROVIDERS", "Fallback", "fallback_chain", "gave_way", "is_chat_model"]
+__all__ = ["PROVIDERS", "Fallback", "is_chat_model"]
 
 #: the providers whose requests tether builds (and can translate between, in ``run_agent``)
 PROVIDERS = ("anthropic", "openai")
@@ -57,6 +57,28 @@ class Fallback:
                 f"or a LangChain chat model, got {self.client!r}"
             )
 
+    @staticmethod
+    def chain(value: Any, field: str = "fallbacks") -> tuple[Fallback, ...]:
+        """``fallbacks=``: None, a :class:`Fallback`, a model name, or an iterable of those;
+        as a tuple of fallbacks (a wrong entry fails here, naming ``field`` and its place).
+        What ``Guard(fallbacks=...)``, the guarded clients and the adapters take."""
+        if value is None:
+            return ()
+        if isinstance(value, Fallback | str):
+            value = [value]
+        if not isinstance(value, Iterable):
+            raise TypeError(f"{field} must be a list of tether.Fallback(model=...), got {value!r}")
+        chain = []
+        for i, entry in enumerate(value):
+            if isinstance(entry, str):
+                entry = Fallback(entry)
+            if not isinstance(entry, Fallback):
+                raise TypeError(
+                    f"{field}[{i}] must be a tether.Fallback(model=...) or a model name, got {entry!r}"
+                )
+            chain.append(entry)
+        return tuple(chain)
+
 
 def is_chat_model(client: Any) -> bool:
     """Whether ``client`` is a LangChain chat model (a ``langchain_core`` BaseChatModel),
@@ -65,31 +87,3 @@ def is_chat_model(client: Any) -> bool:
         c.__name__ == "BaseChatModel" and c.__module__.startswith("langchain_core.")
         for c in type(client).__mro__
     )
-
-
-def fallback_chain(value: Any, field: str = "fallbacks") -> tuple[Fallback, ...]:
-    """``fallbacks=``: None, a :class:`Fallback`, a model name, or an iterable of those; as
-    a tuple of fallbacks (a wrong entry fails here, naming its place)."""
-    if value is None:
-        return ()
-    if isinstance(value, Fallback | str):
-        value = [value]
-    if not isinstance(value, Iterable):
-        raise TypeError(f"{field} must be a list of tether.Fallback(model=...), got {value!r}")
-    chain = []
-    for i, entry in enumerate(value):
-        if isinstance(entry, str):
-            entry = Fallback(entry)
-        if not isinstance(entry, Fallback):
-            raise TypeError(
-                f"{field}[{i}] must be a tether.Fallback(model=...) or a model name, got {entry!r}"
-            )
-        chain.append(entry)
-    return tuple(chain)
-
-
-def gave_way(run: Any, exc: BaseException) -> None:
-    """A model call of ``run`` (a :class:`tether.Run`) that gave way to a fallback after
-    ``exc``: its token reservation goes back (the run goes on; the fallback reserves its
-    own), as a failed call's does."""
-    run.model_call_gave_way(exc)
