@@ -57,9 +57,9 @@ _hung = 0
 
 
 def hung_threads() -> int:
-    """How many worker threads of timed-out sync calls are still running."""
-    with _hung_lock:
-        return _hung
+    """How many worker threads of timed-out sync calls are still running (read on every
+    tool call: reading an int needs no lock, the GIL; changing it takes the lock)."""
+    return _hung
 
 
 def _hung_delta(delta: int) -> None:

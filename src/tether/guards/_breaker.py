@@ -131,8 +131,9 @@ class CircuitBreaker:
 
     def _acquired(self, now: float, answer: tuple[str, str, float, str]) -> str:
         old, new, retry_at, permit = answer
-        probing = old == "open" and new == "half_open"
-        self._emit(old, new, "wait over: probing" if probing else "seen in the shared store")
+        if old != new:  # a change to tell (most calls find the breaker closed, as it was)
+            probing = old == "open" and new == "half_open"
+            self._emit(old, new, "wait over: probing" if probing else "seen in the shared store")
         if permit == DENY:
             self._last_retry_at = retry_at
             raise self._open_error(retry_at - now)

@@ -28,6 +28,8 @@ T = TypeVar("T")
 #: call made in it, or None. One variable, so that the success path sets it once.
 retry_context: contextvars.ContextVar[Any] = contextvars.ContextVar("tether_retry", default=None)
 IN_ATTEMPT: Any = object()
+#: the context's mark, set and reset around an attempt (bound once: no look-up per call)
+_mark, _reset = retry_context.set, retry_context.reset
 
 
 class _Cursor:
@@ -94,19 +96,28 @@ def first_attempt(
     success recorded. Returns ``(result, None, permit)``, or ``(FAILED, error, permit)``
     for the plan to go on from (``attempt_plan(first_error=error, permit=permit)``)."""
     permit = NO_PERMIT
+    breaker = s.breaker
     try:
         timeout = attempt_timeout(s, st)
-        if s.breaker is not None:
-            permit = s.breaker._acquire()
-        with _Attempt(hook, st.attempt):
-            if timeout is not None and s.attempt_timeout is not None:
-                result = s.clock.call_with_timeout(timeout, call)
-            else:
-                result = call()
+        if breaker is not None:
+            permit = breaker._acquire()
+        if timeout is None or s.attempt_timeout is None:
+            timeout = None  # made inline: only attempt_timeout moves a sync attempt
+        if hook is None:
+            # _Attempt's frame without the object (no hook to hear of it): the mark set
+            # for the attempt and reset after it, however it ends
+            token = _mark(IN_ATTEMPT)
+            try:
+                result = call() if timeout is None else s.clock.call_with_timeout(timeout, call)
+            finally:
+                _reset(token)
+        else:
+            with _Attempt(hook, st.attempt):
+                result = call() if timeout is None else s.clock.call_with_timeout(timeout, call)
     except Exception as exc:
         return FAILED, exc, permit
-    if s.breaker is not None:
-        s.breaker._record(permit, None)
+    if breaker is not None:
+        breaker._record(permit, None)
     return result, None, permit
 
 

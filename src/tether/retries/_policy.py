@@ -211,6 +211,9 @@ class RetryPolicy:
         # settings are fixed once made; ``replace`` makes a policy with others)
         self._plain = all(x is None for x in (budget, breaker, limiter, deadline, attempt_timeout))
         self._straight = straight(self)
+        # the span name when it is the policy's own (a guarded run's, named by its tool):
+        # no look-up of the function's name per call
+        self._own_name = name if name and name != "call" else None
 
     def replace(self, **changes: Any) -> RetryPolicy:
         """A copy with some settings changed (validated again)."""
@@ -283,7 +286,7 @@ class RetryPolicy:
         without building a new policy per call; ``hook`` hears about each attempt
         (:func:`tether.telemetry.attempt_spans` makes their spans).
         """
-        if retry_context.get() is IN_ATTEMPT:
+        if _context() is IN_ATTEMPT:
             return fn()
         return self._loop(fn, fn, self._tighter(seconds), hook=hook)
 
@@ -295,7 +298,7 @@ class RetryPolicy:
         first: Exception | None = None,
         hook: AttemptHook | None = None,
     ) -> T:
-        st = CallState(self, self._span_name(fn), deadline)
+        st = CallState(self, self._own_name or self._span_name(fn), deadline)
         try:
             permit = NO_PERMIT
             if first is None and self._straight:
@@ -333,7 +336,7 @@ class RetryPolicy:
         hook: AttemptHook | None = None,
     ) -> T:
         """The async form of :meth:`call_within`."""
-        if retry_context.get() is IN_ATTEMPT:
+        if _context() is IN_ATTEMPT:
             return await fn()
         return await self._aloop(fn, fn, self._tighter(seconds), hook)
 
@@ -344,7 +347,7 @@ class RetryPolicy:
         deadline: float | None,
         hook: AttemptHook | None,
     ) -> T:
-        st = CallState(self, self._span_name(fn), deadline)
+        st = CallState(self, self._own_name or self._span_name(fn), deadline)
         try:
             first, permit = None, NO_PERMIT
             if self._straight:

@@ -60,17 +60,19 @@ class HungTools:
                 found.before = True
             raise found
 
-    def _unless_unresponsive(self, call: _Call, fn: Callable[[], Any]) -> Any:
-        """``fn()``; an open breaker of a tool that stopped answering is not waited for."""
+    def _within(self, call: _Call, attempt: Callable[[], Any]) -> Any:
+        """The call's retry policy over ``attempt``, within the run's time left; an open
+        breaker of a tool that stopped answering is not waited for."""
         try:
-            return fn()
+            return call.policy.call_within(self.s.time_left(), attempt)
         except CircuitOpenError:
             self._refuse_unresponsive(call)
             raise
 
-    async def _aunless_unresponsive(self, call: _Call, fn: Callable[[], Awaitable[Any]]) -> Any:
+    async def _awithin(self, call: _Call, attempt: Callable[[], Awaitable[Any]]) -> Any:
+        """The async form of :meth:`_within`."""
         try:
-            return await fn()
+            return await call.policy.acall_within(self.s.time_left(), attempt)
         except CircuitOpenError:
             self._refuse_unresponsive(call)
             raise

@@ -120,7 +120,7 @@ class LoopState:
             return None
         if step <= self.policy.min_steps or self.policy.max_repeats is None:
             return None
-        n = self._counts[action] + 1
+        n = self._counts.get(action, 0) + 1  # .get: a new action costs no __missing__
         if n >= self.policy.max_repeats:
             return (
                 StopReason.REPEATED_ACTION,
@@ -151,13 +151,16 @@ class LoopState:
             if len(self._allowed) > self.policy.state_window:  # bound memory
                 self._allowed = Counter(dict(self._allowed.most_common(self.policy.state_window)))
             return
+        counts = self._counts
         self._recent.append(action)
-        self._counts[action] += 1
+        counts[action] = counts.get(action, 0) + 1  # .get: a new action costs no __missing__
         if len(self._recent) > self._window:
             old = self._recent.popleft()
-            self._counts[old] -= 1
-            if not self._counts[old]:
-                del self._counts[old]
+            left = counts[old] - 1
+            if left:
+                counts[old] = left
+            else:
+                counts.pop(old)  # dict's own: Counter's ``del`` is a Python method
         self._seq.append(action)
 
     def observe_state(self, state: str, step: int) -> bool:

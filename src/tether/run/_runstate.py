@@ -50,9 +50,10 @@ class Tail(list[dict[str, Any]]):
         self._trim(self.keep or 0)
 
     def append(self, entry: dict[str, Any]) -> None:
-        super().append(entry)
-        if self.keep is not None and len(self) > 2 * self.keep:
-            self._trim(self.keep)
+        list.append(self, entry)  # not super(): two appends on every tool call
+        keep = self.keep
+        if keep is not None and len(self) > 2 * keep:
+            self._trim(keep)
 
     def _trim(self, keep: int) -> None:
         if self.keep is None or len(self) <= keep:

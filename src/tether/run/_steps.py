@@ -83,13 +83,10 @@ class Steps:
                 f"{used} tokens used; the next model call (about {s._last_tokens}) "
                 f"would pass the budget of {b.max_tokens}"
             )
-        for name, count in (
-            ("max_input_tokens", s.input_tokens),
-            ("max_output_tokens", s.output_tokens),
-        ):
-            limit = getattr(b, name)
-            if limit is not None and count >= limit:
-                return StopReason.MAX_TOKENS, f"{name} ({limit}) reached"
+        if b.max_input_tokens is not None and s.input_tokens >= b.max_input_tokens:
+            return StopReason.MAX_TOKENS, f"max_input_tokens ({b.max_input_tokens}) reached"
+        if b.max_output_tokens is not None and s.output_tokens >= b.max_output_tokens:
+            return StopReason.MAX_TOKENS, f"max_output_tokens ({b.max_output_tokens}) reached"
         if b.max_cost_usd is not None:
             nxt = self._next_cost()
             if s.cost_usd + nxt > b.max_cost_usd:

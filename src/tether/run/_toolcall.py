@@ -7,7 +7,9 @@ import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Unpack
 
+from tether import telemetry
 from tether._errors import ControlSignal
+from tether.run._health import ToolHealth
 from tether.run._hung import HungTools
 from tether.run._options import ToolOptions
 from tether.run._runstate import RunState
@@ -15,6 +17,7 @@ from tether.run._tool import _is_async
 from tether.run._tooldecisions import ToolDecisions
 from tether.run._toolgate import ToolGate
 from tether.run._toolkit import (
+    NO_OPTIONS,
     _aattempt_span,
     _acarried,
     _arguments,
@@ -22,9 +25,11 @@ from tether.run._toolkit import (
     _Call,
     _carried,
     _not_awaitable,
+    _Options,
     _paths,
     _Progress,
     _repeat_cap,
+    _signals,
     _tool_span,
 )
 
@@ -52,24 +57,43 @@ class ToolPipeline:
         args: Mapping[str, Any] | None,
         options: ToolOptions,
         carried: Callable[[Callable[..., Any], object], Callable[..., Any]],
-    ) -> tuple[_Call, Callable[[], None] | None, bool, dict[str, Any], Callable[..., Any]]:
+    ) -> tuple[
+        _Call, Callable[[], None] | None, bool, dict[str, Any], Callable[..., Any], _Options
+    ]:
         """What both drivers do before the attempt: the arguments and options checked, the
         run's checks, the policies and the approval. Returns the call, its gate (None: no
-        approval governs it), whether it is idempotent, its arguments and its function."""
-        if not options.keys() <= _OPTION_NAMES:  # a misspelt keyword must not pass silently
+        approval governs it), whether it is idempotent, its arguments, its function and
+        its options."""
+        if options and not options.keys() <= _OPTION_NAMES:  # a misspelt keyword must not pass
             unknown = ", ".join(repr(k) for k in sorted(options.keys() - _OPTION_NAMES))
             raise TypeError(f"call_tool() got an unexpected keyword argument {unknown}")
         arguments = _arguments(name, args)
+        opts = self._options(name, options) if options else NO_OPTIONS
+        if opts.passthrough:
+            fn = carried(fn, opts.passthrough)
+        idempotent = opts.idempotent
+        call = self.decide._before_tool(
+            name, arguments, opts.timeout, idempotent, opts.volatile, opts.allow_repeat
+        )
+        gate = self.gate._govern(call, opts.requires_approval, opts.compensate)
+        if gate is not None:
+            call, idempotent = self.gate._gated(call, gate, idempotent, opts.timeout)
+        return call, gate, idempotent, arguments, fn, opts
+
+    def _options(self, name: str, options: ToolOptions) -> _Options:
+        """A call's options checked, each error naming the tool (in the order of the
+        keywords' checks; a label is the run's from here on)."""
         self.decide._label(name, options.get("label"))
-        timeout, idempotent = options.get("timeout"), options.get("idempotent", True)
-        cap = _repeat_cap(name, options.get("allow_repeat"))
-        fn = carried(fn, options.get("passthrough", ()))
-        volatile = _paths(name, options.get("volatile", ()))
-        call = self.decide._before_tool(name, arguments, timeout, idempotent, volatile, cap)
-        compensate = options.get("compensate")
-        gate = self.gate._govern(call, options.get("requires_approval", False), compensate)
-        call, idempotent = self.gate._gated(call, gate, idempotent, timeout)
-        return call, gate, idempotent, arguments, fn
+        return _Options(
+            timeout=options.get("timeout"),
+            idempotent=options.get("idempotent", True),
+            lookup=options.get("lookup"),
+            requires_approval=options.get("requires_approval", False),
+            compensate=options.get("compensate"),
+            allow_repeat=_repeat_cap(name, options.get("allow_repeat")),
+            passthrough=_signals(options.get("passthrough", ())),
+            volatile=_paths(name, options.get("volatile", ())),
+        )
 
     def call(
         self,
@@ -84,44 +108,59 @@ class ToolPipeline:
                 f"tool {name!r} is a coroutine function: call it with `await run.acall_tool(...)`"
                 " (call_tool would never await it, and the tool would never run)"
             )
-        call, gate, idempotent, args, fn = self._checked(name, fn, args, options, _carried)
-        timeout, lookup = options.get("timeout"), options.get("lookup")
-        compensate = options.get("compensate")
+        call, gate, idempotent, args, fn, opts = self._checked(name, fn, args, options, _carried)
+        timeout = opts.timeout
+        recording = telemetry.enabled()  # while nothing records, the spans cost this check
         if gate is None:
-            attempt = _attempt_span(name, lambda: _not_awaitable(name, fn(**args)))
+            attempt = lambda: _not_awaitable(name, fn(**args))  # noqa: E731 - the attempt
         else:
 
             def approved() -> Any:  # runs once the ledger's claim is won
                 gate()
                 return _not_awaitable(name, fn(**args))
 
-            attempt = _attempt_span(name, approved)
+            attempt = approved
+        if recording:
+            attempt = _attempt_span(name, attempt)
         health = self.hung._watch(call, idempotent)
         if health is not None:
             attempt = health.sync(functools.partial(self.hung._refuse_unresponsive, call), attempt)
-        run = self.decide._effect(call, attempt, idempotent, lookup, timeout)
-        progress = None if idempotent else _Progress()
-        if progress is not None:
-            run = functools.partial(progress.run, run)
-        with _tool_span(name, self.s.run_id):
-            try:
-                if health is not None:
-                    self.hung._refuse_unresponsive(call, before=True)
-                result = self.s.through_breaker(
-                    lambda: self.hung._unless_unresponsive(
-                        call, lambda: call.policy.call_within(self.s.time_left(), run)
-                    ),
-                    timeout=timeout,
-                )
-            except ControlSignal as carried:  # the framework's own control flow
-                self.decide._not_made()
-                raise carried.signal from None
-            except Exception as exc:
-                raise self.decide._after_failure(call, exc) from exc
-            except BaseException:  # KeyboardInterrupt, SystemExit
-                self.decide._interrupted(call, progress, idempotent, compensate)
-                raise
-        return self.decide._after_success(call, result, idempotent, compensate)
+        progress = None
+        if not idempotent:
+            attempt = self.decide._effect(call, attempt, idempotent, opts.lookup, timeout)
+            progress = _Progress()
+            attempt = functools.partial(progress.run, attempt)
+        if recording:
+            with _tool_span(name, self.s.run_id):
+                result = self._made(call, attempt, health, timeout, progress, opts.compensate)
+        else:
+            result = self._made(call, attempt, health, timeout, progress, opts.compensate)
+        return self.decide._after_success(call, result, idempotent, opts.compensate)
+
+    def _made(
+        self,
+        call: _Call,
+        attempt: Callable[[], Any],
+        health: ToolHealth | None,
+        timeout: float | None,
+        progress: _Progress | None,
+        compensate: Any,
+    ) -> Any:
+        """The call made through the breaker and its retry policy (in the tool's span, when
+        one records); a failure becomes what the caller gets (Stopped or ToolError)."""
+        try:
+            if health is not None:
+                self.hung._refuse_unresponsive(call, before=True)
+            return self.s.through_breaker(lambda: self.hung._within(call, attempt), timeout=timeout)
+        except ControlSignal as carried:  # the framework's own control flow
+            self.decide._not_made()
+            raise carried.signal from None
+        except Exception as exc:
+            raise self.decide._after_failure(call, exc) from exc
+        except BaseException:  # KeyboardInterrupt, SystemExit
+            # progress is None: an idempotent call (an effect's progress is watched)
+            self.decide._interrupted(call, progress, progress is None, compensate)
+            raise
 
     async def acall(
         self,
@@ -131,9 +170,9 @@ class ToolPipeline:
         **options: Unpack[ToolOptions],
     ) -> Any:
         """The async driver of :meth:`tether.Run.acall_tool` (a hanging attempt is cancelled)."""
-        call, gate, idempotent, args, fn = self._checked(name, fn, args, options, _acarried)
-        timeout, lookup = options.get("timeout"), options.get("lookup")
-        compensate = options.get("compensate")
+        call, gate, idempotent, args, fn, opts = self._checked(name, fn, args, options, _acarried)
+        timeout, lookup = opts.timeout, opts.lookup
+        recording = telemetry.enabled()  # while nothing records, the spans cost this check
         attempt: Callable[[], Awaitable[Any]]
         progress = None if idempotent else _Progress()
         health = self.hung._watch(call, idempotent)
@@ -145,7 +184,8 @@ class ToolPipeline:
                     gate()  # the ledger's claim is won
                 return await fn(**args)
 
-            attempt = _aattempt_span(name, attempt)
+            if recording:
+                attempt = _aattempt_span(name, attempt)
             if health is not None:
                 attempt = health.coro(check, attempt)
 
@@ -172,7 +212,8 @@ class ToolPipeline:
                     gate()
                 return _not_awaitable(name, fn(**args))
 
-            sync = self.decide._effect(call, _attempt_span(name, body), idempotent, lookup, timeout)
+            sync = _attempt_span(name, body) if recording else body
+            sync = self.decide._effect(call, sync, idempotent, lookup, timeout)
             if progress is not None:
                 sync = functools.partial(progress.run, sync)
 
@@ -185,22 +226,37 @@ class ToolPipeline:
 
                     return await asyncio.to_thread(sync)
 
-        with _tool_span(name, self.s.run_id):
-            try:
-                if health is not None:
-                    self.hung._refuse_unresponsive(call, before=True)
-                result = await self.s.athrough_breaker(
-                    lambda: self.hung._aunless_unresponsive(
-                        call, lambda: call.policy.acall_within(self.s.time_left(), attempt)
-                    ),
-                    timeout=timeout,
+        if recording:
+            with _tool_span(name, self.s.run_id):
+                result = await self._amade(
+                    call, attempt, health, timeout, progress, opts.compensate
                 )
-            except ControlSignal as carried:
-                self.decide._not_made()
-                raise carried.signal from None
-            except Exception as exc:
-                raise self.decide._after_failure(call, exc) from exc
-            except BaseException:  # cancelled
-                self.decide._interrupted(call, progress, idempotent, compensate)
-                raise
-        return self.decide._after_success(call, result, idempotent, compensate)
+        else:
+            result = await self._amade(call, attempt, health, timeout, progress, opts.compensate)
+        return self.decide._after_success(call, result, idempotent, opts.compensate)
+
+    async def _amade(
+        self,
+        call: _Call,
+        attempt: Callable[[], Awaitable[Any]],
+        health: ToolHealth | None,
+        timeout: float | None,
+        progress: _Progress | None,
+        compensate: Any,
+    ) -> Any:
+        """The async form of :meth:`_made` (cancelled: what the call left is settled)."""
+        try:
+            if health is not None:
+                self.hung._refuse_unresponsive(call, before=True)
+            return await self.s.athrough_breaker(
+                lambda: self.hung._awithin(call, attempt), timeout=timeout
+            )
+        except ControlSignal as carried:
+            self.decide._not_made()
+            raise carried.signal from None
+        except Exception as exc:
+            raise self.decide._after_failure(call, exc) from exc
+        except BaseException:  # cancelled
+            # progress is None: an idempotent call (an effect's progress is watched)
+            self.decide._interrupted(call, progress, progress is None, compensate)
+            raise

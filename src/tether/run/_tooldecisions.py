@@ -22,6 +22,7 @@ from tether.effects._canonical import (
     jsonable,
 )
 from tether.redaction._redact import REDACTED, RecordedEntry, redact, redacted_paths
+from tether.retries._policy import RetryPolicy
 from tether.run._governance import JournalEntry
 from tether.run._health import ToolUnresponsive
 from tether.run._hung import HungTools
@@ -47,6 +48,9 @@ class ToolDecisions:
     def __init__(self, state: RunState, hung: HungTools) -> None:
         self.s = state
         self.hung = hung
+        # the retry policy of a (tool, timeout, idempotent) call, once looked up: the guard
+        # makes one per tool and keeps it, and what picks it is fixed for the run
+        self._policies: dict[tuple[str, float | None, bool], RetryPolicy] = {}
 
     def _before_tool(
         self,
@@ -57,37 +61,37 @@ class ToolDecisions:
         volatile: tuple[str, ...] = (),
         allow_repeat: int | None = None,
     ) -> _Call:
-        if self.s._stop is not None:
-            raise self.s._halt(*self.s._stop)
-        self.s._began = True
-        b = self.s.budget
-        if b.max_tool_calls is not None and self.s.tool_calls >= b.max_tool_calls:
-            raise self.s._halt(
-                StopReason.MAX_TOOL_CALLS, f"max tool calls ({b.max_tool_calls}) reached"
-            )
+        s = self.s
+        if s._stop is not None:
+            raise s._halt(*s._stop)
+        s._began = True
+        b = s.budget
+        if b.max_tool_calls is not None and s.tool_calls >= b.max_tool_calls:
+            raise s._halt(StopReason.MAX_TOOL_CALLS, f"max tool calls ({b.max_tool_calls}) reached")
         # a non-idempotent call's timeout is the ledger's business: the attempt it abandons
         # keeps its claim until it really ends, so that nothing runs it a second time
-        policy = self.s.guard._policy(name, self._timed(timeout), effect=not idempotent)
-        if b.max_seconds is not None and b.max_seconds - self.s.elapsed <= 0:
-            raise self.s._halt(StopReason.TIMEOUT, f"time budget ({b.max_seconds:g} s) exceeded")
-        hung = hung_threads() - self.s._hung_base
+        policy = self._policies.get((name, timeout, idempotent))
+        if policy is None:
+            policy = s.guard._policy(name, self._timed(timeout), effect=not idempotent)
+            self._policies[(name, timeout, idempotent)] = policy
+        if b.max_seconds is not None and b.max_seconds - s.elapsed <= 0:
+            raise s._halt(StopReason.TIMEOUT, f"time budget ({b.max_seconds:g} s) exceeded")
+        hung = hung_threads() - s._hung_base
         if hung >= b.max_hung_threads:
-            self.s._escalate = self.s._escalate or self.s.guard.on_hung_tool == "hand_over"
-            raise self.s._halt(
-                StopReason.HUNG_TOOLS, f"{hung} tool calls are still hanging in threads"
-            )
+            s._escalate = s._escalate or s.guard.on_hung_tool == "hand_over"
+            raise s._halt(StopReason.HUNG_TOOLS, f"{hung} tool calls are still hanging in threads")
         ignore = (*VOLATILE_FIELDS, *volatile) if volatile else None
-        action, key, text = intent_keys_and_text(name, args, self.s._scope, ignore)  # one encoding
+        action, key, text = intent_keys_and_text(name, args, s._scope, ignore)  # one encoding
         if REDACTED in text if text is not None else _holds_placeholder(args):
             self._refuse_placeholders(name, args)
-        loop = self.s._loops.check_action(name, action, self.s.steps, cap=allow_repeat)
+        loop = s._loops.check_action(name, action, s.steps, cap=allow_repeat)
         if loop is not None:
-            raise self.s._halt(loop[0], f"{loop[1]} (step {self.s.steps})")
-        self.s.tool_calls += 1
-        self.s._step_calls += 1
-        if allow_repeat is None and name not in self.s.guard.loops.allow_repeat:
-            self.s._step_counted = True
-        return _Call(name, args, action, key, self.s.steps, policy, allow_repeat, text)
+            raise s._halt(loop[0], f"{loop[1]} (step {s.steps})")
+        s.tool_calls += 1
+        s._step_calls += 1
+        if allow_repeat is None and name not in s.guard.loops.allow_repeat:
+            s._step_counted = True
+        return _Call(name, args, action, key, s.steps, policy, allow_repeat, text)
 
     def _timed(self, timeout: float | None) -> float | None:
         """The attempt timeout a call's policy is made with: the tool's (or the guard's
@@ -185,10 +189,11 @@ class ToolDecisions:
             self.s._journal.append(
                 JournalEntry(call.name, call.args, key, result, not idempotent, compensate)
             )
+        s = self.s
         # only completed calls count as repeats: a call that failed is the business of
         # max_identical_failures, so a model retrying a dead dependency is not a "loop"
-        self.s._loops.record_action(call.name, call.action, allowed=call.allow_repeat is not None)
-        self.s.retries += call.policy._retries()
+        s._loops.record_action(call.name, call.action, allowed=call.allow_repeat is not None)
+        s.retries += call.policy._retries()
         try:
             encoded: str | None = canonical_json(result, ignore=())
         except (TypeError, ValueError):
@@ -197,15 +202,17 @@ class ToolDecisions:
         entry = {"step": call.step, "tool": call.name, "args": call.args, "result": result}
         texts = {"args": call.text, "result": encoded}
         self.s.partial.append(RecordedEntry(entry, texts).redacted(jsonable))
-        self.s.transcript.append({"step": call.step, "tool": call.name, "ok": True})
+        s.transcript.append({"step": call.step, "tool": call.name, "ok": True})
         text = encoded if encoded is not None else repr(result)
         digest = hashlib.sha256(f"{call.name}\x00{text}".encode()).hexdigest()
-        if digest not in self.s._results:
-            self.s._results[digest] = None
-            if len(self.s._results) > self.s.guard.loops.state_window:
-                self.s._results.popitem(last=False)
-            self.s._step_progress = True
-        self._check_retry_escalation()
+        results = s._results
+        if digest not in results:
+            results[digest] = None
+            if len(results) > s.guard.loops.state_window:
+                results.popitem(last=False)
+            s._step_progress = True
+        if s.guard.escalation is not None:  # no escalation: no retry limit to check
+            self._check_retry_escalation()
         return result
 
     def _check_retry_escalation(self) -> None:

@@ -58,7 +58,11 @@ class ToolGate:
                 "tether.policy_denied", **{"gen_ai.tool.name": call.name, "tether.reason": said}
             )
             raise self.decide._after_failure(call, PolicyDenied(f"denied by policy: {said}"))
-        gate = self._approval(call) if needs_approval(requires_approval, call.args) else None
+        gate = (
+            self._approval(call)
+            if requires_approval is not False and needs_approval(requires_approval, call.args)
+            else None  # the default, False: no approval, nothing to ask the rule
+        )
         self.s._tool_counts[call.name] += 1
         return gate
 

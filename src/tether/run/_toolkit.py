@@ -7,7 +7,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +35,11 @@ def _said(text: str) -> str:
     return str(redact(first, pii=masks_pii()))[:300]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class _Call:
-    """The checked context of one tool call."""
+    """The checked context of one tool call (made on every call: a plain slots class,
+    whose constructor assigns its fields, where a frozen one would go through
+    ``object.__setattr__`` for each; nothing changes it once made)."""
 
     name: str
     args: Any
@@ -49,14 +51,28 @@ class _Call:
     text: str | None = None  # the arguments' canonical JSON, when it holds all of them
 
 
+@dataclass(frozen=True, slots=True)
+class _Options:
+    """The options of one call, checked (see :meth:`tether.Run.call_tool`)."""
+
+    timeout: float | None = None
+    idempotent: bool = True
+    lookup: Callable[[str], Any] | None = None
+    requires_approval: Any = False
+    compensate: Any = None
+    volatile: tuple[str, ...] = ()
+    allow_repeat: int | None = None
+    passthrough: tuple[type[BaseException], ...] = ()
+
+
+#: a call without options: nothing to check (most calls)
+NO_OPTIONS = _Options()
+
+
 def _tool_span(name: str, run_id: str) -> AbstractContextManager[Any]:
-    """The ``tether.tool_call`` span of a call (nothing is built while nothing records)."""
-    if not telemetry.enabled():
-        return _NO_SPAN
+    """The ``tether.tool_call`` span of a call (made only while telemetry records: the
+    driver checked once, :func:`tether.telemetry.enabled`)."""
     return telemetry.span("tether.tool_call", **{"gen_ai.tool.name": name, "tether.run_id": run_id})
-
-
-_NO_SPAN = nullcontext()
 
 
 def _repeat_cap(name: str, cap: int | None) -> int | None:
@@ -177,7 +193,7 @@ def _not_awaitable(name: str, result: Any) -> Any:
     """One behaviour for both shells: a plain function that returns an awaitable is
     refused (the coroutine is closed, never started: nothing ran). Declare the tool
     ``async def`` and call it with ``await run.acall_tool(...)``."""
-    if inspect.isawaitable(result):
+    if type(result) not in _NEVER_AWAITABLE and inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()  # never started: nothing ran
         raise ReturnedAwaitable(
@@ -185,6 +201,11 @@ def _not_awaitable(name: str, result: Any) -> Any:
             "`async def` and call it with `await run.acall_tool(...)`"
         )
     return result
+
+
+#: the exact types a tool's result most often has, none of them awaitable (the check
+#: above then costs no look-up of ``inspect.isawaitable``'s ABCs)
+_NEVER_AWAITABLE = frozenset({dict, list, tuple, str, int, float, bool, bytes, type(None)})
 
 
 def _paths(name: str, volatile: Any) -> tuple[str, ...]:
@@ -201,6 +222,8 @@ def _paths(name: str, volatile: Any) -> tuple[str, ...]:
 
 
 def _arguments(name: str, args: Any) -> dict[str, Any]:
+    if type(args) is dict:  # the usual case: no ABC look-up
+        return args.copy()
     if args is None:
         return {}
     if not isinstance(args, Mapping):
@@ -213,8 +236,6 @@ def _arguments(name: str, args: Any) -> dict[str, Any]:
 
 def _aattempt_span(name: str, fn: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
     """The async form of :func:`_attempt_span`: the same spans for an awaited attempt."""
-    if not telemetry.enabled():
-        return fn
     attempts = [0]
 
     async def attempt() -> Any:
@@ -229,9 +250,8 @@ def _aattempt_span(name: str, fn: Callable[[], Awaitable[Any]]) -> Callable[[], 
 
 
 def _attempt_span(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
-    """Each attempt of a tool call as a ``tether.attempt`` span (only when telemetry is on)."""
-    if not telemetry.enabled():
-        return fn
+    """Each attempt of a tool call as a ``tether.attempt`` span (made only while telemetry
+    records: the driver checked once)."""
     attempts = [0]
 
     def attempt() -> Any:

@@ -11,6 +11,10 @@ from tether.stores._tokens import MemoryTokens
 
 __all__ = ["MemoryStore"]
 
+#: the answers of a closed breaker's fast paths (a call's permit; a success recorded)
+_CLOSED_CALL = (CLOSED, CLOSED, 0.0, _logic.CALL)
+_STILL_CLOSED = (CLOSED, CLOSED, 0.0)
+
 
 class MemoryStore:
     """Guard state in a dict, every operation under one lock (none of them awaits)."""
@@ -35,7 +39,7 @@ class MemoryStore:
     ) -> tuple[str, str, float, str]:
         f = self._data.get(f"breaker:{name}")
         if f is not None and f.get("state") == CLOSED:  # a read needs no lock (the GIL)
-            return CLOSED, CLOSED, 0.0, _logic.CALL
+            return _CLOSED_CALL
         with self._lock:
             return _logic.breaker_acquire(self._fields("breaker", name), now, cfg)
 
@@ -50,7 +54,7 @@ class MemoryStore:
             and not f.get("failures")
             and not cfg.window
         ):
-            return CLOSED, CLOSED, 0.0  # a success with nothing to reset
+            return _STILL_CLOSED  # a success with nothing to reset
         with self._lock:
             return _logic.breaker_record(self._fields("breaker", name), now, permit, failed, cfg)
 
