@@ -224,6 +224,46 @@ def test_same_key_different_arguments_is_a_conflict(ledger: Ledger) -> None:
         ledger.once("k-order-7", lambda order, amount: "ok", "A-7", 99)
 
 
+@pytest.mark.parametrize("wait", [0.0, 1.0])
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_waiting_ledger_decides_alike(wait: float, shell: str) -> None:
+    """Without a wait, once() claims directly; with one (and aonce always) it drives the
+    claim plan: a replay, a takeover's lookup and a live claim come out the same."""
+    import asyncio
+
+    ledger = Ledger.memory(clock=VirtualClock(), wait=wait)
+
+    def call(key: str, fn: Any, **kw: Any) -> Any:
+        if shell == "sync":
+            return ledger.once(key, fn, **kw)
+
+        async def afn() -> Any:
+            return fn()
+
+        return asyncio.run(ledger.aonce(key, afn, **kw))
+
+    def lost() -> None:
+        raise TimeoutError("response lost")
+
+    for key in ("found", "absent", "blind"):
+        with pytest.raises(TimeoutError):
+            call(key, lost)
+    assert call("found", lambda: "again", lookup=lambda k: "paid") == "paid"
+    assert call("absent", lambda: "ran", lookup=lambda k: None) == "ran"
+    with pytest.raises(UnknownOutcome):
+        call("blind", lambda: "ran")
+    assert call("found", lambda: "again") == "paid"  # recorded by the lookup
+    assert call("absent", lambda: "again") == "ran"
+
+    def inner() -> str:
+        with pytest.raises(EffectInProgress):
+            ledger.once("busy", lambda: "second")  # the outer call holds it
+        return "first"
+
+    assert call("busy", inner) == "first"
+    assert [r.state for r in ledger.records()].count(State.UNKNOWN) == 1  # "blind"
+
+
 def test_records_expire_after_ttl(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """After ttl the key is free again."""
     clock = VirtualClock()

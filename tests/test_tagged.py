@@ -61,3 +61,19 @@ def test_every_tag_the_codec_writes_is_read_back() -> None:
     """Each tag but the canonical-only ``$obj`` has a decoder."""
     tags = {v for k, v in vars(Tag).items() if k.isupper()}
     assert tags - set(DECODERS) == {Tag.OBJ}
+
+
+@pytest.mark.parametrize("wrap", [lambda v: {"a": v}, lambda v: [v]], ids=["dict", "list"])
+def test_results_nested_past_200_levels_are_refused(wrap: Any) -> None:
+    """A scalar 200 containers deep is stored; one more level is refused (a cycle stops
+    there too, before the JSON encoder, which keeps no circular-reference check)."""
+    value: Any = 1
+    for _ in range(200):
+        value = wrap(value)
+    assert JsonCodec().decode(JsonCodec().encode(value)) == value
+    with pytest.raises(ValueError, match="deeper than 200"):
+        JsonCodec().encode(wrap(value))
+    cycle: Any = wrap(None)
+    cycle["a" if isinstance(cycle, dict) else 0] = cycle
+    with pytest.raises(ValueError, match="deeper than 200"):
+        JsonCodec().encode(cycle)

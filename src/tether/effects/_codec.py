@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from tether.effects._tagged import (
@@ -35,14 +35,52 @@ class Codec(Protocol):
     def decode(self, text: str) -> Any: ...
 
 
-#: json.dumps(..., sort_keys=True, allow_nan=True) with its encoder built once, not per call
-_encode = json.JSONEncoder(sort_keys=True, allow_nan=True).encode
+def _make_encode() -> Callable[[Any], str]:
+    """``json.dumps(value, sort_keys=True, allow_nan=True)``, its C encoder built once.
+
+    ``JSONEncoder.encode`` builds a C encoder object on every call (a third of the cost of
+    encoding a small result). The one built here has the arguments ``encode`` gives it,
+    and no circular-reference bookkeeping: it only ever sees the fresh tree
+    :func:`_to_json` builds, which has no cycles (its depth limit stops one first).
+    Without the C accelerator, the encoder's own ``encode``.
+    """
+    reference = json.JSONEncoder(sort_keys=True, allow_nan=True, check_circular=False)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython has it
+        return reference.encode
+    chunks = make(
+        None,  # markers: no circular check
+        reference.default,
+        json.encoder.encode_basestring_ascii,
+        None,  # indent
+        reference.key_separator,
+        reference.item_separator,
+        True,  # sort_keys
+        False,  # skipkeys
+        True,  # allow_nan
+    )
+    join = "".join
+
+    def encode(value: Any) -> str:
+        return join(chunks(value, 0))
+
+    return encode
+
+
+_encode = _make_encode()
+#: the types :func:`_to_json` returns as they are, looked up by exact type first
+_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 def _to_json(obj: Any, depth: int = 0) -> Any:
     """``obj`` in JSON types, tagged so that :func:`decode_object` gives it back."""
     if depth > 200:
         raise ValueError("result nested deeper than 200 levels")
+    cls = type(obj)
+    if cls in _PLAIN:  # the common case, before the isinstance checks below
+        return obj
+    if cls is dict:
+        return _dict_to_json(obj, depth)
     if obj is None or (
         isinstance(obj, bool | int | float | str) and not isinstance(obj, enum.Enum)
     ):
@@ -68,6 +106,20 @@ def _to_json(obj: Any, depth: int = 0) -> Any:
     if fields is not NO_FIELDS:
         return _to_json(fields, depth + 1)
     raise TypeError(f"cannot store a {type(obj).__name__} as a result")
+
+
+def _dict_to_json(obj: dict[Any, Any], depth: int) -> Any:
+    """A plain dict in JSON types: the mapping branch of :func:`_to_json` in one loop
+    (a dict of plain values, the usual result, costs no call per value)."""
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        if not isinstance(k, str):  # keys that are not strings: a list of pairs
+            pairs = [[_to_json(k, depth + 1), _to_json(v, depth + 1)] for k, v in obj.items()]
+            return {Tag.MAP: pairs}
+        if depth >= 200 or type(v) not in _PLAIN:  # depth + 1 > 200 raises in _to_json
+            v = _to_json(v, depth + 1)
+        out["$" + k if k[:1] == "$" else k] = v  # escape_key, inlined
+    return out
 
 
 class JsonCodec:

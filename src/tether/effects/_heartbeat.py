@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
-from tether.clock import system_clock
 from tether.stores._ledger_logic import LedgerBackend
 
 __all__ = ["Heartbeat", "heartbeat"]
 
 _log = logging.getLogger("tether")
-_now = system_clock.now
+_now = time.monotonic  # the system clock's now(), without its method call
 #: how often the thread looks while no effect runs (an effect whose first renewal is due
 #: later than that never wakes it)
 IDLE_TICK = 5.0

@@ -58,6 +58,7 @@ from tether.effects._once import (
     adrive,
     aexecute,
     check_call,
+    claim_at_once,
     claim_plan,
     drive,
     execute,
@@ -223,11 +224,15 @@ class Ledger:
         really ends) and :class:`tether.UnknownOutcome` is raised.
         """
         lease = check_call(key, lease, timeout)
-        plan = self._claim_plan(key, lease, lookup, args, kwargs)
-        owner, found = drive(plan, self.clock)
+        if self.wait:  # it may wait for another worker's claim: the plan, with its sleeps
+            plan = self._claim_plan(key, lease, lookup, args, kwargs)
+            owner, found = drive(plan, self.clock)
+        else:
+            payload = _payload_hash(args, kwargs) if args or kwargs else None
+            owner, found = claim_at_once(self._records, key, payload, lease, lookup)
         if found is not NOT_FOUND:
             return found  # type: ignore[no-any-return]
-        return execute(self._records, key, owner, lease, timeout, lambda: fn(*args, **kwargs))
+        return execute(self._records, key, owner, lease, timeout, fn, args, kwargs)
 
     async def aonce(
         self,

@@ -24,7 +24,16 @@ from tether.effects._recorder import NOT_FOUND, Recorder, current_key
 from tether.effects._steps import off_loop, settle
 from tether.stores._ledger_logic import Record, State
 
-__all__ = ["Step", "adrive", "aexecute", "check_call", "claim_plan", "drive", "execute"]
+__all__ = [
+    "Step",
+    "adrive",
+    "aexecute",
+    "check_call",
+    "claim_at_once",
+    "claim_plan",
+    "drive",
+    "execute",
+]
 
 T = TypeVar("T")
 
@@ -42,14 +51,19 @@ class Step(NamedTuple):
     skipped: Callable[[], object] | None = None
 
 
+_NUMBERS = (int, float)
+
+
 def check_call(key: str, lease: float, timeout: float | None) -> float:
     """The arguments ``once`` and ``aonce`` check alike; the lease, as a float."""
     if not key or not isinstance(key, str):
         raise ValueError("key must be a non-empty string")
-    if isinstance(lease, bool) or not isinstance(lease, int | float) or not lease > 0:
+    if (type(lease) is not float or not lease > 0) and (  # a float lease: one check
+        isinstance(lease, bool) or not isinstance(lease, _NUMBERS) or not lease > 0
+    ):
         raise ValueError(f"lease must be > 0, got {lease!r}")
     if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+        isinstance(timeout, bool) or not isinstance(timeout, _NUMBERS) or not timeout > 0
     ):
         raise ValueError(f"timeout must be > 0 or None, got {timeout!r}")
     return float(lease)
@@ -90,6 +104,20 @@ def claim_plan(
         r.unclaim(key, owner, previous)
 
     found = yield Step(r.reconcile, (key, owner, previous, lookup), give_back, untouched)
+    return owner, found
+
+
+def claim_at_once(
+    r: Recorder, key: str, payload: str | None, lease: float, lookup: Callable[[str], Any] | None
+) -> tuple[str, Any]:
+    """:func:`claim_plan` for a ledger that does not wait (``wait=0``, the default), run in
+    this thread: its one claim, then a takeover's reconciling. The same two steps the plan
+    yields, without a generator to drive (the sync success path runs this on every call)."""
+    claimed = r.try_claim(key, payload, lease, True)
+    assert claimed is not None  # the last attempt claims, replays or raises
+    owner, previous, found = claimed
+    if previous is not None:
+        found = r.reconcile(key, owner, previous, lookup)
     return owner, found
 
 
@@ -137,16 +165,23 @@ async def adrive(plan: Generator[Step, Any, T], clock: Clock, backend: Any) -> T
 
 
 def execute(
-    r: Recorder, key: str, owner: str, lease: float, timeout: float | None, fn: Callable[[], T]
+    r: Recorder,
+    key: str,
+    owner: str,
+    lease: float,
+    timeout: float | None,
+    fn: Callable[..., T],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> T:
-    """Run the claimed effect and record its outcome (sync)."""
+    """Run the claimed effect, ``fn(*args, **kwargs)``, and record its outcome (sync)."""
     ledger = r.ledger
     beat = not r.virtual
     if beat:
         heartbeat.add(ledger.backend, ledger.ttl, key, owner, lease)
     if timeout is None:  # the common case, without a closure or an event
         try:
-            return _run_and_record(r, key, owner, fn)
+            return _run_and_record(r, key, owner, fn, args, kwargs)
         finally:
             if beat:
                 heartbeat.remove(owner)
@@ -154,7 +189,7 @@ def execute(
 
     def body() -> T:
         try:
-            return _run_and_record(r, key, owner, fn)
+            return _run_and_record(r, key, owner, fn, args, kwargs)
         finally:
             ended.set()
             if beat:
@@ -174,10 +209,17 @@ def execute(
         raise UnknownOutcome(key, detail) from exc
 
 
-def _run_and_record(r: Recorder, key: str, owner: str, fn: Callable[[], T]) -> T:
+def _run_and_record(
+    r: Recorder,
+    key: str,
+    owner: str,
+    fn: Callable[..., T],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> T:
     token = current_key.set(key)
     try:
-        result = fn()
+        result = fn(*args, **kwargs)
     except BaseException as exc:
         r.record_failure(key, owner, exc)
         raise

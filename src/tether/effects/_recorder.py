@@ -33,6 +33,9 @@ from tether.effects._codec import Codec, JsonCodec
 from tether.redaction._redact import redact_text
 from tether.stores._ledger_logic import Completion, LedgerBackend, Record, Settlement, State
 
+#: a named tuple from all its fields at once (see :data:`tether.stores._ledger_logic._build`)
+_build = tuple.__new__
+
 __all__ = ["NOT_FOUND", "EffectFailed", "LedgerSettings", "Recorder", "current_key", "why"]
 
 _log = logging.getLogger("tether")
@@ -109,9 +112,10 @@ class Recorder:
         or None while another worker holds the key (ask again, unless ``last``)."""
         ledger = self.ledger
         owner = os.urandom(16).hex()  # the claim's owner and fencing token
+        now = ledger.clock.wall() if self.virtual else None
         try:
             claimed, record = ledger.backend.claim(
-                Record.claim_of(key, payload, owner, lease, ledger.ttl), self.now()
+                Record.claim_of(key, payload, owner, lease, ledger.ttl), now
             )
         except StoreUnavailable as exc:
             raise StoreUnavailable(
@@ -183,7 +187,16 @@ class Recorder:
     def record_done(self, key: str, owner: str, result: Any) -> None:
         ledger = self.ledger
         try:
-            done = Settlement(key, owner, State.DONE, self.now(), ledger.ttl, self._encode(result))
+            try:
+                text = ledger.codec.encode(result)
+            except Exception as exc:
+                text = self._encode_repr(result, exc)
+            now = ledger.clock.wall() if self.virtual else None
+            # Settlement(key, owner, State.DONE, now, ttl, text) from its fields at once (its
+            # constructor's keyword handling is a tenth of a memory ledger's once())
+            done = _build(
+                Settlement, (key, owner, State.DONE, now, ledger.ttl, text, None, "", False)
+            )
             verdict = ledger.backend.complete(done)
         except Exception as exc:
             said = f"the ledger's store failed ({redact_text(str(exc))})"
@@ -255,17 +268,15 @@ class Recorder:
 
     # --- results ----------------------------------------------------------------------
 
-    def _encode(self, value: Any) -> str:
-        try:
-            return self.ledger.codec.encode(value)
-        except Exception as exc:
-            _log.warning(
-                "effect result of type %s cannot be encoded (%s); its repr is recorded. "
-                "Return JSON-able results or pass codec= to the Ledger",
-                type(value).__name__,
-                exc,
-            )
-            return JsonCodec().encode({"$repr": repr(value)[:2000]})
+    def _encode_repr(self, value: Any, exc: Exception) -> str:
+        """What is stored of a result the codec cannot encode: its repr (said in the log)."""
+        _log.warning(
+            "effect result of type %s cannot be encoded (%s); its repr is recorded. "
+            "Return JSON-able results or pass codec= to the Ledger",
+            type(value).__name__,
+            exc,
+        )
+        return JsonCodec().encode({"$repr": repr(value)[:2000]})
 
     def replay(self, record: Record) -> Any:
         if record.result is None:

@@ -142,20 +142,22 @@ class Record(NamedTuple):
 
     def at(self, now: float) -> Record:
         """This claim with its relative times made absolute at ``now``."""
+        # unpacked at once: cheaper than reading eleven fields by name
+        key, state, payload, owner, lease, expires, _, result, error, detail, tries = self
         return _build(
             Record,
             (
-                self.key,
-                self.state,
-                self.payload_hash,
-                self.owner,
-                now + self.lease_until,
-                now + self.expires_at,
+                key,
+                state,
+                payload,
+                owner,
+                now + lease,
+                now + expires,
                 now,
-                self.result,
-                self.error,
-                self.detail,
-                self.attempts,
+                result,
+                error,
+                detail,
+                tries,
             ),
         )
 
@@ -228,23 +230,10 @@ def renewed(existing: Record, now: float, lease: float, ttl: float) -> Record:
 
 def settled(existing: Record, s: Settlement, now: float) -> Record:
     """The record DONE or FAILED at ``now``: remembered ``s.ttl`` from now on."""
-    e = existing  # built directly, not with _replace: this runs on every effect
-    return _build(
-        Record,
-        (
-            e.key,
-            s.state,
-            e.payload_hash,
-            e.owner,
-            e.lease_until,
-            now + s.ttl,
-            e.created_at,
-            s.result,
-            s.error,
-            e.detail,
-            e.attempts,
-        ),
-    )
+    # built directly, not with _replace, its fields unpacked at once: this runs on every effect
+    key, _, payload_hash, owner, lease_until, _, created_at, _, _, detail, attempts = existing
+    kept = (key, s.state, payload_hash, owner, lease_until, now + s.ttl, created_at)
+    return _build(Record, (*kept, s.result, s.error, detail, attempts))
 
 
 def unknown_at(existing: Record, s: Settlement, now: float) -> Record:

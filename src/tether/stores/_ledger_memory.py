@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from tether.clock import system_clock
 from tether.stores._ledger_logic import (
@@ -22,7 +23,7 @@ from tether.stores._ledger_logic import (
 
 __all__ = ["MemoryLedgerBackend"]
 
-_now = system_clock.now
+_now = time.monotonic  # the system clock's now(), without its method call
 
 
 class MemoryLedgerBackend:
@@ -47,10 +48,15 @@ class MemoryLedgerBackend:
 
     def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
         new = record.at(self._epoch + _now() if now is None else now)
+        key = new.key
         with self._lock:
-            claimed, previous, store = decide_claim(self._records.get(new.key), new, new.created_at)
+            existing = self._records.get(key)
+            if existing is None:  # a fresh key: decide_claim's first rule, without the call
+                self._records[key] = new
+                return True, None
+            claimed, previous, store = decide_claim(existing, new, new.created_at)
             if store is not None:
-                self._records[new.key] = store
+                self._records[key] = store
             return claimed, previous
 
     def get(self, key: str) -> Record | None:
