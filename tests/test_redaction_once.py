@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import re
 from collections.abc import Iterator
 from decimal import Decimal
 
@@ -92,7 +94,7 @@ def test_a_recorded_call_is_redacted_once_as_the_ending_redacted_it() -> None:
 
     args = {"to": "a@example.com", "api_key": "sk-live-1234567890abcdef", "items": [1, 2]}
     result = {"id": "R-1", "note": "token=abc123def456", "when": dt.datetime(2026, 1, 2)}
-    action, key, text = intent_keys_and_text("refund", args, "scope")
+    action, key, text, _ = intent_keys_and_text("refund", args, "scope")
     assert (action, key) == intent_keys("refund", args, "scope")
     assert text == canonical_json(args, ignore=())
     entry = {"step": 3, "tool": "refund", "args": args, "result": result}
@@ -120,6 +122,65 @@ def test_no_text_when_the_intent_left_fields_out() -> None:
     assert intent_keys_and_text("t", {"q": 1, "at": 2}, "", ("at",))[2] is None
     assert intent_keys_and_text("t", {"q": 1, "at": 2}, "", ())[2] == '{"at":2,"q":1}'
     assert intent_keys_and_text("t", [1, 2], "")[2] == "[1,2]"
+
+
+def _nested(depth: int, leaf: object) -> object:
+    value = leaf
+    for _ in range(depth):
+        value = {"in": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"to": "a@example.com", "items": [{"sku": "A-1", "n": 2}, ("x", None, 1.5, True)]},
+        ["one", "two", "one"],
+        "alone",
+        {"line\nbreak": "tab\there", "é": "ü"},
+        _nested(30, "deep"),
+    ],
+)
+def test_an_encoding_collects_the_strings_its_text_holds(args: object) -> None:
+    """The keys and string values the encoding hands to the record's redaction are the
+    strings of its text (what the redaction judged by splitting the text before)."""
+    from tether.effects._canonical import intent_keys_and_text
+
+    text = canonical_json(args, ignore=())
+    strings = intent_keys_and_text("t", args, "", ())[3]
+    assert strings is not None
+    assert set(strings) == {json.loads(f'"{s}"') for s in re.findall(r'"((?:[^"\\]|\\.)*)"', text)}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"$set": [1]},  # escaped by the walk: the text's key is not the argument's
+        {"when": dt.datetime(2026, 1, 2)},  # tagged by the walk
+        {1: "a"},
+        _nested(40, "deep"),  # nested past what a record's redaction judges from strings
+        {"q": 1, "request_id": "r-1"},  # a field left out: no text to record from
+    ],
+)
+def test_no_strings_when_the_text_is_not_the_arguments_own(args: object) -> None:
+    from tether.effects._canonical import intent_keys_and_text
+
+    assert intent_keys_and_text("t", args, "")[3] is None
+
+
+@pytest.mark.parametrize("leaf", ["api_key=sk-live-1234567890abcdef", "plain words"])
+@pytest.mark.parametrize("depth", [31, 33, 62, 63, 64])
+def test_a_deeply_nested_call_is_recorded_as_the_ending_redacted_it(depth: int, leaf: str) -> None:
+    """Past 64 levels of the record the redaction cuts a value: a call nested that deep
+    (its strings are not judged, its text is walked) is recorded as before."""
+    args = {"deep": _nested(depth, leaf), "note": "ok"}
+    with tether.Guard().start(task="deep") as run:
+        run.proceed()
+        run.call_tool("echo", lambda **kw: "done", args)
+        run.succeed("done")
+    raw = {"step": 1, "tool": "echo", "args": args, "result": "done"}
+    assert list(run.outcome.partial) == [redact(jsonable(raw))]
+    assert "sk-live" not in str(run.outcome.partial)
 
 
 _NAMES = [

@@ -44,6 +44,8 @@ VOLATILE_FIELDS: frozenset[str] = frozenset(
 )
 #: How deeply arguments may nest.
 MAX_DEPTH = 64
+#: How deeply arguments whose strings are handed to the record's redaction may nest.
+SHALLOW = 32
 _PREFIX = b"tether-intent-v2\x00"
 _CHUNK = 1 << 16
 _SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -63,31 +65,47 @@ _TYPES_HINT = (
 _NESTED = frozenset({dict, list, tuple})
 
 
-def _plain(obj: Any, depth: int) -> bool:
-    """True when ``obj`` holds only JSON types, string keys and no nesting past MAX_DEPTH:
-    then the C encoder's text is canonical, but for ``$`` keys and lone surrogates, that
-    :func:`canonical_json` looks for in the text."""
+def _plain(obj: Any, depth: int, strings: list[str]) -> int | None:
+    """The depth of the deepest container in ``obj`` (``depth - 1``: none) when it holds
+    only JSON types, string keys and no nesting past MAX_DEPTH: then the C encoder's
+    text is canonical, but for ``$`` keys and lone surrogates, that
+    :func:`canonical_json` looks for in the text. None when it does not.
+
+    Its keys and string values are added to ``strings`` on the way (what the redaction
+    of a recorded call judges, instead of splitting the text to find them again)."""
     kind = type(obj)
     if kind is dict:
         if depth > MAX_DEPTH:
-            return False
+            return None
         for k in obj:
             if type(k) is not str:
-                return False
+                return None
+        strings += obj
         values: Iterable[Any] = obj.values()
     elif kind is list or kind is tuple:
         if depth > MAX_DEPTH:
-            return False
+            return None
         values = obj
+    elif kind is str:
+        strings.append(obj)
+        return depth - 1
     else:
-        return kind in _SCALARS
+        return depth - 1 if kind in _SCALARS else None
+    deepest = depth
     for v in values:
         kind = type(v)
-        if kind in _SCALARS:
+        if kind is str:
+            strings.append(v)
+        elif kind is int or kind is float or kind is bool or v is None:
             continue
-        if kind not in _NESTED or not _plain(v, depth + 1):
-            return False
-    return True
+        elif kind in _NESTED:
+            below = _plain(v, depth + 1, strings)
+            if below is None:
+                return None
+            deepest = below if below > deepest else deepest
+        else:
+            return None
+    return deepest
 
 
 def _text(value: str, path: str) -> str:
@@ -250,6 +268,15 @@ def canonical_json(args: Any, *, ignore: Paths | None = None, path: str = "args"
     >>> canonical_json({"to": {"uuid": "acct-1"}, "request_id": "r-77"})
     '{"to":{"uuid":"acct-1"}}'
     """
+    return _encoded(args, ignore, path)[0]
+
+
+def _encoded(args: Any, ignore: Paths | None, path: str = "args") -> tuple[str, list[str] | None]:
+    """:func:`canonical_json`, and the keys and string values the text holds when it is the
+    C encoder's text of the arguments and nests at most :data:`SHALLOW` deep (None when
+    the walk made it, whose strings may be escaped or tagged forms of the arguments'
+    own, or when it nests deeper: a redaction cuts a value nested past 64 levels of the
+    record it is in, and judges such a text by walking it)."""
     top, deep = rules(ignore)
     if top and type(args) is dict and not top.isdisjoint(args):  # isdisjoint: a C loop
         args = {k: v for k, v in args.items() if k not in top}
@@ -257,7 +284,9 @@ def canonical_json(args: Any, *, ignore: Paths | None = None, path: str = "args"
         args = {k: v for k, v in args.items() if not (isinstance(k, str) and k in top)}
     for parts in deep:
         args = _without(args, parts)
-    if _plain(args, 0):
+    strings: list[str] = []
+    deepest = _plain(args, 0, strings)
+    if deepest is not None:
         try:
             text = _dumps(args)
         except (ValueError, RecursionError):
@@ -270,8 +299,8 @@ def canonical_json(args: Any, *, ignore: Paths | None = None, path: str = "args"
                 ("$" in text and '"$' in text)
                 or ("\\" in text and "\\ud" in text and _LONE_SURROGATE.search(text) is not None)
             ):
-                return text
-    return _dumps(_Walk()(args, path))
+                return text, (strings if deepest <= SHALLOW else None)
+    return _dumps(_Walk()(args, path)), None
 
 
 def intent_key(tool: str, args: Any, scope: str = "", ignore: Paths | None = None) -> str:
@@ -306,16 +335,18 @@ def intent_keys(tool: str, args: Any, scope: str, ignore: Paths | None = None) -
 
 def intent_keys_and_text(
     tool: str, args: Any, scope: str, ignore: Paths | None = None
-) -> tuple[str, str, str | None]:
-    """:func:`intent_keys` and the canonical text they were made from, when that text holds
-    every argument (nothing was ignored: the run records the call from it); else None."""
+) -> tuple[str, str, str | None, list[str] | None]:
+    """:func:`intent_keys`, the canonical text they were made from, when that text holds
+    every argument (nothing was ignored: the run records the call from it), else None,
+    and the keys and string values of that text when they are the arguments' own (what
+    the record's redaction judges without splitting the text), else None."""
     _check(tool, scope)
-    text = canonical_json(args, ignore=ignore)
-    action = digest(tool, text)
-    key = digest(tool, text, scope) if scope else action
     top, deep = rules(ignore)
     whole = not deep and (not top or not isinstance(args, Mapping) or top.isdisjoint(args))
-    return action, key, text if whole else None
+    text, strings = _encoded(args, ignore)
+    action = digest(tool, text)
+    key = digest(tool, text, scope) if scope else action
+    return action, key, (text if whole else None), (strings if whole else None)
 
 
 def _check(tool: str, scope: str) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from tether.redaction._clean import clean_json, clean_strings
@@ -369,7 +369,9 @@ def redacted_json(value: Any, text: str | None = None) -> Any:
 class RecordedEntry(dict[str, Any]):
     """An entry a run records (a completed tool call: ``step``, ``tool``, ``args``,
     ``result``) with the canonical JSON its fields were encoded to already (the intent
-    key encoded the arguments, the progress check the result).
+    key encoded the arguments, the progress check the result), and, where the encoding
+    collected them, the keys and string values a text holds (``strings``: judged as
+    they are, the text is not split to find them).
 
     :meth:`redacted` turns it into its redacted JSON view (what the outcome, a
     checkpoint, a handoff and the run record hold), made from those texts, once: the
@@ -378,11 +380,17 @@ class RecordedEntry(dict[str, Any]):
     plain dict would be.
     """
 
-    __slots__ = ("_texts",)
+    __slots__ = ("_strings", "_texts")
 
-    def __init__(self, entry: Mapping[str, Any], texts: Mapping[str, str | None]) -> None:
+    def __init__(
+        self,
+        entry: Mapping[str, Any],
+        texts: Mapping[str, str | None],
+        strings: Mapping[str, Collection[str] | None] | None = None,
+    ) -> None:
         super().__init__(entry)
         self._texts: Mapping[str, str | None] | None = texts
+        self._strings = strings
 
     def redacted(self, jsonable: Any) -> RecordedEntry:
         """This entry as its redacted JSON view (made on the first call); ``jsonable`` gives
@@ -392,12 +400,16 @@ class RecordedEntry(dict[str, Any]):
             import json
 
             form = {}
+            held = self._strings or {}
             clean = clean_strings(self.keys())  # most calls hold no secret: no walk then
             for name, value in self.items():
                 text = texts.get(name)
                 if text is not None:
                     form[name] = json.loads(text)  # private: redacted in place below
-                    clean = clean and clean_json(text)
+                    strings = held.get(name)
+                    clean = clean and (
+                        clean_json(text) if strings is None else clean_strings(strings)
+                    )
                 elif value is None or type(value) in (int, bool):  # its own JSON form
                     form[name] = value
                 elif type(value) is str:
@@ -410,7 +422,7 @@ class RecordedEntry(dict[str, Any]):
                 _scrub(form, 0, "", _memo())
             self.clear()
             self.update(form)
-            self._texts = None
+            self._texts = self._strings = None
         return self
 
 

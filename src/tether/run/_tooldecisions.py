@@ -81,7 +81,7 @@ class ToolDecisions:
             s._escalate = s._escalate or s.guard.on_hung_tool == "hand_over"
             raise s._halt(StopReason.HUNG_TOOLS, f"{hung} tool calls are still hanging in threads")
         ignore = (*VOLATILE_FIELDS, *volatile) if volatile else None
-        action, key, text = intent_keys_and_text(name, args, s._scope, ignore)  # one encoding
+        action, key, text, strings = intent_keys_and_text(name, args, s._scope, ignore)
         if REDACTED in text if text is not None else _holds_placeholder(args):
             self._refuse_placeholders(name, args)
         loop = s._loops.check_action(name, action, s.steps, cap=allow_repeat)
@@ -91,7 +91,7 @@ class ToolDecisions:
         s._step_calls += 1
         if allow_repeat is None and name not in s.guard.loops.allow_repeat:
             s._step_counted = True
-        return _Call(name, args, action, key, s.steps, policy, allow_repeat, text)
+        return _Call(name, args, action, key, s.steps, policy, allow_repeat, text, strings)
 
     def _timed(self, timeout: float | None) -> float | None:
         """The attempt timeout a call's policy is made with: the tool's (or the guard's
@@ -201,7 +201,8 @@ class ToolDecisions:
         # redacted now, once, from these encodings: the ending only gathers the views
         entry = {"step": call.step, "tool": call.name, "args": call.args, "result": result}
         texts = {"args": call.text, "result": encoded}
-        self.s.partial.append(RecordedEntry(entry, texts).redacted(jsonable))
+        recorded = RecordedEntry(entry, texts, {"args": call.strings})
+        self.s.partial.append(recorded.redacted(jsonable))
         s.transcript.append({"step": call.step, "tool": call.name, "ok": True})
         text = encoded if encoded is not None else repr(result)
         digest = hashlib.sha256(f"{call.name}\x00{text}".encode()).hexdigest()

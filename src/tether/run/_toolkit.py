@@ -49,6 +49,7 @@ class _Call:
     policy: RetryPolicy
     allow_repeat: int | None = None  # this call's own repeat cap (a read-only tool's polling)
     text: str | None = None  # the arguments' canonical JSON, when it holds all of them
+    strings: list[str] | None = None  # the keys and string values of that text, if collected
 
 
 @dataclass(frozen=True, slots=True)
