@@ -102,3 +102,46 @@ def test_a_first_attempt_made_straight_keeps_the_breaker_s_permit(shell: str) ->
     clock.advance(5.0)
     assert call(lambda: 1, aup) == 1  # the probe succeeded
     assert breaker.state == "closed"
+
+
+def test_a_tool_is_judged_async_as_inspect_judges_it() -> None:
+    """call_tool's check of a plain function reads its code's flag: the same answer as
+    inspect for plain and async functions, lambdas, a partial of either, an object with
+    an async ``__call__``, and a function marked a coroutine function (3.12+)."""
+    import functools
+    import inspect
+
+    from tether.run._tool import _is_async
+
+    def plain(x: int = 0) -> int:
+        return x
+
+    async def coro(x: int = 0) -> int:
+        return x
+
+    class Calls:
+        async def __call__(self) -> None:
+            return None
+
+    cases: list[tuple[Any, bool]] = [
+        (plain, False),
+        (coro, True),
+        (lambda: None, False),
+        (functools.partial(coro, 1), True),
+        (functools.partial(plain, 1), False),
+        (Calls(), True),
+    ]
+    mark = getattr(inspect, "markcoroutinefunction", None)
+    if mark is not None:  # Python 3.12+
+        cases.append((mark(lambda: None), True))
+    for fn, expected in cases:
+        assert _is_async(fn) is expected, fn
+    for fn in (plain, coro):
+        assert _is_async(fn) is inspect.iscoroutinefunction(fn)
+
+    guard = Guard(budget=Budget(max_steps=3))
+    with guard.start(task="t") as run:
+        run.proceed()
+        with pytest.raises(TypeError, match="coroutine function"):
+            run.call_tool("c", coro)
+        run.succeed("done")

@@ -206,7 +206,7 @@ class RetryPolicy:
         self.name = name
         self.classifier = classifier or classify
         self.rng = random.Random(seed)
-        self._one_attempt = (id(self), 1, 0.0, None)
+        self._one_attempt: tuple[int, int, float, Verdict | None] = (id(self), 1, 0.0, None)
         # no guard and no clock reading: the first attempt can be a plain call (the
         # settings are fixed once made; ``replace`` makes a policy with others)
         self._plain = all(x is None for x in (budget, breaker, limiter, deadline, attempt_timeout))
@@ -241,7 +241,9 @@ class RetryPolicy:
 
     def _retries(self) -> int:
         """``statistics.retries``, without building the statistics (a run asks per call)."""
-        last = retry_context.get()
+        last = _context()
+        if last is self._one_attempt:  # what a call that succeeded at once leaves
+            return 0
         if last is None or last is IN_ATTEMPT or last[0] != id(self):
             return 0
         return max(0, last[1] - 1)  # type: ignore[no-any-return]
@@ -307,7 +309,7 @@ class RetryPolicy:
                     return result  # type: ignore[no-any-return]
             return drive(self, attempt_plan(self, st, first, permit), call, hook)
         finally:
-            retry_context.set((id(self), st.attempt, st.total_wait, st.verdict))
+            _mark(self._left(st))
 
     def _traced(self, call: Callable[[], T], name: str) -> T:
         spans = retry_spans(name)
@@ -356,7 +358,14 @@ class RetryPolicy:
                     return result  # type: ignore[no-any-return]
             return await adrive(self, attempt_plan(self, st, first, permit), call, hook)
         finally:
-            retry_context.set((id(self), st.attempt, st.total_wait, st.verdict))
+            _mark(self._left(st))
+
+    def _left(self, st: CallState) -> tuple[int, int, float, Verdict | None]:
+        """What a call leaves in the context for ``statistics``: one attempt that
+        succeeded leaves the policy's own tuple (no new one; ``_retries`` knows it)."""
+        if st.attempt == 1 and st.verdict is None and st.total_wait == 0.0:
+            return self._one_attempt
+        return (id(self), st.attempt, st.total_wait, st.verdict)
 
     def _tighter(self, seconds: float | None) -> float | None:
         if seconds is None:

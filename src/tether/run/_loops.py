@@ -96,10 +96,25 @@ class LoopPolicy:
 class LoopState:
     """The detectors of one run."""
 
-    __slots__ = ("_allowed", "_counts", "_recent", "_seq", "_states", "_window", "policy")
+    __slots__ = (
+        "_allow",
+        "_allowed",
+        "_counts",
+        "_min_steps",
+        "_recent",
+        "_repeats",
+        "_seq",
+        "_states",
+        "_window",
+        "policy",
+    )
 
     def __init__(self, policy: LoopPolicy) -> None:
         self.policy = policy
+        # the settings read on every call, kept at hand (the policy is frozen)
+        self._allow = policy.allow_repeat
+        self._repeats = policy.max_repeats
+        self._min_steps = policy.min_steps
         self._recent: deque[str] = deque()  # action hashes in the window
         self._counts: Counter[str] = Counter()  # of the window
         self._allowed: Counter[str] = Counter()  # allow_repeat tools: per action, whole run
@@ -112,16 +127,17 @@ class LoopState:
     ) -> tuple[StopReason, str] | None:
         """Why this call must not run (a repeat or a sequence), or None. Does not record.
         ``cap``: the call's own repeat cap, as if its tool were in ``allow_repeat``."""
-        cap = self.policy.allow_repeat.get(tool) if cap is None else cap
+        cap = self._allow.get(tool) if cap is None else cap
         if cap is not None:
             if self._allowed[action] + 1 > cap:
                 why = f"{tool} called {cap} times with identical arguments (its allow_repeat cap)"
                 return StopReason.REPEATED_ACTION, why
             return None
-        if step <= self.policy.min_steps or self.policy.max_repeats is None:
+        repeats = self._repeats
+        if step <= self._min_steps or repeats is None:
             return None
         n = self._counts.get(action, 0) + 1  # .get: a new action costs no __missing__
-        if n >= self.policy.max_repeats:
+        if n >= repeats:
             return (
                 StopReason.REPEATED_ACTION,
                 f"{tool} would run a {_nth(n)} time with identical arguments",
@@ -146,7 +162,7 @@ class LoopState:
         return 0
 
     def record_action(self, tool: str, action: str, *, allowed: bool = False) -> None:
-        if allowed or tool in self.policy.allow_repeat:
+        if allowed or tool in self._allow:
             self._allowed[action] += 1
             if len(self._allowed) > self.policy.state_window:  # bound memory
                 self._allowed = Counter(dict(self._allowed.most_common(self.policy.state_window)))

@@ -7,6 +7,7 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from inspect import CO_COROUTINE
 from types import FunctionType
 from typing import Any
 
@@ -130,7 +131,12 @@ class Tool:
 def _is_async(fn: Any) -> bool:
     """A coroutine function, also behind functools.partial or an async ``__call__``."""
     if type(fn) is FunctionType:  # most tools: no partial, no __call__ to look at
-        return inspect.iscoroutinefunction(fn)
+        # the flag inspect.iscoroutinefunction reads, without its calls (asked on every
+        # call_tool); a function marked by inspect.markcoroutinefunction (3.12+) is
+        # judged by inspect itself
+        if fn.__code__.co_flags & CO_COROUTINE:
+            return True
+        return hasattr(fn, "_is_coroutine_marker") and inspect.iscoroutinefunction(fn)
     while isinstance(fn, functools.partial):
         fn = fn.func
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
