@@ -285,3 +285,122 @@ def test_a_run_redacts_each_call_when_it_records_it() -> None:
         run.succeed("paid")
     assert list(run.outcome.partial) == [redact(jsonable(raw))]
     assert "4242424242424242" not in str(run.outcome.partial)
+
+
+def _lookup(**kwargs: object) -> dict[str, object]:
+    return {"ok": True, "n": kwargs.get("n")}
+
+
+def _args(n: int) -> dict[str, object]:
+    return {
+        "customer": "C-1042",
+        "items": [{"sku": f"SKU-{i}", "qty": i} for i in range(3)],
+        "n": n,
+    }
+
+
+def _raw(step: int, n: int) -> dict[str, object]:
+    return {"step": step, "tool": "lookup", "args": _args(n), "result": _lookup(n=n)}
+
+
+def _kept_as_text(entry: object) -> bool:
+    from tether.redaction._redact import RecordedEntry
+
+    return isinstance(entry, RecordedEntry) and entry._kept is not None
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_clean_call_is_kept_as_its_text_until_its_view_is_read(shell: str) -> None:
+    """A call that redacts to itself keeps its canonical texts (no raw value, no parsed
+    view) until an audience reads it; the outcome's calls are made when read, the same
+    views as before."""
+    import asyncio
+
+    guard = tether.Guard(keep_last=3)
+    run = guard.start(task="lookups")
+    with run:
+        for n in range(5):
+            run.proceed()
+            if shell == "sync":
+                run.call_tool("lookup", _lookup, _args(n))
+            else:
+                asyncio.run(run.acall_tool("lookup", _async_lookup, _args(n)))
+        assert all(_kept_as_text(e) for e in run.partial)  # nothing parsed while it runs
+        assert run.partial[-1]["tool"] == "lookup" and _kept_as_text(run.partial[-1])
+        run.succeed("done")
+    kept = list(run.partial)[-3:]
+    assert all(_kept_as_text(e) for e in kept)  # the ending did not parse them either
+    want = [redact(jsonable(_raw(step, step - 1))) for step in (3, 4, 5)]
+    assert list(run.outcome.partial) == want  # made on this first read
+    assert [type(e) for e in run.outcome.partial] == [dict, dict, dict]
+    assert not any(_kept_as_text(e) for e in kept)  # the view is kept from now on
+    assert run.outcome.partial is run.outcome.partial and run.outcome.partial_omitted == 2
+    assert kept[0] == want[0] and repr(kept[0]) == repr(run.outcome.partial[0])
+
+
+async def _async_lookup(**kwargs: object) -> dict[str, object]:
+    return _lookup(**kwargs)
+
+
+def test_a_call_with_a_secret_is_scrubbed_at_once() -> None:
+    """No text is kept of a call that does not redact to itself: its view is made now."""
+    with tether.Guard().start(task="pay") as run:
+        run.proceed()
+        run.call_tool("pay", _lookup, {"card_number": "4242424242424242", "n": 1})
+        recorded = run.partial[-1]
+        assert not _kept_as_text(recorded) and recorded._entry is not None
+        assert recorded["args"] == {"card_number": "[redacted]", "n": 1}
+        run.succeed("paid")
+
+
+def test_the_outcome_of_kept_calls_reads_as_a_plain_outcome() -> None:
+    """An outcome whose calls are made on first read compares, prints, pickles, copies
+    and replaces as the outcome with those calls given."""
+    import copy
+    import dataclasses
+    import pickle
+
+    def play() -> tuple[tether.Outcome, tether.Outcome]:
+        """An outcome whose calls are not made yet, and the same outcome given them."""
+        with tether.Guard().start(task="t") as run:
+            run.proceed()
+            run.call_tool("lookup", _lookup, _args(1))
+            run.succeed("done")
+        out = run.outcome
+        args, result = jsonable(_args(1)), jsonable(_lookup(n=1))  # sorted, as encoded
+        want = ({"step": 1, "tool": "lookup", "args": args, "result": result},)
+        fields = [f.name for f in dataclasses.fields(tether.Outcome)]
+        given = tether.Outcome(*(want if n == "partial" else getattr(out, n) for n in fields))
+        assert _kept_as_text(run.partial[-1])  # nothing read the calls of ``out`` yet
+        return out, given
+
+    out, given = play()
+    assert out == given
+    out, given = play()
+    assert repr(out) == repr(given)
+    out, given = play()
+    assert pickle.loads(pickle.dumps(out)) == given
+    out, given = play()
+    assert copy.deepcopy(out) == given
+    out, given = play()
+    assert dataclasses.replace(out, status="partial").partial == given.partial
+    out, given = play()
+    assert dataclasses.asdict(out)["partial"] == given.partial
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        out.partial = ()  # type: ignore[misc]
+
+
+def test_a_snapshot_and_a_checkpoint_hold_the_views_of_kept_calls() -> None:
+    """The audiences that write JSON read kept calls as their views."""
+    guard = tether.Guard(checkpoints=tether.Checkpoints.memory())
+    run = guard.start(task="t")
+    with run:
+        run.proceed()
+        run.call_tool("lookup", _lookup, _args(1))
+        doc = json.loads(json.dumps(run.snapshot()))
+        assert doc["partial"]["entries"] == [redact(jsonable(_raw(1, 1)))]
+        run.succeed("done")
+    assert list(run.outcome.partial) == [redact(jsonable(_raw(1, 1)))]
+    assert guard.checkpoints is not None and run.outcome.checkpoint_id is not None
+    saved = guard.checkpoints.load(run.outcome.checkpoint_id)
+    assert saved["partial"] == [redact(jsonable(_raw(1, 1)))]

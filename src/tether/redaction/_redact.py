@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from tether.redaction._clean import clean_json, clean_strings
@@ -366,7 +366,7 @@ def redacted_json(value: Any, text: str | None = None) -> Any:
     return parsed if clean_json(text) else _scrub(parsed, 0, "", _memo())
 
 
-class RecordedEntry(dict[str, Any]):
+class RecordedEntry(Mapping[str, Any]):
     """An entry a run records (a completed tool call: ``step``, ``tool``, ``args``,
     ``result``) with the canonical JSON its fields were encoded to already (the intent
     key encoded the arguments, the progress check the result), and, where the encoding
@@ -374,13 +374,19 @@ class RecordedEntry(dict[str, Any]):
     they are, the text is not split to find them).
 
     :meth:`redacted` turns it into its redacted JSON view (what the outcome, a
-    checkpoint, a handoff and the run record hold), made from those texts, once: the
-    entry then holds the view and nothing else (no raw argument or result is kept alive,
-    no text), and the ending only gathers the views. Until then it is the raw call, as a
-    plain dict would be.
+    checkpoint, a handoff and the run record hold), once: no raw argument or result is
+    kept alive after it. A call whose texts are known to redact to themselves (most:
+    see :mod:`tether.redaction._clean`) keeps them as they are, and its view is parsed
+    from them when it is first read (a field, ``dict(entry)``, a comparison): a run
+    that keeps its last 1,000 calls parses none of the calls it lets go, nor any its
+    audiences never read. Any other call is scrubbed at once. Until :meth:`redacted`
+    it reads as the raw call.
+
+    A read-only mapping, not a dict: every read goes through the methods below, so
+    nothing can see a text where its view belongs.
     """
 
-    __slots__ = ("_strings", "_texts")
+    __slots__ = ("_entry", "_kept", "_strings", "_texts")
 
     def __init__(
         self,
@@ -388,42 +394,88 @@ class RecordedEntry(dict[str, Any]):
         texts: Mapping[str, str | None],
         strings: Mapping[str, Collection[str] | None] | None = None,
     ) -> None:
-        super().__init__(entry)
-        self._texts: Mapping[str, str | None] | None = texts
+        #: the raw call, then its view (None while the view is kept as texts)
+        self._entry: dict[str, Any] | None = dict(entry)
+        #: the fields with the texts of the view, and the names of the text fields
+        self._kept: tuple[dict[str, Any], frozenset[str]] | None = None
+        self._texts: Mapping[str, str | None] | None = texts  # None once redacted
         self._strings = strings
 
     def redacted(self, jsonable: Any) -> RecordedEntry:
-        """This entry as its redacted JSON view (made on the first call); ``jsonable`` gives
-        the JSON form of a field it has no text for."""
-        texts = self._texts
-        if texts is not None:
-            import json
-
-            form = {}
-            held = self._strings or {}
-            clean = clean_strings(self.keys())  # most calls hold no secret: no walk then
-            for name, value in self.items():
-                text = texts.get(name)
-                if text is not None:
-                    form[name] = json.loads(text)  # private: redacted in place below
-                    strings = held.get(name)
-                    clean = clean and (
-                        clean_json(text) if strings is None else clean_strings(strings)
-                    )
-                elif value is None or type(value) in (int, bool):  # its own JSON form
-                    form[name] = value
-                elif type(value) is str:
-                    form[name] = value
-                    clean = clean and clean_strings((value,))
-                else:
-                    form[name] = jsonable(value)
-                    clean = False
-            if not clean:
-                _scrub(form, 0, "", _memo())
-            self.clear()
-            self.update(form)
-            self._texts = self._strings = None
+        """This entry as its redacted JSON view (decided on the first call); ``jsonable``
+        gives the JSON form of a field it has no text for."""
+        texts, entry = self._texts, self._entry
+        if texts is None or entry is None:
+            return self
+        held = self._strings or {}
+        form: dict[str, Any] = {}
+        parsed: list[str] = []
+        clean = clean_strings(entry.keys())  # most calls hold no secret: no walk then
+        for name, value in entry.items():
+            text = texts.get(name)
+            if text is not None:
+                form[name] = text  # parsed when read (or below, to be scrubbed)
+                parsed.append(name)
+                strings = held.get(name)
+                clean = clean and (clean_json(text) if strings is None else clean_strings(strings))
+            elif value is None or type(value) in (int, bool):  # its own JSON form
+                form[name] = value
+            elif type(value) is str:
+                form[name] = value
+                clean = clean and clean_strings((value,))
+            else:
+                form[name] = jsonable(value)
+                clean = False
+        self._texts = self._strings = None
+        if clean:  # the texts redact to themselves: kept, and parsed when read
+            self._kept, self._entry = (form, frozenset(parsed)), None
+        else:
+            self._entry = _parsed(form, parsed)
+            _scrub(self._entry, 0, "", _memo())
         return self
+
+    def _view(self) -> dict[str, Any]:
+        """The entry's fields, its kept texts parsed (once: a thread that finds another
+        parsing them meanwhile parses them too, to the same view)."""
+        entry = self._entry
+        if entry is not None:
+            return entry
+        kept = self._kept
+        if kept is None:  # another thread made the view since this one looked
+            return self._view()
+        view = _parsed(*kept)
+        self._entry, self._kept = view, None
+        return view
+
+    def _fields(self) -> dict[str, Any]:
+        """The fields as they are held (their names are the view's, in its order)."""
+        kept = self._kept
+        return kept[0] if kept is not None else self._view()
+
+    def __getitem__(self, name: str) -> Any:
+        kept = self._kept
+        if kept is not None and name not in kept[1]:
+            return kept[0][name]  # a field kept as it is (step, tool): nothing to parse
+        return self._view()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields())
+
+    def __len__(self) -> int:
+        return len(self._fields())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._fields()
+
+    def __repr__(self) -> str:
+        return repr(self._view())
+
+
+def _parsed(fields: dict[str, Any], texts: Collection[str]) -> dict[str, Any]:
+    """``fields`` with its ``texts`` fields parsed from their JSON."""
+    import json
+
+    return {name: json.loads(v) if name in texts else v for name, v in fields.items()}
 
 
 class PlainEntry(dict[str, Any]):
@@ -442,7 +494,7 @@ def redacted_entries(entries: Iterable[Any], jsonable: Any) -> list[dict[str, An
     out: list[dict[str, Any]] = []
     for entry in entries:
         if isinstance(entry, RecordedEntry):
-            out.append(dict(entry.redacted(jsonable)))
+            out.append(dict(entry.redacted(jsonable)._view()))
         elif isinstance(entry, PlainEntry):  # JSON already: redacted again, not re-encoded
             out.append(_redact(dict(entry), None, False, 0, ""))
         else:

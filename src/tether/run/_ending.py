@@ -13,7 +13,7 @@ from tether.effects._canonical import jsonable
 from tether.records._runs import portable
 from tether.redaction._redact import redact, redact_conversation, redacted_entries
 from tether.run._handoff import SOME_STEP, HandoffRecord, _Delivery
-from tether.run._outcome import Outcome, Status, StopReason, Usage
+from tether.run._outcome import Outcome, Status, StopReason, Usage, deferred_partial
 from tether.run._runstate import RunState
 
 __all__ = ["Ending"]
@@ -101,10 +101,12 @@ class Ending:
         pending = self.s._pending.to_doc() if self.s._pending is not None else None
         partial, omitted = self.s.partial.newest(), self.s.partial.summary()
         # the record of the steps, made once for the checkpoint, the handoff and the run record
-        steps = {
-            "partial": redacted_entries(partial, jsonable),  # each call redacted once
-            "transcript": redact(jsonable(self.s.transcript.newest())),
-        }
+        steps: dict[str, Any] = {"transcript": redact(jsonable(self.s.transcript.newest()))}
+        if self.s.guard.checkpoints is not None or self.s.guard.records is not None:
+            steps["partial"] = redacted_entries(partial, jsonable)  # each call redacted once
+            views = tuple(steps["partial"])
+        else:  # only the outcome holds them: its calls are made into views when read
+            views = deferred_partial(lambda: tuple(redacted_entries(partial, jsonable)))
         checkpoint_id = None
         if self.s.guard.checkpoints is not None:
             doc = {
@@ -166,7 +168,7 @@ class Ending:
             status,
             reason,
             self.s._result,
-            tuple(steps["partial"]),
+            views,
             detail,
             tuple(issues),
             usage,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from tether._errors import TetherError
 
@@ -154,3 +154,48 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.status == "success"
+
+
+class _Deferred:
+    """A field's value, made when it is first read: an outcome's completed calls are the
+    run's recorded entries (their clean texts) until someone reads ``outcome.partial``;
+    a run whose audiences never do parses none of them."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+
+class _MadeOnRead:
+    """The slot of an :class:`Outcome` field, read through: a :class:`_Deferred` value is
+    made on the first read and stored in the slot, so the field is the plain value it
+    always was for every reader (``==``, ``repr``, pickling and ``replace`` read it as an
+    attribute too). A frozen dataclass sets its fields with ``object.__setattr__``, which
+    comes through :meth:`__set__` to the slot."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: Any) -> None:
+        self.slot = slot
+
+    def __get__(self, outcome: Any, owner: type | None = None) -> Any:
+        if outcome is None:
+            return self.slot
+        value = self.slot.__get__(outcome, owner)
+        if type(value) is _Deferred:
+            value = value.make()  # two threads reading at once both make the same value
+            self.slot.__set__(outcome, value)
+        return value
+
+    def __set__(self, outcome: Any, value: Any) -> None:
+        self.slot.__set__(outcome, value)
+
+
+setattr(Outcome, "partial", _MadeOnRead(Outcome.__dict__["partial"]))  # noqa: B010
+
+
+def deferred_partial(make: Callable[[], tuple[dict[str, Any], ...]]) -> tuple[dict[str, Any], ...]:
+    """What an Outcome is given as its ``partial`` to make it from ``make`` on first read
+    (typed as the tuple it reads as)."""
+    return cast("tuple[dict[str, Any], ...]", _Deferred(make))

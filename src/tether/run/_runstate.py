@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tether import telemetry
@@ -32,7 +32,7 @@ RECOVERY_COOLDOWNS = 3
 _log = logging.getLogger("tether")
 
 
-class Tail(list[dict[str, Any]]):
+class Tail(list[Mapping[str, Any]]):
     """The newest ``keep`` entries of a growing record (a run's completed tool calls, its
     transcript), and how many older ones it let go (``omitted``, by tool in ``by_tool``).
 
@@ -49,7 +49,7 @@ class Tail(list[dict[str, Any]]):
         self.by_tool: Counter[str] = Counter()
         self._trim(self.keep or 0)
 
-    def append(self, entry: dict[str, Any]) -> None:
+    def append(self, entry: Mapping[str, Any]) -> None:
         list.append(self, entry)  # not super(): two appends on every tool call
         keep = self.keep
         if keep is not None and len(self) > 2 * keep:
@@ -66,7 +66,7 @@ class Tail(list[dict[str, Any]]):
         self.omitted += cut
         del self[:cut]
 
-    def newest(self) -> list[dict[str, Any]]:
+    def newest(self) -> list[Mapping[str, Any]]:
         """The newest ``keep`` entries (all of them when unbounded)."""
         return list(self) if self.keep is None else list(self[-self.keep :])
 
