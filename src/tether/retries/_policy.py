@@ -290,7 +290,8 @@ class RetryPolicy:
         """
         if _context() is IN_ATTEMPT:
             return fn()
-        return self._loop(fn, fn, self._tighter(seconds), hook=hook)
+        deadline = self.deadline if seconds is None else self._tighter(seconds)
+        return self._loop(fn, fn, deadline, hook=hook)
 
     def _loop(
         self,

@@ -77,8 +77,7 @@ class Steps:
             )
         if b.max_model_calls is not None and s.model_calls >= b.max_model_calls:
             return StopReason.MAX_MODEL_CALLS, f"max model calls ({b.max_model_calls}) reached"
-        used = s.total_tokens if b.max_tokens is not None else 0
-        if b.max_tokens is not None and used + s._last_tokens > b.max_tokens:
+        if b.max_tokens is not None and (used := s.total_tokens) + s._last_tokens > b.max_tokens:
             return StopReason.MAX_TOKENS, (
                 f"{used} tokens used; the next model call (about {s._last_tokens}) "
                 f"would pass the budget of {b.max_tokens}"
