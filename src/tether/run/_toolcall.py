@@ -122,7 +122,8 @@ class ToolPipeline:
             attempt = approved
         if recording:
             attempt = _attempt_span(name, attempt)
-        health = self.hung._watch(call, idempotent)
+        # an untimed call has no health to watch (the usual read: no look-up)
+        health = None if call.policy.attempt_timeout is None else self.hung._watch(call, idempotent)
         if health is not None:
             attempt = health.sync(functools.partial(self.hung._refuse_unresponsive, call), attempt)
         progress = None

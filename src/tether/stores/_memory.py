@@ -24,6 +24,9 @@ class MemoryStore:
         self._data: dict[str, dict[str, Any]] = {}
         self._configs: dict[str, str] = {}  # "kind:name" -> its configuration (see bind)
         self._tokens = MemoryTokens()
+        # "breaker:<name>" per breaker name, made once: the closed breaker's fast paths
+        # (twice per guarded call) look their state up without building the key
+        self._breaker_keys: dict[str, str] = {}
 
     def _fields(self, kind: str, name: str) -> dict[str, Any]:
         return self._data.setdefault(f"{kind}:{name}", {})
@@ -34,10 +37,16 @@ class MemoryStore:
             known = self._configs.setdefault(f"{kind}:{name}", config)
         return None if known == config else known
 
+    def _breaker_key(self, name: str) -> str:
+        """The data key of breaker ``name`` (kept: as many as there are breaker names)."""
+        key = self._breaker_keys[name] = f"breaker:{name}"
+        return key
+
     def breaker_acquire(
         self, name: str, now: float, cfg: BreakerConfig
     ) -> tuple[str, str, float, str]:
-        f = self._data.get(f"breaker:{name}")
+        key = self._breaker_keys.get(name) or self._breaker_key(name)
+        f = self._data.get(key)
         if f is not None and f.get("state") == CLOSED:  # a read needs no lock (the GIL)
             return _CLOSED_CALL
         with self._lock:
@@ -46,7 +55,8 @@ class MemoryStore:
     def breaker_record(
         self, name: str, now: float, permit: str, failed: bool, cfg: BreakerConfig
     ) -> tuple[str, str, float]:
-        f = self._data.get(f"breaker:{name}")
+        key = self._breaker_keys.get(name) or self._breaker_key(name)
+        f = self._data.get(key)
         if (
             not failed
             and f is not None
