@@ -157,3 +157,81 @@ def test_a_run_restored_many_times_keeps_its_calls_as_they_were() -> None:
     assert [(e["args"], e["result"]) for e in many.partial] == [
         (e["args"], e["result"]) for e in once.partial
     ]
+
+
+def _normal(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k != "elapsed"}
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_restore_reusing_the_run_is_restore(shell: str) -> None:
+    """``guard.restore(doc, reuse=run)`` with the run ``doc`` was just taken of: that run,
+    and from there on the same snapshots and the same behaviour as a rebuilt run (a
+    repeated search stopped, the usage counted on), in both shells."""
+    guard = Guard(budget=tether.Budget(max_steps=10))
+    searched: list[str] = []
+
+    def search(q: str) -> str:
+        searched.append(q)
+        return "no result"
+
+    async def asearch(q: str) -> str:
+        return search(q)
+
+    def go_on(run: tether.Run) -> tuple[Any, ...]:
+        assert run.proceed()
+        run.record_model_call(input_tokens=10, output_tokens=2)
+        with pytest.raises(Stopped) as stop:
+            if shell == "sync":
+                run.call_tool("search", search, {"q": "99"})
+            else:
+                asyncio.run(run.acall_tool("search", asearch, {"q": "99"}))
+        outcome = run.outcome
+        return (_normal(run.snapshot()), stop.value.reason, outcome.status, outcome.usage.steps)
+
+    run = guard.start(task="find 99")
+    for _ in range(2):
+        assert run.proceed()
+        run.record_model_call(input_tokens=10, output_tokens=2)
+        run.call_tool("search", search, {"q": "99"})
+    doc = run.snapshot()
+    rebuilt = guard.restore(doc)
+    reused = guard.restore(doc, reuse=run)
+    assert reused is run and _normal(reused.snapshot()) == _normal(rebuilt.snapshot())
+    assert go_on(reused) == go_on(rebuilt)
+    assert searched == ["99", "99"]
+
+
+CHANGES = {
+    "a step": lambda run: run.proceed(),
+    "a model call": lambda run: run.record_model_call(input_tokens=1, output_tokens=1),
+    "a tool call": lambda run: run.call_tool("search", lambda q: "x", {"q": "1"}),
+    "a retry counted": lambda run: run.count_retries(),
+    "a failure": lambda run: run.fail("enough"),
+    "an escalation": lambda run: run.escalate("a person decides"),
+    "a success": lambda run: run.succeed("done"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_restore_does_not_reuse_a_run_that_changed_since(change: str) -> None:
+    """A run changed after its snapshot (a step, a call, a record, an end): restore rebuilds
+    the run the snapshot describes, as if no run were offered; so it does for another
+    guard's run, another run, a run with an effect done (a snapshot keeps its arguments
+    redacted)."""
+    guard = Guard()
+    run = guard.start(task="t")
+    run.proceed()
+    doc = run.snapshot()
+    try:
+        CHANGES[change](run)
+    except Stopped:  # fail() and escalate() end the run by raising
+        pass
+    again = guard.restore(doc, reuse=run)
+    assert again is not run and _normal(again.snapshot()) == _normal(guard.restore(doc).snapshot())
+    fresh = guard.start(task="t")
+    fresh.proceed()
+    assert Guard().restore(fresh.snapshot(), reuse=fresh) is not fresh
+    assert guard.restore(fresh.snapshot(), reuse=run) is not run
+    fresh.call_tool("pay", lambda order: "ok", {"order": "A"}, idempotent=False)
+    assert guard.restore(fresh.snapshot(), reuse=fresh) is not fresh

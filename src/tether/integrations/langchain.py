@@ -76,6 +76,45 @@ def _progress(doc: Mapping[str, Any]) -> tuple[int, ...]:
     )
 
 
+class _Doc(dict[str, Any]):
+    """A run's snapshot as the middleware writes it to the graph state: plain data (a copy, a
+    pickle or a checkpoint of it is a plain dict) that also holds, in memory only, the run it
+    was taken of and the stamp of that run's last hold (:class:`_Held`). The next hook
+    continues that run instead of rebuilding it, as long as nothing took it since; the run
+    lives as long as the snapshot does (a paused thread's checkpoint holds a plain copy:
+    nothing of the run stays in memory)."""
+
+    __slots__ = ("live",)
+
+    live: tuple[Run, int]  # set when the run is parked with it (read with getattr)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (dict(self),))  # a copy is plain data: never the run
+
+
+class _Held:
+    """The middleware's bookkeeping of a run its hooks hold: how many hold it now, the stamp
+    of its last hold (a snapshot taken before that hold is no longer the run as it is), and
+    the snapshots' marks it is shared under while held (parallel tool calls)."""
+
+    __slots__ = ("holders", "marks", "stamp")
+
+    def __init__(self) -> None:
+        self.holders = 0
+        self.stamp = 0
+        self.marks: list[tuple[Any, ...]] = []
+
+
+class _Hold:
+    """One hook's hold of the turn's run: let go once, by its snapshot or without one."""
+
+    __slots__ = ("done", "run")
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.done = False
+
+
 class TetherFields(TypedDict, total=False):
     """tether's fields for a hand-built graph's state (``class State(MessagesState,
     TetherFields)``): the turn's run as plain data, its outcome, its summary."""
@@ -192,16 +231,29 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         self._tools = ToolGuard(side_effects, volatile=volatile, read_only=read_only, **rules)
         require_a_place_to_wait(guard, self._tools.rules.needing_approval())
         self.side_effects = self._tools.side_effects
-        # runs rebuilt from a snapshot, shared by the hooks that hold them at once (parallel
-        # tool calls); weak: a run lives as long as a hook uses it, never for a paused thread
-        self._live: weakref.WeakValueDictionary[tuple[Any, ...], Run] = (
-            weakref.WeakValueDictionary()
-        )
+        # runs held by hooks now, by the marks of the snapshots they were taken from, shared
+        # by the hooks that hold them at once (parallel tool calls); let go with the last
+        self._shared: dict[tuple[Any, ...], Run] = {}
+        # the runs the hooks hold or a snapshot in the graph state holds (weak: a run lives as
+        # long as a hook uses it or its snapshot is in memory, never for a paused thread)
+        self._held: weakref.WeakKeyDictionary[Run, _Held] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     # --- the run of a turn: in the graph state, as plain data ----------------------------
 
     def _run(self, state: Any) -> Run | None:
+        """The run in ``state``, for a caller that snapshots it itself (``GraphGuard``)."""
+        hold = self._take(state)
+        if hold is None:
+            return None
+        self._let_go(hold)  # its snapshots are plain dicts: the next hook rebuilds it
+        return hold.run
+
+    def _take(self, state: Any) -> _Hold | None:
+        """A hold of the run in ``state``: the run its snapshot was taken of when nothing
+        took that run since (``guard.restore(reuse=)`` makes it what a rebuilt one would
+        be), the run a hook holds now for the same snapshot (parallel tool calls), or the
+        run rebuilt from the snapshot; None when the state has none (unguarded)."""
         # a TypedDict state is a mapping; a dataclass or pydantic state has attributes
         doc = (
             state.get("tether_run")
@@ -212,17 +264,65 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             return None
         mark = (doc.get("run_id"), *_progress(doc))
         with self._lock:
-            run = self._live.get(mark)
+            run = self._shared.get(mark)
             if run is None:
                 try:
-                    run = self.guard.restore(doc)
+                    run = self.guard.restore(doc, reuse=self._parked(doc))
                 except CheckpointError as exc:
                     _log.warning(
                         "tether: the run in the graph state cannot be read (%s): unguarded", exc
                     )
                     return None
-                self._live[mark] = run
-        return run
+                self._shared[mark] = run
+            held = self._held.get(run)
+            if held is None:
+                held = self._held[run] = _Held()
+            if mark not in held.marks:
+                held.marks.append(mark)
+            held.holders += 1
+            held.stamp += 1
+        return _Hold(run)
+
+    def _parked(self, doc: Mapping[str, Any]) -> Run | None:
+        """The run ``doc`` was taken of, untouched since (no hook took it after that
+        snapshot); None when there is none (under the lock)."""
+        live = getattr(doc, "live", None) if type(doc) is _Doc else None
+        if live is None:
+            return None
+        run, stamp = live
+        held = self._held.get(run)
+        return run if held is not None and held.stamp == stamp and not held.holders else None
+
+    def _put(self, hold: _Hold) -> _Doc:
+        """The run's snapshot for the state update, and the hold let go with it: the snapshot
+        taken by the last holder keeps the run for the next hook (the two at once, under the
+        lock, so that no other holder's change comes between them)."""
+        with self._lock:
+            doc = _Doc(hold.run.snapshot())
+            held = self._release(hold)
+            if held is not None and not held.holders:
+                doc.live = (hold.run, held.stamp)
+        return doc
+
+    def _let_go(self, hold: _Hold) -> None:
+        """Let go of a hold without a snapshot (the run ended, or the hook failed: the state
+        keeps the snapshot it had, and the next hook rebuilds the run from it)."""
+        if not hold.done:
+            with self._lock:
+                self._release(hold)
+
+    def _release(self, hold: _Hold) -> _Held | None:
+        hold.done = True
+        held = self._held.get(hold.run)
+        if held is None:  # pragma: no cover - a held run is known until let go
+            return None
+        held.holders -= 1
+        if not held.holders:  # nobody holds it: no hook shares it any more
+            for mark in held.marks:
+                if self._shared.get(mark) is hold.run:
+                    del self._shared[mark]
+            held.marks.clear()
+        return held
 
     def _key(self) -> str | None:
         if self.key is None or isinstance(self.key, str):
@@ -241,68 +341,83 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
                 task = str(getattr(message, "content", ""))[:200]  # the turn's request
         resume = state.get("tether_resume")
         run = self.guard.resume(resume) if resume else self.guard.start(task=task, key=self._key())
+        with self._lock:
+            held = self._held[run] = _Held()
+            held.holders = held.stamp = 1
         # a checkpoint continues once; the turn's run goes with the thread
-        return {"tether_run": run.snapshot(), "tether_resume": None, "tether_ended": None}
+        return {"tether_run": self._put(_Hold(run)), "tether_resume": None, "tether_ended": None}
 
     async def abefore_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
         return self.before_agent(state, runtime)
 
     @hook_config(can_jump_to=["end"])
     def before_model(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
-        run = self._run(state)
-        if run is None:
+        hold = self._take(state)
+        if hold is None:
             return None
-        if run.stopped is None and run.proceed():
-            return {"tether_run": run.snapshot()}
-        return self._end(run, state)
+        try:
+            run = hold.run
+            if run.stopped is None and run.proceed():
+                return {"tether_run": self._put(hold)}
+            return self._end(run, state)
+        finally:
+            self._let_go(hold)
 
     @hook_config(can_jump_to=["end"])
     async def abefore_model(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
         return self.before_model(state, runtime)
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        run = self._run(request.state)
-        if run is None:
+        hold = self._take(request.state)
+        if hold is None:
             return handler(request)
-        chain = self._chain(request)
-        for i, (asked, policy) in enumerate(chain):
-            try:  # the guard's token budget may make the call wait for its place
-                run.begin_model_call(**self._model_call(asked))
-            except Stopped:  # a wait past the run's time: stopped before the request
-                return _no_reply(run)
-            try:
-                response = run.retry_model_call(policy, partial(handler, asked))
-            except Exception as exc:
-                if _gives_way(run, chain, i, exc):
-                    continue
-                return self._model_failed(run, exc)
-            self._count(run, asked, response)
-            return _with_run(response, run)
-        raise AssertionError("unreachable: the last model answers or fails")  # pragma: no cover
+        try:
+            run = hold.run
+            chain = self._chain(request)
+            for i, (asked, policy) in enumerate(chain):
+                try:  # the guard's token budget may make the call wait for its place
+                    run.begin_model_call(**self._model_call(asked))
+                except Stopped:  # a wait past the run's time: stopped before the request
+                    return _no_reply(self._put(hold))
+                try:
+                    response = run.retry_model_call(policy, partial(handler, asked))
+                except Exception as exc:
+                    if _gives_way(run, chain, i, exc):
+                        continue
+                    return self._model_failed(hold, exc)
+                self._count(run, asked, response)
+                return _with_run(response, self._put(hold))
+            raise AssertionError("unreachable: the last model answers or fails")  # pragma: no cover
+        finally:
+            self._let_go(hold)
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        run = self._run(request.state)
-        if run is None:
+        hold = self._take(request.state)
+        if hold is None:
             return await handler(request)
-        chain = self._chain(request)
-        for i, (asked, policy) in enumerate(chain):
-            try:  # the token budget's wait sleeps on the event loop
-                await run.abegin_model_call(**self._model_call(asked))
-            except Stopped:
-                return _no_reply(run)
+        try:
+            run = hold.run
+            chain = self._chain(request)
+            for i, (asked, policy) in enumerate(chain):
+                try:  # the token budget's wait sleeps on the event loop
+                    await run.abegin_model_call(**self._model_call(asked))
+                except Stopped:
+                    return _no_reply(self._put(hold))
 
-            async def call(asked: Any = asked) -> Any:
-                return await handler(asked)
+                async def call(asked: Any = asked) -> Any:
+                    return await handler(asked)
 
-            try:
-                response = await run.aretry_model_call(policy, call)
-            except Exception as exc:
-                if _gives_way(run, chain, i, exc):
-                    continue
-                return self._model_failed(run, exc)
-            self._count(run, asked, response)
-            return _with_run(response, run)
-        raise AssertionError("unreachable: the last model answers or fails")  # pragma: no cover
+                try:
+                    response = await run.aretry_model_call(policy, call)
+                except Exception as exc:
+                    if _gives_way(run, chain, i, exc):
+                        continue
+                    return self._model_failed(hold, exc)
+                self._count(run, asked, response)
+                return _with_run(response, self._put(hold))
+            raise AssertionError("unreachable: the last model answers or fails")  # pragma: no cover
+        finally:
+            self._let_go(hold)
 
     def _chain(self, request: Any) -> list[tuple[Any, RetryPolicy]]:
         """The request to its own model, then to each fallback (``request.override``); a
@@ -331,10 +446,10 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             "max_output_tokens": _max_output(request),
         }
 
-    def _model_failed(self, run: Run, exc: Exception) -> Any:
+    def _model_failed(self, hold: _Hold, exc: Exception) -> Any:
         """The model call failed after its retries: the run stops; the agent ends."""
-        run.model_call_failed(exc)
-        return _no_reply(run)
+        hold.run.model_call_failed(exc)
+        return _no_reply(self._put(hold))
 
     def _count(self, run: Run, request: Any, response: Any) -> None:
         messages = getattr(response, "result", None)
@@ -352,9 +467,15 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
                 )
 
     def after_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
-        run = self._run(state)
-        if run is None:
+        hold = self._take(state)
+        if hold is None:
             return None
+        try:
+            return self._after_agent(hold.run, state)
+        finally:
+            self._let_go(hold)
+
+    def _after_agent(self, run: Run, state: TetherState) -> dict[str, Any]:
         if run.stopped is None:
             last = state.get("messages", [])[-1:] if state.get("messages") else []
             run.succeed(str(getattr(last[0], "content", "")) if last else None)
@@ -386,16 +507,23 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     # --- tools ----------------------------------------------------------------------
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        run = self._run(request.state)
-        if run is None:
+        hold = self._take(request.state)
+        if hold is None:
             return handler(request)
-        return _and_run(self._tools.call(run, request, handler), run)
+        try:
+            return _and_run(self._tools.call(hold.run, request, handler), self._put(hold))
+        finally:
+            self._let_go(hold)
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        run = self._run(request.state)
-        if run is None:
+        hold = self._take(request.state)
+        if hold is None:
             return await handler(request)
-        return _and_run(await self._tools.acall(run, request, handler), run)
+        try:
+            reply = await self._tools.acall(hold.run, request, handler)
+            return _and_run(reply, self._put(hold))
+        finally:
+            self._let_go(hold)
 
 
 def _chat_models(chain: Sequence[Fallback]) -> tuple[Any, ...]:
@@ -447,8 +575,38 @@ def prompt_tokens(messages: Iterable[Any], system: Any = None, tools: Iterable[A
     for message in messages:
         said += [getattr(message, "content", None), getattr(message, "tool_calls", None) or None]
     for t in tools:
-        said.append(t if isinstance(t, Mapping) else (t.name, t.description, t.args))
+        said.append(t if isinstance(t, Mapping) else _tool_text(t))
     return estimate_tokens(*said)
+
+
+#: a tool's (name, description, arguments) as the estimate's JSON text, by the tool's id:
+#: (a weak reference to the tool, its name, description and args_schema, the text)
+_TOOL_TEXTS: dict[int, tuple[Any, Any, Any, Any, str]] = {}
+
+
+def _tool_text(t: Any) -> str:
+    """``(t.name, t.description, t.args)`` as JSON text, what the estimate counts of a tool
+    (so the same count): made once per tool while its name, description and
+    ``args_schema`` stay the objects they were. ``t.args`` builds the tool's JSON schema
+    anew at each read (pydantic's ``model_json_schema``), and every model call reads the
+    tools again."""
+    import json
+
+    found = _TOOL_TEXTS.get(id(t))
+    name, description, schema = t.name, t.description, getattr(t, "args_schema", None)
+    if found is not None:
+        ref, *was, text = found
+        if ref() is t and was[0] is name and was[1] is description and was[2] is schema:
+            return text
+    text = json.dumps((name, description, t.args), default=str, ensure_ascii=False)
+    try:
+        ref = weakref.ref(t)
+    except TypeError:  # a tool that cannot be referenced weakly: not kept
+        return text
+    if len(_TOOL_TEXTS) >= 512:  # tools made per request: the oldest texts go
+        _TOOL_TEXTS.clear()
+    _TOOL_TEXTS[id(t)] = (ref, name, description, schema, text)
+    return text
 
 
 def _max_output(request: Any) -> int:
@@ -463,20 +621,20 @@ def _max_output(request: Any) -> int:
     return DEFAULT_MAX_OUTPUT
 
 
-def _no_reply(run: Run) -> Any:
+def _no_reply(doc: Mapping[str, Any]) -> Any:
     """The model was not called or failed for good (the run stopped): an empty reply, after
     which the agent ends with the customer message."""
     from langchain.agents.middleware.types import ModelResponse
 
-    return _with_run(ModelResponse(result=[AIMessage(content="")]), run)
+    return _with_run(ModelResponse(result=[AIMessage(content="")]), doc)
 
 
-def _with_run(response: Any, run: Run) -> Any:
-    """The model's response, and the run as it stands, for the checkpoint."""
+def _with_run(response: Any, doc: Mapping[str, Any]) -> Any:
+    """The model's response, and the run as it stands (``doc``), for the checkpoint."""
     from langchain.agents.middleware.types import ExtendedModelResponse
     from langgraph.types import Command
 
-    update: dict[str, Any] = {"tether_run": run.snapshot()}
+    update: dict[str, Any] = {"tether_run": doc}
     if isinstance(response, ExtendedModelResponse):
         command = response.command
         if command is not None and isinstance(command.update, Mapping):
@@ -490,12 +648,13 @@ def _with_run(response: Any, run: Run) -> Any:
     return ExtendedModelResponse(model_response=response, command=Command(update=update))
 
 
-def _and_run(reply: Any, run: Run) -> list[Any]:
-    """The tool's reply as it is, and the run as it stands (a state update of its own)."""
+def _and_run(reply: Any, doc: Mapping[str, Any]) -> list[Any]:
+    """The tool's reply as it is, and the run as it stands (``doc``: a state update of its
+    own)."""
     from langgraph.types import Command
 
     replies = reply if isinstance(reply, list) else [reply]
-    return [*replies, Command(update={"tether_run": run.snapshot()})]
+    return [*replies, Command(update={"tether_run": doc})]
 
 
 def _signals() -> tuple[type[BaseException], ...]:

@@ -259,14 +259,17 @@ class Guard:
         """Approval records, newest first (pending, approved, rejected, used)."""
         return self._approvals().list(limit)
 
-    def restore(self, snapshot: Mapping[str, Any]) -> Run:
+    def restore(self, snapshot: Mapping[str, Any], *, reuse: Run | None = None) -> Run:
         """The run that ``snapshot`` (``run.snapshot()``) describes, continuing under this
         guard: its budgets spent, its loop detectors, its request. Raises
-        :class:`tether.CheckpointError` for a snapshot it cannot read."""
+        :class:`tether.CheckpointError` for a snapshot it cannot read. ``reuse``: the run
+        ``snapshot`` was taken of, untouched since (a framework that restores at each of its
+        hooks knows): that run, made what the rebuilt one would be, when it can be (else a
+        rebuilt one)."""
         from tether.run._run import Run
         from tether.run._snapshot import restore
 
-        return restore(self, snapshot, Run)
+        return restore(self, snapshot, Run, reuse)
 
     def resume(self, checkpoint_id: str) -> Run:
         """A run that continues a checkpointed one, with the budget it had left."""

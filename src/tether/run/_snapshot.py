@@ -14,12 +14,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether._errors import CheckpointError
+from tether.clock import hung_threads
 from tether.effects._canonical import jsonable
 from tether.records._approvals import ApprovalRecord
 from tether.redaction._redact import PlainEntry, RecordedEntry
 from tether.run._governance import JournalEntry
 from tether.run._outcome import StopReason, Usage
 from tether.run._runstate import HasState, RunState, Tail
+from tether.run._tokens import RunTokens
 
 if TYPE_CHECKING:
     from tether.run._settings import RunSettings
@@ -85,7 +87,9 @@ def snapshot(run: RunState) -> dict[str, Any]:
         "labels": dict(run._labels),
         "tool_counts": dict(run._tool_counts),
         "journal": [entry.to_doc() for entry in run._journal],
-        "compensated": jsonable(list(run._compensated)),
+        # None and [] are their own JSON (most runs compensate nothing, return nothing yet):
+        # not encoded and parsed back at every hook of a framework that snapshots at each
+        "compensated": jsonable(list(run._compensated)) if run._compensated else [],
         "pending": run._pending.to_doc() if run._pending is not None else None,
         "unconfirmed": list(run._unconfirmed),
         "failures": [[*sig, n] for sig, n in run._failures.items()],
@@ -96,7 +100,7 @@ def snapshot(run: RunState) -> dict[str, Any]:
         "step_calls": run._step_calls,
         "stop": [stop[0].value, stop[1]] if stop is not None else None,
         "escalate": run._escalate,
-        "result": jsonable(run._result),
+        "result": None if run._result is None else jsonable(run._result),
         "issues": list(run._issues),
         "resumed_from": run._resumed_from,
         "began": run._began,
@@ -120,10 +124,13 @@ def _field(doc: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> 
     return value
 
 
-def restore(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R]) -> R:
+def restore(
+    guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R], reuse: R | None = None
+) -> R:
     """The run that ``doc`` (a :func:`snapshot`) describes, continuing under ``guard``
     (``make`` builds the run: the Guard passes its Run class, so that this module imports
-    neither)."""
+    neither). ``reuse``: the run ``doc`` was taken of, untouched since (the caller knows):
+    made what the rebuilt run would be and returned, when it can be (see :func:`_settle`)."""
     if not isinstance(doc, Mapping):
         raise CheckpointError(f"run snapshot must be a mapping, got {type(doc).__name__}")
     version = doc.get("version")
@@ -131,6 +138,8 @@ def restore(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R]) 
         raise CheckpointError(
             f"run snapshot version {version!r} is not {SNAPSHOT_VERSION} (made by another tether)"
         )
+    if reuse is not None and _settle(reuse._state, guard, doc):
+        return reuse
     key, request = doc.get("key"), doc.get("request")
     run = make(
         guard,
@@ -190,3 +199,110 @@ def restore(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R]) 
     loops._seq = deque((str(a) for a in saved.get("seq") or ()), maxlen=loops._seq.maxlen)
     loops._states = OrderedDict((str(k), int(v)) for k, v in saved.get("states") or ())
     return run
+
+
+def _rebuilt_as_is(s: RunState) -> bool:
+    """Whether restoring ``s``'s snapshot gives back what ``s`` holds, its tails' entry types
+    aside: none of what a snapshot keeps in another form (a journal's compensations and raw
+    arguments, effects' raw arguments, a pending approval, a result, the compensated
+    calls, the conversation) and no tail longer than a restore would keep."""
+    keep = s.guard.keep_last
+    return not (
+        s._journal
+        or s._effects
+        or s._compensated
+        or s._pending is not None
+        or s._result is not None
+        or s.messages is not None
+        or s._outcome is not None
+        or (keep is not None and (len(s.partial) > keep or len(s.transcript) > keep))
+    )
+
+
+def _size(doc: Mapping[str, Any], name: str) -> int:
+    found = doc.get(name)
+    return len(found) if isinstance(found, (list, dict)) else -1
+
+
+def _unchanged_since(s: RunState, doc: Mapping[str, Any]) -> bool:
+    """Whether ``doc`` still is ``s`` as it stands: every count, flag and length that a
+    step, a model call (begun or recorded), a tool call, a retry, a stop or an ending moves
+    is what ``doc`` says (a few dozen comparisons, where a snapshot would encode it all)."""
+    stop = s._stop
+    loops = doc.get("loops")
+    saved: Mapping[str, Any] = loops if isinstance(loops, Mapping) else {}
+    tails = []
+    for name, tail in (("partial", s.partial), ("transcript", s.transcript)):
+        found = doc.get(name)
+        if not isinstance(found, Mapping) or not isinstance(found.get("entries"), list):
+            return False
+        tails.append(len(found["entries"]) == len(tail) and found.get("omitted") == tail.omitted)
+    return (
+        all(tails)
+        and all(getattr(s, name) == doc.get(name) for name in _COUNTS)
+        and s.cost_usd == doc.get("cost_usd")
+        and s._error == doc.get("error")
+        and s._last_tokens == doc.get("last_tokens")
+        and s._max_steps == doc.get("max_steps")
+        and s._no_progress == doc.get("no_progress")
+        and s._step_progress == doc.get("step_progress")
+        and s._step_counted == doc.get("step_counted")
+        and s._step_calls == doc.get("step_calls")
+        and s._escalate == doc.get("escalate")
+        and s._began == doc.get("began")
+        and s._resumed_from == doc.get("resumed_from")
+        and (None if stop is None else [stop[0].value, stop[1]]) == doc.get("stop")
+        and len(s._checked_models) == _size(doc, "checked_models")
+        and len(s.models) == _size(doc, "models")
+        and len(s._last_costs) == _size(doc, "last_costs")
+        and len(s._labels) == _size(doc, "labels")
+        and len(s._tool_counts) == _size(doc, "tool_counts")
+        and len(s._unconfirmed) == _size(doc, "unconfirmed")
+        and len(s._failures) == _size(doc, "failures")
+        and len(s._results) == _size(doc, "results")
+        and len(s._issues) == _size(doc, "issues")
+        and len(s._loops._recent) == _size(saved, "recent")
+        and len(s._loops._seq) == _size(saved, "seq")
+        and len(s._loops._states) == _size(saved, "states")
+        and len(s._loops._allowed) == _size(saved, "allowed")
+    )
+
+
+def _settle(s: RunState, guard: RunSettings, doc: Mapping[str, Any]) -> bool:
+    """Make ``s``, the state ``doc`` is the snapshot of (untouched since), what
+    :func:`restore` would rebuild from ``doc``, in place; False (``s`` unchanged) when it
+    cannot be (another guard, another run, a run that changed since: see
+    :func:`_unchanged_since` and :func:`_rebuilt_as_is`).
+
+    A framework that restores the run at each of its hooks (LangChain's middleware: twelve
+    times in a turn of four model calls) spends most of a restore rebuilding what it
+    already holds. What a restore makes anew is made anew here: the clock starts again at
+    the snapshot's elapsed time (time outside the hooks is not the run's, as after a
+    restore), the token reservations, the tools' health, the hung-thread base, the span
+    and the records filed; the tails' entries become the snapshot's (JSON, as restored)."""
+    if (
+        s.guard is not guard
+        or s.run_id != doc.get("run_id")
+        or not _rebuilt_as_is(s)
+        or not _unchanged_since(s, doc)
+    ):
+        return False
+    elapsed = doc.get("elapsed")
+    if not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool):
+        return False
+    for tail, name in ((s.partial, "partial"), (s.transcript, "transcript")):
+        entries = doc[name]["entries"]  # a list as long as the tail (_unchanged_since)
+        for i, entry in enumerate(tail):
+            if type(entry) is not PlainEntry:  # a new entry: the snapshot's JSON of it
+                e = entries[i]
+                tail[i] = PlainEntry(e) if isinstance(e, Mapping) else e
+    s._started = s.clock.now()
+    s._elapsed_before = float(elapsed)
+    s._hung_base = hung_threads()
+    s._tokens = RunTokens(s)
+    s._health = {}
+    s._case_filed = False
+    s._span_cm = None
+    s._filed = set()
+    s._step_span = None
+    return True
