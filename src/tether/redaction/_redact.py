@@ -386,7 +386,7 @@ class RecordedEntry(Mapping[str, Any]):
     nothing can see a text where its view belongs.
     """
 
-    __slots__ = ("_entry", "_kept", "_strings", "_texts")
+    __slots__ = ("_entry", "_kept", "_names", "_strings", "_texts")
 
     def __init__(
         self,
@@ -396,8 +396,10 @@ class RecordedEntry(Mapping[str, Any]):
     ) -> None:
         #: the raw call, then its view (None while the view is kept as texts)
         self._entry: dict[str, Any] | None = dict(entry)
-        #: the fields with the texts of the view, and the names of the text fields
-        self._kept: tuple[dict[str, Any], frozenset[str]] | None = None
+        #: the fields with the texts of the view (None once it is made), and the names of
+        #: the text fields (one shared tuple: a run keeps a thousand entries)
+        self._kept: dict[str, Any] | None = None
+        self._names: tuple[str, ...] = ()
         self._texts: Mapping[str, str | None] | None = texts  # None once redacted
         self._strings = strings
 
@@ -428,7 +430,8 @@ class RecordedEntry(Mapping[str, Any]):
                 clean = False
         self._texts = self._strings = None
         if clean:  # the texts redact to themselves: kept, and parsed when read
-            self._kept, self._entry = (form, frozenset(parsed)), None
+            self._names = _NAMES.setdefault(tuple(parsed), tuple(parsed))
+            self._kept, self._entry = form, None
         else:
             self._entry = _parsed(form, parsed)
             _scrub(self._entry, 0, "", _memo())
@@ -443,19 +446,19 @@ class RecordedEntry(Mapping[str, Any]):
         kept = self._kept
         if kept is None:  # another thread made the view since this one looked
             return self._view()
-        view = _parsed(*kept)
+        view = _parsed(kept, self._names)
         self._entry, self._kept = view, None
         return view
 
     def _fields(self) -> dict[str, Any]:
         """The fields as they are held (their names are the view's, in its order)."""
         kept = self._kept
-        return kept[0] if kept is not None else self._view()
+        return kept if kept is not None else self._view()
 
     def __getitem__(self, name: str) -> Any:
         kept = self._kept
-        if kept is not None and name not in kept[1]:
-            return kept[0][name]  # a field kept as it is (step, tool): nothing to parse
+        if kept is not None and name not in self._names:
+            return kept[name]  # a field kept as it is (step, tool): nothing to parse
         return self._view()[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -469,6 +472,10 @@ class RecordedEntry(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return repr(self._view())
+
+
+#: the tuples of text field names entries share (("args", "result"), ("args",)...)
+_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
 def _parsed(fields: dict[str, Any], texts: Collection[str]) -> dict[str, Any]:
