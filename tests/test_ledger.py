@@ -429,3 +429,119 @@ def test_worker_killed_between_claim_and_record(
         if proc.stdout:
             proc.stdout.close()
         _cleanup(kind, request, extra)
+
+
+#: a Redis record as the claim script that decoded the client's JSON stored it (cjson's
+#: encoding, its times on the server's clock; the fields are filled in by each test)
+OLD_REDIS_RECORD = (
+    '{{"expires_at":{expires},"owner":"{owner}","created_at":{created},"state":"{state}",'
+    '"detail":"{detail}","key":"{key}","lease_until":{lease},"payload_hash":null,'
+    '"error":{error},"result":{result},"attempts":1}}'
+)
+
+
+def test_redis_records_of_the_previous_format_are_read(redis_url: str) -> None:
+    """Records the previous scripts wrote (the client's JSON of the claim, re-encoded by
+    cjson) replay, fail, take over and refuse as before; new records have its fields."""
+    import json as _json
+
+    import redis
+
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    ledger = Ledger.redis(redis_url, prefix=prefix, allow_lost_records=True)
+    client = redis.Redis.from_url(redis_url)
+    now = time.time()
+    done = {"result": _json.dumps('{"id": "re_1"}'), "error": "null"}
+    failed = {
+        "result": "null",
+        "error": _json.dumps(
+            '{"type": "ValueError", "module": "builtins", "message": "bad amount"}'
+        ),
+    }
+    open_ = {"result": "null", "error": "null"}
+    old = {
+        "done": ("done", now + 60, "", done),
+        "failed": ("failed", now + 60, "", failed),
+        "crashed": ("pending", now - 1, "", open_),  # its owner stopped renewing its lease
+        "busy": ("pending", now + 60, "", open_),
+        "unknown": ("unknown", now - 1, "timed out", open_),
+    }
+    for key, (state, lease, detail, texts) in old.items():
+        text = OLD_REDIS_RECORD.format(
+            expires=now + 3600,
+            owner="f" * 32,
+            created=now - 5,
+            state=state,
+            detail=detail,
+            key=key,
+            lease=lease,
+            **texts,
+        )
+        client.set(f"{prefix}:ledger:{{{key}}}", text, px=3_600_000)
+    try:
+        assert ledger.once("done", lambda: "again") == {"id": "re_1"}
+        with pytest.raises(ValueError, match="bad amount"):
+            ledger.once("failed", lambda: "again")
+        assert ledger.once("crashed", lambda: "again", lookup=lambda k: "it was paid") == (
+            "it was paid"
+        )
+        with pytest.raises(EffectInProgress):
+            ledger.once("busy", lambda: "again")
+        with pytest.raises(UnknownOutcome, match="timed out"):
+            ledger.once("unknown", lambda: "again")
+        crashed = ledger.get("crashed")
+        assert crashed is not None and crashed.state is State.DONE and crashed.attempts == 2
+        ledger.once("new", lambda order: {"id": order}, "A-1")
+        stored = _json.loads(client.get(f"{prefix}:ledger:{{new}}") or b"")
+        assert sorted(stored) == sorted(
+            _json.loads(
+                OLD_REDIS_RECORD.format(
+                    expires=1,
+                    owner="o",
+                    created=1,
+                    state="done",
+                    detail="",
+                    key="k",
+                    lease=1,
+                    result="null",
+                    error="null",
+                )
+            )
+        )
+        assert stored["state"] == "done" and stored["error"] is None and stored["detail"] == ""
+        assert stored["result"] == '{"id": "A-1"}' and len(stored["payload_hash"]) == 64
+        assert stored["attempts"] == 1
+        assert stored["lease_until"] == pytest.approx(stored["created_at"] + 60, abs=1e-3)
+    finally:
+        drop(ledger)
+        client.close()
+
+
+def test_sqlite_rows_of_the_previous_claim_are_read(tmp_path: Path) -> None:
+    """The claim is written with its fixed fields as literals now: its row is the one the
+    previous eleven-value INSERT wrote, and rows written that way are read as before."""
+    from tether.stores._ledger_logic import COLUMNS, Record
+
+    ledger = Ledger.sqlite(str(tmp_path / "ledger.db"), clock=VirtualClock())
+    backend: Any = ledger.backend
+    now = ledger.clock.wall()
+    insert = f"INSERT INTO tether_ledger ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * 11)})"
+    for key, state, lease in (("done", "done", 60.0), ("crashed", "pending", -1.0)):
+        row = Record.claim_of(key, None, "f" * 32, lease, 3600.0).at(now).values()
+        row = (*row[:1], state, *row[2:7], '{"id": "re_1"}' if state == "done" else None, *row[8:])
+        backend._db.execute(insert, row)
+    seen: list[Any] = []
+
+    def effect() -> str:
+        seen.append(ledger.get("crashed"))
+        return "ran"
+
+    assert ledger.once("done", lambda: "again") == {"id": "re_1"}
+    assert ledger.once("crashed", effect, lookup=lambda k: None) == "ran"
+    claim = seen[0]
+    assert claim.state is State.PENDING and claim.attempts == 2  # a takeover: decided
+    ledger.once("fresh", lambda: seen.append(ledger.get("fresh")))
+    fresh = seen[1]
+    expected = Record.claim_of("fresh", None, fresh.owner, 60.0, ledger.ttl).at(now)
+    assert fresh == expected  # all eleven fields, as the eleven-value INSERT wrote them
+    ledger.close()
