@@ -271,6 +271,12 @@ def canonical_json(args: Any, *, ignore: Paths | None = None, path: str = "args"
     return _encoded(args, ignore, path)[0]
 
 
+def canonical_and_strings(value: Any) -> tuple[str, list[str] | None]:
+    """``canonical_json(value, ignore=())`` and the keys and string values its text holds
+    (None when they were not collected: see :func:`_encoded`), for the record of a result."""
+    return _encoded(value, ())
+
+
 def _encoded(args: Any, ignore: Paths | None, path: str = "args") -> tuple[str, list[str] | None]:
     """:func:`canonical_json`, and the keys and string values the text holds when it is the
     C encoder's text of the arguments and nests at most :data:`SHALLOW` deep (None when

@@ -412,22 +412,27 @@ class RecordedEntry(Mapping[str, Any]):
         held = self._strings or {}
         form: dict[str, Any] = {}
         parsed: list[str] = []
-        clean = clean_strings(entry.keys())  # most calls hold no secret: no walk then
+        judged = list(entry)  # the strings judged together below (one set look-up)
+        clean = True  # most calls hold no secret: no walk then
         for name, value in entry.items():
             text = texts.get(name)
             if text is not None:
                 form[name] = text  # parsed when read (or below, to be scrubbed)
                 parsed.append(name)
                 strings = held.get(name)
-                clean = clean and (clean_json(text) if strings is None else clean_strings(strings))
+                if strings is not None:
+                    judged += strings
+                else:
+                    clean = clean and clean_json(text)
             elif value is None or type(value) in (int, bool):  # its own JSON form
                 form[name] = value
             elif type(value) is str:
                 form[name] = value
-                clean = clean and clean_strings((value,))
+                judged.append(value)
             else:
                 form[name] = jsonable(value)
                 clean = False
+        clean = clean and clean_strings(judged)
         self._texts = self._strings = None
         if clean:  # the texts redact to themselves: kept, and parsed when read
             self._names = _NAMES.setdefault(tuple(parsed), tuple(parsed))

@@ -17,7 +17,7 @@ from tether.classification._classify import Kind, classify
 from tether.clock import hung_threads
 from tether.effects._canonical import (
     VOLATILE_FIELDS,
-    canonical_json,
+    canonical_and_strings,
     intent_keys_and_text,
     jsonable,
 )
@@ -195,13 +195,13 @@ class ToolDecisions:
         s._loops.record_action(call.name, call.action, allowed=call.allow_repeat is not None)
         s.retries += call.policy._retries()
         try:
-            encoded: str | None = canonical_json(result, ignore=())
+            encoded, found = canonical_and_strings(result)
         except (TypeError, ValueError):
-            encoded = None
+            encoded, found = None, None
         # redacted now, once, from these encodings: the ending only gathers the views
         entry = {"step": call.step, "tool": call.name, "args": call.args, "result": result}
         texts = {"args": call.text, "result": encoded}
-        recorded = RecordedEntry(entry, texts, {"args": call.strings})
+        recorded = RecordedEntry(entry, texts, {"args": call.strings, "result": found})
         self.s.partial.append(recorded.redacted(jsonable))
         s.transcript.append({"step": call.step, "tool": call.name, "ok": True})
         text = encoded if encoded is not None else repr(result)
