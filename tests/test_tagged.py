@@ -77,3 +77,13 @@ def test_results_nested_past_200_levels_are_refused(wrap: Any) -> None:
     cycle["a" if isinstance(cycle, dict) else 0] = cycle
     with pytest.raises(ValueError, match="deeper than 200"):
         JsonCodec().encode(cycle)
+
+
+def test_encoding_a_result_leaves_it_as_it_was() -> None:
+    """A plain dict is encoded without a copy: neither codec changes it (the redacting one
+    writes its secrets redacted into a new value)."""
+    result = {"id": "re_1", "password": "hunter2-hunter2", "amount": 10}
+    before = dict(result)
+    assert "hunter2" not in RedactingCodec().encode(result)
+    assert JsonCodec().encode(result) == json.dumps(before, sort_keys=True)
+    assert result == before
