@@ -235,3 +235,30 @@ def test_restore_does_not_reuse_a_run_that_changed_since(change: str) -> None:
     assert guard.restore(fresh.snapshot(), reuse=run) is not run
     fresh.call_tool("pay", lambda order: "ok", {"order": "A"}, idempotent=False)
     assert guard.restore(fresh.snapshot(), reuse=fresh) is not fresh
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"step": 1, "model": "m", "cost_usd": 0.0009, "input_tokens": 200, "output_tokens": 20},
+        {"step": 2, "tool": "lookup", "ok": True, "note": None, "x": -0.0, "big": 1e300},
+        {"b": 1, "a": 2},
+        {"$ref": 1},
+        {"tool": "café"},
+        {"cost": float("inf")},
+        {"args": {"q": 1}},
+        {"n": 2**60},
+        {1: "a"},
+        {},
+    ],
+)
+def test_a_snapshot_writes_each_transcript_line_as_its_canonical_json(entry: Any) -> None:
+    """A transcript line that is its own JSON is written without being encoded; every line
+    reads as ``jsonable`` makes it, in the same key order (the snapshot's text is the same)."""
+    from tether.effects._canonical import jsonable
+
+    run = Guard().start(task="t")
+    run.transcript.append(entry)
+    written = run.snapshot()["transcript"]["entries"][-1]
+    expected = jsonable(entry)
+    assert written == expected and json.dumps(written) == json.dumps(expected)

@@ -9,8 +9,10 @@ the run stays in memory between the two.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether._errors import CheckpointError
@@ -49,8 +51,37 @@ _COUNTS = (
 def _tail(tail: Tail) -> dict[str, Any]:
     # a recorded call is its redacted JSON view already, and an entry read back from a
     # snapshot is JSON as it was written: both kept as they are (no secret in the state)
-    entries = [dict(e) if isinstance(e, (RecordedEntry, PlainEntry)) else jsonable(e) for e in tail]
+    entries = [
+        dict(e) if isinstance(e, (RecordedEntry, PlainEntry)) else _flat(e) or jsonable(e)
+        for e in tail
+    ]
     return {"entries": entries, "omitted": tail.omitted, "by_tool": dict(tail.by_tool)}
+
+
+def _flat(entry: Any) -> dict[str, Any] | None:
+    """``jsonable(entry)`` without encoding it, for an entry that is a flat dict of ASCII
+    keys (none starting with ``$``, which the canonical form escapes) and values that are
+    their own JSON (None, bool, a small int, a finite float, an ASCII str): a model
+    call's line of the transcript, a tool call's. Its keys sorted, as the canonical text
+    has them. None for anything else (the encoding decides)."""
+    if type(entry) is not dict:
+        return None
+    for k, v in entry.items():
+        if type(k) is not str or not k.isascii() or k[:1] == "$":
+            return None
+        kind = type(v)
+        if v is None or kind is bool:
+            continue
+        if kind is int:
+            if -(2**53) <= v <= 2**53:
+                continue
+        elif kind is float:
+            if math.isfinite(v):
+                continue
+        elif kind is str and v.isascii():
+            continue
+        return None
+    return {k: entry[k] for k in sorted(entry)}
 
 
 def _untail(keep: int | None, doc: Any) -> Tail:
@@ -219,53 +250,52 @@ def _rebuilt_as_is(s: RunState) -> bool:
     )
 
 
-def _size(doc: Mapping[str, Any], name: str) -> int:
-    found = doc.get(name)
-    return len(found) if isinstance(found, (list, dict)) else -1
+#: what :func:`_unchanged_since` reads of a snapshot: its counts and flags, and what it
+#: takes the lengths of (in the order that function lists the run's)
+_SCALARS = itemgetter(
+    *_COUNTS,
+    *("cost_usd", "error", "last_tokens", "max_steps", "no_progress", "step_progress"),
+    *("step_counted", "step_calls", "escalate", "began", "resumed_from", "stop"),
+)
+_SIZED = itemgetter(
+    *("checked_models", "models", "last_costs", "labels", "tool_counts", "unconfirmed"),
+    *("failures", "results", "issues"),
+)
+_LOOPS_SIZED = itemgetter("recent", "seq", "states", "allowed")
 
 
 def _unchanged_since(s: RunState, doc: Mapping[str, Any]) -> bool:
     """Whether ``doc`` still is ``s`` as it stands: every count, flag and length that a
     step, a model call (begun or recorded), a tool call, a retry, a stop or an ending moves
-    is what ``doc`` says (a few dozen comparisons, where a snapshot would encode it all)."""
-    stop = s._stop
-    loops = doc.get("loops")
-    saved: Mapping[str, Any] = loops if isinstance(loops, Mapping) else {}
-    tails = []
-    for name, tail in (("partial", s.partial), ("transcript", s.transcript)):
-        found = doc.get(name)
-        if not isinstance(found, Mapping) or not isinstance(found.get("entries"), list):
-            return False
-        tails.append(len(found["entries"]) == len(tail) and found.get("omitted") == tail.omitted)
-    return (
-        all(tails)
-        and all(getattr(s, name) == doc.get(name) for name in _COUNTS)
-        and s.cost_usd == doc.get("cost_usd")
-        and s._error == doc.get("error")
-        and s._last_tokens == doc.get("last_tokens")
-        and s._max_steps == doc.get("max_steps")
-        and s._no_progress == doc.get("no_progress")
-        and s._step_progress == doc.get("step_progress")
-        and s._step_counted == doc.get("step_counted")
-        and s._step_calls == doc.get("step_calls")
-        and s._escalate == doc.get("escalate")
-        and s._began == doc.get("began")
-        and s._resumed_from == doc.get("resumed_from")
-        and (None if stop is None else [stop[0].value, stop[1]]) == doc.get("stop")
-        and len(s._checked_models) == _size(doc, "checked_models")
-        and len(s.models) == _size(doc, "models")
-        and len(s._last_costs) == _size(doc, "last_costs")
-        and len(s._labels) == _size(doc, "labels")
-        and len(s._tool_counts) == _size(doc, "tool_counts")
-        and len(s._unconfirmed) == _size(doc, "unconfirmed")
-        and len(s._failures) == _size(doc, "failures")
-        and len(s._results) == _size(doc, "results")
-        and len(s._issues) == _size(doc, "issues")
-        and len(s._loops._recent) == _size(saved, "recent")
-        and len(s._loops._seq) == _size(saved, "seq")
-        and len(s._loops._states) == _size(saved, "states")
-        and len(s._loops._allowed) == _size(saved, "allowed")
+    is what ``doc`` says (two tuples compared, where a snapshot would encode it all); False
+    for a document without them."""
+    stop, loops, partial, transcript = s._stop, s._loops, s.partial, s.transcript
+    now = (
+        *(s.steps, s.model_calls, s.tool_calls, s.retries, s.input_tokens, s.output_tokens),
+        *(s.cache_write_tokens, s.cache_read_tokens, s.unpriced_calls),
+        *(s.cost_usd, s._error, s._last_tokens, s._max_steps, s._no_progress),
+        *(s._step_progress, s._step_counted, s._step_calls, s._escalate, s._began),
+        s._resumed_from,
+        None if stop is None else [stop[0].value, stop[1]],
     )
+    sizes = (
+        *(len(s._checked_models), len(s.models), len(s._last_costs), len(s._labels)),
+        *(len(s._tool_counts), len(s._unconfirmed), len(s._failures), len(s._results)),
+        len(s._issues),
+        *(len(loops._recent), len(loops._seq), len(loops._states), len(loops._allowed)),
+        *(len(partial), partial.omitted, len(transcript), transcript.omitted),
+    )
+    try:
+        was_partial, was_transcript = doc["partial"], doc["transcript"]
+        was = (
+            *map(len, _SIZED(doc)),
+            *map(len, _LOOPS_SIZED(doc["loops"])),
+            *(len(was_partial["entries"]), was_partial["omitted"]),
+            *(len(was_transcript["entries"]), was_transcript["omitted"]),
+        )
+        return now == _SCALARS(doc) and sizes == was
+    except (KeyError, TypeError, IndexError):  # not a snapshot of this layout: rebuilt
+        return False
 
 
 def _settle(s: RunState, guard: RunSettings, doc: Mapping[str, Any]) -> bool:
@@ -288,10 +318,12 @@ def _settle(s: RunState, guard: RunSettings, doc: Mapping[str, Any]) -> bool:
     ):
         return False
     elapsed = doc.get("elapsed")
+    tails = ((s.partial, doc["partial"]["entries"]), (s.transcript, doc["transcript"]["entries"]))
     if not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool):
         return False
-    for tail, name in ((s.partial, "partial"), (s.transcript, "transcript")):
-        entries = doc[name]["entries"]  # a list as long as the tail (_unchanged_since)
+    if not all(isinstance(entries, list) for _, entries in tails):  # as long as the tails
+        return False
+    for tail, entries in tails:
         for i, entry in enumerate(tail):
             if type(entry) is not PlainEntry:  # a new entry: the snapshot's JSON of it
                 e = entries[i]
