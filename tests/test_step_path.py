@@ -145,3 +145,32 @@ def test_a_tool_is_judged_async_as_inspect_judges_it() -> None:
         with pytest.raises(TypeError, match="coroutine function"):
             run.call_tool("c", coro)
         run.succeed("done")
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_call_s_retry_policy_is_the_guard_s_for_its_tool_and_kind(shell: str) -> None:
+    """The run keeps the policy it looked up per (tool, timeout, effect): the same object
+    the guard gives, an effect's apart from a read's, any truthy ``idempotent`` a read."""
+    guard = Guard(budget=Budget(max_steps=10))
+    seen: list[Any] = []
+
+    def lookup(n: int) -> int:
+        seen.append(n)  # the tool ran
+        return n
+
+    with guard.start(task="t") as run:
+        for n, idem in enumerate((True, "yes", 1, True)):
+            run.proceed()
+            if shell == "sync":
+                run.call_tool("lookup", lookup, {"n": n}, idempotent=idem)  # type: ignore[arg-type]
+            else:
+
+                async def go(n: int = n, idem: Any = idem) -> None:
+                    await run.acall_tool("lookup", lookup, {"n": n}, idempotent=idem)
+
+                asyncio.run(go())
+        run.succeed("done")
+    decide = run._tools.decide
+    assert list(decide._policies) == [("lookup", None, False)]
+    assert decide._policies[("lookup", None, False)] is guard._policy("lookup", None)
+    assert len(seen) == 4

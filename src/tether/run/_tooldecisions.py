@@ -48,7 +48,7 @@ class ToolDecisions:
     def __init__(self, state: RunState, hung: HungTools) -> None:
         self.s = state
         self.hung = hung
-        # the retry policy of a (tool, timeout, idempotent) call, once looked up: the guard
+        # the retry policy of a (tool, timeout, effect) call, once looked up: the guard
         # makes one per tool and keeps it, and what picks it is fixed for the run
         self._policies: dict[tuple[str, float | None, bool], RetryPolicy] = {}
 
@@ -70,10 +70,11 @@ class ToolDecisions:
             raise s._halt(StopReason.MAX_TOOL_CALLS, f"max tool calls ({b.max_tool_calls}) reached")
         # a non-idempotent call's timeout is the ledger's business: the attempt it abandons
         # keeps its claim until it really ends, so that nothing runs it a second time
-        policy = self._policies.get((name, timeout, idempotent))
+        effect = not idempotent  # a bool in the key, whatever ``idempotent`` was given as
+        policy = self._policies.get((name, timeout, effect))
         if policy is None:
-            policy = s.guard._policy(name, self._timed(timeout), effect=not idempotent)
-            self._policies[(name, timeout, idempotent)] = policy
+            policy = s.guard._policy(name, self._timed(timeout), effect=effect)
+            self._policies[(name, timeout, effect)] = policy
         if b.max_seconds is not None and b.max_seconds - s.elapsed <= 0:
             raise s._halt(StopReason.TIMEOUT, f"time budget ({b.max_seconds:g} s) exceeded")
         hung = hung_threads() - s._hung_base
