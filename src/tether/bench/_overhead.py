@@ -554,20 +554,25 @@ def _round_trips(
                 once()
             return (relay.round_trips - before) / calls
         finally:
-            _drop(ledger)
+            _drop(ledger, url)
 
 
-def _drop(ledger: tether.Ledger) -> None:
+def _drop(ledger: tether.Ledger, url: str) -> None:
+    """Close a bench ledger and remove what it stored, through the backend's public
+    attributes (its table, or its client and prefix) and a connection of our own to ``url``
+    (the backend keeps only a redacted DSN)."""
     backend: Any = ledger.backend
     try:
-        if hasattr(backend, "table") and hasattr(backend, "_exec"):
-            table = backend.table
-            backend._exec(lambda c, table=table: c.execute(f"DROP TABLE IF EXISTS {table}"))
         if hasattr(backend, "prefix") and hasattr(backend, "client"):
             for k in backend.client.scan_iter(match=f"{backend.prefix}:*"):
                 backend.client.delete(k)
     finally:
-        ledger.close()
+        ledger.close()  # its pool closed first: no connection of it holds the table
+    if hasattr(backend, "table") and hasattr(backend, "dsn"):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {backend.table}")
 
 
 def _against(
@@ -641,7 +646,7 @@ def _ledgers(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
         out["ledger_redis_new_key"] = _against(
             redis_ledger, "r", rfloor, "set_nx_set", number=30 if quick else 60, reps=reps
         )
-        _drop(redis_ledger)
+        _drop(redis_ledger, url)
         out["ledger_redis_new_key"]["tether"]["round_trips_per_call"] = _round_trips(
             lambda u: tether.Ledger.redis(u, prefix=prefix + "-rt", allow_lost_records=True),
             url,
@@ -672,7 +677,7 @@ def _ledgers(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
             times["tether"], times["insert_on_conflict"]
         )["ratio"]
         pfloor["close"]()
-        _drop(pg)
+        _drop(pg, dsn)
         out["ledger_postgres_new_key"]["tether"]["round_trips_per_call"] = _round_trips(
             lambda u: tether.Ledger.postgres(u, table=f"tether_bench_rt_{tag}"), dsn, "p"
         )
