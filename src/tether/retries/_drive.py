@@ -126,19 +126,30 @@ async def afirst_attempt(
 ) -> tuple[Any, Exception | None, object]:
     """The async form of :func:`first_attempt` (an attempt past its timeout is cancelled)."""
     permit = NO_PERMIT
+    breaker = s.breaker
     try:
         timeout = attempt_timeout(s, st)
-        if s.breaker is not None:
-            permit = await s.breaker._aacquire()
-        with _Attempt(hook, st.attempt):
-            if timeout is not None:
-                result = await s.clock.acall_with_timeout(timeout, call)
-            else:
-                result = await call()
+        if breaker is not None:
+            permit = await breaker._aacquire()
+        if hook is None:  # as in first_attempt: _Attempt's frame without the object
+            token = _mark(IN_ATTEMPT)
+            try:
+                if timeout is not None:
+                    result = await s.clock.acall_with_timeout(timeout, call)
+                else:
+                    result = await call()
+            finally:
+                _reset(token)
+        else:
+            with _Attempt(hook, st.attempt):
+                if timeout is not None:
+                    result = await s.clock.acall_with_timeout(timeout, call)
+                else:
+                    result = await call()
     except Exception as exc:
         return FAILED, exc, permit
-    if s.breaker is not None:
-        await s.breaker._arecord(permit, None)
+    if breaker is not None:
+        await breaker._arecord(permit, None)
     return result, None, permit
 
 
