@@ -545,3 +545,30 @@ def test_sqlite_rows_of_the_previous_claim_are_read(tmp_path: Path) -> None:
     expected = Record.claim_of("fresh", None, fresh.owner, 60.0, ledger.ttl).at(now)
     assert fresh == expected  # all eleven fields, as the eleven-value INSERT wrote them
     ledger.close()
+
+
+@pytest.mark.parametrize("kind", ["redis", "redis-cluster"])
+def test_redis_ledger_loads_its_scripts_again_after_a_flush(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A server that does not know the scripts (restarted, SCRIPT FLUSH) is sent them again:
+    the claim and the settlement still happen once each. The test's own cluster is flushed;
+    on the shared server, the ledger is made to ask for scripts the server never had."""
+    ledger = make_ledger(kind, request, tmp_path)
+    backend: Any = ledger.backend
+    calls: list[int] = []
+    try:
+        assert ledger.once("k-before", lambda: calls.append(1) or "a") == "a"
+        if kind == "redis-cluster":
+            backend.client.script_flush()
+        else:
+            backend._claim.sha = backend._update.sha = "0" * 40
+        trips = backend.round_trips
+        assert ledger.once("k-after", lambda: calls.append(2) or "b") == "b"
+        assert backend.round_trips - trips == 6  # each script: EVALSHA, SCRIPT LOAD, EVALSHA
+        assert ledger.once("k-after", lambda: calls.append(3) or "c") == "b"
+        assert calls == [1, 2]
+        record = ledger.get("k-after")
+        assert record is not None and record.state is State.DONE
+    finally:
+        drop(ledger)
