@@ -77,6 +77,12 @@ class PostgresLedgerBackend:
         self._pool, self._pool_errors = open_pool(
             dsn, f"tether-ledger-{table}", pool_size, probe=False
         )
+        self._insert_claim = (
+            f"INSERT INTO {table} ({', '.join(COLUMNS)}) SELECT %s, 'pending', "
+            "%s, %s, n + %s, n + %s, n, NULL, NULL, '', 1 "
+            f"FROM (SELECT COALESCE(%s::float8, {_EPOCH}) AS n) AS t "
+            "ON CONFLICT (key) DO NOTHING RETURNING key"
+        )
         self._exec(
             lambda c: c.execute(
                 f"""CREATE TABLE IF NOT EXISTS {table} (
@@ -127,25 +133,21 @@ class PostgresLedgerBackend:
 
     def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
         cols = ", ".join(COLUMNS)
-        params = {
-            "key": record.key,
-            "payload_hash": record.payload_hash,
-            "owner": record.owner,
-            "lease": record.lease_until,
-            "ttl": record.expires_at,
-            "now": now,
-        }
+        # positional parameters, in the order of the statement (cheaper for psycopg than names)
+        params = (
+            record.key,
+            record.payload_hash,
+            record.owner,
+            record.lease_until,
+            record.expires_at,
+            now,
+        )
+        insert = self._insert_claim
 
         def run(conn: Any) -> tuple[bool, Record | None]:
             while True:
                 # a fresh key: one atomic statement, one round trip (autocommit)
-                inserted = conn.execute(
-                    f"INSERT INTO {self.table} ({cols}) SELECT %(key)s, 'pending', "
-                    "%(payload_hash)s, %(owner)s, n + %(lease)s, n + %(ttl)s, n, NULL, NULL, '', 1 "
-                    f"FROM (SELECT COALESCE(%(now)s::float8, {_EPOCH}) AS n) AS t "
-                    "ON CONFLICT (key) DO NOTHING RETURNING key",
-                    params,
-                ).fetchone()
+                inserted = conn.execute(insert, params).fetchone()
                 if inserted:
                     return True, None
                 with conn.transaction():  # the key exists: decide under a row lock
