@@ -121,7 +121,10 @@ class CircuitBreaker:
     def _acquire(self) -> str:
         """A permit (``"call"`` or ``"probe"``), or raise :class:`CircuitOpenError`."""
         now = self._store_now()
-        return self._acquired(now, self.store.breaker_acquire(self.name, now, self.config))
+        answer = self.store.breaker_acquire(self.name, now, self.config)
+        if answer[0] == answer[1] and answer[3] != DENY:  # no change to tell, a permit
+            return answer[3]  # (_acquired's own answer, without its frame: most calls)
+        return self._acquired(now, answer)
 
     async def _aacquire(self) -> str:
         """The async form of :meth:`_acquire` (a RedisStore answers on ``redis.asyncio``)."""
@@ -154,6 +157,10 @@ class CircuitBreaker:
         failed = verdict is not None and verdict.retryable
         now = self._store_now()
         answer = self.store.breaker_record(self.name, now, str(permit), failed, self.config)
+        if answer[0] == answer[1]:  # no change to tell (most calls): _recorded's own steps
+            self._last_retry_at = answer[2]
+            self._local.last_state = answer[1]
+            return
         self._recorded(permit, verdict, answer)
 
     async def _arecord(self, permit: object, verdict: Verdict | None) -> None:

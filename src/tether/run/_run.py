@@ -319,7 +319,7 @@ class Run:
         Raises :class:`tether.Stopped` when a guard ends the run (the call is not made),
         or :class:`tether.ToolError` with a short text for the model when it fails.
         """
-        return self._tools.call(name, fn, args, **options)
+        return self._tools.call(name, fn, args, options)  # the keywords' own dict, once
 
     async def acall_tool(
         self,
@@ -333,7 +333,7 @@ class Run:
         ``fn`` may be a coroutine function (awaited) or a plain function (run in a
         worker thread, so that it does not block the event loop).
         """
-        return await self._tools.acall(name, fn, args, **options)
+        return await self._tools.acall(name, fn, args, options)
 
     # --- the run protocol that the state answers (docs/run.md) ------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Unpack
+from typing import Any
 
 from tether import telemetry
 from tether._errors import ControlSignal
@@ -99,10 +99,11 @@ class ToolPipeline:
         self,
         name: str,
         fn: Callable[..., Any],
-        args: Mapping[str, Any] | None = None,
-        **options: Unpack[ToolOptions],
+        args: Mapping[str, Any] | None,
+        options: ToolOptions,
     ) -> Any:
-        """The sync driver of :meth:`tether.Run.call_tool`."""
+        """The sync driver of :meth:`tether.Run.call_tool` (``options``: its keywords, the
+        dict the call collected, not unpacked again)."""
         if _is_async(fn):
             raise TypeError(
                 f"tool {name!r} is a coroutine function: call it with `await run.acall_tool(...)`"
@@ -167,8 +168,8 @@ class ToolPipeline:
         self,
         name: str,
         fn: Callable[..., Awaitable[Any]] | Callable[..., Any],
-        args: Mapping[str, Any] | None = None,
-        **options: Unpack[ToolOptions],
+        args: Mapping[str, Any] | None,
+        options: ToolOptions,
     ) -> Any:
         """The async driver of :meth:`tether.Run.acall_tool` (a hanging attempt is cancelled)."""
         call, gate, idempotent, args, fn, opts = self._checked(name, fn, args, options, _acarried)
