@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import sys
 from collections.abc import Iterator
 from decimal import Decimal
 
@@ -386,8 +387,50 @@ def test_the_outcome_of_kept_calls_reads_as_a_plain_outcome() -> None:
     assert dataclasses.replace(out, status="partial").partial == given.partial
     out, given = play()
     assert dataclasses.asdict(out)["partial"] == given.partial
+    out, given = play()
+    assert copy.copy(out) == given and isinstance(out.partial, tuple)
+    out, given = play()
+    assert dataclasses.fields(out) == dataclasses.fields(given)
+    for outcome in play():  # unhashable alike: its calls are dicts
+        with pytest.raises(TypeError, match="unhashable"):
+            hash(outcome)
+    out, given = play()
+    assert json.dumps(dataclasses.asdict(out), default=str) == json.dumps(
+        dataclasses.asdict(given), default=str
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         out.partial = ()  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("what", ["outcome", "entry"])
+def test_threads_reading_kept_calls_at_once_get_the_same_objects(what: str) -> None:
+    """The calls of an outcome (and a kept entry's view) are made once, whoever reads first."""
+    import threading
+
+    with tether.Guard().start(task="t") as run:
+        for n in range(50):
+            run.proceed()
+            run.call_tool("lookup", _lookup, _args(n))
+        run.succeed("done")
+    entry = run.partial[-1]
+    start = threading.Barrier(8)
+    seen: list[object] = []
+
+    def read() -> None:
+        start.wait()
+        seen.append(run.outcome.partial if what == "outcome" else entry["args"])
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch inside the parsing, if nothing stops them
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert len(seen) == 8 and all(s is seen[0] for s in seen)
 
 
 def test_a_snapshot_and_a_checkpoint_hold_the_views_of_kept_calls() -> None:

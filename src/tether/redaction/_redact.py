@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -443,17 +444,17 @@ class RecordedEntry(Mapping[str, Any]):
         return self
 
     def _view(self) -> dict[str, Any]:
-        """The entry's fields, its kept texts parsed (once: a thread that finds another
-        parsing them meanwhile parses them too, to the same view)."""
+        """The entry's fields, its kept texts parsed (once: threads reading at once get the
+        same view)."""
         entry = self._entry
         if entry is not None:
             return entry
-        kept = self._kept
-        if kept is None:  # another thread made the view since this one looked
-            return self._view()
-        view = _parsed(kept, self._names)
-        self._entry, self._kept = view, None
-        return view
+        with _PARSING:
+            entry = self._entry
+            if entry is None:
+                entry = _parsed(self._kept or {}, self._names)
+                self._entry, self._kept = entry, None
+        return entry
 
     def _fields(self) -> dict[str, Any]:
         """The fields as they are held (their names are the view's, in its order)."""
@@ -478,6 +479,8 @@ class RecordedEntry(Mapping[str, Any]):
     def __repr__(self) -> str:
         return repr(self._view())
 
+
+_PARSING = threading.Lock()  # held only while a kept entry's texts are parsed
 
 #: the tuples of text field names entries share (("args", "result"), ("args",)...)
 _NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}

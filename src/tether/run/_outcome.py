@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -167,6 +168,9 @@ class _Deferred:
         self.make = make
 
 
+_MAKING = threading.Lock()  # held only while a deferred field is made, on its first read
+
+
 class _MadeOnRead:
     """The slot of an :class:`Outcome` field, read through: a :class:`_Deferred` value is
     made on the first read and stored in the slot, so the field is the plain value it
@@ -184,8 +188,11 @@ class _MadeOnRead:
             return self.slot
         value = self.slot.__get__(outcome, owner)
         if type(value) is _Deferred:
-            value = value.make()  # two threads reading at once both make the same value
-            self.slot.__set__(outcome, value)
+            with _MAKING:  # made once: threads reading at once get the same objects
+                value = self.slot.__get__(outcome, owner)
+                if type(value) is _Deferred:
+                    value = value.make()
+                    self.slot.__set__(outcome, value)
         return value
 
     def __set__(self, outcome: Any, value: Any) -> None:
