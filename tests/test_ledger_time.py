@@ -212,3 +212,20 @@ def test_lease_and_timeout_are_checked_alike_by_once_and_aonce() -> None:
             asyncio.run(ledger.aonce("k", coro, **bad))
         assert str(sync_error.value) == str(async_error.value)
     assert ledger.get("k") is None  # nothing was claimed
+
+
+@pytest.mark.parametrize(("kind", "reading"), [("memory", "monotonic"), ("sqlite", "time")])
+def test_a_patched_system_clock_moves_a_local_ledgers_leases(
+    ledgers: Any, kind: str, reading: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tests freeze or move time by patching the ``time`` module (monkeypatch,
+    freezegun): a local ledger reads its clock through the module at each call, so a
+    dead worker's claim runs out when the patched clock passes its lease."""
+    ledger = ledgers(kind, lease=20.0)
+    ledger.backend.claim(Record.claim_of("k-dead", None, "dead", 20.0, 3600.0), time.time())
+    with pytest.raises(EffectInProgress):  # its lease still runs
+        ledger.once("k-dead", lambda: "again")
+    real = getattr(time, reading)
+    monkeypatch.setattr(time, reading, lambda: real() + 30.0)
+    with pytest.raises(UnknownOutcome):  # the lease ran out: a takeover, never blind
+        ledger.once("k-dead", lambda: "again")

@@ -22,7 +22,6 @@ from tether.stores._ledger_logic import LedgerBackend
 __all__ = ["Heartbeat", "heartbeat"]
 
 _log = logging.getLogger("tether")
-_now = time.monotonic  # the system clock's now(), without its method call
 #: how often the thread looks while no effect runs (an effect whose first renewal is due
 #: later than that never wakes it)
 IDLE_TICK = 5.0
@@ -40,7 +39,7 @@ class Heartbeat:
         self._wake_at = 0.0  # when the thread looks next
 
     def add(self, backend: LedgerBackend, ttl: float, key: str, owner: str, lease: float) -> None:
-        due = _now() + lease / 3
+        due = time.monotonic() + lease / 3
         # a dict insert is atomic: the lock is taken only to start or wake the thread
         self._active[owner] = [backend, ttl, key, lease, due]
         if due < self._wake_at or self._thread is None:
@@ -59,7 +58,7 @@ class Heartbeat:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                now = _now()
+                now = time.monotonic()
                 active = list(self._active.items())
                 due = [(o, e) for o, e in active if e[4] <= now]
                 if not due:

@@ -23,8 +23,6 @@ from tether.stores._ledger_logic import (
 
 __all__ = ["MemoryLedgerBackend"]
 
-_now = time.monotonic  # the system clock's now(), without its method call
-
 
 class MemoryLedgerBackend:
     """Records in a dict under one lock.
@@ -44,10 +42,10 @@ class MemoryLedgerBackend:
         self._epoch = system_clock.wall() - system_clock.now()
 
     def _time(self, now: float | None) -> float:
-        return self._epoch + _now() if now is None else now
+        return self._epoch + time.monotonic() if now is None else now
 
     def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
-        new = record.at(self._epoch + _now() if now is None else now)
+        new = record.at(self._epoch + time.monotonic() if now is None else now)
         key = new.key
         with self._lock:
             existing = self._records.get(key)
@@ -74,7 +72,7 @@ class MemoryLedgerBackend:
             return True
 
     def complete(self, s: Settlement) -> Completion:
-        now = self._epoch + _now() if s.now is None else s.now
+        now = self._epoch + time.monotonic() if s.now is None else s.now
         with self._lock:
             rec = self._records.get(s.key)
             verdict = decide_complete(rec, s.owner)

@@ -64,7 +64,6 @@ _SETTLE = (
     "UPDATE tether_ledger SET state = ?, result = ?, error = ?, expires_at = ? "
     "WHERE key = ? AND owner = ? AND state IN ('pending', 'unknown')"
 )
-_wall = time.time  # the system clock's wall(), without its method call
 
 
 class SqliteLedgerBackend:
@@ -116,7 +115,7 @@ class SqliteLedgerBackend:
         self._db.execute(_REPLACE, record.values())
 
     def claim(self, record: Record, now: float | None) -> tuple[bool, Record | None]:
-        now = _wall() if now is None else now
+        now = time.time() if now is None else now
         fresh = (
             record.key,
             record.payload_hash,
@@ -143,7 +142,7 @@ class SqliteLedgerBackend:
             return self._select(key)
 
     def renew(self, key: str, owner: str, lease: float, now: float | None, ttl: float) -> bool:
-        until = (_wall() if now is None else now) + lease
+        until = (time.time() if now is None else now) + lease
         with self._lock:
             cur = self._db.execute(
                 "UPDATE tether_ledger SET lease_until = MAX(lease_until, ?), "
@@ -154,7 +153,7 @@ class SqliteLedgerBackend:
             return cur.rowcount == 1
 
     def complete(self, s: Settlement) -> Completion:
-        expires = (_wall() if s.now is None else s.now) + s.ttl
+        expires = (time.time() if s.now is None else s.now) + s.ttl
         params: tuple[Any, ...]
         if s.state is State.DONE and s.error is None:  # a result: the state is a literal
             sql, params = _DONE, (s.result, expires, s.key, s.owner)
@@ -177,7 +176,7 @@ class SqliteLedgerBackend:
         return self._decided(s.key, decide)
 
     def mark_unknown(self, s: Settlement) -> None:
-        now = _wall() if s.now is None else s.now
+        now = time.time() if s.now is None else s.now
         with self._lock:  # the rule of unknown_at, where may_mark_unknown
             self._db.execute(
                 "UPDATE tether_ledger SET state = 'unknown', detail = ?, "
