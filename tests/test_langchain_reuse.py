@@ -262,3 +262,102 @@ def test_a_tools_estimate_is_its_json_whenever_the_tool_changes() -> None:
     before = prompt_tokens(messages, None, [lookup_order])
     lookup_order.args_schema = Wider
     assert prompt_tokens(messages, None, [lookup_order]) == direct() > before
+
+
+def test_parallel_branches_of_a_hand_built_graph_share_the_run() -> None:
+    """Two branches of one step (``Send`` to a hand-written tool node each) on one snapshot:
+    ``GraphGuard.call_tools`` holds the run until its update is made, so the two share it
+    and the merged state counts both calls (sync shell: threads)."""
+    import threading
+
+    from langchain_core.messages import HumanMessage
+
+    from tether.integrations.langchain import _newest
+    from tether.integrations.langgraph import GraphGuard
+
+    barrier = threading.Barrier(2, timeout=5)
+
+    @tool
+    def find(q: str) -> str:
+        """Look q up."""
+        barrier.wait()  # both branches are in their call at once
+        return "found " + q
+
+    guarded = GraphGuard(Guard(), read_only=["find"])
+    doc = guarded._agent.before_agent({"messages": [HumanMessage("hi")]}, None)["tether_run"]
+    outs: dict[int, Any] = {}
+
+    def branch(i: int) -> None:
+        call = {"name": "find", "args": {"q": f"q{i}"}, "id": f"c{i}"}
+        state = {
+            "messages": [HumanMessage("hi"), AIMessage("", tool_calls=[call])],
+            "tether_run": doc,
+        }
+        outs[i] = guarded.call_tools(state, [find])
+
+    threads = [threading.Thread(target=branch, args=(i,)) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    merged = _newest(_newest(doc, outs[1]["tether_run"]), outs[2]["tether_run"])
+    assert merged["tool_calls"] == 2
+    assert sorted(e["args"]["q"] for e in merged["partial"]["entries"]) == ["q1", "q2"]
+
+
+def test_parallel_tool_calls_on_one_snapshot_share_the_run_async() -> None:
+    """The same through the async tool wrapper (``ToolNode(awrap_tool_call=...)``): two
+    calls awaiting at once on one snapshot share the run; both are counted."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    from tether.integrations.langchain import _newest
+    from tether.integrations.langgraph import GraphGuard
+
+    guarded = GraphGuard(Guard(), read_only=["find"])
+    doc = guarded._agent.before_agent({"messages": [HumanMessage("hi")]}, None)["tether_run"]
+
+    class Request:
+        def __init__(self, i: int) -> None:
+            self.tool_call = {"name": "find", "args": {"q": f"q{i}"}, "id": f"c{i}"}
+            self.tool = None
+            self.state = {"messages": [HumanMessage("hi")], "tether_run": doc}
+
+    async def both() -> list[Any]:
+        arrived = asyncio.Event()
+        waiting = [0]
+
+        async def handler(request: Any) -> ToolMessage:
+            waiting[0] += 1
+            if waiting[0] == 2:
+                arrived.set()
+            await asyncio.wait_for(arrived.wait(), 5)  # both calls are in at once
+            return ToolMessage("found", tool_call_id=request.tool_call["id"], name="find")
+
+        return list(
+            await asyncio.gather(*(guarded.atool_wrapper(Request(i), handler) for i in (1, 2)))
+        )
+
+    replies = asyncio.run(both())
+    docs = [reply[-1].update["tether_run"] for reply in replies]
+    merged = _newest(_newest(doc, docs[0]), docs[1])
+    assert merged["tool_calls"] == 2
+
+
+def test_a_dict_schema_changed_in_place_is_read_again() -> None:
+    """A tool whose ``args_schema`` is a dict (changed in place, say) is estimated from its
+    schema as it is at each call."""
+    from langchain_core.tools import StructuredTool
+
+    from tether.integrations.langchain import prompt_tokens
+
+    schema: dict[str, Any] = {
+        "title": "s",
+        "type": "object",
+        "properties": {"q": {"type": "string"}},
+    }
+    search = StructuredTool.from_function(
+        func=lambda **kw: "x", name="search", description="d", args_schema=schema
+    )
+    before = prompt_tokens([], tools=[search])
+    schema["properties"]["since"] = {"type": "string", "description": "word " * 200}
+    assert prompt_tokens([], tools=[search]) > before + 200

@@ -241,13 +241,12 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
 
     # --- the run of a turn: in the graph state, as plain data ----------------------------
 
-    def _run(self, state: Any) -> Run | None:
-        """The run in ``state``, for a caller that snapshots it itself (``GraphGuard``)."""
-        hold = self._take(state)
-        if hold is None:
-            return None
-        self._let_go(hold)  # its snapshots are plain dicts: the next hook rebuilds it
-        return hold.run
+    def _hold_new(self, run: Run) -> _Hold:
+        """A hold of a run just started (or resumed): known to the middleware from here."""
+        with self._lock:
+            held = self._held[run] = _Held()
+            held.holders = held.stamp = 1
+        return _Hold(run)
 
     def _take(self, state: Any) -> _Hold | None:
         """A hold of the run in ``state``: the run its snapshot was taken of when nothing
@@ -341,11 +340,9 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
                 task = str(getattr(message, "content", ""))[:200]  # the turn's request
         resume = state.get("tether_resume")
         run = self.guard.resume(resume) if resume else self.guard.start(task=task, key=self._key())
-        with self._lock:
-            held = self._held[run] = _Held()
-            held.holders = held.stamp = 1
         # a checkpoint continues once; the turn's run goes with the thread
-        return {"tether_run": self._put(_Hold(run)), "tether_resume": None, "tether_ended": None}
+        doc = self._put(self._hold_new(run))
+        return {"tether_run": doc, "tether_resume": None, "tether_ended": None}
 
     async def abefore_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
         return self.before_agent(state, runtime)
@@ -587,13 +584,16 @@ _TOOL_TEXTS: dict[int, tuple[Any, Any, Any, Any, str]] = {}
 def _tool_text(t: Any) -> str:
     """``(t.name, t.description, t.args)`` as JSON text, what the estimate counts of a tool
     (so the same count): made once per tool while its name, description and
-    ``args_schema`` stay the objects they were. ``t.args`` builds the tool's JSON schema
-    anew at each read (pydantic's ``model_json_schema``), and every model call reads the
-    tools again."""
+    ``args_schema`` (a pydantic model class) stay the objects they were; a dict schema,
+    which may change in place, is read at every call. ``t.args`` builds the tool's JSON
+    schema anew at each read (pydantic's ``model_json_schema``), and every model call
+    reads the tools again."""
     import json
 
-    found = _TOOL_TEXTS.get(id(t))
     name, description, schema = t.name, t.description, getattr(t, "args_schema", None)
+    if not isinstance(schema, type):  # a dict schema (changed in place?), none: read anew
+        return json.dumps((name, description, t.args), default=str, ensure_ascii=False)
+    found = _TOOL_TEXTS.get(id(t))
     if found is not None:
         ref, *was, text = found
         if ref() is t and was[0] is name and was[1] is description and was[2] is schema:

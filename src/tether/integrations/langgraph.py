@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from tether import Run, Stopped
 from tether._errors import require
 from tether.classification._classify import classify
 from tether.integrations._arguments import same_arguments
+
+if TYPE_CHECKING:
+    from tether.integrations.langchain import _Hold
 
 __all__ = [
     "GraphGuard",
@@ -194,43 +197,51 @@ class GraphGuard:
         if inspect.iscoroutinefunction(fn):
 
             async def anode(state: Any, runtime: Any) -> dict[str, Any]:
-                run, ended = self._turn(state)
-                if ended is not None:
-                    return ended
-                try:  # the guard's token budget may make the call wait (on the event loop)
-                    await run.abegin_model_call(**self._model_call(state))
-                except Stopped:  # a wait past the run's time: stopped before the call
-                    return self._ended(run, state, {})
-
-                async def call() -> Any:
-                    return await fn(*arguments(state, runtime))
-
+                hold, ended = self._turn(state)
                 try:
-                    out = await run.aretry_model_call(self._agent._policy, call)
-                except Exception as exc:
-                    run.model_call_failed(exc)
-                    return self._ended(run, state, {})
-                return self._after(run, state, out)
+                    if ended is not None:
+                        return ended
+                    run = hold.run
+                    try:  # the guard's token budget may make the call wait (on the event loop)
+                        await run.abegin_model_call(**self._model_call(state))
+                    except Stopped:  # a wait past the run's time: stopped before the call
+                        return self._ended(run, state, {})
+
+                    async def call() -> Any:
+                        return await fn(*arguments(state, runtime))
+
+                    try:
+                        out = await run.aretry_model_call(self._agent._policy, call)
+                    except Exception as exc:
+                        run.model_call_failed(exc)
+                        return self._ended(run, state, {})
+                    return self._after(hold, state, out)
+                finally:
+                    self._agent._let_go(hold)
 
             anode.__name__ = getattr(fn, "__name__", "model")
             return anode
 
         def node(state: Any, runtime: Any) -> dict[str, Any]:
-            run, ended = self._turn(state)
-            if ended is not None:
-                return ended
+            hold, ended = self._turn(state)
             try:
-                run.begin_model_call(**self._model_call(state))
-            except Stopped:
-                return self._ended(run, state, {})
-            try:
-                out = run.retry_model_call(
-                    self._agent._policy, lambda: fn(*arguments(state, runtime))
-                )
-            except Exception as exc:
-                run.model_call_failed(exc)
-                return self._ended(run, state, {})
-            return self._after(run, state, out)
+                if ended is not None:
+                    return ended
+                run = hold.run
+                try:
+                    run.begin_model_call(**self._model_call(state))
+                except Stopped:
+                    return self._ended(run, state, {})
+                try:
+                    out = run.retry_model_call(
+                        self._agent._policy, lambda: fn(*arguments(state, runtime))
+                    )
+                except Exception as exc:
+                    run.model_call_failed(exc)
+                    return self._ended(run, state, {})
+                return self._after(hold, state, out)
+            finally:
+                self._agent._let_go(hold)
 
         node.__name__ = getattr(fn, "__name__", "model")
         return node
@@ -249,22 +260,26 @@ class GraphGuard:
             "max_output_tokens": DEFAULT_MAX_OUTPUT,
         }
 
-    def _turn(self, state: Any) -> tuple[Run, dict[str, Any] | None]:
-        """The turn's run (a new turn starts one), its step begun; or how the turn ends."""
-        run = self._agent._run(state)
-        if run is None:
+    def _turn(self, state: Any) -> tuple[_Hold, dict[str, Any] | None]:
+        """A hold of the turn's run (a new turn starts one), its step begun; or how the turn
+        ends. The node holds the run until its update is made (``_agent._let_go``), so that
+        parallel branches of one step share it, as the middleware's hooks do."""
+        hold = self._agent._take(state)
+        if hold is None:
             task = ""
             for message in _get(state, "messages") or ():
                 if getattr(message, "type", "") == "human":
                     task = str(getattr(message, "content", ""))[:200]
-            run = self.guard.start(task=task, key=self._agent._key())
+            hold = self._agent._hold_new(self.guard.start(task=task, key=self._agent._key()))
+        run = hold.run
         if run.stopped is None and run.proceed():
-            return run, None
-        return run, self._ended(run, state, {})
+            return hold, None
+        return hold, self._ended(run, state, {})
 
-    def _after(self, run: Run, state: Any, out: Any) -> dict[str, Any]:
+    def _after(self, hold: _Hold, state: Any, out: Any) -> dict[str, Any]:
         from tether.integrations.langchain import _usage
 
+        run = hold.run
         update = dict(out) if isinstance(out, Mapping) else {"messages": out}
         found = update.get("messages")
         replies = found if isinstance(found, list) else [found]
@@ -284,7 +299,7 @@ class GraphGuard:
         if getattr(last, "type", "") == "ai" and not getattr(last, "tool_calls", None):
             run.succeed(str(getattr(last, "content", "")))
             return self._ended(run, state, update)
-        return {**update, "tether_run": run.snapshot()}
+        return {**update, "tether_run": self._agent._put(hold)}
 
     def _ended(self, run: Run, state: Any, update: dict[str, Any]) -> dict[str, Any]:
         from langchain_core.messages import AIMessage
@@ -320,13 +335,21 @@ class GraphGuard:
     def call_tools(self, state: Any, tools: Iterable[Any]) -> dict[str, Any]:
         """A hand-written tool node (the "ReAct agent from scratch" one): every tool call of
         the last AI message through the turn's run; the node's state update."""
+        hold = self._agent._take(state)  # held until the update: parallel branches share it
+        try:
+            return self._call_tools(hold, state, tools)
+        finally:
+            if hold is not None:
+                self._agent._let_go(hold)
+
+    def _call_tools(self, hold: _Hold | None, state: Any, tools: Iterable[Any]) -> dict[str, Any]:
         from langchain_core.messages import ToolMessage
 
         from tether import Stopped, ToolError
         from tether.integrations._common import result_text
         from tether.integrations.langchain import _message
 
-        run = self._agent._run(state)
+        run = hold.run if hold is not None else None
         by_name = {tool.name: tool for tool in tools}
         last = (_get(state, "messages") or [None])[-1]
         out: list[Any] = []
@@ -349,8 +372,8 @@ class GraphGuard:
             except Stopped as exc:
                 out.append(_message(request, f"stopped: {exc.reason.value}"))
         update: dict[str, Any] = {"messages": out}
-        if run is not None:
-            update["tether_run"] = run.snapshot()
+        if hold is not None:
+            update["tether_run"] = self._agent._put(hold)
         return update
 
 
