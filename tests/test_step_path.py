@@ -174,3 +174,35 @@ def test_a_call_s_retry_policy_is_the_guard_s_for_its_tool_and_kind(shell: str) 
     assert list(decide._policies) == [("lookup", None, False)]
     assert decide._policies[("lookup", None, False)] is guard._policy("lookup", None)
     assert len(seen) == 4
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_patched_time_module_moves_the_run_clock(
+    shell: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tests freeze or move time by patching ``time`` (monkeypatch, freezegun): the
+    system clock reads the module at each call, so a time budget sees the jump."""
+    import time
+
+    guard = Guard(budget=Budget(max_seconds=10.0))
+    real = time.monotonic
+
+    def lookup(n: int) -> int:
+        return n
+
+    async def alookup(n: int) -> int:
+        return n
+
+    async def steps(run: tether.Run) -> None:
+        await run.acall_tool("lookup", alookup, {"n": 1})
+        monkeypatch.setattr(time, "monotonic", lambda: real() + 100.0)
+        await run.acall_tool("lookup", alookup, {"n": 2})
+
+    with guard.start(task="patched") as run, pytest.raises(tether.Stopped) as stopped:
+        if shell == "sync":
+            run.call_tool("lookup", lookup, {"n": 1})
+            monkeypatch.setattr(time, "monotonic", lambda: real() + 100.0)
+            run.call_tool("lookup", lookup, {"n": 2})
+        else:
+            asyncio.run(steps(run))
+    assert stopped.value.reason is tether.StopReason.TIMEOUT

@@ -104,10 +104,13 @@ class _Worker(threading.Thread):
 class SystemClock:
     """The real clock: ``time.monotonic``, ``time.time`` and real sleeps."""
 
-    # read several times on every guarded call (the retry policy, the breaker): the C
-    # functions themselves, with no Python frame around them
-    now = staticmethod(time.monotonic)
-    wall = staticmethod(time.time)
+    # read through the module at each call, not bound at import: a test that patches
+    # time (monkeypatch, freezegun) moves the guards' clock as well
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
