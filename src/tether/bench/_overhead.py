@@ -256,6 +256,10 @@ def _tether_run(
     return run
 
 
+_JSON_ENCODER = ("json/encoder.py", "json\\encoder.py")
+_CANONICAL = ("effects/_canonical.py", "effects\\_canonical.py")
+
+
 def _encodings_per_call(args: dict[str, Any]) -> dict[str, float]:
     """JSON encodings and SHA-256 digests made by one ``call_tool`` (profiled, not timed)."""
     guard = tether.Guard(budget=tether.Budget(max_steps=10**6))
@@ -265,9 +269,9 @@ def _encodings_per_call(args: dict[str, Any]) -> dict[str, float]:
     def profile(frame: Any, event: str, arg: Any) -> None:
         if event == "call":
             code = frame.f_code
-            if code.co_name == "encode" and code.co_filename.endswith(
-                ("json/encoder.py", "json\\encoder.py")
-            ):
+            if (code.co_name == "encode" and code.co_filename.endswith(_JSON_ENCODER)) or (
+                code.co_name == "dumps" and code.co_filename.endswith(_CANONICAL)
+            ):  # the canonical encoder calls its C encoder directly
                 counts["json"] += 1
         elif event == "c_call" and getattr(arg, "__name__", "") in ("openssl_sha256", "sha256"):
             counts["sha256"] += 1

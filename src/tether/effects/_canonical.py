@@ -30,7 +30,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tether.effects._tagged import NO_FIELDS, Tag, escape_key, fields_of, tag
@@ -55,7 +55,36 @@ _LONE_SURROGATE = re.compile(
 _ENCODER = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True
 )
-_dumps = _ENCODER.encode  # one encoder, built once: the C encoder does the work
+
+
+def _make_dumps() -> Callable[[Any], str]:
+    """``_ENCODER.encode``, its C encoder built once (``JSONEncoder.encode`` builds one on
+    every call, as the ledger's codec notes too), with no circular-reference bookkeeping:
+    what it encodes has none (:func:`_plain` stops a cycle by its depth, the walk refuses
+    one, and its output is a fresh tree). Without the C accelerator, ``encode`` itself."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython has it
+        return _ENCODER.encode
+    chunks = make(
+        None,  # markers: no circular check
+        _ENCODER.default,
+        json.encoder.encode_basestring_ascii,
+        None,  # indent
+        _ENCODER.key_separator,
+        _ENCODER.item_separator,
+        True,  # sort_keys
+        False,  # skipkeys
+        False,  # allow_nan
+    )
+    join = "".join
+
+    def dumps(value: Any) -> str:
+        return join(chunks(value, 0))
+
+    return dumps
+
+
+_dumps = _make_dumps()  # one encoder, built once: the C encoder does the work
 _TYPES_HINT = (
     "tool arguments must be JSON types, bytes, datetime, date, time, Decimal, UUID, Enum, "
     "set, tuple, dataclasses or pydantic models"
