@@ -361,3 +361,77 @@ def test_a_dict_schema_changed_in_place_is_read_again() -> None:
     before = prompt_tokens([], tools=[search])
     schema["properties"]["since"] = {"type": "string", "description": "word " * 200}
     assert prompt_tokens([], tools=[search]) > before + 200
+
+
+def _cyclic_garbage(fn: Any) -> list[str]:
+    """The types of what ``fn()`` leaves for the cycle collector (freed by nothing else)."""
+    import gc
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        fn()
+        gc.collect()
+        return sorted({type(o).__name__ for o in gc.garbage})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+def test_a_run_is_freed_when_it_is_let_go_not_by_the_cycle_collector() -> None:
+    """A run and its state, its token reservations and its records hold no reference cycle:
+    a run let go is freed at once with all it holds (in an agent's turn: the conversation),
+    never left for the cycle collector (whose collections a turn would pay for)."""
+    guard = Guard()
+
+    def one_run() -> None:
+        with guard.start(task="t") as run:
+            run.proceed()
+            run.record_model_call(input_tokens=10, output_tokens=2)
+            run.call_tool("search", lambda q: "none", {"q": "99"})
+            assert run.guard is guard and run._state.owner is run
+            run.succeed("done")
+
+    agent = create_agent(
+        Model(messages=itertools.cycle(list(script(False)))),
+        tools=[lookup, weather],
+        middleware=[TetherMiddleware(guard)],
+    )
+
+    def one_turn() -> None:
+        state = agent.invoke({"messages": [("user", "where is A-1?")]})
+        assert state["tether_outcome"].stopped_because is StopReason.GOAL_REACHED
+
+    one_turn()  # LangChain's own first-call set-up (its schemas) aside
+    assert _cyclic_garbage(one_run) == []
+    assert _cyclic_garbage(one_turn) == []
+
+
+def test_a_run_held_only_by_a_callback_still_has_its_run() -> None:
+    """A run whose only holder is a framework's callback (a bound method, a partial) keeps
+    working: a policy that takes ``run=`` is given the run itself, mid-call; a state read
+    after its run was let go raises instead of giving None."""
+    import functools
+    import gc
+
+    seen: list[Any] = []
+
+    def policy(tool: str, args: Any, *, run: Any) -> None:
+        seen.append(run)
+
+    guard = Guard(policies=[policy])
+    run = guard.start(task="t")
+    step, call = run.proceed, functools.partial(run.call_tool, "search", lambda q: "none")
+    state = run._state
+    run_id = run.run_id
+    del run
+    gc.collect()
+    assert step()
+    assert call({"q": "99"}) == "none"
+    assert len(seen) == 1 and isinstance(seen[0], Run) and seen[0].run_id == run_id
+    assert seen[0]._state is state
+    del step, call
+    seen.clear()
+    gc.collect()
+    with pytest.raises(ReferenceError, match="let go"):
+        _ = state.owner

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -76,6 +77,15 @@ class Tail(list[Mapping[str, Any]]):
         return {"omitted": self.omitted + extra, "by_tool": dict(self.by_tool)}
 
 
+def _ref(owner: object) -> Callable[[], Any]:
+    """A weak reference to ``owner`` (a call gives it back), or, for an object that cannot
+    be referenced weakly, a function that gives it back."""
+    try:
+        return weakref.ref(owner)
+    except TypeError:
+        return lambda: owner
+
+
 class RunState:
     """What a run counts and remembers; :class:`tether.Run` owns it and gives it to its
     parts (each a part of the run that gets this state and the guard's frozen settings)."""
@@ -104,8 +114,10 @@ class RunState:
             if request is None
             else json.dumps([guard.scope, request], ensure_ascii=False)
         )
-        #: the run that owns this state: what a policy that takes ``run=`` is given
-        self.owner = owner
+        # the run that owns this state, weakly: the run holds its state, so a strong
+        # reference back would make every run a cycle that only the cycle collector frees
+        # (with all it holds: its records, its conversation)
+        self._owner = _ref(owner)
         self.clock = guard.clock
         self.budget = guard.budget
         self._loops = LoopState(guard.loops)
@@ -157,6 +169,16 @@ class RunState:
         self._began = False
         self._filed: set[str | None] = set()  # checkpoints of this run object's records
         self._step_span: telemetry.StepSpan | None = None
+
+    @property
+    def owner(self) -> Any:
+        """The run that owns this state: what a policy that takes ``run=`` is given. A
+        call runs through its run (which holds it alive); a state read after its run was
+        let go raises, never gives None."""
+        run = self._owner()
+        if run is None:
+            raise ReferenceError(f"run {self.run_id} was let go: its state has no run")
+        return run
 
     # --- bookkeeping ------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ the headers): they call ``begin_model_call`` without an estimate.
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +56,17 @@ class RunTokens:
     """The reservations of a run's model calls still waiting for their usage."""
 
     def __init__(self, run: Any) -> None:  # a RunState (which holds this object)
-        self.run = run
+        # weakly: the state holds this object, a strong reference back would be a cycle
+        self._run = weakref.ref(run)
         self.held: deque[tuple[TokenBudget, Reservation, str]] = deque()
+
+    @property
+    def run(self) -> Any:
+        """The run's state (alive while its run is, which holds this object through it)."""
+        state = self._run()
+        if state is None:
+            raise ReferenceError("the run that holds these reservations was let go")
+        return state
 
     def _budget(self, model: str, provider: str | None) -> TokenBudget | None:
         return budget_for(getattr(self.run.guard, "token_budgets", ()), model, provider)
