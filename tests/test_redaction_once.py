@@ -13,7 +13,7 @@ import pytest
 
 import tether
 from tether.effects._canonical import canonical_json, jsonable
-from tether.redaction._redact import _reset, redact, redact_text, redacted_json
+from tether.redaction._redact import PlainEntry, _reset, redact, redact_text, redacted_json
 
 
 @pytest.fixture(autouse=True)
@@ -273,7 +273,7 @@ def test_a_run_redacts_each_call_when_it_records_it() -> None:
     with tether.Guard().start(task="pay") as run:
         run.proceed()
         assert run.call_tool("pay", pay, args)["ok"] is True
-        recorded = run.partial[-1]
+        recorded = run._state.partial[-1]
         assert isinstance(recorded, RecordedEntry) and recorded._texts is None  # the view, made now
         raw = {"step": 1, "tool": "pay", "args": args, "result": pay(**args)}
         assert recorded == redact(jsonable(raw))  # what the ending made of it before
@@ -326,10 +326,10 @@ def test_a_clean_call_is_kept_as_its_text_until_its_view_is_read(shell: str) -> 
                 run.call_tool("lookup", _lookup, _args(n))
             else:
                 asyncio.run(run.acall_tool("lookup", _async_lookup, _args(n)))
-        assert all(_kept_as_text(e) for e in run.partial)  # nothing parsed while it runs
-        assert run.partial[-1]["tool"] == "lookup" and _kept_as_text(run.partial[-1])
+        assert all(_kept_as_text(e) for e in run._state.partial)  # nothing parsed while it runs
+        assert run._state.partial[-1]["tool"] == "lookup" and _kept_as_text(run._state.partial[-1])
         run.succeed("done")
-    kept = list(run.partial)[-3:]
+    kept = list(run._state.partial)[-3:]
     assert all(_kept_as_text(e) for e in kept)  # the ending did not parse them either
     want = [redact(jsonable(_raw(step, step - 1))) for step in (3, 4, 5)]
     assert list(run.outcome.partial) == want  # made on this first read
@@ -348,7 +348,7 @@ def test_a_call_with_a_secret_is_scrubbed_at_once() -> None:
     with tether.Guard().start(task="pay") as run:
         run.proceed()
         run.call_tool("pay", _lookup, {"card_number": "4242424242424242", "n": 1})
-        recorded = run.partial[-1]
+        recorded = run._state.partial[-1]
         assert not _kept_as_text(recorded) and recorded._entry is not None
         assert recorded["args"] == {"card_number": "[redacted]", "n": 1}
         run.succeed("paid")
@@ -372,7 +372,7 @@ def test_the_outcome_of_kept_calls_reads_as_a_plain_outcome() -> None:
         want = ({"step": 1, "tool": "lookup", "args": args, "result": result},)
         fields = [f.name for f in dataclasses.fields(tether.Outcome)]
         given = tether.Outcome(*(want if n == "partial" else getattr(out, n) for n in fields))
-        assert _kept_as_text(run.partial[-1])  # nothing read the calls of ``out`` yet
+        assert _kept_as_text(run._state.partial[-1])  # nothing read the calls of ``out`` yet
         return out, given
 
     out, given = play()
@@ -412,7 +412,7 @@ def test_threads_reading_kept_calls_at_once_get_the_same_objects(what: str) -> N
             run.proceed()
             run.call_tool("lookup", _lookup, _args(n))
         run.succeed("done")
-    entry = run.partial[-1]
+    entry = run._state.partial[-1]
     start = threading.Barrier(8)
     seen: list[object] = []
 
@@ -447,3 +447,22 @@ def test_a_snapshot_and_a_checkpoint_hold_the_views_of_kept_calls() -> None:
     assert guard.checkpoints is not None and run.outcome.checkpoint_id is not None
     saved = guard.checkpoints.load(run.outcome.checkpoint_id)
     assert saved["partial"] == [redact(jsonable(_raw(1, 1)))]
+
+
+def test_run_partial_gives_plain_dicts_while_it_runs() -> None:
+    """``run.partial`` mid-run is a list of plain dicts, as before calls were kept as text:
+    ``json.dumps`` takes it, dict methods work, and the outcome gives the same views."""
+    import json
+
+    guard = tether.Guard()
+    with guard.start(task="views") as run:
+        run.call_tool("lookup", lambda **kw: {"ok": True, **kw}, {"order": "A-1", "n": 1})
+        run.call_tool("lookup", lambda **kw: {"ok": True, **kw}, {"card": "4242 4242 4242 4242"})
+        entries = run.partial
+        assert all(type(e) is PlainEntry for e in entries)  # a dict, its view
+        text = json.dumps(entries)
+        assert "4242 4242" not in text and '"order": "A-1"' in text
+        first = entries[0].copy() | {"seen": True}
+        assert first["args"] == {"order": "A-1", "n": 1} and first["seen"]
+        run.succeed("done")
+    assert [dict(e) for e in run.outcome.partial] == json.loads(text)

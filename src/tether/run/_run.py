@@ -113,7 +113,6 @@ class Run:
     unpriced_calls: _FromState[int] = _FromState()
     elapsed: _FromState[float] = _FromState()
     messages: _FromState[list[Any] | None] = _FromState()  # the conversation, when kept
-    partial: _FromState[Tail] = _FromState()
     transcript: _FromState[Tail] = _FromState()
     stopped: _FromState[StopReason | None] = _FromState()  # None while it runs
     stop_detail: _FromState[str] = _FromState()  # why it stopped, in words
@@ -121,6 +120,12 @@ class Run:
     _loops: _FromState[LoopState] = _FromState()  # the loop detectors' memory
     _scope: _FromState[str] = _FromState()  # what its effects' intent keys are scoped by
     _tool_counts: _FromState[Counter[str]] = _FromState()  # calls let through, per tool
+
+    @property
+    def partial(self) -> Tail:
+        """The completed tool calls the run keeps (``Guard(keep_last=...)``), oldest first,
+        each a plain dict: its redacted view (``step``, ``tool``, ``args``, ``result``)."""
+        return self._state.partial.as_views()
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ from tether import telemetry
 from tether._errors import CircuitOpenError
 from tether.clock import hung_threads
 from tether.records._approvals import ApprovalRecord
+from tether.redaction._redact import PlainEntry, RecordedEntry
 from tether.run._governance import JournalEntry
 from tether.run._health import ToolHealth
 from tether.run._loops import LoopState
@@ -66,6 +67,16 @@ class Tail(list[Mapping[str, Any]]):
                 self.by_tool[tool] += 1
         self.omitted += cut
         del self[:cut]
+
+    def as_views(self) -> Tail:
+        """This tail with each recorded call as its view, a plain dict (a call kept as its
+        canonical text is parsed now, once, and kept so): what ``run.partial`` gives, as a
+        list of dicts that ``json.dumps`` and ``dict`` methods take, as before calls were
+        kept as text."""
+        for i, entry in enumerate(self):
+            if type(entry) is RecordedEntry:
+                self[i] = PlainEntry(entry)
+        return self
 
     def newest(self) -> list[Mapping[str, Any]]:
         """The newest ``keep`` entries (all of them when unbounded)."""
