@@ -8,6 +8,7 @@ import re
 import sys
 from collections.abc import Iterator
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -466,3 +467,46 @@ def test_run_partial_gives_plain_dicts_while_it_runs() -> None:
         assert first["args"] == {"order": "A-1", "n": 1} and first["seen"]
         run.succeed("done")
     assert [dict(e) for e in run.outcome.partial] == json.loads(text)
+
+
+@pytest.mark.parametrize("status", ["success", "partial"])
+def test_the_outcomes_conversation_is_redacted_when_first_read(
+    status: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``outcome.messages`` is made on first read, from the conversation as it was when
+    the run ended: the same redacted tuple as one made at the ending, a later change to
+    the framework's list changes nothing, and it pickles and compares as a plain one."""
+    import pickle
+
+    import tether.run._ending as ending
+    from tether.redaction._redact import redact_conversation
+
+    made: list[int] = []
+
+    def counted(*args: object, **kwargs: Any) -> tuple[object, ...]:
+        made.append(1)
+        return redact_conversation(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ending, "redact_conversation", counted)
+    card = "4242 4242 4242 4242"
+    messages: list[Any] = [
+        {"role": "user", "content": f"refund order A-1 to card {card}"},
+        {"role": "assistant", "content": "looking it up"},
+        {"role": "tool", "content": json.dumps({"card": card, "ok": True})},
+    ]
+    with tether.Guard().start(task="t") as run:
+        run.messages = messages
+        run.proceed()
+        run.call_tool("lookup", _lookup, _args(1))
+        if status == "success":
+            run.succeed("done")
+        else:
+            run.stop(tether.StopReason.FAILED, "stopped by the test")
+    assert made == []  # the ending made no conversation: nobody read it yet
+    want = redact_conversation(list(messages), keep_last=status != "success")
+    messages.append({"role": "user", "content": f"and again {card}"})  # after the end
+    out = run.outcome
+    assert pickle.loads(pickle.dumps(out)).messages == want
+    assert out.messages == want and isinstance(out.messages, tuple)
+    assert card not in repr(out.messages[:-1]) and len(out.messages) == 3
+    assert made == [1]  # made once, on the first read

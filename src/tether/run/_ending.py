@@ -13,7 +13,14 @@ from tether.effects._canonical import jsonable
 from tether.records._runs import portable
 from tether.redaction._redact import redact, redact_conversation, redacted_entries
 from tether.run._handoff import SOME_STEP, HandoffRecord, _Delivery
-from tether.run._outcome import Outcome, Status, StopReason, Usage, deferred_partial
+from tether.run._outcome import (
+    Outcome,
+    Status,
+    StopReason,
+    Usage,
+    deferred_messages,
+    deferred_partial,
+)
 from tether.run._runstate import RunState
 
 __all__ = ["Ending"]
@@ -254,8 +261,14 @@ class Ending:
 
     def _conversation(self, status: str) -> tuple[Any, ...]:
         """The conversation, redacted; a run that stopped keeps its last turn (the calls a
-        resume makes keep their arguments)."""
-        return redact_conversation(self.s.messages or (), keep_last=status != "success")
+        resume makes keep their arguments). Redacted when ``outcome.messages`` is first
+        read (nothing else at the ending reads it: a checkpoint redacts its own copy), from
+        the messages as they are now: a framework that goes on adding to its list after
+        the run ended changes nothing."""
+        messages, keep_last = tuple(self.s.messages or ()), status != "success"
+        if not messages:
+            return ()
+        return deferred_messages(lambda: redact_conversation(messages, keep_last=keep_last))
 
     def _message(
         self, status: str, facts: list[str], undone: list[str], *, case_filed: bool

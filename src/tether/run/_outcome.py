@@ -200,9 +200,16 @@ class _MadeOnRead:
 
 
 setattr(Outcome, "partial", _MadeOnRead(Outcome.__dict__["partial"]))  # noqa: B010
+setattr(Outcome, "messages", _MadeOnRead(Outcome.__dict__["messages"]))  # noqa: B010
 
 
 def deferred_partial(make: Callable[[], tuple[dict[str, Any], ...]]) -> tuple[dict[str, Any], ...]:
     """What an Outcome is given as its ``partial`` to make it from ``make`` on first read
     (typed as the tuple it reads as)."""
     return cast("tuple[dict[str, Any], ...]", _Deferred(make))
+
+
+def deferred_messages(make: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
+    """What an Outcome is given as its ``messages`` to make them from ``make`` on first
+    read: the redacted conversation (typed as the tuple it reads as)."""
+    return cast("tuple[Any, ...]", _Deferred(make))
