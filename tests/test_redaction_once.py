@@ -465,8 +465,11 @@ def test_run_partial_gives_plain_dicts_while_it_runs() -> None:
         assert "4242 4242" not in text and '"order": "A-1"' in text
         first = entries[0].copy() | {"seen": True}
         assert first["args"] == {"order": "A-1", "n": 1} and first["seen"]
+        run.call_tool("lookup", lambda **kw: {"ok": True, **kw}, {"order": "A-2", "n": 3})
+        assert all(type(e) is PlainEntry for e in run.partial)  # the newer call too
+        assert run.partial[0] is entries[0] and run.partial[-1]["args"]["order"] == "A-2"
         run.succeed("done")
-    assert [dict(e) for e in run.outcome.partial] == json.loads(text)
+    assert [dict(e) for e in run.outcome.partial][:2] == json.loads(text)
 
 
 @pytest.mark.parametrize("status", ["success", "partial"])

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
+from tether.effects._canonical import encoder_once
 from tether.effects._tagged import (
     DECODERS,
     NO_FIELDS,
@@ -35,39 +36,10 @@ class Codec(Protocol):
     def decode(self, text: str) -> Any: ...
 
 
-def _make_encode() -> Callable[[Any], str]:
-    """``json.dumps(value, sort_keys=True, allow_nan=True)``, its C encoder built once.
-
-    ``JSONEncoder.encode`` builds a C encoder object on every call (a third of the cost of
-    encoding a small result). The one built here has the arguments ``encode`` gives it,
-    and no circular-reference bookkeeping: it only ever sees the fresh tree
-    :func:`_to_json` builds, which has no cycles (its depth limit stops one first).
-    Without the C accelerator, the encoder's own ``encode``.
-    """
-    reference = json.JSONEncoder(sort_keys=True, allow_nan=True, check_circular=False)
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # pragma: no cover - CPython has it
-        return reference.encode
-    chunks = make(
-        None,  # markers: no circular check
-        reference.default,
-        json.encoder.encode_basestring_ascii,
-        None,  # indent
-        reference.key_separator,
-        reference.item_separator,
-        True,  # sort_keys
-        False,  # skipkeys
-        True,  # allow_nan
-    )
-    join = "".join
-
-    def encode(value: Any) -> str:
-        return join(chunks(value, 0))
-
-    return encode
-
-
-_encode = _make_encode()
+#: ``json.dumps(value, sort_keys=True, allow_nan=True)`` with its C encoder built once; no
+#: circular check: it only ever sees the fresh tree :func:`_to_json` builds, whose depth
+#: limit stops a cycle first
+_encode = encoder_once(json.JSONEncoder(sort_keys=True, allow_nan=True, check_circular=False))
 #: the types :func:`_to_json` returns as they are, looked up by exact type first
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 

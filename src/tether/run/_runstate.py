@@ -72,10 +72,12 @@ class Tail(list[Mapping[str, Any]]):
         """This tail with each recorded call as its view, a plain dict (a call kept as its
         canonical text is parsed now, once, and kept so): what ``run.partial`` gives, as a
         list of dicts that ``json.dumps`` and ``dict`` methods take, as before calls were
-        kept as text."""
-        for i, entry in enumerate(self):
-            if type(entry) is RecordedEntry:
-                self[i] = PlainEntry(entry)
+        kept as text. The calls not made into views yet are always the newest (a call is
+        appended, and whatever makes views makes all of them), so only they are looked at."""
+        i = len(self)
+        while i and type(self[i - 1]) is RecordedEntry:
+            i -= 1
+            self[i] = PlainEntry(self[i])
         return self
 
     def newest(self) -> list[Mapping[str, Any]]:
