@@ -12,6 +12,7 @@ __all__ = [
     "IdempotencyConflict",
     "LimiterTimeout",
     "MissingExtraError",
+    "RunDocumentError",
     "StoreUnavailable",
     "TetherError",
     "TransientError",
@@ -25,6 +26,13 @@ class TetherError(Exception):
 
 class CheckpointError(TetherError, ValueError):
     """A checkpoint that cannot be used: missing, corrupt, or not tether's."""
+
+
+class RunDocumentError(CheckpointError):
+    """A run document (``run.snapshot()``, a checkpoint, a record, what a framework's state
+    holds of a run) that cannot be read or trusted: of an unknown version, the wrong type,
+    corrupt, unsigned where a signing key is set, altered, forged, or made for another run or
+    request. Nothing runs on it: a run is never continued, or started anew, in its place."""
 
 
 class ControlSignal(BaseException):

@@ -26,7 +26,7 @@ from typing import Annotated, Any, NotRequired, Unpack
 from typing_extensions import TypedDict
 
 from tether import Fallback, Guard, Outcome, Run, Stopped, StopReason, ToolError
-from tether._errors import CheckpointError, TetherError, require
+from tether._errors import RunDocumentError, TetherError, require
 from tether.guards._tokens import estimate_tokens
 from tether.integrations._common import (
     ToolRuleOptions,
@@ -60,7 +60,10 @@ def _newest(old: Any, new: Any) -> Any:
         return new
     if old.get("run_id") != new.get("run_id"):
         return new
-    return new if _progress(new) >= _progress(old) else old
+    try:
+        return new if _progress(new) >= _progress(old) else old
+    except (TypeError, ValueError):  # one cannot be read: the new one, refused when read
+        return new
 
 
 def _progress(doc: Mapping[str, Any]) -> tuple[int, ...]:
@@ -252,26 +255,31 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         """A hold of the run in ``state``: the run its snapshot was taken of when nothing
         took that run since (``guard.restore(reuse=)`` makes it what a rebuilt one would
         be), the run a hook holds now for the same snapshot (parallel tool calls), or the
-        run rebuilt from the snapshot; None when the state has none (unguarded)."""
+        run rebuilt from the snapshot; None when the state has no run (``tether_run`` None
+        or absent: the caller decides whether a turn may be without one). A run document
+        that cannot be read (another version, the wrong type, corrupt) raises
+        :class:`tether.RunDocumentError`: nothing runs unguarded."""
         # a TypedDict state is a mapping; a dataclass or pydantic state has attributes
         doc = (
             state.get("tether_run")
             if isinstance(state, Mapping)
             else getattr(state, "tether_run", None)
         )
-        if not isinstance(doc, Mapping):
+        if doc is None:
             return None
-        mark = (doc.get("run_id"), *_progress(doc))
+        if not isinstance(doc, Mapping):
+            raise RunDocumentError(
+                f"the run in the graph state (tether_run) must be a run document, got "
+                f"{type(doc).__name__}: the thread cannot go on unguarded"
+            )
+        try:
+            mark = (doc.get("run_id"), *_progress(doc))
+        except (TypeError, ValueError) as exc:
+            raise RunDocumentError(f"the run in the graph state is corrupt ({exc})") from None
         with self._lock:
             run = self._shared.get(mark)
             if run is None:
-                try:
-                    run = self.guard.restore(doc, reuse=self._parked(doc))
-                except CheckpointError as exc:
-                    _log.warning(
-                        "tether: the run in the graph state cannot be read (%s): unguarded", exc
-                    )
-                    return None
+                run = self.guard.restore(doc, reuse=self._parked(doc))
                 self._shared[mark] = run
             held = self._held.get(run)
             if held is None:
@@ -281,6 +289,18 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             held.holders += 1
             held.stamp += 1
         return _Hold(run)
+
+    def _must_take(self, state: Any) -> _Hold:
+        """A hold of the run in ``state``, which a hook inside a turn needs: a turn always
+        has its run (``before_agent`` put it there), so a state without one was cleared or
+        replaced and is refused (:class:`tether.RunDocumentError`), never run unguarded."""
+        hold = self._take(state)
+        if hold is None:
+            raise RunDocumentError(
+                "the graph state has no run (tether_run is None) in the middle of a turn: it "
+                "was cleared or replaced; the thread cannot go on unguarded (start a new turn)"
+            )
+        return hold
 
     def _parked(self, doc: Mapping[str, Any]) -> Run | None:
         """The run ``doc`` was taken of, untouched since (no hook took it after that
@@ -349,9 +369,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
 
     @hook_config(can_jump_to=["end"])
     def before_model(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
-        hold = self._take(state)
-        if hold is None:
-            return None
+        hold = self._must_take(state)
         try:
             run = hold.run
             if run.stopped is None and run.proceed():
@@ -365,9 +383,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         return self.before_model(state, runtime)
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        hold = self._take(request.state)
-        if hold is None:
-            return handler(request)
+        hold = self._must_take(request.state)
         try:
             run = hold.run
             chain = self._chain(request)
@@ -389,9 +405,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             self._let_go(hold)
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        hold = self._take(request.state)
-        if hold is None:
-            return await handler(request)
+        hold = self._must_take(request.state)
         try:
             run = hold.run
             chain = self._chain(request)
@@ -464,9 +478,9 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
                 )
 
     def after_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
-        hold = self._take(state)
-        if hold is None:
-            return None
+        if state.get("tether_run") is None and isinstance(state.get("tether_ended"), Mapping):
+            return None  # a guard ended the turn already (its outcome is in the update)
+        hold = self._must_take(state)
         try:
             return self._after_agent(hold.run, state)
         finally:
@@ -504,18 +518,14 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     # --- tools ----------------------------------------------------------------------
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        hold = self._take(request.state)
-        if hold is None:
-            return handler(request)
+        hold = self._must_take(request.state)
         try:
             return _and_run(self._tools.call(hold.run, request, handler), self._put(hold))
         finally:
             self._let_go(hold)
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        hold = self._take(request.state)
-        if hold is None:
-            return await handler(request)
+        hold = self._must_take(request.state)
         try:
             reply = await self._tools.acall(hold.run, request, handler)
             return _and_run(reply, self._put(hold))

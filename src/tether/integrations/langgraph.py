@@ -335,27 +335,28 @@ class GraphGuard:
     def call_tools(self, state: Any, tools: Iterable[Any]) -> dict[str, Any]:
         """A hand-written tool node (the "ReAct agent from scratch" one): every tool call of
         the last AI message through the turn's run; the node's state update."""
-        hold = self._agent._take(state)  # held until the update: parallel branches share it
+        # held until the update: parallel branches share it; a tool node always follows the
+        # turn's model node, so a state without its run is refused (tether.RunDocumentError)
+        hold = self._agent._must_take(state)
         try:
             return self._call_tools(hold, state, tools)
         finally:
-            if hold is not None:
-                self._agent._let_go(hold)
+            self._agent._let_go(hold)
 
-    def _call_tools(self, hold: _Hold | None, state: Any, tools: Iterable[Any]) -> dict[str, Any]:
+    def _call_tools(self, hold: _Hold, state: Any, tools: Iterable[Any]) -> dict[str, Any]:
         from langchain_core.messages import ToolMessage
 
         from tether import Stopped, ToolError
         from tether.integrations._common import result_text
         from tether.integrations.langchain import _message
 
-        run = hold.run if hold is not None else None
+        run = hold.run
         by_name = {tool.name: tool for tool in tools}
         last = (_get(state, "messages") or [None])[-1]
         out: list[Any] = []
         for call in getattr(last, "tool_calls", None) or ():
             request = _Request(call, by_name.get(call["name"]))
-            if run is None or request.tool is None:
+            if request.tool is None:
                 out.append(
                     ToolMessage(
                         f"unknown tool {call['name']!r}", tool_call_id=call["id"], status="error"
@@ -371,10 +372,7 @@ class GraphGuard:
                 out.append(_message(request, exc.model_message))
             except Stopped as exc:
                 out.append(_message(request, f"stopped: {exc.reason.value}"))
-        update: dict[str, Any] = {"messages": out}
-        if hold is not None:
-            update["tether_run"] = self._agent._put(hold)
-        return update
+        return {"messages": out, "tether_run": self._agent._put(hold)}
 
 
 class _Request:

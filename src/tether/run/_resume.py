@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tether._errors import RunDocumentError
 from tether.records._collections import CheckpointError, check_run_id
 from tether.run._governance import JournalEntry
 from tether.run._outcome import StopReason, Usage
@@ -15,8 +15,6 @@ if TYPE_CHECKING:
     from tether.run._settings import RunSettings
 
 __all__ = ["resume"]
-
-_log = logging.getLogger("tether")
 
 R = TypeVar("R", bound=HasState)
 
@@ -35,8 +33,11 @@ def resume(
     if ended is not None:  # continue from the run's newest state, which has ended
         try:
             doc = checkpoints.load(str(ended["checkpoint_id"]))
-        except CheckpointError:
-            pass
+        except CheckpointError as exc:  # never the older state in its place: refused
+            raise RunDocumentError(
+                f"run {run_id} went on past checkpoint {checkpoint_id!r} and its newest "
+                f"checkpoint cannot be read ({exc}): resume that one, or repair it"
+            ) from exc
     key, request = doc.get("key"), doc.get("request")  # the run keeps its request
     run = make(
         guard,
@@ -81,11 +82,14 @@ def _moved_past(guard: RunSettings, run_id: str, checkpoint_id: str) -> dict[str
         return None
     try:
         record = guard.records.runs.get(run_id)
-    except Exception as exc:  # the records cannot be read: resume as before
-        _log.warning(
-            "tether: run %s: its record could not be read (%s)", run_id, type(exc).__name__
-        )
-        return None
+    except Exception as exc:  # never resumed on a guess: the run may have gone on since
+        raise RunDocumentError(
+            f"run {run_id}: its record could not be read ({type(exc).__name__}: {exc}), so "
+            f"whether it went on past checkpoint {checkpoint_id!r} is unknown; nothing was "
+            "resumed (retry when the records can be read)"
+        ) from exc
+    if record is not None and not isinstance(record, Mapping):
+        raise RunDocumentError(f"run {run_id}: its record is not a run record: {record!r:.60}")
     if record is None or record.get("checkpoint_id") in (None, checkpoint_id):
         return None
     return record

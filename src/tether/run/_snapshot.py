@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tether._errors import CheckpointError
+from tether._errors import RunDocumentError
 from tether.clock import hung_threads
 from tether.effects._canonical import jsonable
 from tether.records._approvals import ApprovalRecord
@@ -151,7 +151,7 @@ def snapshot(run: RunState) -> dict[str, Any]:
 def _field(doc: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
     value = doc.get(name)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise CheckpointError(f"run snapshot: {name!r} must be {kind}, got {value!r}")
+        raise RunDocumentError(f"run snapshot: {name!r} must be {kind}, got {value!r:.60}")
     return value
 
 
@@ -163,14 +163,27 @@ def restore(
     neither). ``reuse``: the run ``doc`` was taken of, untouched since (the caller knows):
     made what the rebuilt run would be and returned, when it can be (see :func:`_settle`)."""
     if not isinstance(doc, Mapping):
-        raise CheckpointError(f"run snapshot must be a mapping, got {type(doc).__name__}")
+        raise RunDocumentError(
+            f"run snapshot must be a mapping, got {type(doc).__name__}: nothing runs without "
+            "its run (a thread whose run was cleared or replaced cannot go on)"
+        )
     version = doc.get("version")
     if version != SNAPSHOT_VERSION:
-        raise CheckpointError(
-            f"run snapshot version {version!r} is not {SNAPSHOT_VERSION} (made by another tether)"
+        raise RunDocumentError(
+            f"run snapshot version {version!r:.20} is not {SNAPSHOT_VERSION} (made by another "
+            "tether: deploy the same tether everywhere that reads this thread before it goes on)"
         )
     if reuse is not None and _settle(reuse._state, guard, doc):
         return reuse
+    try:
+        return _rebuild(guard, doc, make)
+    except RunDocumentError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        raise RunDocumentError(f"run snapshot is corrupt: {type(exc).__name__}: {exc}") from None
+
+
+def _rebuild(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R]) -> R:
     key, request = doc.get("key"), doc.get("request")
     run = make(
         guard,
