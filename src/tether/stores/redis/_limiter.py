@@ -32,7 +32,7 @@ class Limiters:
 
     def _args(self, now: float, cfg: LimiterConfig) -> list[Any]:
         return [
-            now,
+            self.conn.when(now),  # "": the server's clock (TIME), one for the whole fleet
             cfg.initial_rate,
             cfg.min_rate,
             cfg.max_rate,

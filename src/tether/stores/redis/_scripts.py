@@ -199,6 +199,10 @@ return fmt(t)
 _LIMITER_LOAD = """
 local k = KEYS[1]
 local now = tonumber(ARGV[1])
+if not now then  -- the server's clock: a host whose clock is off cannot move the line
+  local tm = redis.call('TIME')
+  now = tonumber(tm[1]) + tonumber(tm[2]) / 1000000
+end
 local initial, min_rate, max_rate, burst = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local beta, increase, interval_s, ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local horizon = tonumber(ARGV[10])

@@ -44,8 +44,13 @@ class Tokens:
     def _p_exchange(self, ask: TokenAsk) -> Plan[Answer]:
         s, need = ask.pending or Settlement(), ask.need
         mode = "settle" if need is None else "reserve"
-        args = [ask.now, mode, self.conn.ttl_ms, ask.cfg.probe_timeout, ask.horizon]
+        when = self.conn.when(ask.now)  # "": the script reads the server's clock (TIME)
+        args = [when, mode, self.conn.ttl_ms, ask.cfg.probe_timeout, ask.horizon]
         args += [*ask.cfg.limits, *(need or (0.0, 0.0, 0.0, 0.0)), *s.args()]
+        # the settlement's times travel as ages on the caller's clock (seconds before the
+        # ask; a pause as seconds after it): the script places them on its own clock
+        args[-3] = max(0.0, ask.now - s.seen_at) if s.seen_at > 0 else 0.0
+        args[-2] = max(0.0, s.pause_until - ask.now) if s.pause_until > 0 else 0.0
         r = yield ("tokens", self.key(ask.name), args)
         if r is None:  # Redis is away: this process's memory
             return self.fallback.exchange(ask)
@@ -60,6 +65,9 @@ class Tokens:
     def view(self, name: str, now: float, cfg: TokenConfig) -> dict[str, Any]:
         try:
             raw = self.conn.client.hgetall(self.key(name))
+            if self.conn.server_time:  # the buckets' times are the server's
+                seconds, micros = self.conn.client.time()
+                now = int(seconds) + int(micros) / 1e6
         except self.conn.errors:
             return self.fallback.view(name, now, cfg)
         f: dict[str, Any] = {_s(a): float(_s(b)) for a, b in raw.items()}

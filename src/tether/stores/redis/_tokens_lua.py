@@ -10,12 +10,17 @@ from tether.stores._tokens import PROBE_WAIT
 
 __all__ = ["TOKENS"]
 
-# ARGV: now, mode ('reserve' | 'settle'), ttl_ms, probe_timeout, horizon, the 4 configured
-# limits, the 4 needs, then the settlement's 15 numbers (Settlement.args).
+# ARGV: now ("": the server's clock, TIME), mode ('reserve' | 'settle'), ttl_ms,
+# probe_timeout, horizon, the 4 configured limits, the 4 needs, then the settlement's 15
+# numbers (Settlement.args), its seen_at and pause_until as seconds before and after now.
 TOKENS = """
 local function fmt(x) return string.format('%.17g', x) end
 local k = KEYS[1]
 local now, mode, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+if not now then  -- the server's clock: one clock for every host of the fleet
+  local tm = redis.call('TIME')
+  now = tonumber(tm[1]) + tonumber(tm[2]) / 1000000
+end
 local probe_timeout, horizon = tonumber(ARGV[4]), tonumber(ARGV[5])
 local v = redis.call('HMGET', k, 't', 'known', 'probe_until', 'paused_until',
                      'cap0', 'cap1', 'cap2', 'cap3', 'lvl0', 'lvl1', 'lvl2', 'lvl3')
@@ -36,6 +41,8 @@ end
 -- the settlement: refunds, the headers' limits and levels, a pause
 local s = 13
 local seen_at, pause, answered = tonumber(ARGV[s + 13]), tonumber(ARGV[s + 14]), tonumber(ARGV[s + 15])
+seen_at = now - seen_at  -- an age
+if pause > 0 then pause = now + pause end  -- a duration
 for i = 1, 4 do
   local refund, limit, remaining = tonumber(ARGV[s + i]), tonumber(ARGV[s + 4 + i]), tonumber(ARGV[s + 8 + i])
   if limit > 0 and limit ~= cap[i] then
