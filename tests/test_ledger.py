@@ -9,7 +9,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from tether import (
     UnknownOutcome,
     VirtualClock,
 )
+from tether.effects._codec import JsonCodec
 from tether.stores._ledger_logic import State
 
 BACKENDS = ["memory", "sqlite", "redis", "redis-cluster", "postgres"]
@@ -296,6 +297,118 @@ def test_unencodable_result_is_kept_as_repr(ledger: Ledger) -> None:
     first = ledger.once("k-repr", Receipt)
     assert isinstance(first, Receipt)
     assert ledger.once("k-repr", Receipt) == {"$repr": "<Receipt re_1>"}
+
+
+class NoRepr:
+    """A result with no JSON form whose repr fails too: nothing of it can be recorded."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr of a half-built object")
+
+
+class Refusing(JsonCodec):
+    """A codec that cannot encode anything (its decode is JSON's)."""
+
+    def encode(self, value: Any) -> str:
+        raise TypeError("this codec encodes nothing")
+
+
+class Unstorable(JsonCodec):
+    """A codec whose text no store can hold: a NUL (PostgreSQL's text refuses it) and a
+    lone surrogate (not UTF-8: SQLite, Redis and PostgreSQL refuse it)."""
+
+    def encode(self, value: Any) -> str:
+        return '"\x00\ud800"'
+
+
+class NotText(JsonCodec):
+    """A codec that returns bytes, not text."""
+
+    def encode(self, value: Any) -> Any:
+        return b"{}"
+
+
+#: a result the ledger's codec cannot encode: (codec, the result, what a replay answers:
+#: the repr kept, or EffectNotRecorded when nothing of the result could be recorded)
+UNENCODABLE: dict[str, tuple[Any, Callable[[], Any], Any]] = {
+    "no-json-no-repr": (None, NoRepr, EffectNotRecorded),
+    "codec-refuses-no-repr": (Refusing(), NoRepr, EffectNotRecorded),
+    "codec-text-unstorable": (Unstorable(), lambda: {"id": "re_1"}, {"$repr": "{'id': 're_1'}"}),
+    "codec-returns-bytes": (NotText(), lambda: {"id": "re_1"}, {"$repr": "{'id': 're_1'}"}),
+}
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.parametrize("case", sorted(UNENCODABLE))
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_result_that_cannot_be_encoded_settles_the_claim(
+    kind: str, case: str, shell: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """An effect that ran but whose result the codec cannot encode is recorded done (its
+    repr, or an unrecordable marker), never left pending: the next identical call runs
+    nothing and gets a clear answer, not EffectInProgress until the lease ends."""
+    import asyncio
+
+    codec, make, replayed = UNENCODABLE[case]
+    settings: dict[str, Any] = {"clock": VirtualClock()}
+    if codec is not None:
+        settings["codec"] = codec
+    ledger = make_ledger(kind, request, tmp_path, **settings)
+    ran: list[Any] = []
+
+    def effect() -> Any:
+        ran.append(make())
+        return ran[-1]
+
+    def call() -> Any:
+        if shell == "sync":
+            return ledger.once("k-unencodable", effect, lease=600.0)
+
+        async def aeffect() -> Any:
+            return effect()
+
+        return asyncio.run(ledger.aonce("k-unencodable", aeffect, lease=600.0))
+
+    try:
+        assert call() is ran[0]  # the caller that ran it gets its result
+        record = ledger.get("k-unencodable")
+        assert record is not None and record.state is State.DONE
+        if replayed is EffectNotRecorded:
+            with pytest.raises(EffectNotRecorded, match="it is not run again") as caught:
+                call()
+            assert "NoRepr" in str(caught.value) and "half-built" in str(caught.value)
+            with pytest.raises(EffectNotRecorded):
+                ledger.result("k-unencodable")
+        else:
+            assert call() == replayed
+        assert len(ran) == 1  # never run again
+    finally:
+        drop(ledger)
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_failure_whose_message_cannot_be_read_is_recorded(ledger: Ledger, shell: str) -> None:
+    """A permanent failure whose str() raises is still recorded failed, not left pending."""
+    import asyncio
+
+    class Rejected(ValueError):
+        def __str__(self) -> str:
+            raise RuntimeError("no message")
+
+    def reject() -> None:
+        raise Rejected()
+
+    async def areject() -> None:
+        reject()
+
+    for _ in range(2):
+        with pytest.raises(Rejected):
+            if shell == "sync":
+                ledger.once("k-no-message", reject)
+            else:
+                asyncio.run(ledger.aonce("k-no-message", areject))
+        record = ledger.get("k-no-message")
+        assert record is not None and record.state is State.FAILED
 
 
 def test_ledger_settings_are_validated() -> None:

@@ -72,6 +72,14 @@ class LedgerSettings(Protocol):
     clock: Clock
 
 
+def _said(exc: BaseException) -> str:
+    """An error's message, redacted and short (never raising)."""
+    try:
+        return redact_text(str(exc))[:300]
+    except Exception:
+        return "its message could not be read"
+
+
 def why(previous: Record) -> str:
     """Why a record taken over needs reconciling, in words."""
     return previous.detail or (
@@ -82,12 +90,31 @@ def why(previous: Record) -> str:
 
 
 def _encode_error(exc: BaseException) -> str:
-    said = {
-        "type": type(exc).__name__,
-        "module": type(exc).__module__,
-        "message": redact_text(str(exc))[:2000],
-    }
+    try:
+        message = redact_text(str(exc))[:2000]
+    except Exception as failed:  # an exception whose str() raises is still recorded
+        message = f"(its message could not be read: {type(failed).__name__})"
+    said = {"type": type(exc).__name__, "module": type(exc).__module__, "message": message}
     return json.dumps(said)
+
+
+#: the tag of a result that could not be recorded (see :meth:`Recorder.result_text`): the
+#: effect ran and is recorded done, its result is lost. A user's own ``$unrecordable`` key
+#: is written ``$$unrecordable`` by the codec, so no result is mistaken for it.
+UNRECORDABLE = "$unrecordable"
+_UNRECORDABLE_AT = '{"' + UNRECORDABLE + '": '
+
+
+def _storable(text: object) -> str:
+    """``text`` if every ledger store can hold it: a str, valid UTF-8 (no lone
+    surrogate), without NUL (PostgreSQL's text refuses it); else the error saying why."""
+    if type(text) is not str:
+        raise TypeError(f"the codec returned a {type(text).__name__}, not a str")
+    if not text.isascii():
+        text.encode("utf-8")  # UnicodeEncodeError for a lone surrogate
+    if "\x00" in text:
+        raise ValueError("the codec's text holds a NUL character")
+    return text
 
 
 class Recorder:
@@ -186,11 +213,8 @@ class Recorder:
 
     def record_done(self, key: str, owner: str, result: Any) -> None:
         ledger = self.ledger
+        text = self.result_text(key, result)
         try:
-            try:
-                text = ledger.codec.encode(result)
-            except Exception as exc:
-                text = self._encode_repr(result, exc)
             now = ledger.clock.wall() if self.virtual else None
             # Settlement(key, owner, State.DONE, now, ttl, text) from its fields at once (its
             # constructor's keyword handling is a tenth of a memory ledger's once())
@@ -268,6 +292,31 @@ class Recorder:
 
     # --- results ----------------------------------------------------------------------
 
+    def result_text(self, key: str, result: Any) -> str:
+        """What is recorded of an effect's ``result``: the codec's text; else its repr;
+        else a marker that it ran and its result could not be recorded. Never raises:
+        the effect ran, and its claim must be settled done (a replay of the marker
+        raises :class:`tether.EffectNotRecorded`, it never runs the effect again)."""
+        try:
+            return _storable(self.ledger.codec.encode(result))
+        except Exception as exc:
+            failed = exc
+        try:
+            return _storable(self._encode_repr(result, failed))
+        except Exception as exc:
+            why = (
+                f"the ledger's codec could not encode a {type(result).__name__} "
+                f"({type(failed).__name__}: {_said(failed)}), nor its repr "
+                f"({type(exc).__name__}: {_said(exc)})"
+            )
+        _log.error(
+            "tether: effect %s… ran, but its result cannot be recorded: %s; it is recorded "
+            "done with an unrecordable result (it is not run again)",
+            key[:16],
+            why,
+        )
+        return json.dumps({UNRECORDABLE: why})
+
     def _encode_repr(self, value: Any, exc: Exception) -> str:
         """What is stored of a result the codec cannot encode: its repr (said in the log)."""
         _log.warning(
@@ -281,6 +330,11 @@ class Recorder:
     def replay(self, record: Record) -> Any:
         if record.result is None:
             return None
+        if record.result.startswith(_UNRECORDABLE_AT):
+            why = str(json.loads(record.result).get(UNRECORDABLE, ""))
+            raise EffectNotRecorded(
+                record.key, None, f"{why}. It ran and is recorded done: it is not run again"
+            )
         try:
             return self.ledger.codec.decode(record.result)
         except Exception:
