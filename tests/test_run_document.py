@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -172,3 +173,208 @@ def test_graph_guard_refuses_an_unreadable_run(shell: str, hand_written: bool, h
                 break
             run_to_end(app, None, config, shell)
     assert REFUNDS == ["A-1"]
+
+
+# --- case 2: limits from the guard; a document bound to its run and request; signed -----
+
+
+SEARCHED: list[str] = []
+
+
+@tool
+def search(q: str) -> str:
+    """Search invoices."""
+    SEARCHED.append(q)
+    return f"nothing for {q}"
+
+
+def searching() -> Iterator[AIMessage]:
+    return (ask("search", {"q": f"invoice {i}"}, i) for i in itertools.count())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_forged_step_limit_is_ignored(shell: str) -> None:
+    """max_steps written into the thread's run document does not widen the guard's limit: the
+    search runs 3 times under max_steps=3 (it ran on past the limit)."""
+    SEARCHED.clear()
+    agent = create_agent(
+        Model(messages=searching()),
+        tools=[search],
+        middleware=[TetherMiddleware(Guard(budget=tether.Budget(max_steps=3)))],
+        checkpointer=InMemorySaver(),
+        interrupt_before=["tools"],
+    )
+    config = {"configurable": {"thread_id": f"forged-steps-{shell}"}}
+    state = run_to_end(agent, {"messages": [("user", "find invoices")]}, config, shell)
+    doc = agent.get_state(config).values["tether_run"]
+    agent.update_state(config, {"tether_run": {**doc, "max_steps": 1000}})
+    for _ in range(12):
+        if not agent.get_state(config).next:
+            break
+        state = run_to_end(agent, None, config, shell)
+    assert len(SEARCHED) == 3  # one per step: the fourth is refused
+    assert state["tether_outcome"].stopped_because is tether.StopReason.MAX_STEPS
+
+
+def test_restore_takes_the_step_limit_from_the_guard() -> None:
+    """guard.restore: a document's max_steps never widens the guard's (progress extensions
+    count at most one per step taken, up to the ceiling)."""
+    guard = Guard(budget=tether.Budget(max_steps=3))
+    with guard.start() as run:
+        run.proceed()
+        doc = run.snapshot()
+        run.succeed()
+    assert guard.restore({**doc, "max_steps": 1000})._state._max_steps == 3
+    grows = Guard(budget=tether.Budget(max_steps=3, progress_extension=2, max_steps_ceiling=9))
+    assert grows.restore({**doc, "max_steps": 1000})._state._max_steps == 5  # 1 step: 1 extension
+    assert grows.restore({**doc, "max_steps": 4})._state._max_steps == 3
+
+
+def conversation(config: Any) -> str:
+    return str(config["configurable"]["thread_id"])
+
+
+@pytest.mark.parametrize("edit", ["request", "request and key"])
+def test_another_conversations_request_is_refused(tmp_path: Path, edit: str) -> None:
+    """A thread's run document edited to serve another conversation's request does not get
+    that conversation's recorded refund back: it is refused (before: B got A's re_1 and its
+    own refund never ran)."""
+    guard = Guard(**stores(tmp_path))
+
+    def agent(replies: list[AIMessage]) -> Any:
+        return create_agent(
+            Model(messages=iter(replies)),
+            tools=[refund],
+            middleware=[TetherMiddleware(guard, side_effects=["refund"], key=conversation)],
+            checkpointer=saver,
+            interrupt_before=["tools"],
+        )
+
+    saver = InMemorySaver()
+    a, b = {"configurable": {"thread_id": "conv-a"}}, {"configurable": {"thread_id": "conv-b"}}
+    first = agent([ask("refund", {"order": "A-1"}, 0), answer("Refunded.")])
+    first.invoke({"messages": [("user", "refund A-1")]}, a)
+    first.invoke(None, a)
+    assert REFUNDS == ["A-1"]
+    second = agent([ask("refund", {"order": "A-1"}, 0), answer("Refunded.")])
+    second.invoke({"messages": [("user", "refund A-1")]}, b)
+    doc = second.get_state(b).values["tether_run"]
+    forged = {**doc, "request": "key:conv-a"}
+    if edit == "request and key":
+        forged["key"] = "conv-a"
+    second.update_state(b, {"tether_run": forged})
+    with pytest.raises(tether.RunDocumentError):
+        second.invoke(None, b)
+    assert REFUNDS == ["A-1"]
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_another_runs_id_does_not_use_its_approval(tmp_path: Path, signed: bool) -> None:
+    """A thread's run document edited to another run's id (whose refund a person approved)
+    is refused: the refund does not run on that approval (before: it ran)."""
+    guard = Guard(**stores(tmp_path), signing_key=b"k1" if signed else None)
+    rules = {"side_effects": ["refund"], "requires_approval": {"refund": True}}
+    saver = InMemorySaver()
+
+    def agent(replies: list[AIMessage], **options: Any) -> Any:
+        return create_agent(
+            Model(messages=iter(replies)),
+            tools=[refund],
+            middleware=[TetherMiddleware(guard, **rules)],  # type: ignore[arg-type]
+            checkpointer=saver,
+            **options,
+        )
+
+    a, b = {"configurable": {"thread_id": "run-a"}}, {"configurable": {"thread_id": "run-b"}}
+    asked = agent([ask("refund", {"order": "A-1"}, 0), answer("Waiting.")])
+    waiting = asked.invoke({"messages": [("user", "refund A-1")]}, a)["tether_outcome"]
+    assert waiting.stopped_because is tether.StopReason.AWAITING_APPROVAL
+    guard.approve(waiting.checkpoint_id, by="alice")
+    other = agent([ask("refund", {"order": "A-1"}, 0), answer("Refunded.")],
+                  interrupt_before=["tools"])  # fmt: skip
+    other.invoke({"messages": [("user", "refund A-1")]}, b)
+    doc = other.get_state(b).values["tether_run"]
+    forged = {**doc, "run_id": waiting.run_id}
+    if signed:  # consistent with itself: only the signature tells
+        forged["request"] = f"run:{waiting.run_id}"
+    other.update_state(b, {"tether_run": forged})
+    with pytest.raises(tether.RunDocumentError):
+        other.invoke(None, b)
+    assert REFUNDS == []
+
+
+def test_signed_documents_refuse_an_edit_an_unsigned_one_and_a_foreign_key() -> None:
+    """With a signing key: the run's own document continues; altered, unsigned, or signed
+    with a key the guard does not hold, it is refused; a rotated key still verifies."""
+    guard = Guard(signing_key=["new", "old"])
+    with Guard(signing_key="old").start() as run:
+        run.proceed()
+        old = run.snapshot()
+        run.succeed()
+    assert guard.restore(old).run_id == run.run_id  # signed with a key the guard still accepts
+    with guard.start() as run:
+        run.proceed()
+        doc = run.snapshot()
+        run.succeed()
+    assert guard.restore(doc).steps == 1
+    for bad in (
+        {**doc, "steps": 0},
+        {k: v for k, v in doc.items() if k != "signature"},
+        {**doc, "signature": "hmac-sha256:" + "0" * 64},
+    ):
+        with pytest.raises(tether.RunDocumentError):
+            guard.restore(bad)
+    with pytest.raises(tether.RunDocumentError):
+        Guard(signing_key="other").restore(doc)
+
+
+def test_the_signing_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No signing_key: $TETHER_SIGNING_KEY; a bad key is refused by name."""
+    monkeypatch.setenv("TETHER_SIGNING_KEY", "from-env")
+    assert Guard().signing_keys == (b"from-env",)
+    monkeypatch.delenv("TETHER_SIGNING_KEY")
+    assert Guard().signing_keys == ()
+    with pytest.raises(ValueError, match="signing_key"):
+        Guard(signing_key="")
+
+
+# --- case 3: no copy holds a secret in clear ----------------------------------------------
+
+SECRETS = ("sk-live-abcdef1234567890", "4242 4242 4242 4242")
+
+
+def test_a_snapshot_holds_no_secret_in_clear() -> None:
+    """A non-idempotent call's API key and card number are redacted in run.snapshot()."""
+    with Guard().start() as run:
+        run.proceed()
+        args = {"api_key": SECRETS[0], "card": SECRETS[1], "amount": 5}
+        run.call_tool("charge", lambda **a: {"ok": True}, args, idempotent=False)
+        text = json.dumps(run.snapshot())
+        run.succeed()
+    assert [s for s in SECRETS if s in text] == []
+
+
+@tool
+def charge(api_key: str, card: str, amount: int) -> str:
+    """Charge a card."""
+    REFUNDS.append(card[-4:])
+    return "ch_1"
+
+
+def test_the_checkpointed_graph_state_holds_no_secret_of_tethers() -> None:
+    """What TetherMiddleware writes into the graph state (persisted by the checkpointer)
+    holds the call's API key and card number redacted."""
+    args = {"api_key": SECRETS[0], "card": SECRETS[1], "amount": 5}
+    agent = create_agent(
+        Model(messages=iter([ask("charge", args, 0), answer("Charged.")])),
+        tools=[charge],
+        middleware=[TetherMiddleware(Guard(), side_effects=["charge"])],
+        checkpointer=InMemorySaver(),
+        interrupt_before=["model"],
+    )
+    config = {"configurable": {"thread_id": "secrets"}}
+    agent.invoke({"messages": [("user", "charge")]}, config)
+    agent.invoke(None, config)  # the tool ran; paused before the next model call
+    assert REFUNDS == ["4242"]
+    text = json.dumps(agent.get_state(config).values["tether_run"])
+    assert [s for s in SECRETS if s in text] == []

@@ -276,6 +276,13 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             mark = (doc.get("run_id"), *_progress(doc))
         except (TypeError, ValueError) as exc:
             raise RunDocumentError(f"the run in the graph state is corrupt ({exc})") from None
+        if self.key is not None:  # the document serves this conversation's request only
+            expected = self._key()
+            if doc.get("key") != expected:
+                raise RunDocumentError(
+                    f"the run in the graph state serves request key {doc.get('key')!r:.60}, "
+                    f"not this invocation's ({expected!r:.60}): refused, nothing ran"
+                )
         with self._lock:
             run = self._shared.get(mark)
             if run is None:

@@ -24,6 +24,7 @@ from tether.run._health import HUNG_TOOL_MODES, HungToolMode
 from tether.run._loops import LoopPolicy
 from tether.run._outcome import STATUSES, Outcome, StopReason
 from tether.run._pricing import PriceTable
+from tether.run._signing import signing_keys
 
 if TYPE_CHECKING:
     from tether.run._run import Run
@@ -73,6 +74,7 @@ class Guard:
         keep_last: int | None = 1000,
         token_budget: TokenBudget | Iterable[TokenBudget] | None = None,
         fallbacks: Iterable[Fallback | str] | None = None,
+        signing_key: bytes | str | Iterable[bytes | str] | None = None,
     ) -> None:
         _expect("budget", budget, Budget, "tether.Budget(max_steps=...)")
         _expect("loops", loops, LoopPolicy, "tether.LoopPolicy(...)")
@@ -172,6 +174,9 @@ class Guard:
         #: exceptions whose (redacted) message the model may read: failures a tool raises on
         #: purpose (business rules); every other failure reaches it as a short generic text
         self.model_errors = model_errors
+        #: the keys its run documents are signed with (the first) and checked against (any);
+        #: empty: documents are not signed (``signing_key``, default ``$TETHER_SIGNING_KEY``)
+        self.signing_keys = signing_keys(signing_key)
         self._breakers: dict[str, CircuitBreaker] = {}
         self._policies: dict[tuple[str, float | None, bool], RetryPolicy] = {}
 

@@ -19,10 +19,11 @@ from tether._errors import RunDocumentError
 from tether.clock import hung_threads
 from tether.effects._canonical import jsonable
 from tether.records._approvals import ApprovalRecord
-from tether.redaction._redact import PlainEntry, RecordedEntry
+from tether.redaction._redact import PlainEntry, RecordedEntry, redact
 from tether.run._governance import JournalEntry
 from tether.run._outcome import StopReason, Usage
 from tether.run._runstate import HasState, RunState, Tail
+from tether.run._signing import SIGNATURE, sign, verify
 from tether.run._tokens import RunTokens
 
 if TYPE_CHECKING:
@@ -94,7 +95,16 @@ def _untail(keep: int | None, doc: Any) -> Tail:
 
 
 def snapshot(run: RunState) -> dict[str, Any]:
-    """Everything the guards of ``run`` need to go on, as plain data."""
+    """Everything the guards of ``run`` need to go on, as plain data: redacted (no secret
+    in clear: an effect's arguments, the result), and signed when the guard has a key."""
+    doc = _document(run)
+    keys = run.guard.signing_keys
+    if keys:
+        doc[SIGNATURE] = sign(doc, keys)
+    return doc
+
+
+def _document(run: RunState) -> dict[str, Any]:
     loops = run._loops
     stop = run._stop
     return {
@@ -114,7 +124,8 @@ def snapshot(run: RunState) -> dict[str, Any]:
         "max_steps": run._max_steps,
         "partial": _tail(run.partial),
         "transcript": _tail(run.transcript),
-        "effects": [[tool, jsonable(args), key] for tool, args, key in run._effects],
+        # an effect's arguments say what was done (the customer is told); redacted here, once
+        "effects": [[tool, redact(jsonable(args)), key] for tool, args, key in run._effects],
         "labels": dict(run._labels),
         "tool_counts": dict(run._tool_counts),
         "journal": [entry.to_doc() for entry in run._journal],
@@ -131,7 +142,7 @@ def snapshot(run: RunState) -> dict[str, Any]:
         "step_calls": run._step_calls,
         "stop": [stop[0].value, stop[1]] if stop is not None else None,
         "escalate": run._escalate,
-        "result": None if run._result is None else jsonable(run._result),
+        "result": None if run._result is None else redact(jsonable(run._result)),
         "issues": list(run._issues),
         "resumed_from": run._resumed_from,
         "began": run._began,
@@ -173,6 +184,8 @@ def restore(
             f"run snapshot version {version!r:.20} is not {SNAPSHOT_VERSION} (made by another "
             "tether: deploy the same tether everywhere that reads this thread before it goes on)"
         )
+    verify(doc, guard.signing_keys)
+    _check_bound(doc)
     if reuse is not None and _settle(reuse._state, guard, doc):
         return reuse
     try:
@@ -181,6 +194,39 @@ def restore(
         raise
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
         raise RunDocumentError(f"run snapshot is corrupt: {type(exc).__name__}: {exc}") from None
+
+
+def _check_bound(doc: Mapping[str, Any]) -> None:
+    """A document serves the request it names for the run it names: its ``request`` is what
+    its ``run_id`` and ``key`` make (a run started without a key is its own request), so
+    that a document edited to another run or request (to use that run's approval, to replay
+    another conversation's effects) is refused (a signed one is refused for any edit)."""
+    run_id, key, request = doc.get("run_id"), doc.get("key"), doc.get("request")
+    if not isinstance(run_id, str) or (key is not None and not isinstance(key, str)):
+        raise RunDocumentError(f"run snapshot: run_id {run_id!r:.40} / key {key!r:.40} unreadable")
+    if request is None and key is None:  # a run resumed from a checkpoint of before requests
+        return
+    expected = f"key:{key}" if key is not None else f"run:{run_id}"
+    if request != expected:
+        raise RunDocumentError(
+            f"run snapshot of run {run_id} names request {request!r:.60}, not its own "
+            f"({expected!r:.60}): a document made for another run or request is refused"
+        )
+
+
+def _max_steps(guard: RunSettings, written: Any, steps: int) -> int | None:
+    """The step limit of a restored run, from the guard: its ``max_steps``, raised by
+    ``progress_extension`` for each step that made progress (at most one per step taken) up
+    to ``max_steps_ceiling``. What the document says of the limit never widens it."""
+    budget = guard.budget
+    base, extension = budget.max_steps, budget.progress_extension
+    if base is None:
+        return None
+    if not extension or type(written) is not int or written <= base:
+        return base
+    extended = base + extension * min((written - base) // extension, steps)
+    ceiling = budget.max_steps_ceiling
+    return extended if ceiling is None else max(base, min(extended, ceiling))
 
 
 def _rebuild(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R]) -> R:
@@ -206,8 +252,7 @@ def _rebuild(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R])
     s.models = [str(m) for m in doc.get("models") or ()]
     s._last_costs = [float(c) for c in doc.get("last_costs") or ()]
     s._last_tokens = int(doc.get("last_tokens") or 0)
-    max_steps = doc.get("max_steps")
-    s._max_steps = max_steps if isinstance(max_steps, int) else guard.budget.max_steps
+    s._max_steps = _max_steps(guard, doc.get("max_steps"), s.steps)
     s._effects = [(str(t), a, str(k)) for t, a, k in doc.get("effects") or ()]
     s._labels = {str(k): str(v) for k, v in (doc.get("labels") or {}).items()}
     s._tool_counts = Counter({str(k): int(v) for k, v in (doc.get("tool_counts") or {}).items()})
