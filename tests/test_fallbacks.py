@@ -120,7 +120,7 @@ PROVIDERS: dict[str, dict[str, Any]] = {
         "sync": lambda s: anthropic.Anthropic(api_key="t", base_url=s.url),
         "async": lambda s: anthropic.AsyncAnthropic(api_key="t", base_url=s.url),
         "create": lambda c: c.messages.create,
-        "primary": "claude-sonnet-4-5",
+        "primary": "claude-sonnet-5-5",
         "fallback": "claude-haiku-4-5",
         "reply": claude_reply,
         "quota": ANTHROPIC_SPEND_LIMIT,
@@ -341,12 +341,12 @@ def test_the_last_models_failure_is_the_calls(server: ScriptedServer) -> None:
             False,
             lambda raw: ask(
                 p,
-                t_openai.guarded(raw, policy=policy, fallbacks=["gpt-4o-mini", "gpt-4.1-nano"]),
+                t_openai.guarded(raw, policy=policy, fallbacks=["gpt-4o-mini", "gpt-5.6-luna"]),
                 "gpt-4o",
             ),
             server,
         )
-    assert models_asked(server) == ["gpt-4o", "gpt-4o-mini", "gpt-4.1-nano"]
+    assert models_asked(server) == ["gpt-4o", "gpt-4o-mini", "gpt-5.6-luna"]
 
 
 # --- in a run: priced, budgeted, named ------------------------------------------------------
@@ -508,10 +508,10 @@ def test_outcome_models_in_a_loop_of_your_own() -> None:
     """outcome.models: each model that answered, once, in the order it first did."""
     with Guard(clock=VirtualClock()).start(task="t") as run:
         run.proceed()
-        for model in ("claude-sonnet-4-5", "claude-haiku-4-5", "claude-sonnet-4-5"):
+        for model in ("claude-sonnet-5-5", "claude-haiku-4-5", "claude-sonnet-5-5"):
             run.record_model_call(input_tokens=10, output_tokens=5, model=model)
         run.succeed()
-    assert run.outcome.models == ("claude-sonnet-4-5", "claude-haiku-4-5")
+    assert run.outcome.models == ("claude-sonnet-5-5", "claude-haiku-4-5")
     with Guard(clock=VirtualClock()).start(task="t") as quiet:
         quiet.succeed()
     assert quiet.outcome.models == ()
@@ -632,7 +632,7 @@ def test_an_anthropic_loop_falls_back_to_an_openai_model(
     def use(raw: Any, other: Any) -> Any:
         return agent(p, asynchronous)(
             t_anthropic.guarded(raw, policy=RetryPolicy(clock=clock)),
-            model="claude-sonnet-4-5",
+            model="claude-sonnet-5-5",
             messages=[{"role": "user", "content": "invoice 99?"}],
             tools=[SEARCH],
             system="be brief",
@@ -645,7 +645,7 @@ def test_an_anthropic_loop_falls_back_to_an_openai_model(
     outcome = across(asynchronous, use, (p, server), (gpt, second))
     assert (outcome.status, outcome.result) == ("success", "invoice 99 is paid")
     assert outcome.models == ("gpt-4o-mini",)
-    assert models_asked(server) == ["claude-sonnet-4-5"] * 2  # each turn asks it first
+    assert models_asked(server) == ["claude-sonnet-5-5"] * 2  # each turn asks it first
     first, then = (r.body for r in second.requests)
     assert first["messages"] == [
         {"role": "system", "content": "be brief"},
@@ -745,7 +745,7 @@ def test_another_providers_fallback_is_refused_before_any_request(
     with p["sync"](server) as raw, openai.OpenAI(api_key="t", base_url=second.url) as other:
         for change, names in refusals:
             options = {
-                "model": "claude-sonnet-4-5",
+                "model": "claude-sonnet-5-5",
                 "messages": HI,
                 "guard": guard,
                 "fallbacks": [Fallback("gpt-4o-mini", client=other)],
@@ -762,7 +762,7 @@ def test_another_providers_fallback_is_refused_before_any_request(
             ):
                 await t_anthropic.arun_agent(
                     raw,
-                    model="claude-sonnet-4-5",
+                    model="claude-sonnet-5-5",
                     messages=HI,
                     guard=guard,
                     fallbacks=[Fallback("gpt-4o-mini", client=sync_other)],

@@ -451,9 +451,9 @@ def test_openai_pending_calls_are_the_unanswered_ones() -> None:
                    {"id": "c1", "type": "function", "function": {"name": "a", "arguments": "{}"}},
                    {"id": "c2", "type": "function", "function": {"name": "b", "arguments": '{"x": 1}'}}]},
                {"role": "tool", "tool_call_id": "c1", "content": "done"}]  # fmt: skip
-    turns = _setup(agent_call(None, model="gpt-5", messages=history, max_tokens=None))
+    turns = _setup(agent_call(None, model="gpt-6.1-sol", messages=history, max_tokens=None))
     assert [(u.id, u.name, u.args) for u in turns.pending()] == [("c2", "b", {"x": 1})]
-    assert _setup(agent_call(None, model="gpt-5", messages=history[:1])).pending() == []
+    assert _setup(agent_call(None, model="gpt-6.1-sol", messages=history[:1])).pending() == []
 
 
 def test_tool_rejects_bad_governance_fields() -> None:

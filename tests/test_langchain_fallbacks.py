@@ -166,7 +166,7 @@ def test_langchains_own_fallback_middleware_inside_ours_still_works(shell: str) 
 def test_a_fallback_that_cannot_be_a_chat_model_is_refused_at_construction() -> None:
     with pytest.raises(TypeError, match=r"fallbacks\[0\]\.client must be a LangChain chat model"):
         TetherMiddleware(
-            Guard(), fallbacks=[Fallback("gpt-5-mini", client=openai.OpenAI(api_key="k"))]
+            Guard(), fallbacks=[Fallback("gpt-6.1-terra", client=openai.OpenAI(api_key="k"))]
         )
     with pytest.raises(ValueError, match=r"fallbacks\[0\] \('no-such-thing'\): LangChain cannot"):
         TetherMiddleware(Guard(fallbacks=["no-such-thing"]))

@@ -26,7 +26,7 @@ class FakeGpt(GenericFakeChatModel):
     """LangChain's fake chat model under a real model's name, with a chat model's
     ``max_tokens`` (as ``ChatOpenAI`` has), able to be bound to tools (it ignores them)."""
 
-    model_name: str = "gpt-5-mini"
+    model_name: str = "gpt-6.1-terra"
     max_tokens: int | None = None
     calls: int = 0
 

@@ -63,7 +63,7 @@ def drive(shell: str, input_tokens: int, prompt: str) -> tuple[Any, list[int], T
     clock = VirtualClock()
     budget = TokenBudget("openai", input_tokens_per_minute=3000, store=MemoryStore(), clock=clock)
     guard = Guard(clock=clock, token_budget=budget, budget=Budget(max_seconds=10))
-    graph, made = app(ta_langgraph.GraphGuard(guard, model="gpt-5-mini"), input_tokens, shell)
+    graph, made = app(ta_langgraph.GraphGuard(guard, model="gpt-6.1-terra"), input_tokens, shell)
     value = {"messages": [("user", prompt)]}
     state = asyncio.run(graph.ainvoke(value)) if shell == "ainvoke" else graph.invoke(value)
     return state, made, budget

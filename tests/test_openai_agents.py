@@ -336,14 +336,14 @@ def test_a_permanent_model_failure_ends_the_run_with_a_reason() -> None:
 
 
 def gpt(message: dict[str, Any], usage: tuple[int, int] = (1000, 200)) -> dict[str, Any]:
-    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-5-mini",
+    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-6.1-terra",
             "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}}  # fmt: skip
 
 
 def test_the_real_openai_client_429_then_answers(server: ScriptedServer) -> None:
     """A 429 with Retry-After is retried once by tether's policy (the client's own retries
-    off), and the answer is priced as gpt-5-mini."""
+    off), and the answer is priced as gpt-6.1-terra."""
     server.script = [
         Reply(429, {"error": {"message": "slow down", "type": "rate_limit"}},
               headers={"retry-after": "0.05"}),
@@ -353,7 +353,7 @@ def test_the_real_openai_client_429_then_answers(server: ScriptedServer) -> None
     async def main() -> tether.Outcome:
         client = openai.AsyncOpenAI(api_key="test", base_url=server.url + "/v1", max_retries=0)
         try:
-            agent = Agent(name="clerk", model=OpenAIChatCompletionsModel("gpt-5-mini", client))
+            agent = Agent(name="clerk", model=OpenAIChatCompletionsModel("gpt-6.1-terra", client))
             return await ta_agents.run(agent, "find invoice 99",
                                        guard=Guard(budget=Budget(max_cost_usd=1.0)))  # fmt: skip
         finally:
@@ -362,7 +362,7 @@ def test_the_real_openai_client_429_then_answers(server: ScriptedServer) -> None
     outcome = asyncio.run(main())
     assert outcome.result == "Invoice 99 is paid." and outcome.usage.retries == 1
     assert len(server.requests) == 2
-    assert outcome.usage.cost_usd == pytest.approx((1000 * 0.25 + 200 * 2.0) / 1e6)
+    assert outcome.usage.cost_usd == pytest.approx((1000 * 1.0 + 200 * 5.0) / 1e6)
 
 
 def test_a_streamed_run_is_guarded_the_same_way() -> None:
@@ -394,6 +394,6 @@ def test_the_model_name_comes_from_a_string_a_model_object_or_the_sdk_default() 
 
     from tether.integrations.openai_agents import _model_name
 
-    assert _model_name(Agent(name="a", model="gpt-5-mini")) == "gpt-5-mini"
+    assert _model_name(Agent(name="a", model="gpt-6.1-terra")) == "gpt-6.1-terra"
     assert _model_name(Agent(name="a", model=model([]))) == "ScriptedModel"  # unpriced, never free
     assert _model_name(Agent(name="a")) == get_default_model()

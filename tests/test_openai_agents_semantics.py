@@ -524,7 +524,7 @@ def test_the_guards_token_budget_holds_for_the_sdks_requests(shell: str) -> None
     from tether.stores import MemoryStore
 
     class Gpt(ScriptedModel):
-        model = "gpt-5-mini"
+        model = "gpt-6.1-terra"
 
     clock = tether.VirtualClock()
     limits = tether.TokenBudget("openai", requests_per_minute=1, store=MemoryStore(), clock=clock)

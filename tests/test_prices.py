@@ -41,12 +41,12 @@ def genai_answer(
 @pytest.mark.parametrize(
     ("model", "provider"),
     [
-        ("claude-sonnet-4-5", "anthropic"),
-        ("claude-sonnet-4-5-20250929", None),
+        ("claude-sonnet-5-5", "anthropic"),
+        ("claude-haiku-4-5-20251001", None),
         ("claude-haiku-4-5", None),
         ("gpt-4o", "openai"),
         ("gpt-4.1-mini", None),
-        ("gemini-2.5-pro", "google"),
+        ("gemini-3.8-flash", "google"),
         ("o3", None),
         ("deepseek-chat", "deepseek"),
     ],
@@ -89,7 +89,7 @@ def test_the_price_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
     table = tether.PriceTable()
     run = tether.Guard(prices=table).start()
     first = run.record_model_call(
-        input_tokens=1000, output_tokens=100, model="claude-sonnet-4-5", provider="anthropic"
+        input_tokens=1000, output_tokens=100, model="claude-sonnet-5-5", provider="anthropic"
     )
     asked: list[str] = []
     real = genai_prices.types.ModelPrice.calc_price
@@ -101,13 +101,13 @@ def test_the_price_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(genai_prices.types.ModelPrice, "calc_price", counting)
     again = [
         run.record_model_call(
-            input_tokens=1000, output_tokens=100, model="claude-sonnet-4-5", provider="anthropic"
+            input_tokens=1000, output_tokens=100, model="claude-sonnet-5-5", provider="anthropic"
         )
         for _ in range(50)
     ]
     assert asked == []
     assert again == [first] * 50
-    assert first == pytest.approx(genai_answer("claude-sonnet-4-5", "anthropic", (1000, 100, 0, 0)))
+    assert first == pytest.approx(genai_answer("claude-sonnet-5-5", "anthropic", (1000, 100, 0, 0)))
 
 
 def test_an_unknown_model_stays_unpriced_never_zero(caplog: pytest.LogCaptureFixture) -> None:
@@ -129,10 +129,10 @@ def test_an_unknown_model_stays_unpriced_never_zero(caplog: pytest.LogCaptureFix
 
 def test_own_prices_come_first_and_are_cached() -> None:
     """Your own price wins over genai-prices', from the first call on."""
-    table = tether.PriceTable({"claude-sonnet-4-5": tether.Price(1.0, 2.0)})
-    assert table.cost("claude-sonnet-4-5", 10**6, 10**6) == 3.0
-    assert table.cost("claude-sonnet-4-5", 10**6, 10**6) == 3.0
-    assert table._cache[("claude-sonnet-4-5", None)] == tether.Price(1.0, 2.0)
+    table = tether.PriceTable({"claude-sonnet-5-5": tether.Price(1.0, 2.0)})
+    assert table.cost("claude-sonnet-5-5", 10**6, 10**6) == 3.0
+    assert table.cost("claude-sonnet-5-5", 10**6, 10**6) == 3.0
+    assert table._cache[("claude-sonnet-5-5", None)] == tether.Price(1.0, 2.0)
 
 
 def test_a_new_genai_prices_snapshot_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -366,7 +366,7 @@ def test_the_real_openai_client_429_then_answers(server: ScriptedServer) -> None
     server.script = [
         Reply(429, {"error": {"message": "slow down", "type": "rate_limit"}},
               headers={"retry-after": "0.05"}),
-        Reply(200, {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-5-mini",
+        Reply(200, {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-6.1-terra",
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Invoice 99 is paid."},
                                  "finish_reason": "stop"}],
                     "usage": {"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200}}),
@@ -375,7 +375,7 @@ def test_the_real_openai_client_429_then_answers(server: ScriptedServer) -> None
     async def main() -> tether.Outcome:
         client = openai.AsyncOpenAI(api_key="test", base_url=server.url + "/v1", max_retries=0)
         try:
-            model = OpenAIChatModel("gpt-5-mini", provider=OpenAIProvider(openai_client=client))
+            model = OpenAIChatModel("gpt-6.1-terra", provider=OpenAIProvider(openai_client=client))
             return await ta_pydantic.run(Agent(model), "find invoice 99",
                                          guard=Guard(budget=Budget(max_cost_usd=1.0)))  # fmt: skip
         finally:
@@ -384,7 +384,7 @@ def test_the_real_openai_client_429_then_answers(server: ScriptedServer) -> None
     outcome = asyncio.run(main())
     assert outcome.result == "Invoice 99 is paid." and outcome.usage.retries == 1
     assert len(server.requests) == 2
-    assert outcome.usage.cost_usd == pytest.approx((1000 * 0.25 + 200 * 2.0) / 1e6)
+    assert outcome.usage.cost_usd == pytest.approx((1000 * 1.0 + 200 * 5.0) / 1e6)
 
 
 def test_a_streamed_run_is_stopped_the_same_way() -> None:

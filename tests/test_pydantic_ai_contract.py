@@ -267,7 +267,7 @@ def flight_agents(
 ) -> tuple[Agent[None, Flight], list[int]]:
     """As PydanticAI's flight_booking: a search agent whose tool runs an extraction agent
     with usage=ctx.usage, and whose output validator makes the model try again once."""
-    name = {"model_name": "gpt-5-mini"} if priced else {}
+    name = {"model_name": "gpt-6.1-terra"} if priced else {}
     sent: list[int] = []
 
     def extract(messages: list[Any], info: AgentInfo) -> ModelResponse:
@@ -329,7 +329,7 @@ def test_a_delegate_agents_request_counts_in_the_callers_run(delegate: str) -> N
     assert outcome.result == Flight(number="AK123", destination="ANC")
     assert outcome.usage.model_calls == len(sent) == 4
     assert outcome.usage.input_tokens == 4 * 500
-    assert outcome.usage.cost_usd == pytest.approx(4 * (500 * 0.25 + 50 * 2.0) / 1e6)
+    assert outcome.usage.cost_usd == pytest.approx(4 * (500 * 1.0 + 50 * 5.0) / 1e6)
 
 
 def test_a_delegates_request_is_budgeted_before_it_is_sent() -> None:
@@ -363,7 +363,7 @@ def test_test_models_under_their_own_names_are_free() -> None:
     assert outcome.status == "success" and outcome.usage.model_calls == len(sent) == 4
     assert outcome.usage.cost_usd == 0.0 and outcome.usage.unpriced_calls == 0
     assert ta_pydantic.free_test_model(TestModel()) and not ta_pydantic.free_test_model(
-        FunctionModel(lambda m, i: ModelResponse([TextPart("x")]), model_name="gpt-5-mini")
+        FunctionModel(lambda m, i: ModelResponse([TextPart("x")]), model_name="gpt-6.1-terra")
     )
 
 

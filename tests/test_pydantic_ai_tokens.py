@@ -26,7 +26,7 @@ SHELLS = ["sync", "async"]
 def searching_agent(
     output_tokens: int, max_tokens: int, input_tokens: int = 50
 ) -> tuple[Agent[None, Any], list[Any]]:
-    """A model named after a real one (gpt-5-mini): it searches, then answers; each reply
+    """A model named after a real one (gpt-6.1-terra): it searches, then answers; each reply
     uses ``input_tokens`` and ``output_tokens``. The list holds what each request was sent."""
     sent: list[Any] = []
 
@@ -40,7 +40,8 @@ def searching_agent(
         return ModelResponse(parts=[TextPart("Paid.")], usage=usage)
 
     agent: Agent[None, Any] = Agent(
-        FunctionModel(respond, model_name="gpt-5-mini"), model_settings={"max_tokens": max_tokens}
+        FunctionModel(respond, model_name="gpt-6.1-terra"),
+        model_settings={"max_tokens": max_tokens},
     )
 
     @agent.tool_plain
@@ -154,7 +155,7 @@ def test_two_processes_share_the_budget_through_redis(redis_url: str) -> None:
         )
 
     agent: Agent[None, Any] = Agent(
-        FunctionModel(respond, model_name="gpt-5-mini"), model_settings={"max_tokens": 800}
+        FunctionModel(respond, model_name="gpt-6.1-terra"), model_settings={"max_tokens": 800}
     )
 
     async def process() -> tether.Outcome:

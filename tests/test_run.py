@@ -117,7 +117,7 @@ def test_model_calls_per_run_catch_endless_tool_use() -> None:
     with guard.start() as run:
         while run.proceed():
             model_calls += 1
-            run.record_model_call(input_tokens=100, output_tokens=20, model="claude-sonnet-4-5")
+            run.record_model_call(input_tokens=100, output_tokens=20, model="claude-sonnet-5-5")
             run.call_tool("lookup", lambda n: n, {"n": run.steps})
     assert model_calls == 4
     assert run.outcome.stopped_because is StopReason.MAX_MODEL_CALLS

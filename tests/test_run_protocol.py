@@ -103,7 +103,7 @@ def test_begin_model_call_refuses_after_a_stop_and_an_unpriced_model_under_a_cos
         assert run.begin_model_call(model="", max_output_tokens=100) == pytest.approx(30.0)
         run.halt(StopReason.MAX_STEPS, "enough")
         with pytest.raises(Stopped) as stopped:
-            run.begin_model_call(model="claude-sonnet-4-5", estimated_input_tokens=10)
+            run.begin_model_call(model="claude-sonnet-5-5", estimated_input_tokens=10)
         assert (stopped.value.reason, stopped.value.detail) == (StopReason.MAX_STEPS, "enough")
     run = _guard(clock, budget=Budget(max_cost_usd=1.0)).start()
     with run, pytest.raises(UnknownModelError):

@@ -48,7 +48,7 @@ def budget(store: Any, clock: VirtualClock, **kw: Any) -> TokenBudget:
         "input_tokens_per_minute": 6000,
         "output_tokens_per_minute": 1200,
     } | kw
-    return TokenBudget("anthropic", "claude-sonnet-4", store=store, clock=clock, **limits)
+    return TokenBudget("anthropic", "claude-sonnet-5", store=store, clock=clock, **limits)
 
 
 ANTHROPIC = {
@@ -111,7 +111,7 @@ def test_the_longest_matching_family_counts_a_model() -> None:
     sonnet = TokenBudget("anthropic", "claude-sonnet", requests_per_minute=10)
     gpt = TokenBudget("openai", "gpt-4o", requests_per_minute=10)
     budgets = (general, sonnet, gpt)
-    assert pick(budgets, "anthropic", "claude-sonnet-4-5") is sonnet
+    assert pick(budgets, "anthropic", "claude-sonnet-5-5") is sonnet
     assert pick(budgets, "anthropic", "claude-haiku-4-5") is general
     assert pick(budgets, "openai", "gpt-4o-mini") is gpt
     assert pick(budgets, "openai", "o3") is None
@@ -200,7 +200,7 @@ def test_a_wait_past_max_wait_raises_and_takes_nothing(store: Any) -> None:
     calibrated(b)
     b.reserve(estimated_input_tokens=10, max_output_tokens=1200)
     before = b.view()["levels"]["output"]
-    with pytest.raises(LimiterTimeout, match="anthropic:claude-sonnet-4"):
+    with pytest.raises(LimiterTimeout, match="anthropic:claude-sonnet-5"):
         b.reserve(estimated_input_tokens=10, max_output_tokens=600, max_wait=5.0)
     assert b.view()["levels"]["output"] == before
     assert clock.now() < 5.0
@@ -441,14 +441,14 @@ def test_begin_model_call_reserves_and_record_model_call_refunds() -> None:
     guard = tether.Guard(clock=clock, token_budget=b)
     with guard.start(task="t") as run:
         run.begin_model_call(
-            model="claude-sonnet-4-5", estimated_input_tokens=100, max_output_tokens=1200
+            model="claude-sonnet-5-5", estimated_input_tokens=100, max_output_tokens=1200
         )
         assert b.view()["levels"]["output"] == 0.0
-        run.record_model_call(model="claude-sonnet-4-5", input_tokens=100, output_tokens=600)
+        run.record_model_call(model="claude-sonnet-5-5", input_tokens=100, output_tokens=600)
         b.flush()
         assert b.view()["levels"]["output"] == 600.0
         run.begin_model_call(
-            model="claude-sonnet-4-5", estimated_input_tokens=100, max_output_tokens=1200
+            model="claude-sonnet-5-5", estimated_input_tokens=100, max_output_tokens=1200
         )
         assert clock.now() == pytest.approx(30.0, abs=0.1)  # 600 more at 20 a second
         run.succeed("done")
@@ -466,7 +466,7 @@ def test_a_wait_past_the_time_budget_stops_the_run_timeout_at_once() -> None:
     async def main() -> tether.Outcome:
         async with guard.start(task="t") as run:
             await run.abegin_model_call(
-                model="claude-sonnet-4-5", estimated_input_tokens=10, max_output_tokens=600
+                model="claude-sonnet-5-5", estimated_input_tokens=10, max_output_tokens=600
             )
             run.succeed("never")
         return run.outcome
@@ -537,7 +537,7 @@ def test_a_full_bucket_gains_nothing_while_the_line_waits_for_another(store: Any
     clock = VirtualClock()
     b = TokenBudget(
         "anthropic",
-        "claude-sonnet-4",
+        "claude-sonnet-5",
         input_tokens_per_minute=1000,
         output_tokens_per_minute=500,
         store=store,

@@ -130,7 +130,7 @@ class Provider:
         return Reply(200, reply, headers=headers)
 
 
-MODEL = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o-mini"}
+MODEL = {"anthropic": "claude-sonnet-5-5", "openai": "gpt-4o-mini"}
 
 
 def prompt(i: int) -> list[dict[str, Any]]:
@@ -356,7 +356,7 @@ def test_a_wait_past_the_runs_time_stops_it_timeout_before_the_request() -> None
         guard = tether.Guard(budget=tether.Budget(max_seconds=20), clock=clock, token_budget=budget)
         with anthropic.Anthropic(api_key="t", base_url=server.url) as client:
             outcome = tanthropic.run_agent(
-                client, model="claude-sonnet-4-5", messages=prompt(1), guard=guard, max_tokens=300
+                client, model="claude-sonnet-5-5", messages=prompt(1), guard=guard, max_tokens=300
             )
     assert outcome.stopped_because is tether.StopReason.TIMEOUT
     assert "token budget 'anthropic:claude'" in outcome.detail
@@ -367,7 +367,7 @@ def test_a_wait_past_the_runs_time_stops_it_timeout_before_the_request() -> None
 async def _arun(guard: tether.Guard, url: str) -> tether.Outcome:
     async with anthropic.AsyncAnthropic(api_key="t", base_url=url) as client:
         return await tanthropic.arun_agent(
-            client, model="claude-sonnet-4-5", messages=prompt(2), guard=guard, max_tokens=300
+            client, model="claude-sonnet-5-5", messages=prompt(2), guard=guard, max_tokens=300
         )
 
 
@@ -394,7 +394,7 @@ def _two_calls(
     guard = tether.Guard(budget=tether.Budget(max_seconds=15), clock=clock, token_budget=budget)
 
     def kw(max_tokens: int) -> dict[str, Any]:
-        return {"model": "claude-sonnet-4-5", "max_tokens": max_tokens, "messages": prompt(3)}
+        return {"model": "claude-sonnet-5-5", "max_tokens": max_tokens, "messages": prompt(3)}
 
     if asynchronous:
 

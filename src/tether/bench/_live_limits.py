@@ -37,7 +37,7 @@ LIVE_LIMITS = Limits(requests=600, input=360_000, output=100_000)
 #: the configured limits as a share of the real ones
 LIVE_MISCONFIGS = {"configured-2x-high": 2.0, "configured-2x-low": 0.5}
 AGENTS, WORKERS = 80, 4
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-sonnet-5-5"
 
 
 def _agent(seed: int, key: str) -> dict[str, Any]:

@@ -694,7 +694,7 @@ def _ledgers(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
 
 def _prices(quick: bool) -> dict[str, dict[str, Any]]:
     """record_model_call priced by genai-prices (the prices extra) against an own table."""
-    model = "claude-sonnet-4-5"
+    model = "claude-sonnet-5-5"
     kw: dict[str, Any] = {
         "input_tokens": 1200,
         "output_tokens": 300,

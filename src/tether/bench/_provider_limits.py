@@ -40,7 +40,7 @@ __all__ = ["PROVIDER_LIMITS", "PROVIDER_POLICIES", "REAL_LIMITS", "run_provider_
 REAL_LIMITS = Limits(requests=4_000, input=1_500_000, output=300_000)
 #: the configured limits as a share of the real ones
 PROVIDER_LIMITS = {"configured-2x-high": 2.0, "configured-2x-low": 0.5}
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-sonnet-5-5"
 AGENTS = 1000
 #: when the busy window opens: the buckets' full start spent, before the minute's edge (a
 #: router's fixed window admits its waiters at the edge, after the snapshot of the buckets)

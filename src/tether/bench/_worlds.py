@@ -23,7 +23,7 @@ __all__ = ["SCENARIOS", "Action", "Final", "HTTPError", "Malformed", "Scenario",
 MODEL_LATENCY = 1.5  # seconds per model call
 TOOL_LATENCY = 0.2  # seconds per healthy tool call
 HANG = 3600.0  # a hung call gives up (a socket timeout) after an hour
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-sonnet-5-5"
 
 
 class HTTPError(Exception):

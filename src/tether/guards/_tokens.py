@@ -73,7 +73,7 @@ class TokenBudget:
     """Requests, input tokens and output tokens per minute for one provider and model family,
     shared by every agent that uses the same ``store``.
 
-    >>> budget = tether.TokenBudget(provider="anthropic", family="claude-sonnet-4",
+    >>> budget = tether.TokenBudget(provider="anthropic", family="claude-sonnet-5",
     ...     requests_per_minute=50, input_tokens_per_minute=30_000,
     ...     output_tokens_per_minute=8_000)  # doctest: +SKIP
     >>> guard = tether.Guard(token_budget=budget)  # doctest: +SKIP

@@ -1,6 +1,6 @@
 """A guarded client's fallback models: the same request to the next model of the chain.
 
-A guarded client with ``fallbacks=[tether.Fallback("gpt-5-mini")]`` sends each request
+A guarded client with ``fallbacks=[tether.Fallback("gpt-6.1-terra")]`` sends each request
 to its own model first; when that model cannot answer (see :class:`tether.Fallback`)
 the request goes to the next one, with its ``model`` changed (and to the fallback's own
 client when it names one). Every candidate is its own model call: checked against the

@@ -46,7 +46,7 @@ guarded = guarding(
     """``client`` (``anthropic.Anthropic`` or ``AsyncAnthropic``) under tether's policy.
 
     >>> client = guarded(anthropic.Anthropic())  # doctest: +SKIP
-    >>> client.messages.create(model="claude-sonnet-4-5", max_tokens=512, messages=[...])  # doctest: +SKIP
+    >>> client.messages.create(model="claude-sonnet-5-5", max_tokens=512, messages=[...])  # doctest: +SKIP
 
     ``token_budget``: a :class:`tether.TokenBudget` (or several): every attempt waits for
     its place in the budget of its model, and the responses' rate-limit headers calibrate

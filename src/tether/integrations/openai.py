@@ -62,7 +62,7 @@ guarded = guarding(
     """``client`` (``openai.OpenAI`` or ``AsyncOpenAI``) under tether's policy; with
     ``token_budget``, every attempt waits for its place in the budget of its model (see
     :func:`tether.integrations.anthropic.guarded`); ``fallbacks``: OpenAI models to ask
-    when the request's own cannot answer (``[tether.Fallback("gpt-5-mini")]``).""",
+    when the request's own cannot answer (``[tether.Fallback("gpt-6.1-terra")]``).""",
 )
 
 

@@ -275,6 +275,8 @@ class _Session:
             guardrail = exc.guardrail_result.guardrail
             name = getattr(guardrail, "get_name", lambda: type(guardrail).__name__)()
             raise run.halt(StopReason.REFUSED, f"guardrail {name} tripped") from None
+        if isinstance(exc, Warning):  # the caller's warnings filter raised it: the run ends
+            run.model_call_failed(exc)  # ERROR and the warning itself is raised
         if isinstance(exc, UserError | UnknownModelError | Stopped) or not isinstance(
             exc, Exception
         ):

@@ -172,7 +172,7 @@ def free_test_model(model: Any) -> bool:
     """Whether ``model`` is one of PydanticAI's test models under its own name: a
     ``TestModel`` (``"test"``) or a ``FunctionModel`` (``"function:..."``) sends no request
     to a provider, so its requests cost nothing. Named after a real model
-    (``FunctionModel(fn, model_name="gpt-5-mini")``) it is priced as that model."""
+    (``FunctionModel(fn, model_name="gpt-6.1-terra")``) it is priced as that model."""
     system = getattr(model, "system", None)
     name = str(getattr(model, "model_name", "") or "")
     return (system == "test" and name == "test") or (
@@ -312,8 +312,8 @@ class TetherCapability(AbstractCapability[Any]):
         elif isinstance(error, exceptions.RunTimedOut):
             run.halt(StopReason.TIMEOUT, f"PydanticAI run timeout: {error}")
         elif isinstance(
-            error, exceptions.UserError | UnknownModelError
-        ):  # the caller's configuration
+            error, exceptions.UserError | UnknownModelError | Warning
+        ):  # the caller's configuration (a warning its filters raise as an error too)
             run.note_error(error)
             run.halt(StopReason.ERROR, type(error).__name__)
             self._finish(str(ctx.run_id), run, self._messages(ctx))
@@ -528,7 +528,7 @@ def _settle_quietly(live: _Live) -> None:
 
 def _provider(model: Any) -> str | None:
     """The provider a model's requests go to (None for PydanticAI's function and test
-    models, which send none: a name like ``gpt-5-mini`` says whose it stands for)."""
+    models, which send none: a name like ``gpt-6.1-terra`` says whose it stands for)."""
     system = getattr(model, "system", None)
     if not isinstance(system, str) or system in ("", "function", "test"):
         return None

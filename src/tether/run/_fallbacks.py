@@ -27,8 +27,8 @@ PROVIDERS = ("anthropic", "openai")
 class Fallback:
     """A model to ask when the one before it in the chain cannot answer.
 
-    >>> Fallback("gpt-5-mini")                  # the same provider, the same client
-    Fallback(model='gpt-5-mini', provider=None, client=None)
+    >>> Fallback("gpt-6.1-terra")                  # the same provider, the same client
+    Fallback(model='gpt-6.1-terra', provider=None, client=None)
 
     ``provider``: ``"anthropic"`` or ``"openai"``; None means the provider of the call it
     stands in for (or of ``client``). ``client``: the SDK client (raw or guarded) that

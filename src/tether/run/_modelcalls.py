@@ -85,12 +85,20 @@ class ModelCalls:
         """Stop the run for a model call that failed after its retries, with the reason its
         failure says (``TIMEOUT`` for the time budget, ``CIRCUIT_OPEN`` for a provider that
         is down, ``ERROR`` or ``PERMANENT_ERROR`` by classification); returns the Stopped
-        to raise (an agent loop raises it, a framework's hook may just end the agent)."""
+        to raise (an agent loop raises it, a framework's hook may just end the agent).
+
+        A :class:`Warning` raised as an exception (this process's warnings filter turns it
+        into an error, as ``-W error`` or pytest's ``filterwarnings = error`` do) is not a
+        verdict on the request: the run ends ``ERROR`` and the warning itself is raised,
+        unchanged, for the caller to see (a model name its provider deprecates, say)."""
         from tether._errors import DeadlineExceeded
         from tether.classification._classify import classify
 
         self.s.note_error(exc)
         self.s._tokens.release(exc)
+        if isinstance(exc, Warning):
+            self.s._halt(StopReason.ERROR, f"{type(exc).__name__} raised as an error: {exc}")
+            raise exc
         if isinstance(exc, DeadlineExceeded) and self.s.budget.max_seconds is not None:
             return self.s._halt(StopReason.TIMEOUT, "the time budget ran out waiting for the model")
         if isinstance(exc, CircuitOpenError):

@@ -10,8 +10,8 @@ Prices are looked up in this order:
    is not.
 
 A name matches a table entry when it is the entry itself or the entry followed by a
-date or ``-latest`` (``claude-sonnet-4-5-20250929`` takes ``claude-sonnet-4-5``'s
-price; ``o3-mini`` never takes ``o3``'s). A model found nowhere has an *unknown* cost:
+date or ``-latest`` (``claude-haiku-4-5-20251001`` takes ``claude-haiku-4-5``'s
+price; ``gpt-4o-transcribe`` never takes ``gpt-4o``'s). A model found nowhere has an *unknown* cost:
 its tokens are still counted, its cost is not (``Usage.unpriced_calls`` says how many
 calls), with one warning per model. A run with a cost budget refuses such a model
 before its first request, since the budget could not hold.
@@ -30,9 +30,10 @@ __all__ = ["PRICES", "PRICES_READ_ON", "Price", "PriceTable", "UnknownModelError
 
 _log = logging.getLogger("tether")
 
-#: When the shipped prices were read: the providers' published list prices for the
-#: models below. genai-prices, when installed, is used instead of this table.
-PRICES_READ_ON = "2025-11"
+#: When the shipped prices were read: the providers' published list prices (below 272k
+#: prompt tokens) for the models they serve and have not deprecated on that day.
+#: genai-prices, when installed, is used instead of this table.
+PRICES_READ_ON = "2026-12"
 
 _warned: set[str] = set()  # one warning per unpriced model, per process
 _warned_lock = threading.Lock()
@@ -68,21 +69,21 @@ class Price:
 
 
 PRICES: dict[str, Price] = {
-    "claude-opus-4-5": Price(5.0, 25.0, 6.25, 0.50),
-    "claude-opus-4-1": Price(15.0, 75.0, 18.75, 1.50),
-    "claude-opus-4": Price(15.0, 75.0, 18.75, 1.50),
-    "claude-sonnet-4-5": Price(3.0, 15.0, 3.75, 0.30),
-    "claude-sonnet-4": Price(3.0, 15.0, 3.75, 0.30),
-    "claude-3-7-sonnet": Price(3.0, 15.0, 3.75, 0.30),
+    "claude-opus-5-5": Price(4.0, 20.0, 5.0, 0.20),
+    "claude-sonnet-5-5": Price(2.0, 10.0, 2.50, 0.10),
+    "claude-opus-4-8": Price(5.0, 25.0, 6.25, 0.50),
+    "claude-opus-4-6": Price(5.0, 25.0, 6.25, 0.50),
+    "claude-sonnet-4-6": Price(3.0, 15.0, 3.75, 0.30),
     "claude-haiku-4-5": Price(1.0, 5.0, 1.25, 0.10),
-    "claude-3-5-haiku": Price(0.80, 4.0, 1.0, 0.08),
+    "gpt-6.1-sol": Price(2.0, 10.0, 2.50, 0.10),
+    "gpt-6.1-terra": Price(1.0, 5.0, 1.25, 0.05),
+    "gpt-5.6-sol": Price(4.0, 20.0, 5.0, 0.40),
+    "gpt-5.6-terra": Price(2.0, 12.0, 2.50, 0.20),
+    "gpt-5.6-luna": Price(0.20, 1.20, 0.25, 0.02),
     "gpt-4o-mini": Price(0.15, 0.60, 0.0, 0.075),
     "gpt-4o": Price(2.50, 10.0, 0.0, 1.25),
     "gpt-4.1-mini": Price(0.40, 1.60, 0.0, 0.10),
-    "gpt-4.1-nano": Price(0.10, 0.40, 0.0, 0.025),
     "gpt-4.1": Price(2.0, 8.0, 0.0, 0.50),
-    "o3": Price(2.0, 8.0, 0.0, 0.50),
-    "o4-mini": Price(1.10, 4.40, 0.0, 0.275),
 }
 
 
