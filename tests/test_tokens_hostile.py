@@ -3,15 +3,17 @@ wrong, replies that say what cannot be true, settlements repeated or invented.""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tether import AdaptiveLimiter, LimiterTimeout, TokenBudget
+from tether import AdaptiveLimiter, LimiterTimeout, TokenBudget, VirtualClock
 from tether.clock import SystemClock
-from tether.stores import RedisStore
+from tether.guards._tokens import Reservation
+from tether.stores import MemoryStore, RedisStore
 
 
 class SkewedClock(SystemClock):
@@ -22,6 +24,20 @@ class SkewedClock(SystemClock):
 
     def wall(self) -> float:
         return super().wall() + self.skew
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A store on a VirtualClock's time: this process's memory, or Redis."""
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    s = RedisStore(request.getfixturevalue("redis_url"), prefix=prefix, server_time=False)
+    yield s
+    assert not s.degraded, "the Redis store fell back to memory: a script failed"
+    s.reset()
+    s.close()
 
 
 @pytest.fixture
@@ -106,3 +122,92 @@ def test_a_limiter_host_whose_clock_is_ahead_does_not_hold_the_fleet_back(
     wait, admitted = here.try_acquire()
     assert admitted
     assert wait <= 0.2
+
+
+# --- case 4: what a reply says, as what can be true ---------------------------------------
+
+
+def calibrated(store: Any, clock: Any) -> TokenBudget:
+    b = openai_budget(store, clock)
+    first = b.reserve(estimated_input_tokens=0, max_output_tokens=0)
+    b.settle(first, input_tokens=0, output_tokens=0, status=200)
+    return b
+
+
+def test_a_usage_of_a_trillion_tokens_counts_as_the_requests_maximum(store: Any) -> None:
+    """A usage report of 10^12 tokens counts as what the request could use (four times its
+    prompt's estimate and 1,024, its max_tokens): the next call waits seconds, not 10^9 s."""
+    clock = VirtualClock()
+    b = calibrated(store, clock)
+    r = b.reserve(estimated_input_tokens=100, max_output_tokens=100)
+    b.settle(r, input_tokens=10**12, output_tokens=10**12, status=200)
+    b.flush()
+    # at most 4 x 100 + 1,024 in and 100 out were used: 6,000 - 1,524 left
+    assert b.view()["levels"]["tokens"] == pytest.approx(6_000 - 1_524, abs=1.0)
+    start = clock.now()
+    b.reserve(estimated_input_tokens=100, max_output_tokens=100, max_wait=60.0)
+    assert clock.now() - start < 1.0
+
+
+def test_a_retry_after_of_a_day_pauses_the_fleet_for_the_policys_cap(store: Any) -> None:
+    """Retry-After: 86400 on one 429 pauses every process for retry_after_cap (60 s), not
+    a day."""
+    clock = VirtualClock()
+    mine, theirs = calibrated(store, clock), openai_budget(store, clock)
+    r = mine.reserve(estimated_input_tokens=10, max_output_tokens=10)
+    mine.settle(r, headers={"retry-after": "86400"}, status=429)
+    assert 59.0 <= theirs.view()["paused_for"] <= 60.0
+    start = clock.now()
+    theirs.reserve(estimated_input_tokens=10, max_output_tokens=10, max_wait=120.0)
+    assert clock.now() - start == pytest.approx(60.0, abs=0.5)
+
+
+def test_a_reset_header_of_a_day_is_capped_as_well(store: Any) -> None:
+    """No Retry-After, the exhausted bucket's reset a day away: the pause is the cap too."""
+    clock = VirtualClock()
+    mine = calibrated(store, clock)
+    r = mine.reserve(estimated_input_tokens=10, max_output_tokens=10)
+    headers = {"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "24h0m0s"}
+    mine.settle(r, headers=headers, status=429)
+    assert mine.view()["paused_for"] <= 60.0
+
+
+def level_after_settling(store: Any, times: int) -> float:
+    """The tokens left after three calls of 1,000, two of them settled ``times`` times
+    (one through settle, one through asettle) with no usage."""
+    b = calibrated(store, VirtualClock())
+    held = [b.reserve(estimated_input_tokens=0, max_output_tokens=1_000) for _ in range(3)]
+    for _ in range(times):
+        b.settle(held[0], input_tokens=0, output_tokens=0, status=200)
+        asyncio.run(b.asettle(held[1], input_tokens=0, output_tokens=0, status=200))
+    b.flush()
+    level = float(b.view()["levels"]["tokens"])
+    b.reset()
+    return level
+
+
+def test_a_reservation_settled_ten_times_counts_once(store: Any) -> None:
+    """Settling one reservation ten times refunds it once (sync and async alike)."""
+    once = level_after_settling(store, 1)
+    assert once == pytest.approx(6_000 - 1_000, abs=1.0)
+    assert level_after_settling(store, 10) == once
+
+
+@pytest.mark.parametrize("made", ["by hand", "by another budget"])
+def test_a_settlement_for_a_reservation_never_made_is_refused(store: Any, made: str) -> None:
+    """A Reservation this budget did not make is refused (ValueError), nothing refunded."""
+    clock = VirtualClock()
+    b = calibrated(store, clock)
+    b.reserve(estimated_input_tokens=0, max_output_tokens=1_000)
+    if made == "by hand":
+        forged = Reservation(b.name, (1.0, 0.0, 5_000.0, 5_000.0), 0, 5_000, 0.0)
+    else:
+        other = TokenBudget("openai", "gpt-4o", store=MemoryStore(), clock=clock,
+                            requests_per_minute=10_000, tokens_per_minute=6_000)  # fmt: skip
+        forged = other.reserve(estimated_input_tokens=0, max_output_tokens=1_000)
+    with pytest.raises(ValueError, match="never made"):
+        b.settle(forged, input_tokens=0, output_tokens=0, status=200)
+    with pytest.raises(ValueError, match="never made"):
+        asyncio.run(b.asettle(forged, input_tokens=0, output_tokens=0, status=200))
+    b.flush()
+    assert b.view()["levels"]["tokens"] == pytest.approx(6_000 - 1_000, abs=1.0)

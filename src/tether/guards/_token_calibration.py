@@ -72,6 +72,8 @@ class Reservation:
     estimated_input_tokens: int
     max_output_tokens: int
     waited: float
+    #: who made it and its number (its budget settles each id once; "": never made)
+    id: str = ""
 
 
 def _number(raw: str | None) -> float | None:
@@ -165,13 +167,36 @@ class Estimator:
             self.ratio, self.spread = 1.0, 0.0
 
 
+#: a prompt's tokens are at most this many times its estimate (about four characters a
+#: token: a token per character at the most) ...
+MAX_INPUT_FACTOR = 4
+#: ... plus this many for what the estimate may not see (the messages' framing, a system
+#: prompt or tools an adapter is not shown)
+INPUT_SLACK = 1024
+
+
+def max_usage(r: Reservation) -> tuple[float, float]:
+    """The most a call can have used: ``MAX_INPUT_FACTOR`` times its prompt's estimate
+    plus ``INPUT_SLACK`` (or what it reserved, when more) and its ``max_tokens`` (the
+    provider stops there)."""
+    most_in = MAX_INPUT_FACTOR * r.estimated_input_tokens + INPUT_SLACK
+    return max(float(most_in), r.need[1]), float(r.max_output_tokens)
+
+
+def _used(value: int | None, most: float) -> float:
+    """A usage the response reports, as what can be true: within [0, most]."""
+    used = float(value or 0)
+    return most if not used <= most else max(0.0, used)  # NaN: the most
+
+
 def _refund(
     r: Reservation, input_tokens: int | None, output_tokens: int | None, sent: bool
 ) -> list[float]:
     if input_tokens is None and output_tokens is None:
         # no usage: nothing was generated; a refused (429) call took no tokens at all
         return [0.0 if sent else 1.0, r.need[1], r.need[2], r.need[3]]
-    used_in, used_out = float(input_tokens or 0), float(output_tokens or 0)
+    most_in, most_out = max_usage(r)
+    used_in, used_out = _used(input_tokens, most_in), _used(output_tokens, most_out)
     return [0.0, r.need[1] - used_in, r.need[2] - used_out, r.need[3] - used_in - used_out]
 
 
@@ -182,10 +207,12 @@ def settlement_of(
     headers: Any,
     status: int | None,
     now: float,
+    max_pause: float = 60.0,
 ) -> Settlement:
     """What a response (or a 429, or no answer) says to the store: the refund from its
-    usage, the headers' limits and levels, a 429's pause (its Retry-After, else the reset
-    of an exhausted bucket)."""
+    usage (at most what the call can have used, :func:`max_usage`), the headers' limits and
+    levels, a 429's pause (its Retry-After, else the reset of an exhausted bucket; at most
+    ``max_pause`` seconds)."""
     s = Settlement(seen_at=now)
     s.refund = _refund(r, input_tokens, output_tokens, status is None or status != 429)
     limits, remaining, resets = rate_limit_headers(headers, now)
@@ -196,5 +223,5 @@ def settlement_of(
         if wait is None:
             exhausted = [x for i, x in enumerate(resets) if x is not None and remaining[i] == 0]
             wait = max(exhausted or [1.0])
-        s.pause_until = now + wait
+        s.pause_until = now + min(wait, max_pause)
     return s

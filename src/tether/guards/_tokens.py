@@ -16,6 +16,7 @@ what it tells the store (:mod:`tether.guards._token_line`).
 from __future__ import annotations
 
 import math
+import secrets
 import threading
 from typing import TYPE_CHECKING, Any, cast
 
@@ -112,6 +113,7 @@ class TokenBudget:
         clock: Clock | None = None,
         horizon: float = 2.0,
         probe_timeout: float = 30.0,
+        retry_after_cap: float = 60.0,
     ) -> None:
         if not provider or not isinstance(provider, str):
             raise ValueError(f"provider must be a non-empty string, got {provider!r}")
@@ -121,6 +123,8 @@ class TokenBudget:
             raise ValueError(f"horizon must be > 0 seconds, got {horizon!r}")
         if not isinstance(probe_timeout, int | float) or not probe_timeout > 0:
             raise ValueError(f"probe_timeout must be > 0 seconds, got {probe_timeout!r}")
+        if not isinstance(retry_after_cap, int | float) or not 0 < retry_after_cap < math.inf:
+            raise ValueError(f"retry_after_cap must be > 0 seconds, got {retry_after_cap!r}")
         self.provider, self.family = provider, family
         self.name = f"{provider}:{family}" if family else provider
         self.config = TokenConfig(
@@ -133,6 +137,7 @@ class TokenBudget:
             probe_timeout=float(probe_timeout),
         )
         self.horizon = float(horizon)
+        self.retry_after_cap = float(retry_after_cap)
         self.store: Store = store if store is not None else default_store
         self.clock: Clock = clock or system_clock
         self._ops = token_ops(self.store)
@@ -140,6 +145,7 @@ class TokenBudget:
         self._line = Line(self._outbox, self.horizon)
         self._estimator = Estimator()
         self._lock = threading.Lock()
+        self._tickets = Tickets()
         #: calls reserved, seconds waited in all, the longest wait, 429s settled
         self.reserved = 0
         self.waited = 0.0
@@ -189,12 +195,14 @@ class TokenBudget:
     def _settle_plan(
         self, r: Reservation, usage: tuple[int | None, int | None], headers: Any, status: Any
     ) -> Plan[None]:
+        if not self._tickets.settle(r):
+            return _nothing()  # settled before: once is what counts
+        s = settlement_of(r, *usage, headers, status, self.clock.wall(), self.retry_after_cap)
         if usage[0] is not None:
-            self._estimator.learn(r.estimated_input_tokens, float(usage[0]))
+            self._estimator.learn(r.estimated_input_tokens, r.need[1] - s.refund[1])
         if status == 429:
             with self._lock:
                 self.throttled += 1
-        s = settlement_of(r, *usage, headers, status, self.clock.wall())
         return self._outbox.queue(s)
 
     def settle(
@@ -209,8 +217,13 @@ class TokenBudget:
         """Give back what the call did not use and learn from its headers.
 
         ``input_tokens`` / ``output_tokens``: the response's usage (None: the call got no
-        answer, everything goes back); ``headers``: the response's (or the 429's) headers;
-        ``status``: its HTTP status (429 pauses the family for the fleet).
+        answer, everything goes back), counted at most as what the call can have used
+        (``max_tokens`` out, four times the prompt's estimate and 1,024 in); ``headers``: the
+        response's (or the 429's) headers; ``status``: its HTTP status (429 pauses the
+        family for the fleet, at most ``retry_after_cap`` seconds).
+
+        A reservation is settled once: settling it again does nothing. One this budget did
+        not make (by hand, or another budget object's) raises ValueError.
         """
         plan = self._settle_plan(reservation, (input_tokens, output_tokens), headers, status)
         drive(plan, self.clock, self._ops)
@@ -241,6 +254,7 @@ class TokenBudget:
         self._ops.reset(self.name)
         self._outbox.reset()
         self._line.reset()
+        self._tickets.reset()
         self._estimator.reset()
 
 
@@ -260,7 +274,55 @@ def reserve_plan(
         budget.reserved += 1
         budget.waited += waited
         budget.longest_wait = max(budget.longest_wait, waited)
-    return Reservation(budget.name, need, estimated_input_tokens, max_output_tokens, waited)
+    ticket = budget._tickets.issue()
+    return Reservation(budget.name, need, estimated_input_tokens, max_output_tokens, waited, ticket)
+
+
+def _nothing() -> Plan[None]:
+    return
+    yield  # a plan with no step
+
+
+class Tickets:
+    """The ids of a budget's reservations, each settled once.
+
+    An id is the budget's random mark and a number. A settlement of an id issued and not
+    settled yet counts; of one settled before, nothing (idempotent); of one never issued
+    here, a ValueError. At most ``MAX_OPEN`` are held open: the oldest beyond (a call whose
+    caller never settled it) count as settled, so its tokens stay spent (the safe side).
+    """
+
+    MAX_OPEN = 100_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mark = secrets.token_hex(8)
+        self._issued = 0
+        self._open: dict[int, None] = {}
+
+    def issue(self) -> str:
+        with self._lock:
+            self._issued += 1
+            self._open[self._issued] = None
+            if len(self._open) > self.MAX_OPEN:
+                del self._open[next(iter(self._open))]
+            return f"{self._mark}:{self._issued}"
+
+    def settle(self, r: Reservation) -> bool:
+        """True: settle ``r`` now; False: it was settled before. Raises ValueError for a
+        reservation this budget never made."""
+        mark, _, number = r.id.partition(":")
+        with self._lock:
+            if mark == self._mark and number.isdigit() and 0 < int(number) <= self._issued:
+                return self._open.pop(int(number), False) is None
+        raise ValueError(
+            f"token budget {r.name!r}: a settlement for a reservation it never made "
+            f"(id {r.id!r}); settle the Reservation its reserve() returned, on that budget"
+        )
+
+    def reset(self) -> None:
+        with self._lock:
+            self._open.clear()
 
 
 def drive_for(budget: TokenBudget, plan: Plan[Any]) -> Any:
