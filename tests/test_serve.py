@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import threading
@@ -89,16 +90,24 @@ def world(tmp_path: Path) -> Iterator[World]:
     w.close()
 
 
+BASE = "http://127.0.0.1:8765"
+
+
 def client(world: World, **options: Any) -> TestClient:
+    """A browser on the page: its actions carry the page's own Origin, as a browser's do."""
     options.setdefault("handler", world.replay_handler)
-    return TestClient(create_app(world.records, **options), base_url="http://127.0.0.1:8765")
+    return TestClient(create_app(world.records, **options), base_url=BASE, headers={"origin": BASE})
+
+
+def form_token(c: Any, page: str = "/inbox") -> str:
+    """The CSRF token of a page's forms (it comes with the page, with its cookie)."""
+    found = re.search(r'name="csrf" value="([^"]+)"', c.get(page).text)
+    assert found, f"{page} has no form with a CSRF token"
+    return found.group(1)
 
 
 def post(c: TestClient, path: str, **form: str) -> Any:
-    c.get("/runs")  # the CSRF cookie comes with a page
-    return c.post(
-        path, data={"csrf": c.cookies.get("tether_csrf") or "", **form}, follow_redirects=False
-    )
+    return c.post(path, data={"csrf": form_token(c), **form}, follow_redirects=False)
 
 
 # --- pages --------------------------------------------------------------------------------------
@@ -278,15 +287,21 @@ def test_a_token_is_required_when_configured(world: World) -> None:
 def test_state_changes_need_the_csrf_token_and_this_origin(world: World) -> None:
     c = client(world)
     handoff = world.escalated.handoff.id
-    c.get("/inbox")
+    csrf = form_token(c)
     assert c.post(f"/handoffs/{handoff}/claim", data={"by": "mallory"}).status_code == 403
     assert (
         c.post(f"/handoffs/{handoff}/claim", data={"by": "m", "csrf": "forged"}).status_code == 403
     )
-    csrf = c.cookies.get("tether_csrf") or ""
+    # the cookie's own value is not the token (a page that can set cookies cannot forge it)
+    cookie = c.cookies.get("tether_csrf") or ""
+    assert cookie and cookie != csrf
+    assert c.post(f"/handoffs/{handoff}/claim", data={"by": "m", "csrf": cookie}).status_code == 403
     cross = c.post(f"/handoffs/{handoff}/claim", data={"by": "m", "csrf": csrf},
                    headers={"origin": "https://evil.example"})  # fmt: skip
     assert cross.status_code == 403
+    # a token from another process (another secret) is not this one's
+    other = client(world)
+    assert form_token(other) != csrf
     assert c.get(f"/handoffs/{handoff}/claim").status_code == 405  # never a GET
     assert world.records.handoffs.get(handoff)["state"] == "open"
 
@@ -327,24 +342,45 @@ def test_with_a_token_only_the_allowed_hosts_are_served(world: World) -> None:
             create_app(world.records, token="t", allowed_hosts=[bad])
 
 
-def test_the_origin_is_checked_against_the_allowed_hosts_not_the_host(world: World) -> None:
+def test_an_action_must_come_from_the_exact_origin_of_the_page(world: World) -> None:
+    """Scheme, host name and port: the Origin (or, without one, the Referer) must be the
+    origin the request was sent to; a request with neither is refused."""
     handoff = world.escalated.handoff.id
-    c = client(world)
-    c.get("/inbox")
-    csrf = c.cookies.get("tether_csrf") or ""
+    c = TestClient(create_app(world.records), base_url=BASE)
+    csrf = form_token(c)
     path = f"/handoffs/{handoff}/claim"
-    for origin in ("http://rebound.example:8765", "null", "http://127.0.0.1.evil.example"):
+    for origin in (
+        "http://rebound.example:8765",
+        "null",
+        "http://127.0.0.1.evil.example",
+        "http://127.0.0.1:3000",  # another port of this host
+        "http://127.0.0.1",  # port 80
+        "https://127.0.0.1:8765",  # another scheme
+        "http://localhost:8765",  # another name of this host: another origin
+        "http://127.0.0.1:99999",
+        "",
+    ):
         refused = c.post(path, data={"by": "m", "csrf": csrf}, headers={"origin": origin})
         assert refused.status_code == 403, origin
+    for referer in ("http://127.0.0.1:3000/attack.html", "http://localhost:8765/inbox"):
+        refused = c.post(path, data={"by": "m", "csrf": csrf}, headers={"referer": referer})
+        assert refused.status_code == 403, referer
+    neither = c.post(path, data={"by": "m", "csrf": csrf})
+    assert neither.status_code == 403 and "neither Origin nor Referer" in neither.text
     assert world.records.handoffs.get(handoff)["state"] == "open"
-    # another loopback name than the Host is still this page (a Host header is never trusted)
-    ok = c.post(
-        path,
-        data={"by": "alice", "csrf": csrf},
-        headers={"origin": "http://localhost:8765"},
+    by_referer = c.post(path, data={"by": "bob", "csrf": csrf},
+                        headers={"referer": f"{BASE}/inbox"}, follow_redirects=False)  # fmt: skip
+    assert by_referer.status_code == 303
+    assert world.records.handoffs.get(handoff)["claimed_by"] == "bob"
+    resolved = c.post(
+        f"/handoffs/{handoff}/resolve",
+        data={"by": "bob", "note": "done", "csrf": csrf},
+        headers={"origin": "HTTP://127.0.0.1:8765"},  # the same origin, spelt otherwise
         follow_redirects=False,
     )
-    assert ok.status_code == 303 and world.records.handoffs.get(handoff)["claimed_by"] == "alice"
+    assert (
+        resolved.status_code == 303 and world.records.handoffs.get(handoff)["state"] == "resolved"
+    )
 
 
 def raw_http(port: int, request: bytes) -> bytes:
@@ -383,6 +419,85 @@ def test_a_foreign_host_is_refused_over_raw_http(world: World, live: str) -> Non
         port, f"GET /inbox HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode()
     )
     assert ours.startswith(b"HTTP/1.1 200") and b"issue_refund" in ours
+
+
+def cross_port_post(port: int, path: str, body: str, cookies: dict[str, str], **head: str) -> bytes:
+    """A form POST as a browser sends it from a page on another port of this host: to
+    ``localhost:port``, with the operator's cookies (cookies are not kept apart by port)
+    and the cookies that page set for ``localhost`` itself."""
+    lines = [f"POST {path} HTTP/1.1", f"Host: localhost:{port}"]
+    lines += [f"{name.title()}: {value}" for name, value in head.items()]
+    lines += [
+        "Cookie: " + "; ".join(f"{k}={v}" for k, v in cookies.items()),
+        "Content-Type: application/x-www-form-urlencoded",
+        f"Content-Length: {len(body.encode())}",
+        "Connection: close",
+    ]
+    return raw_http(port, ("\r\n".join(lines) + "\r\n\r\n" + body).encode())
+
+
+@pytest.mark.parametrize("token", [None, "s3cret-token"])
+def test_a_page_on_another_port_of_this_host_cannot_act(
+    world: World, redis_url: str, token: str | None
+) -> None:
+    """A page on localhost:OTHER, in the operator's browser (which holds the page's
+    cookies, and the token's), submits forms to the page on localhost:PORT: it cannot
+    force the payments breaker open nor approve a payment, whatever CSRF cookie it sets
+    and whatever Origin or Referer it carries; the operator's own form still acts."""
+    import httpx
+
+    store = RedisStore(redis_url, prefix=f"t_{uuid.uuid4().hex[:8]}")
+    pending = world.awaiting.pending_approval["id"]
+    try:
+        breaker = tether.CircuitBreaker("payments", failure_threshold=2, store=store)
+        breaker.call(lambda: "ok")
+        with contextlib.ExitStack() as stack:
+            base = stack.enter_context(serving(world, redis=store, token=token))
+            port = int(base.rsplit(":", 1)[1])
+            ours = f"http://localhost:{port}"
+            operator = stack.enter_context(
+                httpx.Client(base_url=ours, headers={"origin": ours}, timeout=10)
+            )
+            if token is not None:
+                assert operator.get("/runs", params={"token": token}).status_code == 303
+            csrf = form_token(operator)
+            jar = dict(operator.cookies.items())
+            assert "tether_csrf" in jar and (token is None or "tether_token" in jar)
+            other = f"http://localhost:{free_port()}"
+            attacks = [
+                ({"origin": other}, {**jar, "tether_csrf": "x"}, "x"),  # cookie it set itself
+                ({"origin": other}, jar, jar["tether_csrf"]),  # the cookie's value, guessed
+                ({"origin": other, "referer": f"{ours}/breakers"}, jar, "x"),
+                ({"referer": f"{other}/attack.html"}, {**jar, "tether_csrf": "x"}, "x"),
+                ({}, {**jar, "tether_csrf": "x"}, "x"),  # Origin and Referer withheld
+                ({"origin": ours}, {**jar, "tether_csrf": "x"}, "x"),  # a script's own Origin
+                ({"origin": "null"}, {**jar, "tether_csrf": "x"}, "x"),  # a sandboxed frame
+            ]
+            for head, cookies, token_sent in attacks:
+                opened = cross_port_post(
+                    port, "/breakers/payments/open", f"seconds=86400&csrf={token_sent}",
+                    cookies, **head,
+                )  # fmt: skip
+                approved = cross_port_post(
+                    port, f"/approvals/{pending}/approve", f"by=mallory&csrf={token_sent}",
+                    cookies, **head,
+                )  # fmt: skip
+                assert opened.startswith(b"HTTP/1.1 403"), (head, opened[:200])
+                assert approved.startswith(b"HTTP/1.1 403"), (head, approved[:200])
+            assert store.breaker_state("payments", time.time())[0] == "closed"
+            assert world.records.approvals.get(pending).status == "pending"
+            # the operator's own form, from the page's own origin, still acts
+            opened = operator.post("/breakers/payments/open", data={"seconds": "60", "csrf": csrf})
+            assert opened.status_code == 303
+            assert store.breaker_state("payments", time.time())[0] == "open"
+            approved = operator.post(
+                f"/approvals/{pending}/approve", data={"by": "alice", "csrf": csrf}
+            )
+            assert approved.status_code == 303
+            assert world.records.approvals.get(pending).status == "approved"
+    finally:
+        store.reset()
+        store.close()
 
 
 def test_a_connection_that_sends_no_request_head_is_closed(world: World) -> None:
@@ -466,9 +581,11 @@ def test_a_slow_replay_handler_never_blocks_the_other_requests(world: World) -> 
         gate.wait()
         return "charged"
 
-    with serving(world, handler=slow_handler) as base, httpx.Client(base_url=base, timeout=30) as c:
-        c.get("/inbox")
-        csrf = c.cookies.get("tether_csrf") or ""
+    with (
+        serving(world, handler=slow_handler) as base,
+        httpx.Client(base_url=base, timeout=30, headers={"origin": base}) as c,
+    ):
+        csrf = form_token(c)
         answers_while(
             base,
             gate,
@@ -694,6 +811,94 @@ def test_every_action_in_a_real_browser(world: World, tmp_path: Path) -> None:
         Path(target).mkdir(parents=True, exist_ok=True)
         for name in ("runs", "inbox", "overview"):
             shutil.copy(shots / f"{name}.png", Path(target) / f"{name}.png")
+
+
+@contextlib.contextmanager
+def attack_site(pages: dict[str, str]) -> Iterator[str]:
+    """Another web server on this host (``localhost:OTHER``): it serves ``pages`` and sets
+    the page's CSRF cookie for ``localhost`` to a value of its own (cookies are not kept
+    apart by port, and a server may overwrite even an HttpOnly cookie)."""
+    import http.server
+
+    class Attack(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = pages.get(self.path.split("?")[0], "").encode()
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Set-Cookie", "tether_csrf=x; Path=/; SameSite=Strict; HttpOnly")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Attack)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://localhost:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@pytest.mark.parametrize("token", [None, "s3cret-token"])
+def test_a_page_on_another_port_cannot_act_in_a_real_browser(
+    world: World, redis_url: str, token: str | None
+) -> None:
+    """Headless Chromium: the operator opens the page (with ``?token=`` when there is one),
+    then a page on another port of localhost submits forms to it, with the CSRF cookie it
+    set itself and the matching form field: the breaker stays closed, the payment waits."""
+    from playwright.sync_api import sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"Chromium is not installed at {CHROMIUM}", pytrace=False)
+    store = RedisStore(redis_url, prefix=f"t_{uuid.uuid4().hex[:8]}")
+    pending = world.awaiting.pending_approval["id"]
+    try:
+        tether.CircuitBreaker("payments", store=store).call(lambda: "ok")
+        with serving(world, redis=store, token=token) as live:
+            ours = live.replace("127.0.0.1", "localhost")
+
+            def form(action: str, **fields: str) -> str:
+                inputs = "".join(
+                    f'<input type="hidden" name="{k}" value="{v}">' for k, v in fields.items()
+                )
+                return (
+                    f'<form method="post" action="{ours}{action}">{inputs}</form>'
+                    "<script>document.forms[0].submit()</script>"
+                )
+
+            pages = {
+                "/breaker.html": form("/breakers/payments/open", seconds="86400", csrf="x"),
+                "/approve.html": form(f"/approvals/{pending}/approve", by="mallory", csrf="x"),
+            }
+            with attack_site(pages) as other, sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+                page = browser.new_page()
+                first = ours + "/inbox" + (f"?token={token}" if token else "")
+                assert page.goto(first).status == 200  # type: ignore[union-attr]
+                statuses = []
+                for name in ("/breaker.html", "/approve.html"):
+                    with page.expect_navigation(url=f"{ours}/**") as sent:
+                        page.goto(other + name)
+                    statuses.append(sent.value.status if sent.value else 0)
+                # the operator, back on the page, still acts
+                page.goto(ours + "/inbox")
+                card = page.locator(f"#{pending}")
+                card.locator("form[action$='/approve'] input[name=by]").fill("alice")
+                card.locator("form[action$='/approve'] button").click()
+                page.wait_for_url("**/inbox")
+                browser.close()
+        assert statuses == [403, 403]
+        assert world.records.approvals.get(pending).status == "approved"
+        assert world.records.approvals.get(pending).decided_by == "alice"
+        assert store.breaker_state("payments", time.time())[0] == "closed"
+    finally:
+        store.reset()
+        store.close()
 
 
 def test_a_records_store_that_fails_at_the_end_never_loses_the_outcome(tmp_path: Path) -> None:

@@ -10,10 +10,11 @@ Safety: it binds to loopback unless a token is given; with a token every request
 carry it (``Authorization: Bearer``, or ``?token=`` once, which sets a cookie). Only the
 host names it is told of are served (Starlette's ``TrustedHostMiddleware``): the loopback
 names without a token, plus each ``allowed_hosts`` name with one, so a DNS-rebound name
-never reaches a page. Every state-changing action is a POST with a CSRF token (a
-double-submit cookie, SameSite strict) whose ``Origin``, when sent, must be one of those
-hosts (never compared with the request's own ``Host``); every value shown is redacted
-again and escaped. Database reads, rendering and replay handlers run in worker threads,
+never reaches a page. Every state-changing action is a POST from the page's exact origin
+(its ``Origin``, or else its ``Referer``: the scheme, host and port it was sent to) with a
+CSRF token that is an HMAC of its cookie under a secret of the process (a page on another
+port of the same host can set cookies but can neither read nor compute the token); every
+value shown is redacted again and escaped. Database reads, rendering and replay handlers run in worker threads,
 never on the event loop.
 """
 

@@ -2,6 +2,14 @@
 gate each page and action passes (host name, token, CSRF, origin), with the rendering in
 a worker thread.
 
+Cookies are not kept apart by port: a page on ``localhost:3000`` is "same site" as this one
+on ``localhost:8765``, its requests carry this page's cookies, and it can set cookies of its
+own for ``localhost``. So nothing here trusts a cookie's value alone: an action must come
+from this page's exact origin (scheme, host and port: its ``Origin``, or else its
+``Referer``, equals the origin the request was sent to), and its CSRF token is an HMAC of
+the CSRF cookie under a secret of this process, which another page can neither read nor
+compute. The token cookie (with ``--token``) holds an HMAC of the token, never the token.
+
 The host names are checked by Starlette's ``TrustedHostMiddleware`` over :attr:`Site.hosts`
 (see :func:`tether.serve.create_app`); :meth:`Site.page` and :meth:`Site.action` wrap an
 area's functions into Starlette endpoints.
@@ -11,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import datetime
+import hashlib
 import hmac
 import ipaddress
 import re
@@ -169,6 +178,8 @@ class Site:
         self.handler = handler
         self.clock = clock or time.time
         self.env = _environment()
+        #: the key of the CSRF tokens and the token cookie: this process's own, never sent
+        self._secret = secrets.token_bytes(32)
         extra = [host_name(h) for h in allowed_hosts]
         if extra and token is None:
             raise ValueError(
@@ -182,25 +193,51 @@ class Site:
         #: seconds between the inbox's refreshes
         self.refresh = float(refresh)
 
+    def _mac(self, purpose: str, value: str) -> str:
+        """HMAC-SHA256 of ``value`` for ``purpose`` under this process's secret."""
+        message = f"{purpose}\0{value}".encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    def csrf_token(self, cookie: str) -> str:
+        """The form token that goes with the CSRF cookie ``cookie``."""
+        return self._mac("csrf", cookie)
+
+    def _token_cookie(self) -> str:
+        """What the token cookie holds: an HMAC of the token (the token itself never
+        travels in a cookie, which every port of the host name receives)."""
+        assert self.token is not None
+        return self._mac("token", self.token)
+
     def _token_ok(self, request: Request) -> bool:
         if self.token is None:
             return True
-        given = request.cookies.get(TOKEN_COOKIE, "")
         auth = request.headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
-            given = auth[7:].strip()
-        return hmac.compare_digest(given.encode(), self.token.encode())
+            return hmac.compare_digest(auth[7:].strip().encode(), self.token.encode())
+        given = request.cookies.get(TOKEN_COOKIE, "")
+        return hmac.compare_digest(given.encode(), self._token_cookie().encode())
 
-    def _origin_ok(self, request: Request) -> bool:
-        """No Origin (a client that is not a browser), or one of the served hosts."""
+    def _foreign(self, request: Request) -> str | None:
+        """Why a state-changing request does not come from this page (None: it does).
+
+        Its ``Origin`` (or, when a browser sent none, its ``Referer``) must be exactly the
+        origin the request was sent to: the same scheme, host name and port. The ``Host``
+        it was sent to is one of the served names (``TrustedHostMiddleware``), and a browser
+        sets ``Host``, ``Origin`` and ``Referer`` itself, so a page on another port or
+        another name of this host never matches. A request with neither header is refused.
+        """
+        ours = _origin_of(f"{request.url.scheme}://{request.headers.get('host', '')}")
+        if ours is None or ours[1] not in self.hosts:
+            return "This action was not sent to a served address."
         origin = request.headers.get("origin")
         if origin is None:
-            return True
-        try:
-            name = urlsplit(origin).hostname
-            return name is not None and host_name(name) in self.hosts
-        except ValueError:
-            return False
+            referer = request.headers.get("referer")
+            if referer is None:
+                return "This action carries neither Origin nor Referer: it is not from this page."
+            origin = referer
+        if _origin_of(origin) != ours:
+            return "This action came from another site (or another port of this host)."
+        return None
 
     def page(self, fn: PageFn) -> Handler:
         """A GET page: the token checked, a CSRF cookie set; ``fn`` (it reads the database)
@@ -212,11 +249,12 @@ class Site:
                 if not hmac.compare_digest(query_token.encode(), self.token.encode()):
                     return self.refuse(401, "The token is wrong.")
                 response: Response = RedirectResponse(_without_token(request), 303)
-                response.set_cookie(TOKEN_COOKIE, query_token, httponly=True, samesite="strict")
+                _cookie(response, request, TOKEN_COOKIE, self._token_cookie())
                 return response
             if not self._token_ok(request):
                 return self.refuse(401, "This page needs the token: open it with ?token=... once.")
-            csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+            cookie = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+            csrf = Markup(self.csrf_token(cookie))  # hex: nothing to escape or redact
             try:
                 result = await run_in_threadpool(self._render_page, fn, request, csrf)
             except LookupError as exc:
@@ -224,12 +262,12 @@ class Site:
             except ValueError as exc:
                 return self.refuse(400, str(exc.args[0] if exc.args else exc))
             response = secured(result if isinstance(result, Response) else HTMLResponse(result))
-            response.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict")
+            _cookie(response, request, CSRF_COOKIE, cookie)
             return response
 
         return endpoint
 
-    def _render_page(self, fn: PageFn, request: Request, csrf: str) -> str | Response:
+    def _render_page(self, fn: PageFn, request: Request, csrf: Markup) -> str | Response:
         template, context = fn(request)
         if template == "":
             response: Response = context["response"]
@@ -239,18 +277,19 @@ class Site:
         )
 
     def action(self, fn: ActionFn) -> Handler:
-        """A POST action: token, origin and CSRF checked; ``fn`` runs in a worker thread;
-        then a redirect."""
+        """A POST action: token, exact origin and CSRF token checked; ``fn`` runs in a
+        worker thread; then a redirect."""
 
         async def endpoint(request: Request) -> Response:
             if not self._token_ok(request):
                 return self.refuse(401, "This action needs the token.")
-            if not self._origin_ok(request):
-                return self.refuse(403, "This action came from another site.")
+            foreign = self._foreign(request)
+            if foreign is not None:
+                return self.refuse(403, foreign)
             form = {k: str(v) for k, v in (await request.form()).items()}
             cookie = request.cookies.get(CSRF_COOKIE, "")
             if not cookie or not hmac.compare_digest(
-                form.get("csrf", "").encode(), cookie.encode()
+                form.get("csrf", "").encode(), self.csrf_token(cookie).encode()
             ):
                 return self.refuse(
                     403, "The form is stale or forged (CSRF check): reload the page and try again."
@@ -280,6 +319,36 @@ class Area(abc.ABC):
     @abc.abstractmethod
     def routes(self) -> list[Route]:
         """The area's pages (``site.page``) and actions (``site.action``)."""
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin_of(url: str) -> tuple[str, str, int] | None:
+    """``url``'s origin as (scheme, host name as a Host header carries it, port), the
+    scheme's default port filled in; None for anything else (``null``, no host, a port
+    out of range, a scheme other than http or https)."""
+    try:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in _DEFAULT_PORTS or not parts.hostname:
+            return None
+        return scheme, host_name(parts.hostname), parts.port or _DEFAULT_PORTS[scheme]
+    except ValueError:
+        return None
+
+
+def _cookie(response: Response, request: Request, name: str, value: str) -> None:
+    """A cookie of the page: HttpOnly, SameSite strict, for the whole page, Secure over
+    https."""
+    response.set_cookie(
+        name,
+        value,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
 
 
 def _without_token(request: Request) -> str:
