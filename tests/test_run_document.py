@@ -378,3 +378,49 @@ def test_the_checkpointed_graph_state_holds_no_secret_of_tethers() -> None:
     assert REFUNDS == ["4242"]
     text = json.dumps(agent.get_state(config).values["tether_run"])
     assert [s for s in SECRETS if s in text] == []
+
+
+# --- case 4: effects travel in every form ------------------------------------------------
+
+
+@tool
+def issue_refund(order: str) -> str:
+    """Refund an order."""
+    REFUNDS.append(order)
+    return f"re_{len(REFUNDS)}"
+
+
+@tool
+def close_ticket(ticket: str) -> str:
+    """Close a ticket, once a person says yes."""
+    return "closed"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_run_resumed_from_its_checkpoint_tells_of_its_effects(tmp_path: Path, shell: str) -> None:
+    """A LangChain turn that refunded, then waited for an approval, resumed from its checkpoint
+    (tether_resume) tells the customer of the refund made before the pause, as a run restored
+    from its snapshot does (the checkpoint dropped its effects)."""
+    replies = [ask("issue_refund", {"order": "A-1"}, 0), ask("close_ticket", {"ticket": "T-1"}, 1),
+               ask("close_ticket", {"ticket": "T-1"}, 2), answer("Done.")]  # fmt: skip
+    rules = {"side_effects": ["issue_refund"], "requires_approval": {"close_ticket": True},
+             "labels": {"issue_refund": "refund"}}  # fmt: skip
+
+    def agent() -> Any:
+        return create_agent(
+            Model(messages=iter(replies)),
+            tools=[issue_refund, close_ticket],
+            middleware=[TetherMiddleware(Guard(**stores(tmp_path)), **rules)],  # type: ignore[arg-type]
+        )
+
+    first = run_to_end(agent(), {"messages": [("user", "refund A-1, close T-1")]}, None, shell)
+    paused = first["tether_outcome"]
+    assert paused.stopped_because is tether.StopReason.AWAITING_APPROVAL and REFUNDS == ["A-1"]
+    assert "refund" in paused.customer_message
+    Guard(**stores(tmp_path)).approve(paused.checkpoint_id, by="alice")
+    replies[:] = replies[2:]
+    resumed = run_to_end(
+        agent(), {"messages": first["messages"], "tether_resume": paused.checkpoint_id}, None, shell
+    )["tether_outcome"]
+    assert resumed.status == "success" and REFUNDS == ["A-1"]
+    assert "refund" in resumed.customer_message

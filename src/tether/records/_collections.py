@@ -180,6 +180,15 @@ def _check_shape(checkpoint_id: str, doc: dict[str, Any]) -> None:
         value = doc[field]
         if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
             raise corrupt(field, f"must be a list of objects, got {value!r:.60}")
+    effects = doc.get("effects")
+    if effects is not None and not (
+        isinstance(effects, list)
+        and all(
+            isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and isinstance(e[2], str)
+            for e in effects
+        )
+    ):
+        raise corrupt("effects", f"must be a list of [tool, arguments, key], got {effects!r:.60}")
     usage = doc["usage"]
     if not isinstance(usage, dict):
         raise corrupt("usage", f"must be an object, got {usage!r:.60}")

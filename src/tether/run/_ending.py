@@ -130,6 +130,9 @@ class Ending:
                 "open_issues": issues,
                 "omitted": {"partial": omitted, "transcript": self.s.transcript.summary()},
                 "journal": [e.to_doc() for e in self.s._journal],
+                # the effects made: a resumed run tells the customer of them (arguments redacted)
+                "effects": [[t, redact(jsonable(a)), k] for t, a, k in self.s._effects],
+                "labels": dict(self.s._labels),  # what the customer reads for each effect
                 "compensated": list(self.s._compensated),
                 "pending": pending,
             }

@@ -66,6 +66,10 @@ def resume(
         if isinstance(by_tool, Mapping):
             tail.by_tool.update({str(k): int(v) for k, v in by_tool.items() if isinstance(v, int)})
     s._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
+    # a checkpoint written before it kept its effects has none: its run says what it made since
+    s._effects = [(str(t), a, str(k)) for t, a, k in doc.get("effects") or ()]
+    labels = doc.get("labels")
+    s._labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
     s.models = [str(m) for m in doc.get("models") or ()]  # the models that answered so far
     s._resumed_from = str(doc.get("id") or checkpoint_id)
     try:
