@@ -426,3 +426,93 @@ def test_real_sdk_dropped_connection(server: ScriptedServer) -> None:
     exc = _anthropic_error(server, Reply(drop=True))
     verdict = classify(exc)
     assert (verdict.kind, verdict.outcome_unknown) == (T, True)
+
+
+# --- the reset of the bucket that refused, not the longest ------------------------------
+
+OPENAI_RESETS = {
+    "x-ratelimit-limit-requests": "500",
+    "x-ratelimit-remaining-requests": "499",
+    "x-ratelimit-reset-requests": "5m59.8s",
+    "x-ratelimit-limit-tokens": "30000",
+    "x-ratelimit-remaining-tokens": "120",
+    "x-ratelimit-reset-tokens": "0.44s",
+}
+TPM = (
+    "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): "
+    "Limit 30000, Used 29880, Requested 900. Please try again in 440ms."
+)
+RPM = "Rate limit reached for gpt-4o in organization org-x on requests per min (RPM): Limit 500"
+
+
+def _openai_429(message: str, type_: str | None = None) -> Any:
+    return {"error": {"message": message, "type": type_, "code": "rate_limit_exceeded"}}
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "retry_after"),
+    [
+        (_openai_429(TPM, "tokens"), {}, 0.44),
+        (_openai_429(TPM), {}, 0.44),
+        (_openai_429("slow down", "tokens"), {}, 0.44),
+        (_openai_429(RPM, "requests"), {}, 359.8),
+        (_openai_429("slow down", "requests"), {}, 359.8),
+        # the error names no limit: the bucket with nothing left
+        (_openai_429("slow down"), {"x-ratelimit-remaining-tokens": "0"}, 0.44),
+        (_openai_429("slow down"), {"x-ratelimit-remaining-requests": "0"}, 359.8),
+        # nothing left nowhere: the lowest share of its limit (120 of 30,000 tokens)
+        (_openai_429("slow down"), {}, 0.44),
+        # no levels at all: the longest (the safe side)
+        (None, {"x-ratelimit-remaining-requests": "", "x-ratelimit-remaining-tokens": ""}, 359.8),
+    ],
+)  # fmt: skip
+def test_an_openai_429_waits_for_the_bucket_that_refused(
+    body: Any, headers: dict[str, str], retry_after: float
+) -> None:
+    """No Retry-After, tokens reset in 0.44 s and requests in 5m59.8s: the wait is the
+    reset of the limit the error names, else of the bucket that is empty."""
+    verdict = classify(status=429, headers=OPENAI_RESETS | headers, body=body)
+    assert verdict.kind is R
+    assert verdict.retry_after == pytest.approx(retry_after)
+
+
+def test_an_anthropic_429_waits_for_the_bucket_that_refused() -> None:
+    """Anthropic's buckets: the input-tokens limit named in the message wins."""
+    now = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC).timestamp()
+    headers = {
+        "anthropic-ratelimit-requests-limit": "50",
+        "anthropic-ratelimit-requests-remaining": "49",
+        "anthropic-ratelimit-requests-reset": "2026-12-01T12:00:50Z",
+        "anthropic-ratelimit-input-tokens-limit": "50000",
+        "anthropic-ratelimit-input-tokens-remaining": "800",
+        "anthropic-ratelimit-input-tokens-reset": "2026-12-01T12:00:02Z",
+        "anthropic-ratelimit-output-tokens-limit": "8000",
+        "anthropic-ratelimit-output-tokens-remaining": "0",
+        "anthropic-ratelimit-output-tokens-reset": "2026-12-01T12:00:30Z",
+    }
+    message = (
+        "This request would exceed the rate limit for your organization (org) of 50,000 "
+        "input tokens per minute. For details, refer to: https://docs.anthropic.com"
+    )
+    named = classify(status=429, headers=headers, body=_anthropic_body("rate_limit_error", message), now=now)  # fmt: skip
+    assert named.retry_after == pytest.approx(2.0)
+    # the message names none: the output bucket is the one with nothing left
+    unnamed = classify(status=429, headers=headers, body=_anthropic_body("rate_limit_error"), now=now)  # fmt: skip
+    assert unnamed.retry_after == pytest.approx(30.0)
+
+
+def test_the_real_openai_sdks_429_is_retried_after_the_tokens_reset(server: ScriptedServer) -> None:
+    """Through the openai SDK and RetryPolicy: the retry waits about 0.44 s, not its 60 s cap."""
+    exc = _openai_error(server, Reply(429, _openai_429(TPM, "tokens"), OPENAI_RESETS))
+    assert classify(exc).retry_after == pytest.approx(0.44)
+    clock = tether.VirtualClock()
+    calls: list[float] = []
+
+    def call() -> str:
+        calls.append(clock.now())
+        if len(calls) == 1:
+            raise exc
+        return "ok"
+
+    assert tether.RetryPolicy(max_attempts=2, clock=clock).call(call) == "ok"
+    assert 0.44 <= calls[1] - calls[0] < 2.0

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import tether
 from tether import Kind
-from tether.classification._classify import RETRY_AFTER_CEILING
+from tether.classification._headers import RETRY_AFTER_CEILING
 
 CI_SETTINGS = settings(max_examples=400, derandomize=True, deadline=None,
                        suppress_health_check=[HealthCheck.too_slow])  # fmt: skip

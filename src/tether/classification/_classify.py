@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import enum
 import errno
-import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -37,6 +36,12 @@ from tether._errors import (
     LimiterTimeout,
     StoreUnavailable,
     TransientError,
+)
+from tether.classification._headers import (
+    _header,
+    limit_named,
+    retry_after_from_headers,
+    sane_wait,
 )
 from tether.classification._tables import (
     CANCELLATION,
@@ -94,23 +99,6 @@ class Verdict:
         return self.kind in (Kind.TRANSIENT, Kind.RATE_LIMITED)
 
 
-#: The longest wait a verdict ever asks for (one day); longer or odd values are cut to it.
-RETRY_AFTER_CEILING = 86_400.0
-
-
-def sane_wait(value: Any) -> float | None:
-    """None, or a finite number of seconds in [0, RETRY_AFTER_CEILING]."""
-    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        seconds = float(value)
-    except (OverflowError, ValueError):
-        return RETRY_AFTER_CEILING if isinstance(value, int) and value > 0 else None
-    if seconds != seconds or seconds < 0:
-        return None
-    return min(seconds, RETRY_AFTER_CEILING) + 0.0  # + 0.0 turns -0.0 into 0.0
-
-
 Classifier = Callable[[BaseException], "Verdict | None"]
 _classifiers: list[Classifier] = []
 _classifiers_lock = threading.Lock()
@@ -139,133 +127,6 @@ _REGISTERED, _PROTOCOL, _NETWORK, _GENERIC_NETWORK, _WEAK = 5, 4, 3, 2, 1
 
 
 # --- helpers ------------------------------------------------------------------------
-
-
-def _header(headers: Any, name: str) -> str | None:
-    if headers is None:
-        return None
-    try:
-        value = headers.get(name)
-        if value is None and isinstance(headers, Mapping):
-            lower = name.lower()
-            for k, v in headers.items():
-                if isinstance(k, str) and k.lower() == lower:
-                    value = v
-                    break
-        if value is None:
-            return None
-        if isinstance(value, bytes):
-            value = value.decode("latin-1")
-        return str(value).strip()
-    except Exception:
-        return None
-
-
-_DURATION = re.compile(
-    r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?"
-    r"(?:(\d+(?:\.\d+)?)ms)?$"
-)
-
-
-def _parse_number(value: str) -> float | None:
-    """A finite, non-negative number, or None."""
-    if len(value) > 64:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds + 0.0 if 0 <= seconds < float("inf") else None
-
-
-def _parse_seconds(value: str) -> float | None:
-    return sane_wait(_parse_number(value))
-
-
-def _parse_reset(value: str, now_wall: float) -> float | None:
-    """A provider reset header: seconds, an epoch, a Go duration or an RFC 3339 time."""
-    seconds = _parse_number(value)
-    if seconds is not None:
-        if seconds > 1_000_000_000:  # an epoch timestamp (GitHub's x-ratelimit-reset)
-            delta = seconds - now_wall
-            return sane_wait(delta) if delta >= 0 else None
-        return sane_wait(seconds)
-    if len(value) > 64:
-        return None
-    match = _DURATION.match(value)
-    if match and any(match.groups()):
-        h, m, s, ms = (float(g) if g else 0.0 for g in match.groups())
-        return sane_wait(h * 3600 + m * 60 + s + ms / 1000)
-    try:
-        from datetime import datetime
-
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        if when.tzinfo is None:
-            return None
-        delta = when.timestamp() - now_wall
-        return sane_wait(delta) if delta >= 0 else None
-    except (ValueError, OverflowError, OSError):
-        return None
-
-
-RESET_HEADERS = (
-    "anthropic-ratelimit-requests-reset",
-    "anthropic-ratelimit-tokens-reset",
-    "anthropic-ratelimit-input-tokens-reset",
-    "anthropic-ratelimit-output-tokens-reset",
-    "x-ratelimit-reset-requests",
-    "x-ratelimit-reset-tokens",
-    "ratelimit-reset",
-    "x-ratelimit-reset",
-    "x-rate-limit-reset",
-)
-
-
-def retry_after_from_headers(
-    headers: Any, *, now_wall: float | None = None, include_reset: bool = True
-) -> float | None:
-    """Seconds to wait that a response's headers ask for, or None.
-
-    ``retry-after-ms`` first, then ``Retry-After`` (seconds, fractional seconds or an
-    HTTP-date), then (``include_reset``) the providers' rate-limit reset headers,
-    taking the longest of those present. Garbage and dates in the past give None.
-    """
-    if headers is None:
-        return None
-    if now_wall is None:
-        from tether.clock import system_clock
-
-        now_wall = system_clock.wall()
-    ms = _header(headers, "retry-after-ms")
-    if ms is not None:
-        value = _parse_seconds(ms)
-        if value is not None:
-            return value / 1000.0
-    ra = _header(headers, "retry-after")
-    if ra is not None:
-        value = _parse_seconds(ra)
-        if value is not None:
-            return value
-        import email.utils  # imported when first used: `import tether` loads no e-mail parser
-
-        try:
-            when = email.utils.parsedate_to_datetime(ra) if len(ra) <= 64 else None
-            if when is not None and when.tzinfo is not None:
-                delta = when.timestamp() - now_wall
-                return sane_wait(delta) if delta >= 0 else None
-        except (TypeError, ValueError, IndexError, OverflowError, OSError):
-            pass
-        return None
-    if not include_reset:
-        return None
-    waits = []
-    for name in RESET_HEADERS:
-        raw = _header(headers, name)
-        if raw:
-            parsed = _parse_reset(raw, now_wall)
-            if parsed is not None:
-                waits.append(parsed)
-    return max(waits) if waits else None
 
 
 def _body_codes(body: Any, add: Callable[[Any], None]) -> str:
@@ -366,7 +227,10 @@ def _verdict_from_response(
     retry_after = None
     if kind in (Kind.TRANSIENT, Kind.RATE_LIMITED):
         retry_after = retry_after_from_headers(
-            headers, now_wall=now_wall, include_reset=kind is Kind.RATE_LIMITED
+            headers,
+            now_wall=now_wall,
+            include_reset=kind is Kind.RATE_LIMITED,
+            limit=limit_named(codes, message),
         )
     unknown = kind is Kind.TRANSIENT and (status is None or status >= 500 or status == 408)
     return Verdict(

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tether.classification._classify import _header, _parse_reset, retry_after_from_headers
+from tether.classification._headers import _header, _parse_reset, retry_after_from_headers
 from tether.stores._tokens import Settlement
 
 if TYPE_CHECKING:
