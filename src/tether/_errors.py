@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CheckpointError",
     "CircuitOpenError",
@@ -12,6 +14,7 @@ __all__ = [
     "IdempotencyConflict",
     "LimiterTimeout",
     "MissingExtraError",
+    "Picklable",
     "RunDocumentError",
     "StoreUnavailable",
     "TetherError",
@@ -20,7 +23,29 @@ __all__ = [
 ]
 
 
-class TetherError(Exception):
+def _rebuilt(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    """An exception as it was pickled: its class, its ``args``, its attributes (its
+    ``__init__`` is not called again, so no constructor signature has to match ``args``)."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+class Picklable:
+    """An exception that survives pickle (DBOS, multiprocessing, Celery): unpickled, it is
+    the same class with the same message and attributes. Python rebuilds an exception by
+    calling its class with ``args`` (its message), which fails or changes its meaning for
+    a class whose ``__init__`` takes other arguments (``Stopped(reason, detail)``)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        assert isinstance(self, BaseException)
+        return (_rebuilt, (type(self), self.args, dict(vars(self))))
+
+
+class TetherError(Picklable, Exception):
     """Base class of the errors tether raises itself."""
 
 
@@ -35,7 +60,7 @@ class RunDocumentError(CheckpointError):
     request. Nothing runs on it: a run is never continued, or started anew, in its place."""
 
 
-class ControlSignal(BaseException):
+class ControlSignal(Picklable, BaseException):
     """A framework's control flow (LangGraph's ``interrupt()``) carried through a tool call:
     the call did not happen. Not retried, not recorded; a ledger gives its claim back.
     ``signal`` is the framework's own exception, raised again as it is."""
@@ -45,7 +70,7 @@ class ControlSignal(BaseException):
         self.signal = signal
 
 
-class TransientError(Exception):
+class TransientError(Picklable, Exception):
     """Raise it (or a subclass) from your own code to say: this failure may clear, retry it.
 
     For example a tool whose output failed validation in a way a second call may not.

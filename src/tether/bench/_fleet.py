@@ -26,6 +26,7 @@ from tether import (
     VirtualClock,
     backoff,
 )
+from tether._errors import Picklable
 from tether.stores import MemoryStore
 
 __all__ = [
@@ -89,7 +90,7 @@ def drive(clock: SimClock, coros: list[Coroutine[Any, Any, Any]], cap: float = S
         heapq.heappush(heap, (wake.at, seq, coro, ctx))
 
 
-class Overloaded(Exception):
+class Overloaded(Picklable, Exception):
     def __init__(self, status: int) -> None:
         super().__init__(f"HTTP {status}")
         self.status_code = status

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tether._errors import Picklable
 from tether.bench._wire import serve_until
 
 __all__ = ["LIVE_SCENARIOS", "run_live", "run_live_suite"]
@@ -83,7 +84,7 @@ def _server_main(
     asyncio.run(main())
 
 
-class _Status(Exception):
+class _Status(Picklable, Exception):
     def __init__(self, status: int) -> None:
         super().__init__(f"HTTP {status}")
         self.status_code = status

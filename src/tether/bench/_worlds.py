@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether import Budget, TransientError
+from tether._errors import Picklable
 from tether.clock import VirtualClock
 
 __all__ = ["SCENARIOS", "Action", "Final", "HTTPError", "Malformed", "Scenario", "World"]
@@ -26,7 +27,7 @@ HANG = 3600.0  # a hung call gives up (a socket timeout) after an hour
 MODEL = "claude-sonnet-5-5"
 
 
-class HTTPError(Exception):
+class HTTPError(Picklable, Exception):
     """A dependency's HTTP error, shaped like the SDKs' (status_code, headers)."""
 
     def __init__(self, status: int, retry_after: float | None = None) -> None:

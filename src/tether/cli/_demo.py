@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import tether
+from tether._errors import Picklable
 
 __all__ = ["main"]
 
@@ -90,7 +91,7 @@ class PaymentService:
         self.httpd.server_close()
 
 
-class HTTPStatusError(Exception):
+class HTTPStatusError(Picklable, Exception):
     def __init__(self, status: int, body: str) -> None:
         super().__init__(f"HTTP {status}: {body}")
         self.status_code = status

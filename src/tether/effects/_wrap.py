@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tether._errors import Picklable
 from tether.effects._canonical import VOLATILE_FIELDS, intent_key
 from tether.retries._policy import RetryPolicy
 
@@ -79,7 +80,7 @@ def _none(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     """APIs with no idempotency key (GitHub, Slack): retry only what is safe to repeat."""
 
 
-class ResponseStatusError(Exception):
+class ResponseStatusError(Picklable, Exception):
     """A plain HTTP client answered with a retryable error status (httpx and requests
     return such responses instead of raising): the attempt counts as failed.
 

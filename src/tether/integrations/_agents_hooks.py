@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tether import Run, Stopped, StopReason
-from tether._errors import require
+from tether._errors import Picklable, require
 from tether.guards._tokens import estimate_tokens
 
 require("agents", "openai-agents")
@@ -32,7 +32,7 @@ from agents.run import (  # noqa: E402
 __all__ = ["GuardStopped", "TetherHooks"]
 
 
-class GuardStopped(AgentsException):
+class GuardStopped(Picklable, AgentsException):
     """A guard stopped the run before the next model call (raised from the hooks; the SDK
     attaches the run's items to it as ``run_data``)."""
 

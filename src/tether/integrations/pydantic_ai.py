@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Unpack
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError, UnknownModelError
-from tether._errors import require
+from tether._errors import Picklable, require
 from tether.guards._tokens import estimate_tokens
 from tether.integrations._common import (
     ModelRetries,
@@ -83,7 +83,7 @@ DELEGATED = "unknown model of a delegate agent"
 KEPT_OUTCOMES = 256
 
 
-class RunStopped(Exception):
+class RunStopped(Picklable, Exception):
     """A guard ended a PydanticAI run early; ``outcome`` says why and what was done."""
 
     def __init__(self, outcome: Outcome) -> None:

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
+from tether._errors import Picklable
+
 __all__ = [
     "HUNG_TOOL_MODES",
     "UNRESPONSIVE_AFTER",
@@ -30,7 +32,7 @@ HungToolMode = Literal["hand_over", "tell_model", "wait"]
 HUNG_TOOL_MODES: tuple[str, ...] = ("hand_over", "tell_model", "wait")
 
 
-class ToolUnresponsive(Exception):
+class ToolUnresponsive(Picklable, Exception):
     """A tool that stopped answering in this run: it was not started (nothing ran)."""
 
     def __init__(self, tool: str, timed_out: int, hanging: int) -> None:
