@@ -26,6 +26,7 @@ from tether.guards._tokens import budgets_for
 from tether.integrations._fallbacks import acall_chain, call_chain, candidates, check_chain
 from tether.integrations._tokens import TokenGate, gate_for
 from tether.integrations._translate import translation
+from tether.integrations._usage import RequestUsage, UsageReader, stream_usage
 from tether.retries._policy import RetryPolicy
 
 __all__ = [
@@ -261,12 +262,10 @@ def _int_or_none(value: Any) -> int | None:
 class _Endpoint:
     """One SDK method (``messages.create``...), called through the policy and counted."""
 
-    def __init__(
-        self, owner: Guarded, target: Any, count: Callable[[Run, Any], None], path: str
-    ) -> None:
+    def __init__(self, owner: Guarded, target: Any, read: UsageReader, path: str) -> None:
         self._owner = owner
         self._target = target
-        self._count = count
+        self._read = read
         self._path = path  # "messages.create": the same endpoint on a fallback's client
 
     def _prepare(self, kwargs: dict[str, Any]) -> float | None:
@@ -283,7 +282,10 @@ class _Endpoint:
             model=str(kwargs.get("model") or ""),
             provider=self._owner.provider,
             max_output_tokens=_int_or_none(
-                kwargs.get("max_tokens", kwargs.get("max_completion_tokens"))
+                kwargs.get(
+                    "max_tokens",
+                    kwargs.get("max_completion_tokens", kwargs.get("max_output_tokens")),
+                )
             ),
         )
         given = kwargs.get("timeout")
@@ -370,8 +372,8 @@ class _Endpoint:
 
     def _counted(self, response: Any) -> Any:
         """The response, its usage counted in the run."""
-        if self._owner.run is not None:
-            self._count(self._owner.run, response)
+        if self._owner.run is not None and (usage := self._read(response)) is not None:
+            usage.record(self._owner.run)
         return response
 
     def _send(self, gate: TokenGate | None, kwargs: dict[str, Any]) -> Any:
@@ -393,7 +395,7 @@ class _Endpoint:
             return stream, events, next(events)
 
         stream, events, first = self._within(left, open_first)
-        return GuardedStream(stream, events, first, self._owner.run)
+        return GuardedStream(stream, events, first, self._owner.run, self._read)
 
     async def _astream(
         self, kwargs: dict[str, Any], left: float | None, gate: TokenGate | None = None
@@ -404,7 +406,7 @@ class _Endpoint:
             return stream, events, await events.__anext__()
 
         stream, events, first = await self._awithin(left, open_first)
-        return AsyncGuardedStream(stream, events, first, self._owner.run)
+        return AsyncGuardedStream(stream, events, first, self._owner.run, self._read)
 
     async def _acall(
         self, kwargs: dict[str, Any], left: float | None, gate: TokenGate | None = None
@@ -422,54 +424,34 @@ class _Endpoint:
 
 
 class _StreamUsage:
-    """Token counts gathered from stream events (Anthropic message_start/message_delta,
-    OpenAI chunks with usage)."""
+    """The usage a stream's events report, read by the endpoint's own reader (the same one
+    a reply read whole goes through), merged into one value for the request."""
 
-    def __init__(self) -> None:
-        self.input = self.output = self.cache_write = self.cache_read = 0
-        self.model = ""
+    def __init__(self, read: UsageReader) -> None:
+        self._read = read
+        self.usage = RequestUsage()
 
     def see(self, event: Any) -> None:
-        message = getattr(event, "message", None)
-        usage = getattr(message, "usage", None) or getattr(event, "usage", None)
-        if message is not None and getattr(message, "model", None):
-            self.model = message.model
-        elif getattr(event, "model", None) and isinstance(event.model, str):
-            self.model = event.model
-        if usage is None:
-            return
-        self.input = max(
-            self.input, getattr(usage, "input_tokens", 0) or getattr(usage, "prompt_tokens", 0) or 0
-        )
-        self.output = max(
-            self.output,
-            getattr(usage, "output_tokens", 0) or getattr(usage, "completion_tokens", 0) or 0,
-        )
-        self.cache_write = max(
-            self.cache_write, getattr(usage, "cache_creation_input_tokens", 0) or 0
-        )
-        self.cache_read = max(self.cache_read, getattr(usage, "cache_read_input_tokens", 0) or 0)
+        seen = stream_usage(self._read, event)
+        if seen is not None:
+            self.usage = self.usage.merged(seen)
 
     def record(self, run: Run | None) -> None:
-        if run is not None and (self.input or self.output):
-            run.record_model_call(
-                input_tokens=self.input,
-                output_tokens=self.output,
-                model=self.model,
-                cache_write_tokens=self.cache_write,
-                cache_read_tokens=self.cache_read,
-            )
+        if run is not None and self.usage.counted:
+            self.usage.record(run)
 
 
 class _StreamBase:
-    def __init__(self, stream: Any, events: Any, first: Any, run: Run | None) -> None:
+    def __init__(
+        self, stream: Any, events: Any, first: Any, run: Run | None, read: UsageReader
+    ) -> None:
         self.stream = stream
         self._events = events
         self._first = first
         self._run = run
         self.truncated = False
         self.error: BaseException | None = None
-        self._usage = _StreamUsage()
+        self._usage = _StreamUsage(read)
 
     def _seen(self, event: Any) -> Any:
         self._usage.see(event)
@@ -584,7 +566,7 @@ class Guarded:
     """An SDK client with its own retries off; tether's policy is the only retry layer."""
 
     provider = ""
-    namespaces: ClassVar[dict[str, dict[str, Callable[[Run, Any], None]]]] = {}
+    namespaces: ClassVar[dict[str, dict[str, UsageReader]]] = {}
     #: the endpoint an agent loop's turns go to ("messages.create")
     chat_endpoint = ""
 

@@ -9,34 +9,21 @@ requests, not 9. Usage (input, output, cache tokens) is counted into the run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 from tether import Run, StopReason, Tool
 from tether.integrations._common import Guarded, guarding
 from tether.integrations._loop import AgentCall, Provider, ToolUse, Turns, agent_call, agent_shells
+from tether.integrations._usage import UsageReader, anthropic_usage
 
 __all__ = ["GuardedAnthropic", "Tool", "arun_agent", "guarded", "run_agent"]
-
-
-def _count(run: Run, message: Any) -> None:
-    usage = getattr(message, "usage", None)
-    if usage is None:
-        return
-    run.record_model_call(
-        input_tokens=getattr(usage, "input_tokens", 0) or 0,
-        output_tokens=getattr(usage, "output_tokens", 0) or 0,
-        cache_write_tokens=getattr(usage, "cache_creation_input_tokens", 0) or 0,
-        cache_read_tokens=getattr(usage, "cache_read_input_tokens", 0) or 0,
-        model=getattr(message, "model", "") or "",
-    )
 
 
 class GuardedAnthropic(Guarded):
     provider = "anthropic"
     chat_endpoint = "messages.create"
-    namespaces: ClassVar[dict[str, dict[str, Callable[[Run, Any], None]]]] = {
-        "messages": {"create": _count}
+    namespaces: ClassVar[dict[str, dict[str, UsageReader]]] = {
+        "messages": {"create": anthropic_usage}
     }
 
 

@@ -8,51 +8,22 @@ the chat-completions tool loop ending in a :class:`tether.Outcome`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 from tether import Run, StopReason, Tool
 from tether.integrations._common import Guarded, guarding
 from tether.integrations._loop import AgentCall, Provider, ToolUse, Turns, agent_call, agent_shells
+from tether.integrations._usage import UsageReader, openai_chat_usage, openai_responses_usage
 
 __all__ = ["GuardedOpenAI", "Tool", "arun_agent", "guarded", "run_agent"]
-
-
-def _count_chat(run: Run, completion: Any) -> None:
-    usage = getattr(completion, "usage", None)
-    if usage is None:
-        return
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = (getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
-    prompt = getattr(usage, "prompt_tokens", 0) or 0
-    run.record_model_call(
-        input_tokens=max(0, prompt - cached),
-        output_tokens=getattr(usage, "completion_tokens", 0) or 0,
-        cache_read_tokens=cached,
-        model=getattr(completion, "model", "") or "",
-    )
-
-
-def _count_responses(run: Run, response: Any) -> None:
-    usage = getattr(response, "usage", None)
-    if usage is None:
-        return
-    details = getattr(usage, "input_tokens_details", None)
-    cached = (getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
-    run.record_model_call(
-        input_tokens=max(0, (getattr(usage, "input_tokens", 0) or 0) - cached),
-        output_tokens=getattr(usage, "output_tokens", 0) or 0,
-        cache_read_tokens=cached,
-        model=getattr(response, "model", "") or "",
-    )
 
 
 class GuardedOpenAI(Guarded):
     provider = "openai"
     chat_endpoint = "chat.completions.create"
-    namespaces: ClassVar[dict[str, dict[str, Callable[[Run, Any], None]]]] = {
-        "chat.completions": {"create": _count_chat},
-        "responses": {"create": _count_responses},
+    namespaces: ClassVar[dict[str, dict[str, UsageReader]]] = {
+        "chat.completions": {"create": openai_chat_usage},
+        "responses": {"create": openai_responses_usage},
     }
 
 

@@ -54,7 +54,29 @@ class ModelCalls:
             raise self.s._halt(*self.s._stop)
         if model:
             self.check_model(model, provider)
+            if max_output_tokens and self.s.budget.max_cost_usd is not None:
+                self.check_cost(model, provider, estimated_input_tokens or 0, max_output_tokens)
         return model, provider, estimated_input_tokens, max_output_tokens
+
+    def check_cost(
+        self, model: str, provider: str | None, input_tokens: int, max_output_tokens: int
+    ) -> None:
+        """Stop the run ``MAX_COST`` before a request whose price could pass the cost budget:
+        its prompt estimate and its ``max_tokens``, at the model's price, against what the
+        budget has left. Read from the request itself, so it holds on a run's first call and
+        on a resumed run's (which has no earlier calls to extrapolate from)."""
+        limit = self.s.budget.max_cost_usd
+        if limit is None:
+            return
+        worst = self.s.guard.prices.cost(model, input_tokens, max_output_tokens, provider=provider)
+        left = limit - self.s.cost_usd
+        if worst is not None and worst > left:
+            raise self.s._halt(
+                StopReason.MAX_COST,
+                f"${self.s.cost_usd:.4f} spent; the next request to {model} could cost up to "
+                f"${worst:.4f} ({input_tokens} prompt tokens estimated, max_tokens="
+                f"{max_output_tokens}), more than the ${left:.4f} left of ${limit:.4f}",
+            )
 
     def check_model(self, model: str, provider: str | None = None) -> None:
         """Refuse, before the request, a model whose cost a cost budget could not count."""
