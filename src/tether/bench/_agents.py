@@ -37,8 +37,11 @@ from tether.stores import MemoryStore
 
 __all__ = ["POLICIES", "TaskResult", "run_cell"]
 
-PRICE_IN, PRICE_OUT = 3.0 / 1e6, 15.0 / 1e6  # the price of MODEL per token
-#: MODEL's price, given to the guard as a user may (no per-call look-up in genai-prices)
+#: every policy is billed at $3 / $15 per million tokens: fixed (not MODEL's list price of the
+#: day, $2 / $10 for claude-sonnet-5-5 in 2026-12) so the suite's figures stay comparable
+#: across releases and model renames
+PRICE_IN, PRICE_OUT = 3.0 / 1e6, 15.0 / 1e6
+#: that price, given to the guard as a user may (no per-call look-up in genai-prices)
 PRICES = PriceTable({MODEL: Price(3.0, 15.0, 3.75, 0.30)})
 SAFETY_CAP = 100
 
