@@ -550,6 +550,64 @@ def answers_while(base: str, gate: Gate, slow: Callable[[], Any]) -> None:
         worker.join(10)
 
 
+@pytest.mark.parametrize("token", [None, "s3cret-token"])
+def test_half_open_connections_never_keep_the_operator_out(world: World, token: str | None) -> None:
+    """Far more connections than the limit each send nothing or half a request head and
+    hold (within the header deadline): the operator's own requests still get their pages,
+    not 503, and a request being served when they came (a slow replay) is never cut."""
+    import httpx
+
+    from tether.serve._server import LIMIT_CONCURRENCY
+
+    gate = Gate()
+
+    def slow_handler(customer: str, api_key: str = "", redacted: Any = None) -> str:
+        gate.wait()
+        return "charged"
+
+    auth = {"authorization": f"Bearer {token}"} if token else {}
+    with contextlib.ExitStack() as stack:
+        base = stack.enter_context(serving(world, token=token, handler=slow_handler))
+        operator = stack.enter_context(
+            httpx.Client(base_url=base, headers={"origin": base, **auth}, timeout=20)
+        )
+        csrf = form_token(operator)
+        replay: dict[str, Any] = {}
+        worker = threading.Thread(
+            target=lambda: replay.setdefault(
+                "response",
+                operator.post(f"/dead-letters/{world.letter.id}/replay", data={"csrf": csrf}),
+            ),
+            daemon=True,
+        )
+        worker.start()
+        try:
+            assert gate.entered.wait(10), "the replay never reached its handler"
+            port = int(base.rsplit(":", 1)[1])
+            held = []
+            for n in range(2 * LIMIT_CONCURRENCY):
+                s = stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5))
+                if n % 2:
+                    s.sendall(b"GET /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+                held.append(s)
+            time.sleep(0.3)  # every one of them accepted and waiting
+            for _ in range(5):
+                with httpx.Client(base_url=base, headers=auth, timeout=10) as another:
+                    assert another.get("/runs").status_code == 200
+                    assert another.get("/inbox").status_code == 200
+        finally:
+            gate.release()
+            worker.join(10)
+        assert replay["response"].status_code == 303  # the replay in progress was kept
+        assert world.records.dead_letters.get(world.letter.id).replayed
+        # the oldest of the connections with no request head made room for the operator
+        for s in held[:4]:
+            try:
+                assert s.recv(1024) == b"", "the oldest half-open connection is still held"
+            except ConnectionResetError:
+                pass  # closed with its half head unread: a reset
+
+
 def test_a_slow_database_read_never_blocks_the_other_requests(world: World) -> None:
     """Database reads run in worker threads: while one page waits on the database, /runs answers."""
     import httpx
