@@ -83,8 +83,8 @@ def breaker_trips_and_recovers() -> list[Step]:
         # one probe in flight: the others are told to ask again soon, not after a cooldown
         ("breaker_acquire", (opened, cfg), ("half_open", "half_open", opened + ask_again, "deny")),
         ("breaker_record", (opened + 0.5, "probe", False, cfg), ("half_open", "half_open", opened)),
-        # a probe succeeded: two may be in flight now
-        ("breaker_acquire", (opened + 0.5, cfg), ("half_open", "half_open", 0.0, "probe")),
+        # a probe succeeded: two may be in flight now, but only half_open_max_calls (2)
+        # probes in all: one more
         ("breaker_acquire", (opened + 0.5, cfg), ("half_open", "half_open", 0.0, "probe")),
         (
             "breaker_acquire",
@@ -95,7 +95,7 @@ def breaker_trips_and_recovers() -> list[Step]:
         ("breaker_record", (opened + 1, "probe", False, cfg), ("half_open", "closed", 0.0)),
         ("breaker_state", (opened + 1,), ("closed", 0.0)),
         ("breaker_acquire", (opened + 1, cfg), ("closed", "closed", 0.0, "call")),
-        # the other probe's answer comes after the breaker closed: nothing moves
+        # a probe's answer that comes after the breaker closed: nothing moves
         ("breaker_record", (opened + 1, "probe", False, cfg), ("closed", "closed", 0.0)),
     ]
 

@@ -34,7 +34,8 @@ class CircuitBreaker:
     consecutive failures, or when the failure rate over the last ``window`` calls
     reaches ``failure_rate`` (once ``min_calls`` are in the window) → ``half_open``
     when the wait is over: probes go through, one at first and one more for every probe
-    that succeeds → ``closed`` after ``half_open_max_calls`` successful probes, or
+    that succeeds, never more than ``half_open_max_calls`` in all, whatever races for
+    them → ``closed`` after ``half_open_max_calls`` successful probes, or
     ``open`` again when one fails.
 
     The wait follows the dependency: ``probe_interval`` (1 s) after the trip, then, while

@@ -178,8 +178,11 @@ def breaker_acquire(f: Fields, now: float, cfg: BreakerConfig) -> tuple[str, str
     if f["state"] == HALF_OPEN:
         if f["inflight"] > 0 and now >= f["probe_deadline"]:
             f["inflight"] = 0  # the probes' callers vanished: let new ones through
-        # slow start: one probe at first, one more in flight for every probe that succeeded
-        if f["inflight"] < 1 + f["probe_ok"] and f["probe_ok"] < cfg.half_open_max_calls:
+        # slow start: one probe at first, one more in flight for every probe that succeeded,
+        # and never more than half_open_max_calls in all (out and succeeded): the breaker
+        # closes on the last of them
+        out = f["inflight"]
+        if out < 1 + f["probe_ok"] and out + f["probe_ok"] < cfg.half_open_max_calls:
             f["inflight"] += 1
             f["probe_deadline"] = now + cfg.cooldown
             return old, HALF_OPEN, 0.0, PROBE

@@ -74,7 +74,7 @@ if state == 'open' then
 end
 if state == 'half_open' then
   if inflight > 0 and now >= probe_deadline then inflight = 0; changed = true end
-  if inflight < 1 + probe_ok and probe_ok < half_max then
+  if inflight < 1 + probe_ok and inflight + probe_ok < half_max then
     inflight = inflight + 1
     probe_deadline = now + cooldown
     redis.call('HSET', k, 'state', state, 'inflight', inflight, 'probe_ok', probe_ok,
