@@ -24,6 +24,7 @@ from tether import (
     StopReason,
     TokenBudget,
     Tool,
+    UnknownModelError,
     VirtualClock,
 )
 from tether.integrations import anthropic as t_anthropic
@@ -539,6 +540,32 @@ def test_bad_fallbacks_are_refused_naming_the_field(server: ScriptedServer) -> N
             t_openai.guarded(raw, fallbacks=[Fallback("claude-haiku-4-5", client=other)])
         with pytest.raises(ValueError, match="max_tokens"):
             t_anthropic.run_agent(other, model="claude-haiku-4-5", messages=HI, max_tokens=None)
+    assert server.requests == []
+
+
+def test_an_unpriced_fallback_under_a_cost_budget_is_refused_when_the_guard_is_made() -> None:
+    """Guard(budget=max_cost_usd, fallbacks=[an unpriced model]) is refused at once, naming
+    the model; without a cost budget, or with unknown="zero", it is accepted."""
+    with pytest.raises(ValueError, match=r"fallbacks\[1\] \('no-such-model-x'\).*no price"):
+        Guard(budget=Budget(max_cost_usd=1.0), fallbacks=["gpt-4o-mini", "no-such-model-x"])
+    assert Guard(fallbacks=["no-such-model-x"]).fallbacks == (Fallback("no-such-model-x"),)
+    free = tether.PriceTable(unknown="zero")
+    Guard(budget=Budget(max_cost_usd=1.0), fallbacks=["no-such-model-x"], prices=free)
+
+
+def test_a_guarded_clients_unpriced_fallback_is_refused_before_any_request(
+    server: ScriptedServer,
+) -> None:
+    """A guarded client's own chain, bound to a run with a cost budget: its unpriced model is
+    refused before the first request, not when a quota refusal sends the call to it."""
+    p = PROVIDERS["openai"]
+    server.handler = answer_by_model(p, {p["primary"]: p["quota"]})
+    guard = Guard(clock=VirtualClock(), budget=Budget(max_cost_usd=1.0))
+    with p["sync"](server) as raw, guard.start(task="t") as run:
+        run.proceed()
+        client = t_openai.guarded(raw, run=run, fallbacks=["no-such-model-x"])
+        with pytest.raises(UnknownModelError, match="no-such-model-x"):
+            ask(p, client, p["primary"])
     assert server.requests == []
 
 

@@ -136,17 +136,16 @@ def test_a_bad_request_is_not_a_reason_to_fall_back(shell: str) -> None:
 
 
 def test_each_model_is_priced_as_itself(shell: str) -> None:
-    """A cost budget with no price for the fallback: refused before it is asked."""
-    from tether import UnknownModelError
-
-    quota = openai_error(openai.RateLimitError, 429, "insufficient_quota")
-    primary = Model(model_name="gpt-4o", messages=says("never"), error=quota)
+    """A cost budget with no price for the fallback's chat model: refused when the guard
+    (or the middleware, given its own chain) is made, naming the model, not at the first
+    quota refusal in the middle of an incident."""
     backup = Model(model_name="no-such-model-priced", messages=says("from the backup"))
-    guard = Guard(budget=Budget(max_cost_usd=1.0), fallbacks=[Fallback("x", client=backup)])
-    agent = create_agent(primary, middleware=[TetherMiddleware(guard)])
-    with pytest.raises(UnknownModelError, match="no-such-model-priced"):
-        invoke(agent, shell)
-    assert (primary.asked, backup.asked) == (1, 0)
+    with pytest.raises(ValueError, match=r"fallbacks\[0\] \('no-such-model-priced'\)"):
+        Guard(budget=Budget(max_cost_usd=1.0), fallbacks=[Fallback("x", client=backup)])
+    guard = Guard(budget=Budget(max_cost_usd=1.0))
+    with pytest.raises(ValueError, match="no-such-model-priced"):
+        TetherMiddleware(guard, fallbacks=[Fallback("x", client=backup)])
+    assert backup.asked == 0
 
 
 def test_langchains_own_fallback_middleware_inside_ours_still_works(shell: str) -> None:

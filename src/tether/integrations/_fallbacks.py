@@ -121,12 +121,17 @@ def _other_provider(
 def candidates(owner: Guarded, model: str) -> list[Candidate]:
     """A request's candidates in order: its own model on ``owner``, then each fallback on
     its own client (bound to the owner's run) or on ``owner``. The chain is the client's
-    own, else the entries of its run's guard that are of the client's provider."""
+    own, else the entries of its run's guard that are of the client's provider. Under a
+    cost budget a model of the chain without a price raises UnknownModelError here, before
+    the first request, not when the incident sends the call down the chain."""
     chain = owner.fallbacks
     if not chain and owner.run is not None:
         guard_chain = getattr(owner.run.guard, "fallbacks", ())
         mine = [f for f in guard_chain if provider_of(f, owner.provider) == owner.provider]
         chain = check_chain(owner, mine) if mine else ()
+    if owner.run is not None:  # a chain of the client's own: each model priced, up front
+        for entry in chain:
+            owner.run.check_model(entry.model, provider_of(entry, owner.provider))
     out: list[Candidate] = [(owner, model)]
     for entry in chain:
         client = owner if entry.client is None else entry.client.bind(owner.run)

@@ -37,6 +37,7 @@ from tether.integrations._common import (
 from tether.integrations._fallbacks import gives_way
 from tether.integrations._tokens import DEFAULT_MAX_OUTPUT
 from tether.retries._policy import RetryPolicy
+from tether.run._fallbacks import check_priced
 
 require("langchain", "langchain")
 
@@ -226,9 +227,9 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         # model calls: retried at this one layer, classified by tether, within the run's time
         self._policy = guard.retry.replace(name="model")
         #: the chat models a model call goes to when its own cannot answer, in order
-        self.fallbacks = _chat_models(
-            Fallback.chain(guard.fallbacks if fallbacks is None else fallbacks)
-        )
+        chain = Fallback.chain(guard.fallbacks if fallbacks is None else fallbacks)
+        check_priced(chain, guard.budget.max_cost_usd, guard.prices)
+        self.fallbacks = _chat_models(chain)
         self._fallback_policy = self._policy.replace(breaker=None)
         self._warned = False
         self._tools = ToolGuard(side_effects, volatile=volatile, read_only=read_only, **rules)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PROVIDERS", "Fallback", "is_chat_model"]
+__all__ = ["PROVIDERS", "Fallback", "check_priced", "is_chat_model"]
 
 #: the providers whose requests tether builds (and can translate between, in ``run_agent``)
 PROVIDERS = ("anthropic", "openai")
@@ -57,6 +57,17 @@ class Fallback:
                 f"or a LangChain chat model, got {self.client!r}"
             )
 
+    @property
+    def priced_as(self) -> str:
+        """The model name its calls are priced by: a LangChain chat model's own
+        (``model_name`` or ``model``), else :attr:`model`."""
+        if self.client is not None and is_chat_model(self.client):
+            for attr in ("model_name", "model"):
+                value = getattr(self.client, attr, None)
+                if isinstance(value, str) and value:
+                    return value
+        return self.model
+
     @staticmethod
     def chain(value: Any, field: str = "fallbacks") -> tuple[Fallback, ...]:
         """``fallbacks=``: None, a :class:`Fallback`, a model name, or an iterable of those;
@@ -87,3 +98,21 @@ def is_chat_model(client: Any) -> bool:
         c.__name__ == "BaseChatModel" and c.__module__.startswith("langchain_core.")
         for c in type(client).__mro__
     )
+
+
+def check_priced(
+    chain: Iterable[Fallback], max_cost_usd: float | None, prices: Any, field: str = "fallbacks"
+) -> None:
+    """Under a cost budget, every model of a chain must have a price: refused here (a
+    ValueError naming the entry and its model), not with UnknownModelError at the first
+    quota refusal, in the middle of an incident. ``prices``: a :class:`tether.PriceTable`
+    (``unknown="zero"`` counts an unpriced model as free: allowed)."""
+    if max_cost_usd is None or prices.unknown == "zero":
+        return
+    for i, entry in enumerate(chain):
+        model = entry.priced_as
+        if not prices.knows(model, entry.provider):
+            raise ValueError(
+                f"{field}[{i}] ({model!r}) cannot be counted by the cost budget "
+                f"(max_cost_usd={max_cost_usd:g}): {prices.missing(model)}"
+            )
