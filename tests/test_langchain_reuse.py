@@ -141,10 +141,12 @@ def test_a_turn_builds_its_run_once(shell: str, monkeypatch: pytest.MonkeyPatch)
     assert len(built) == 1
 
 
-def test_a_snapshot_taken_before_the_run_changed_is_rebuilt() -> None:
-    """The run the state's snapshot was taken of continues it only while nothing took that
-    run since: a hook given an older snapshot (a node LangGraph runs again) gets the run
-    as that snapshot has it, rebuilt."""
+def test_an_older_snapshot_of_a_run_still_going_continues_it() -> None:
+    """A hook given an older snapshot of a run that a hook took since and that has not
+    ended (a parallel tool call of the same model turn, a node LangGraph runs again)
+    continues that run, with everything it counted since: never a copy rebuilt from the
+    older snapshot, which would not count the other calls (#38). Once the run has ended, an
+    older snapshot is rebuilt."""
     middleware = TetherMiddleware(Guard())
     state: dict[str, Any] = {"messages": [], **(middleware.before_agent({"messages": []}, None))}
     first = middleware._take(state)
@@ -152,16 +154,20 @@ def test_a_snapshot_taken_before_the_run_changed_is_rebuilt() -> None:
     first.run.proceed()
     newer = {"tether_run": middleware._put(first)}
     again = middleware._take(state)  # the snapshot from before the step
-    assert again is not None and again.run is not first.run and again.run.steps == 0
+    assert again is not None and again.run is first.run and again.run.steps == 1
     middleware._let_go(again)
     went_on = middleware._take(newer)
     assert went_on is not None and went_on.run is first.run and went_on.run.steps == 1
+    middleware._end_run(went_on.run)
     middleware._let_go(went_on)
+    rebuilt = middleware._take(state)
+    assert rebuilt is not None and rebuilt.run is not first.run and rebuilt.run.steps == 0
+    middleware._let_go(rebuilt)
 
 
 def test_a_run_held_by_a_hook_is_shared_not_continued_twice() -> None:
-    """Two hooks given one snapshot at once (parallel tool calls) share one run; the
-    snapshot the first of them lets go of is not the run (the other still changes it)."""
+    """Two hooks given one snapshot at once (parallel tool calls) share one run; a hook given
+    the snapshot the first of them let go of continues that run too (it has gone on)."""
     middleware = TetherMiddleware(Guard())
     state = middleware.before_agent({"messages": []}, None)
     one, two = middleware._take(state), middleware._take(state)
@@ -171,7 +177,7 @@ def test_a_run_held_by_a_hook_is_shared_not_continued_twice() -> None:
     two.run.proceed()
     late = {"tether_run": middleware._put(two)}
     stale = middleware._take(early)
-    assert stale is not None and stale.run is not one.run and stale.run.steps == 1
+    assert stale is not None and stale.run is one.run and stale.run.steps == 2
     middleware._let_go(stale)
     last = middleware._take(late)
     assert last is not None and last.run is one.run and last.run.steps == 2

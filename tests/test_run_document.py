@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -424,3 +425,78 @@ def test_a_run_resumed_from_its_checkpoint_tells_of_its_effects(tmp_path: Path, 
     )["tether_outcome"]
     assert resumed.status == "success" and REFUNDS == ["A-1"]
     assert "refund" in resumed.customer_message
+
+
+# --- case 5: parallel tool calls of one model turn keep the budgets ------------------------
+
+LOOKED: list[str] = []
+
+
+PAUSE = [0.0]
+
+
+@tool
+def lookup(q: str) -> str:
+    """Look an order up."""
+    time.sleep(PAUSE[0])  # > 0: the calls of one turn overlap (ToolNode's threads)
+    LOOKED.append(q)
+    return "found"
+
+
+def one_turn(n: int, same: bool, budget: tether.Budget, shell: str) -> tether.Outcome:
+    LOOKED.clear()
+    calls = [{"name": "lookup", "args": {"q": "A-1" if same else f"A-{i}"}, "id": f"c{i}"}
+             for i in range(n)]  # fmt: skip
+    usage = {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}
+    replies = iter([AIMessage("", tool_calls=calls, usage_metadata=usage), answer("Done.")])
+    agent = create_agent(
+        Model(messages=replies), tools=[lookup], middleware=[TetherMiddleware(Guard(budget=budget))]
+    )
+    state = run_to_end(agent, {"messages": [("user", "look them up")]}, None, shell)
+    outcome: tether.Outcome = state["tether_outcome"]
+    return outcome
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.005])
+@pytest.mark.parametrize("shell", SHELLS)
+def test_parallel_tool_calls_respect_max_tool_calls(shell: str, pause: float) -> None:
+    """12 tool calls in one model turn under max_tool_calls=3: 3 run, and the outcome counts
+    3 (before: 12 ran and usage.tool_calls said 1, when each call ended before the next began)."""
+    PAUSE[0] = pause
+    outcome = one_turn(12, False, tether.Budget(max_tool_calls=3), shell)
+    assert len(LOOKED) == 3 and outcome.usage.tool_calls == 3
+    assert outcome.stopped_because is tether.StopReason.MAX_TOOL_CALLS
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_parallel_identical_calls_respect_the_repeat_cap(shell: str) -> None:
+    """40 identical calls in one model turn: the repeat cap holds (2 run) and the outcome
+    counts what ran (before: 16-40 ran, the outcome said 7-40)."""
+    PAUSE[0] = 0.005
+    outcome = one_turn(40, True, tether.Budget(), shell)
+    assert len(LOOKED) == 2 and outcome.usage.tool_calls == 2
+    assert outcome.stopped_because is tether.StopReason.REPEATED_ACTION
+
+
+def test_identical_calls_in_flight_count_as_repeats() -> None:
+    """Run level: identical calls started together (asyncio.gather) are repeats before any
+    completes (before: all 10 ran)."""
+
+    async def main() -> list[str]:
+        ran: list[str] = []
+
+        async def read(q: str) -> str:
+            await asyncio.sleep(0.001)
+            ran.append(q)
+            return q
+
+        with Guard().start() as run:
+            run.proceed()
+            results = await asyncio.gather(
+                *(run.acall_tool("read", read, {"q": "A-1"}) for _ in range(10)),
+                return_exceptions=True,
+            )
+            assert sum(not isinstance(r, BaseException) for r in results) == 2
+        return ran
+
+    assert asyncio.run(main()) == ["A-1", "A-1"]  # the third identical call is a loop

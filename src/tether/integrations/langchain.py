@@ -101,11 +101,13 @@ class _Held:
     of its last hold (a snapshot taken before that hold is no longer the run as it is), and
     the snapshots' marks it is shared under while held (parallel tool calls)."""
 
-    __slots__ = ("holders", "marks", "stamp")
+    __slots__ = ("ended", "holders", "last", "marks", "stamp")
 
     def __init__(self) -> None:
         self.holders = 0
         self.stamp = 0
+        self.ended = False  # the run's outcome is made: never continued again
+        self.last: tuple[Any, ...] = ()  # the mark of the newest snapshot taken of the run
         self.marks: list[tuple[Any, ...]] = []
 
 
@@ -287,7 +289,9 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         with self._lock:
             run = self._shared.get(mark)
             if run is None:
-                run = self.guard.restore(doc, reuse=self._parked(doc))
+                run = self._further_on(doc, mark)
+                if run is None:
+                    run = self.guard.restore(doc, reuse=self._parked(doc))
                 self._shared[mark] = run
             held = self._held.get(run)
             if held is None:
@@ -310,6 +314,24 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             )
         return hold
 
+    def _further_on(self, doc: Mapping[str, Any], mark: tuple[Any, ...]) -> Run | None:
+        """The run ``doc`` was taken of, when a hook took it since and it has not ended: the
+        snapshot is an older copy of a run still going (parallel tool calls of one model
+        turn are each given the state before the turn's calls, and each call's hook may
+        come after another's has let go of the run). That run goes on, with every call
+        counted; rebuilt from the older copy, a call would not see the others' (under the
+        lock)."""
+        live = getattr(doc, "live", None) if type(doc) is _Doc else None
+        if live is None:
+            return None
+        run: Run = live[0]
+        held = self._held.get(run)
+        if held is None or held.ended:
+            return None  # ended: an older snapshot is rebuilt
+        if held.stamp == live[1] and not held.holders and held.last == mark:
+            return None  # untouched since: restored (reuse=) as before
+        return run
+
     def _parked(self, doc: Mapping[str, Any]) -> Run | None:
         """The run ``doc`` was taken of, untouched since (no hook took it after that
         snapshot); None when there is none (under the lock)."""
@@ -327,8 +349,9 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         with self._lock:
             doc = _Doc(hold.run.snapshot())
             held = self._release(hold)
-            if held is not None and not held.holders:
+            if held is not None:
                 doc.live = (hold.run, held.stamp)
+                held.last = (doc.get("run_id"), *_progress(doc))
         return doc
 
     def _let_go(self, hold: _Hold) -> None:
@@ -509,6 +532,14 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
 
     def _finish(self, run: Run, state: Any) -> Outcome:
         run.messages = list(state.get("messages", []))
+        return self._end_run(run)
+
+    def _end_run(self, run: Run) -> Outcome:
+        """End ``run`` (its outcome made): an older copy of it is never continued again."""
+        with self._lock:
+            held = self._held.get(run)
+            if held is not None:
+                held.ended = True
         run.__exit__(None, None, None)
         return run.outcome
 

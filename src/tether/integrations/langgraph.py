@@ -310,8 +310,7 @@ class GraphGuard:
         messages = list(_get(state, "messages") or ())
         found = update.get("messages")
         run.messages = messages + (found if isinstance(found, list) else [found] if found else [])
-        run.__exit__(None, None, None)
-        outcome = run.outcome
+        outcome = self._agent._end_run(run)
         ended = {
             **update,
             "tether_outcome": outcome,

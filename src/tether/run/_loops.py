@@ -100,6 +100,7 @@ class LoopState:
         "_allow",
         "_allowed",
         "_counts",
+        "_flying",
         "_min_steps",
         "_recent",
         "_repeats",
@@ -121,6 +122,9 @@ class LoopState:
         self._seq: deque[str] = deque(maxlen=policy.max_period * (policy.max_repeats or 2))
         self._window: int = policy.window or 64
         self._states: OrderedDict[str, int] = OrderedDict()
+        # the calls checked and not ended yet, by action: parallel calls of one model turn
+        # (identical ones started together) count as repeats before any of them completes
+        self._flying: dict[str, int] = {}
 
     def check_action(
         self, tool: str, action: str, step: int, cap: int | None = None
@@ -128,15 +132,16 @@ class LoopState:
         """Why this call must not run (a repeat or a sequence), or None. Does not record.
         ``cap``: the call's own repeat cap, as if its tool were in ``allow_repeat``."""
         cap = self._allow.get(tool) if cap is None else cap
+        flying = self._flying.get(action, 0) if self._flying else 0
         if cap is not None:
-            if self._allowed[action] + 1 > cap:
+            if self._allowed[action] + flying + 1 > cap:
                 why = f"{tool} called {cap} times with identical arguments (its allow_repeat cap)"
                 return StopReason.REPEATED_ACTION, why
             return None
         repeats = self._repeats
         if step <= self._min_steps or repeats is None:
             return None
-        n = self._counts.get(action, 0) + 1  # .get: a new action costs no __missing__
+        n = self._counts.get(action, 0) + flying + 1  # .get: a new action: no __missing__
         if n >= repeats:
             return (
                 StopReason.REPEATED_ACTION,
@@ -160,6 +165,18 @@ class LoopState:
             if len(set(block)) > 1 and all(tail[i] == block[i % p] for i in range(span)):
                 return p
         return 0
+
+    def begin_action(self, action: str) -> None:
+        """A call checked by :meth:`check_action` is on its way (until :meth:`end_action`)."""
+        self._flying[action] = self._flying.get(action, 0) + 1
+
+    def end_action(self, action: str) -> None:
+        """A call begun is over (completed, failed, refused or not made)."""
+        left = self._flying.get(action, 0) - 1
+        if left > 0:
+            self._flying[action] = left
+        else:
+            self._flying.pop(action, None)
 
     def record_action(self, tool: str, action: str, *, allowed: bool = False) -> None:
         if allowed or tool in self._allow:

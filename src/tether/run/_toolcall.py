@@ -75,9 +75,13 @@ class ToolPipeline:
         call = self.decide._before_tool(
             name, arguments, opts.timeout, idempotent, opts.volatile, opts.allow_repeat
         )
-        gate = self.gate._govern(call, opts.requires_approval, opts.compensate)
-        if gate is not None:
-            call, idempotent = self.gate._gated(call, gate, idempotent, opts.timeout)
+        try:
+            gate = self.gate._govern(call, opts.requires_approval, opts.compensate)
+            if gate is not None:
+                call, idempotent = self.gate._gated(call, gate, idempotent, opts.timeout)
+        except BaseException:  # refused by a policy, waiting for a person: not under way
+            self.s._loops.end_action(call.action)
+            raise
         return call, gate, idempotent, arguments, fn, opts
 
     def _options(self, name: str, options: ToolOptions) -> _Options:
@@ -151,9 +155,14 @@ class ToolPipeline:
         """The call made through the breaker and its retry policy (in the tool's span, when
         one records); a failure becomes what the caller gets (Stopped or ToolError)."""
         try:
-            if health is not None:
-                self.hung._refuse_unresponsive(call, before=True)
-            return self.s.through_breaker(lambda: self.hung._within(call, attempt), timeout=timeout)
+            try:
+                if health is not None:
+                    self.hung._refuse_unresponsive(call, before=True)
+                return self.s.through_breaker(
+                    lambda: self.hung._within(call, attempt), timeout=timeout
+                )
+            finally:
+                self.s._loops.end_action(call.action)  # completed calls count from here
         except ControlSignal as carried:  # the framework's own control flow
             self.decide._not_made()
             raise carried.signal from None
@@ -248,11 +257,14 @@ class ToolPipeline:
     ) -> Any:
         """The async form of :meth:`_made` (cancelled: what the call left is settled)."""
         try:
-            if health is not None:
-                self.hung._refuse_unresponsive(call, before=True)
-            return await self.s.athrough_breaker(
-                lambda: self.hung._awithin(call, attempt), timeout=timeout
-            )
+            try:
+                if health is not None:
+                    self.hung._refuse_unresponsive(call, before=True)
+                return await self.s.athrough_breaker(
+                    lambda: self.hung._awithin(call, attempt), timeout=timeout
+                )
+            finally:
+                self.s._loops.end_action(call.action)  # completed calls count from here
         except ControlSignal as carried:
             self.decide._not_made()
             raise carried.signal from None

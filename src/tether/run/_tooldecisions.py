@@ -88,6 +88,7 @@ class ToolDecisions:
         loop = s._loops.check_action(name, action, s.steps, cap=allow_repeat)
         if loop is not None:
             raise s._halt(loop[0], f"{loop[1]} (step {s.steps})")
+        s._loops.begin_action(action)  # ended by the driver, whatever becomes of the call
         s.tool_calls += 1
         s._step_calls += 1
         if allow_repeat is None and name not in s.guard.loops.allow_repeat:
