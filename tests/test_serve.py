@@ -1468,6 +1468,66 @@ def test_prune_keeps_what_must_stay_and_removes_the_rest(records: Records) -> No
     assert records.prune(older_than=timedelta(days=30)).runs == 0  # nothing more to remove
 
 
+def test_prune_keeps_live_decisions_whatever_the_clocks(
+    records: Records, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The approver's clock a minute behind the agent's: an approved and a rejected call,
+    not yet resumed, keep their approval, run and checkpoint through a prune (they were
+    taken for resumed: the run had "ended after" the decision), and a pruning host whose
+    clock is a year ahead removes nothing that is not 30 days old by the database's clock.
+    Both resume afterwards; a decision resumed and ended goes."""
+    from datetime import timedelta
+
+    start = time.time() - 40 * DAY_S
+    agent = Guard(records=records, clock=tether.VirtualClock(wall_start=start))
+    approver = Guard(records=records, clock=tether.VirtualClock(wall_start=start - 60))
+    paid: list[str] = []
+
+    def turn(run: tether.Run, to: str) -> Any:
+        return run.call_tool(
+            "pay", lambda to: paid.append(to), {"to": to}, idempotent=False, requires_approval=True
+        )
+
+    waiting = {}
+    for to in ("approved", "rejected", "resumed"):
+        with agent.start(task=f"pay {to}") as run:
+            turn(run, to)
+        waiting[to] = run.outcome
+    approver.approve(waiting["approved"].checkpoint_id, by="alice")
+    approver.reject(waiting["rejected"].checkpoint_id, by="bob", reason="no")
+    approver.approve(waiting["resumed"].checkpoint_id, by="alice")
+    with agent.resume(waiting["resumed"].checkpoint_id) as run:
+        run.succeed(turn(run, "resumed"))
+    with Guard(records=records).start(task="today") as run:
+        run.succeed(1)
+    today = run.run_id
+
+    pruned = records.prune(older_than=timedelta(days=30))
+    monkeypatch.setattr(time, "time", lambda: start + 440 * DAY_S)  # the pruner, a year ahead
+    pruned_ahead = records.prune(older_than=timedelta(days=30))
+    monkeypatch.undo()
+
+    assert (pruned.approvals, pruned.runs, pruned_ahead.runs) == (1, 1, 0)
+    assert records.runs.get(today) is not None
+    for to in ("approved", "rejected"):
+        outcome = waiting[to]
+        assert records.approvals.get(outcome.pending_approval["id"]).status == to
+        assert records.runs.get(outcome.run_id) is not None
+        assert records.store.get("checkpoint", outcome.checkpoint_id) is not None
+    assert records.approvals.get(waiting["resumed"].pending_approval["id"]) is None
+    inbox = TestClient(create_app(records), base_url=BASE).get("/inbox").text
+    assert inbox.count("not yet: waiting for a worker") == 2  # not "resumed", whatever the clocks
+    ended = {}
+    for decision in records.decisions(worker="w"):
+        with agent.resume(decision.checkpoint_id) as run:
+            try:
+                run.succeed(turn(run, "approved" if decision.approved else "rejected"))
+            except ToolError as rejected:
+                run.fail(rejected.model_message)
+        ended[decision.approved] = run.outcome.status
+    assert ended == {True: "success", False: "failed"} and paid == ["resumed", "approved"]
+
+
 def test_prune_shrinks_the_sqlite_file(tmp_path: Path) -> None:
     from datetime import timedelta
 
@@ -1535,9 +1595,52 @@ def test_the_command_prunes_sqlite_and_postgres(where: str, capsys: Any) -> None
 def test_the_command_refuses_bad_arguments(tmp_path: Path, capsys: Any) -> None:
     assert main(["records", "prune", "--db", str(tmp_path / "none.db"), "--older-than", "3"]) == 2
     assert "no such file" in capsys.readouterr().err
-    Records.sqlite(str(tmp_path / "r.db")).close()
-    assert main(["records", "prune", "--db", str(tmp_path / "r.db"), "--older-than", "-3"]) == 2
-    assert "--older-than" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "days", ["inf", "-inf", "nan", "-3", "-0.5", "thirty", "", "1e400", "1e12"]
+)
+def test_the_command_refuses_a_bad_age(tmp_path: Path, capsys: Any, days: str) -> None:
+    """Exit code 2 and what --older-than takes, never a traceback; nothing removed."""
+    path = str(tmp_path / "r.db")
+    with Records.sqlite(path) as records:
+        old = tether.VirtualClock(wall_start=time.time() - 40 * DAY_S)
+        with Guard(records=records, clock=old).start(task="old") as run:
+            run.succeed(1)
+    with pytest.raises(SystemExit) as exited:
+        main(["records", "prune", "--db", path, f"--older-than={days}"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err
+    assert "--older-than" in err and "a number of days" in err, err
+    with Records.sqlite(path) as records:
+        assert records.runs.get(run.run_id) is not None
+
+
+def test_the_command_refuses_infinity_in_its_own_process(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "r.db")
+    Records.sqlite(path).close()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether.cli",
+            "records",
+            "prune",
+            "--db",
+            path,
+            "--older-than",
+            "inf",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--older-than" in done.stderr and "inf" in done.stderr
 
 
 def test_the_serve_bench_times_the_real_page(pg_dsn: str) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["register"]
@@ -156,20 +158,39 @@ def register(sub: Any) -> None:
     prune = records_sub.add_parser(
         "prune",
         help="remove records older than DAYS that nothing waits for",
-        description="Remove run records, checkpoints, used or resumed approvals, resolved "
-        "cases, replayed dead letters and expired ledger records older than DAYS. Pending "
-        "approvals, decisions not yet resumed, open cases, unreplayed dead letters (and their "
-        "runs), and ledger records inside their ttl stay. A SQLite file is vacuumed after.",
+        description="Remove run records, checkpoints, resumed approvals, resolved cases, "
+        "replayed dead letters and ledger records expired before the cutoff, older than DAYS "
+        "by the database's clock. Pending approvals, decisions not yet resumed, open cases, "
+        "unreplayed dead letters (and their runs and checkpoints), and ledger records inside "
+        "their ttl stay. A SQLite file is vacuumed after.",
     )
     prune.add_argument("--db", required=True, help="the records: a SQLite file or a PostgreSQL DSN")
-    _defaulted(prune, "--older-than", float, 30.0, "how old a record must be", metavar="DAYS")
+    _defaulted(prune, "--older-than", _days, 30.0, "how old a record must be", metavar="DAYS")
     records.set_defaults(run_command=_records)
+
+
+#: the most days ``--older-than`` takes (a ``datetime.timedelta`` holds no more)
+MAX_DAYS = 999_999_999
+
+
+def _days(text: str) -> float:
+    """``--older-than``: a finite number of days from 0 to :data:`MAX_DAYS` (argparse
+    refuses anything else with exit code 2, naming the option)."""
+    try:
+        days = float(text)
+    except ValueError:
+        days = math.nan
+    if not (math.isfinite(days) and 0 <= days <= MAX_DAYS):
+        raise argparse.ArgumentTypeError(
+            f"must be a number of days from 0 to {MAX_DAYS:,} (e.g. 30), got {text[:40]!r}"
+        )
+    return days
 
 
 def _defaulted(
     parser: Any,
     flag: str,
-    kind: type[int] | type[float],
+    kind: Callable[[str], float],
     default: float,
     help: str,
     metavar: str | None = None,
@@ -420,8 +441,8 @@ def _records(args: argparse.Namespace) -> int:
         print(f"tether records prune: {why}", file=sys.stderr)
         return 2
 
-    if not args.older_than >= 0:
-        return refused(f"--older-than must be a number of days >= 0, got {args.older_than:g}")
+    if not (math.isfinite(args.older_than) and 0 <= args.older_than <= MAX_DAYS):
+        return refused(f"--older-than must be a number of days from 0 to {MAX_DAYS:,}")
     if not Records.is_dsn(args.db) and not os.path.isfile(args.db):
         return refused(
             f"{args.db}: no such file (give the SQLite file your Records.sqlite(...) "

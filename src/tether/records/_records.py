@@ -9,7 +9,6 @@ SQL); :meth:`Records.prune` bounds what is kept.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self
@@ -212,25 +211,19 @@ class Records(OnDocuments):
 
     # --- retention -------------------------------------------------------------------------
 
-    def prune(
-        self,
-        older_than: timedelta = DEFAULT_RETENTION,
-        *,
-        now: float | None = None,
-        vacuum: bool = False,
-    ) -> Pruned:
+    def prune(self, older_than: timedelta = DEFAULT_RETENTION, *, vacuum: bool = False) -> Pruned:
         """Remove what is older than ``older_than`` (default 30 days) and done with.
 
-        Kept whatever its age: approvals waiting for a decision, decisions no worker has
-        resumed yet, open and claimed cases, dead letters not yet replayed, the runs these
-        belong to with their latest checkpoints, and ledger records inside their ttl.
-        Removed when older: run records, checkpoints, used or resumed approvals, resolved
-        cases, replayed dead letters, and ledger records past their ttl. ``vacuum=True``
-        gives the space back to the file system (SQLite's ``VACUUM``).
+        Kept whatever its age: approvals waiting for a decision, decisions not yet resumed
+        (a decided approval whose run has not moved past its checkpoint, or that a worker
+        took and has not ended), open and claimed cases, dead letters not yet replayed, the
+        runs these belong to with their checkpoints, and ledger records whose ttl ended
+        after the cutoff. Removed when older: run records, checkpoints, approvals whose run
+        was resumed, resolved cases, replayed dead letters. Age is judged on the database's
+        clock (never this host's), and whether a decision is live on no clock at all.
+        ``vacuum=True`` gives the space back to the file system (SQLite's ``VACUUM``).
         """
-        return prune(
-            self.tables, self.store, older_than, time.time() if now is None else now, vacuum
-        )
+        return prune(self.tables, self.store, older_than, vacuum)
 
     def close(self) -> None:
         for ledger in self._ledgers:

@@ -1,10 +1,18 @@
 """Retention of a records database: what :meth:`tether.Records.prune` removes and keeps.
 
 A record older than the cutoff goes once nobody needs it: a run record once no pending
-approval, undone decision, open case or unreplayed dead letter points at its run; a
-checkpoint unless such a run (or approval) resumes from it; an approval once used or
-resumed; a case once resolved; a dead letter once replayed; a ledger record once past its
-ttl (the ledger treats it as absent already).
+approval, live decision, open case or unreplayed dead letter points at its run; a
+checkpoint unless such a run (or approval) resumes from it; an approval once its run was
+resumed past it; a case once resolved; a dead letter once replayed; a ledger record once
+its ttl ended before the cutoff.
+
+One clock judges age: the database's own (SQLite's and PostgreSQL's ``now``), never the
+pruning host's. Whether a decision is live is judged by no clock at all: a decided approval
+is done when a worker's resumed run ended it (``records.decisions()``), or when its run's
+newest record has moved past the checkpoint the approval resumes from (a resumed run files
+a record with a checkpoint of its own). Comparing the approver's time of decision with the
+run's time of end took an approval decided on a clock that was behind for one already
+resumed, and removed it with its run and checkpoint.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any
 
-from tether.records._approvals import APPROVED, PENDING, REJECTED
+from tether.records._approvals import PENDING
 from tether.records._collections import CaseState
 from tether.records._runs import Tables
 from tether.stores._documents import DocKind, PostgresDocuments, Sql, SqliteDocuments
@@ -46,7 +54,6 @@ def prune(
     t: Tables,
     store: SqliteDocuments | PostgresDocuments,
     older_than: timedelta,
-    now: float,
     vacuum: bool,
 ) -> Pruned:
     if not isinstance(older_than, timedelta):
@@ -55,9 +62,10 @@ def prune(
         )
     if older_than < timedelta(0):
         raise ValueError(f"older_than must be >= 0, got {older_than!r}")
-    cutoff = now - older_than.total_seconds()
     with store.sql() as sql:
-        keep_runs, keep_checkpoints, old_approvals = _kept(t, sql, now, cutoff)
+        now = float(sql.rows(DIALECTS[t.dialect].clock)[0][0])  # the database's clock
+        cutoff = now - older_than.total_seconds()
+        keep_runs, keep_checkpoints, old_approvals = _kept(t, sql, cutoff)
         old_runs = [
             str(r[0])
             for r in sql.rows(f"SELECT run_id FROM {t.runs} WHERE ended_at < ?", (cutoff,))
@@ -101,9 +109,9 @@ def prune(
         ):
             _delete(sql, t.docs, kind, ids)
         sql.many(f"DELETE FROM {t.decisions} WHERE approval_id = ?", [(a,) for a in old_approvals])
-        for name in ledgers:  # past their ttl: the ledger reads them as absent already
+        for name in ledgers:  # their ttl ended before the cutoff: absent to every ledger
             ledger += sql.run(
-                f"DELETE FROM {name} WHERE expires_at <= ? AND created_at < ?", (now, cutoff)
+                f"DELETE FROM {name} WHERE expires_at <= ? AND created_at < ?", (cutoff, cutoff)
             )
     if vacuum and t.dialect == "sqlite":
         with store.sql() as sql:
@@ -119,7 +127,7 @@ def prune(
     )
 
 
-def _kept(t: Tables, sql: Sql, now: float, cutoff: float) -> tuple[set[str], set[str], list[str]]:
+def _kept(t: Tables, sql: Sql, cutoff: float) -> tuple[set[str], set[str], list[str]]:
     """The runs and checkpoints that must stay, and the old approvals that may go."""
     keep_runs: set[str] = set()
     keep_checkpoints: set[str] = set()
@@ -127,21 +135,21 @@ def _kept(t: Tables, sql: Sql, now: float, cutoff: float) -> tuple[set[str], set
         str(r[0])
         for r in sql.rows(f"SELECT approval_id FROM {t.decisions} WHERE done_at IS NOT NULL")
     }
-    ended = dict(
-        sql.rows(
-            f"SELECT run_id, ended_at FROM {t.runs} WHERE run_id IN "
+    newest: dict[str, str | None] = {
+        str(r[0]): None if r[1] is None else str(r[1])
+        for r in sql.rows(
+            f"SELECT run_id, checkpoint_id FROM {t.runs} WHERE run_id IN "
             f"(SELECT {t.field('run_id')} FROM {t.docs} WHERE kind = '{DocKind.APPROVAL}')"
         )
-    )
+    }
     removable: list[str] = []
     for doc_id, doc, at in _docs(sql, t.docs, DocKind.APPROVAL):
-        status, run_id = doc.get("status"), str(doc.get("run_id") or "")
-        resumed = doc_id in done or float(ended.get(run_id) or 0.0) > float(
-            doc.get("decided_at") or now
-        )
-        if status == PENDING or (status in (APPROVED, REJECTED) and not resumed):
+        run_id, checkpoint = str(doc.get("run_id") or ""), str(doc.get("checkpoint_id") or "")
+        # resumed past its checkpoint: the run's newest record has another (no clock asked)
+        moved_on = newest.get(run_id) not in (None, checkpoint)
+        if doc.get("status") == PENDING or not (doc_id in done or moved_on):
             keep_runs.add(run_id)
-            keep_checkpoints.add(str(doc.get("checkpoint_id") or ""))
+            keep_checkpoints.add(checkpoint)
         elif at < cutoff:
             removable.append(doc_id)
     for _, doc, _ in _docs(sql, t.docs, DocKind.HANDOFF):

@@ -104,9 +104,10 @@ def _decided(
     """A decided approval with what became of its run: waiting for a worker, taken by one,
     or resumed and ended (how)."""
     out: dict[str, Any] = short(doc)
-    decided_at = float(doc.get("decided_at") or 0.0)
-    ended_after = run is not None and float(run.get("ended_at") or 0.0) > decided_at
-    if ended_after and run is not None and (taken is None or taken.get("done_at") is not None):
+    # resumed: its run's newest record has moved past the approval's checkpoint (no clock
+    # compared: the approver's and the agent's may disagree)
+    moved_on = run is not None and run.get("checkpoint_id") not in (None, doc.get("checkpoint_id"))
+    if moved_on and run is not None and (taken is None or taken.get("done_at") is not None):
         out["resumed"] = "resumed" + (f" by {taken['worker']}" if taken else "")
         out["ended"] = f"{run.get('status')} ({run.get('reason')})"
     elif taken is not None:

@@ -3,9 +3,10 @@
 Every statement is written once, with ``?`` placeholders; a :class:`Dialect` holds the few
 differences between the two databases, each named: the placeholder, the type of a time,
 the upsert, how a document's JSON field is read, the UTC day of a time, a case-blind
-``LIKE`` and how to ask whether a table exists. :class:`DocumentSql` builds the documents
-table's statements for one table in one dialect; the queries of :class:`tether.Records`
-use the same dialects (``records/_runs.py``'s ``Tables``).
+``LIKE``, how to ask whether a table exists, the database's own clock.
+:class:`DocumentSql` builds the documents table's statements for one table in one dialect;
+the queries of :class:`tether.Records` use the same dialects (``records/_runs.py``'s
+``Tables``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Dialect:
     upsert: str
     like: str  # a LIKE that ignores case
     has_table: str  # one row, true when the table named by the parameter exists
+    #: the database's own clock, in seconds since the epoch (one clock for every host)
+    clock: str
 
     def __call__(self, sql: str) -> str:
         """``sql`` (written with ``?``) in this dialect's placeholders."""
@@ -53,6 +56,7 @@ SQLITE = Dialect(
     upsert="INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?)",
     like="LIKE",  # SQLite's LIKE ignores case (of ASCII letters)
     has_table="SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)",
+    clock="SELECT (julianday('now') - 2440587.5) * 86400.0",
 )
 POSTGRES = Dialect(
     name="postgres",
@@ -64,6 +68,7 @@ POSTGRES = Dialect(
     ),
     like="ILIKE",
     has_table="SELECT to_regclass(?) IS NOT NULL",
+    clock="SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)",
 )
 DIALECTS = {d.name: d for d in (SQLITE, POSTGRES)}
 
