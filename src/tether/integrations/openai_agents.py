@@ -220,7 +220,19 @@ class _Session:
         if self.restore is not None:
             return self.guard.restore(self.restore)
         original = getattr(self.input, "_original_input", self.input)  # a RunState: its input
-        return self.guard.start(task=_task(original), key=self.key)
+        return self.guard.start(task=_task(original), key=self.key or self.conversation())
+
+    def conversation(self) -> str | None:
+        """The request of a run given no ``key=``: the SDK's conversation (its ``session``,
+        else the server-side ``conversation_id``), so an effect re-asked in a later turn of
+        the same conversation ("try again") happens once; a run outside one is its own."""
+        session_id = getattr(self.options.get("session"), "session_id", None)
+        if isinstance(session_id, str) and session_id:
+            return f"agents-session:{session_id}"
+        conversation = self.options.get("conversation_id")
+        if isinstance(conversation, str) and conversation:
+            return f"agents-conversation:{conversation}"
+        return None
 
     async def prepare(self, run: Run) -> tuple[Any, Any, dict[str, Any]]:
         """The guarded starting agent, the SDK's input and the keyword arguments of the
@@ -367,7 +379,8 @@ async def run(agent: Agent[Any], input: Any, **options: Any) -> AgentOutcome:
     ``run.call_tool``; ``resume=outcome.checkpoint_id`` continues a run that stopped, and
     ``snapshot=outcome.snapshot`` (plain data, no store needed) a run paused for the SDK's
     approvals, given its state as ``input``; ``key`` names the request the run serves
-    (``guard.start(task, key=...)``). Other keyword arguments go to ``Runner.run``.
+    (``guard.start(task, key=...)``; by default the conversation: the ``session``, else the
+    ``conversation_id``, else the run alone). Other keyword arguments go to ``Runner.run``.
     """
     session = _Session(agent, input, **options)
     with session.start() as tether_run:

@@ -77,6 +77,12 @@ _CONTROL_FLOW = (
 _CALLER: contextvars.ContextVar[_Live | None] = contextvars.ContextVar(
     "tether_pydantic_ai_caller", default=None
 )
+#: What :func:`run` asks of the next run of an agent that carries its own capability
+#: (``resume``, ``key``): set around that one ``agent.run`` call, so concurrent runs of one
+#: capability each read their own.
+_NEXT: contextvars.ContextVar[tuple[str | None, str | None] | None] = contextvars.ContextVar(
+    "tether_pydantic_ai_next", default=None
+)
 #: What tether calls the model of a delegate's request it did not see (it has no price).
 DELEGATED = "unknown model of a delegate agent"
 #: Finished runs' outcomes kept for :meth:`TetherCapability.outcome` (the oldest go first).
@@ -247,8 +253,15 @@ class TetherCapability(AbstractCapability[Any]):
         caller = _CALLER.get()
         if caller is not None:  # a delegate agent inside a tool call: it joins that run
             return await self._delegate(ctx, handler, caller)
-        resume, self._resume = self._resume, None  # a checkpoint continues one run, once
-        key, self._key = self._key, None  # and a request key names the next run
+        asked = _NEXT.get()
+        if asked is not None:  # run() of an agent that carries this capability
+            _NEXT.set(None)  # (an agent run inside this one asks nothing)
+            resume, key = asked
+        else:
+            resume, self._resume = self._resume, None  # a checkpoint continues one run, once
+            key, self._key = self._key, None  # and a request key names the next run
+        if key is None:  # the run serves its conversation: a re-asked effect happens once
+            key = _conversation(ctx)
         run = (
             self.guard.resume(resume)
             if resume
@@ -501,6 +514,29 @@ class Delegate(TetherCapability):
         return await self._delegate(ctx, handler, caller)
 
 
+def _conversation(ctx: Any) -> str | None:
+    """The request of a run by default: PydanticAI's conversation. A run continuing a
+    conversation (``message_history=``, a ``Conversation``) serves the conversation's
+    request, so an effect re-asked in a later turn ("try again") happens once; a run
+    inside a durable engine's workflow (DBOS, Temporal, Prefect) has a conversation id
+    derived from its workflow, the same when the engine runs it again after a crash; a
+    new run without history starts a new conversation, its own request."""
+    conversation = getattr(ctx, "conversation_id", None)
+    return f"pydantic-ai-conversation:{conversation}" if conversation else None
+
+
+def _carried(agent: Agent[Any, Any]) -> TetherCapability | None:
+    """The TetherCapability the agent was built with (a Delegate aside), if any."""
+    found: list[TetherCapability] = []
+
+    def visit(capability: Any) -> None:
+        if isinstance(capability, TetherCapability) and not isinstance(capability, Delegate):
+            found.append(capability)
+
+    agent.root_capability.apply(visit)
+    return found[0] if found else None
+
+
 def _paused_request(history: Any) -> str | None:
     """The request of the run that paused on deferred tool calls: its PydanticAI run id."""
     for message in reversed(list(history or ())):
@@ -584,12 +620,28 @@ async def run(
     if key is None and agent_options.get("deferred_tool_results") is not None:
         key = _paused_request(agent_options.get("message_history"))
     rules = take_rules(agent_options)  # the tools' rules; the rest goes to agent.run
-    capability = TetherCapability(guard, side_effects, resume=resume, key=key, **rules)
-    extra = list(agent_options.pop("capabilities", None) or ())
+    carried = _carried(agent)
+    token = None
+    if carried is None:
+        capability = TetherCapability(guard, side_effects, resume=resume, key=key, **rules)
+        extra = list(agent_options.pop("capabilities", None) or ())
+        agent_options["capabilities"] = [capability, *extra]
+    else:  # built with its own (a durable engine refuses a capability added per run)
+        if carried.guard is not guard or side_effects or rules:
+            raise ValueError(
+                "this agent carries its own TetherCapability: call run() with that "
+                "capability's guard and no side_effects or tool rules (they are the "
+                "capability's), or build the agent without it"
+            )
+        capability = carried
+        token = _NEXT.set((resume, key))
     try:
-        result = await agent.run(prompt, capabilities=[capability, *extra], **agent_options)
+        result = await agent.run(prompt, **agent_options)
     except RunStopped as exc:
         return exc.outcome
+    finally:
+        if token is not None:
+            _NEXT.reset(token)
     outcome = capability.outcome(str(result.run_id))
     assert outcome is not None
     return outcome
