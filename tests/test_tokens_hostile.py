@@ -4,6 +4,9 @@ wrong, replies that say what cannot be true, settlements repeated or invented.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +17,7 @@ from tether import AdaptiveLimiter, LimiterTimeout, TokenBudget, VirtualClock
 from tether.clock import SystemClock
 from tether.guards._tokens import Reservation
 from tether.stores import MemoryStore, RedisStore
+from tether.stores.redis import _tokens as redis_tokens
 
 
 class SkewedClock(SystemClock):
@@ -211,3 +215,94 @@ def test_a_settlement_for_a_reservation_never_made_is_refused(store: Any, made: 
         asyncio.run(b.asettle(forged, input_tokens=0, output_tokens=0, status=200))
     b.flush()
     assert b.view()["levels"]["tokens"] == pytest.approx(6_000 - 1_000, abs=1.0)
+
+
+# --- case 5: while Redis is away, a process admits its share ------------------------------
+
+
+class Proxy:
+    """A TCP proxy in front of the real Redis that can be cut (Redis away for its clients)."""
+
+    def __init__(self, port: int = 6379) -> None:
+        self.target = ("127.0.0.1", port)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self.cut_off = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            if self.cut_off:
+                client.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        """Redis is away: open connections reset, new ones refused."""
+        self.cut_off = True
+        for s in self.conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        self.server.close()
+
+
+def take_all_settled(b: TokenBudget, each: int) -> int:
+    """Reserve ``each`` output tokens (settled at once, all used) until a call would wait."""
+    taken = 0
+    for _ in range(100):
+        try:
+            r = b.reserve(estimated_input_tokens=0, max_output_tokens=each, max_wait=0.0)
+        except LimiterTimeout:
+            return taken
+        b.settle(r, input_tokens=0, output_tokens=each, status=200)
+        taken += each
+    return taken
+
+
+def test_processes_that_lost_redis_admit_their_share_not_a_bucket_each(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four processes share a 6,000 tokens/min budget through Redis; Redis goes away: between
+    them they admit about one limit from their own memories (a quarter each), not four."""
+    monkeypatch.setattr(redis_tokens, "MEMBER_EVERY", 0.0, raising=False)  # each call counts
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    proxy, prefix, clock = Proxy(port), f"tether-test-{uuid.uuid4().hex[:8]}", VirtualClock()
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    stores = [RedisStore(url, prefix=prefix, server_time=False, socket_timeout=0.5) for _ in range(4)]  # fmt: skip
+    try:
+        budgets = [openai_budget(s, clock) for s in stores]
+        first = budgets[0].reserve(estimated_input_tokens=0, max_output_tokens=0)
+        budgets[0].settle(first, input_tokens=0, output_tokens=0, status=200)
+        for b in budgets * 2:  # each process takes calls through Redis: it hears of the others
+            b.settle(b.reserve(estimated_input_tokens=0, max_output_tokens=10), status=200,
+                     input_tokens=0, output_tokens=10)  # fmt: skip
+        proxy.cut()
+        clock.advance(60.0)  # a minute later: every bucket full again
+        taken = [take_all_settled(b, 100) for b in budgets]
+        assert all(s.degraded for s in stores)
+        assert sum(taken) <= 6_000 + 4 * 100
+        assert all(1_400 <= t <= 1_600 for t in taken), taken
+    finally:
+        for s in stores:
+            s.close()
+        RedisStore(redis_url, prefix=prefix).reset()

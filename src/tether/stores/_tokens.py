@@ -35,6 +35,8 @@ from typing import Any, Protocol
 
 __all__ = [
     "BUCKETS",
+    "MEMBER_EVERY",
+    "MEMBER_TTL",
     "PROBE_WAIT",
     "Settlement",
     "Answer",
@@ -52,6 +54,10 @@ __all__ = [
 BUCKETS = ("requests", "input", "output", "tokens")
 #: how soon a caller turned away while the first call (the probe) is out asks again
 PROBE_WAIT = 0.25
+#: a process that has not asked for a name in this many seconds no longer shares it
+MEMBER_TTL = 30.0
+#: how often a process asks the shared store how many processes share a name (seconds)
+MEMBER_EVERY = 5.0
 Fields = dict[str, Any]
 Four = tuple[float, float, float, float]
 #: a reservation's answer: (admitted, wait, retry_in)

@@ -7,14 +7,23 @@ levels, a pause) and then reserves the next call: one round trip per model call.
 429's pause is sent at once, without waiting for the next call.
 
 When Redis cannot be reached the store's memory fallback takes over (the store logs one
-warning, as for its other guards) and Redis is used again once it answers.
+warning, as for its other guards) and Redis is used again once it answers. The fallback
+holds this process's share of each limit, not the whole: every ``MEMBER_EVERY`` seconds a
+process's call also says it is here and asks how many processes used the name within
+``MEMBER_TTL`` seconds, and while Redis is away it admits 1/that many of each limit (the
+whole, until it has heard a count). So a fleet whose processes all lost Redis admits about
+one limit between them, not one per process.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import secrets
 from typing import TYPE_CHECKING, Any
 
-from tether.stores._tokens import Settlement, TokenConfig, tokens_view
+from tether.clock import system_clock
+from tether.stores._tokens import MEMBER_EVERY, Settlement, TokenConfig, tokens_view
 from tether.stores.redis._tokens_lua import TOKENS
 
 if TYPE_CHECKING:
@@ -33,6 +42,9 @@ class Tokens:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self.member = secrets.token_hex(8)  # this process (this store) among the name's users
+        #: name -> (this process's share of the limits, when the store last said it)
+        self.shares: dict[str, tuple[float, float]] = {}
 
     def key(self, name: str) -> str:
         return f"{self.conn.prefix}:tokens:{{{name}}}"
@@ -51,10 +63,27 @@ class Tokens:
         # ask; a pause as seconds after it): the script places them on its own clock
         args[-3] = max(0.0, ask.now - s.seen_at) if s.seen_at > 0 else 0.0
         args[-2] = max(0.0, s.pause_until - ask.now) if s.pause_until > 0 else 0.0
+        heard = self.shares.get(ask.name, (1.0, -math.inf))[1]
+        count = system_clock.now() - heard >= MEMBER_EVERY
+        args += [self.member, 1 if count else 0]
         r = yield ("tokens", self.key(ask.name), args)
-        if r is None:  # Redis is away: this process's memory
-            return self.fallback.exchange(ask)
+        if r is None:  # Redis is away: this process's memory, with its share of the limits
+            return self.fallback.exchange(self.local(ask))
+        if count and len(r) > 3 and int(r[3]) > 0:
+            self.shares[ask.name] = (1.0 / int(r[3]), system_clock.now())
         return bool(int(r[0])), float(_s(r[1])), float(_s(r[2]))
+
+    def local(self, ask: TokenAsk) -> TokenAsk:
+        """``ask`` as this process's memory takes it while Redis is away: its limits (the
+        configured ones and those a response states) scaled to this process's share."""
+        share = self.shares.get(ask.name, (1.0, 0.0))[0]
+        if share >= 1.0:
+            return ask
+        cfg = dataclasses.replace(ask.cfg, limits=tuple(x * share for x in ask.cfg.limits))  # type: ignore[arg-type]
+        pending = ask.pending
+        if pending is not None:
+            pending = dataclasses.replace(pending, limit=[x * share for x in pending.limit])
+        return dataclasses.replace(ask, cfg=cfg, pending=pending)
 
     def exchange(self, ask: TokenAsk) -> Answer:
         return self.conn.drive(self._p_exchange(ask))

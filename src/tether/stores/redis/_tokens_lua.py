@@ -6,13 +6,15 @@ store's token part can both read it without importing each other.
 
 from __future__ import annotations
 
-from tether.stores._tokens import PROBE_WAIT
+from tether.stores._tokens import MEMBER_TTL, PROBE_WAIT
 
 __all__ = ["TOKENS"]
 
 # ARGV: now ("": the server's clock, TIME), mode ('reserve' | 'settle'), ttl_ms,
 # probe_timeout, horizon, the 4 configured limits, the 4 needs, then the settlement's 15
-# numbers (Settlement.args), its seen_at and pause_until as seconds before and after now.
+# numbers (Settlement.args), its seen_at and pause_until as seconds before and after now,
+# then the process's id and whether to count the processes (1: say how many used the name
+# within MEMBER_TTL seconds, as a 4th answer; 0: the 4th answer is 0).
 TOKENS = """
 local function fmt(x) return string.format('%.17g', x) end
 local k = KEYS[1]
@@ -60,6 +62,18 @@ for i = 1, 4 do
 end
 if answered > 0 then known = 1; probe_until = 0 end
 paused_until = math.max(paused_until, pause)
+-- the processes that share the name (each says it is here when it asks for the count)
+local members = 0
+if ARGV[30] == '1' then
+  redis.call('HSET', k, 'm:' .. ARGV[29], fmt(now))
+  local all = redis.call('HGETALL', k)
+  for j = 1, #all, 2 do
+    if string.sub(all[j], 1, 2) == 'm:' then
+      if tonumber(all[j + 1]) >= now - MEMBER_TTL then members = members + 1
+      else redis.call('HDEL', k, all[j]) end
+    end
+  end
+end
 local function save()
   redis.call('HSET', k, 't', fmt(t), 'known', known, 'probe_until', fmt(probe_until),
              'paused_until', fmt(paused_until), 'cap0', fmt(cap[1]), 'cap1', fmt(cap[2]),
@@ -67,11 +81,11 @@ local function save()
              'lvl2', fmt(lvl[3]), 'lvl3', fmt(lvl[4]))
   redis.call('PEXPIRE', k, ttl)
 end
-if mode ~= 'reserve' then save(); return {0, '0', '0'} end
+if mode ~= 'reserve' then save(); return {0, '0', '0', members} end
 if known == 0 and probe_until > now then
   save()
   local out_for = now - (probe_until - probe_timeout)
-  return {0, '-1', fmt(math.min(math.max(PROBE_WAIT, out_for / 2.0), probe_until - now))}
+  return {0, '-1', fmt(math.min(math.max(PROBE_WAIT, out_for / 2.0), probe_until - now)), members}
 end
 -- the call goes out after the line (t) and the pause, once every bucket holds its need;
 -- the buckets are brought to then (a full bucket gains nothing more), the need taken then
@@ -84,7 +98,7 @@ for i = 1, 4 do
   end
 end
 local wait = go - now
-if wait > horizon then save(); return {0, fmt(wait), fmt(wait - horizon)} end
+if wait > horizon then save(); return {0, fmt(wait), fmt(wait - horizon), members} end
 for i = 1, 4 do
   if cap[i] > 0 then
     lvl[i] = math.min(cap[i], lvl[i] + cap[i] * math.max(0, go - t) / 60.0)
@@ -94,5 +108,5 @@ end
 t = math.max(t, go)
 if known == 0 then probe_until = now + probe_timeout end
 save()
-return {1, fmt(wait), '0'}
-""".replace("PROBE_WAIT", repr(PROBE_WAIT))
+return {1, fmt(wait), '0', members}
+""".replace("PROBE_WAIT", repr(PROBE_WAIT)).replace("MEMBER_TTL", repr(MEMBER_TTL))
