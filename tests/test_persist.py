@@ -118,6 +118,65 @@ def test_dlq_replay_twice_runs_the_handler_once(
     assert "(forced)" in capsys.readouterr().out
 
 
+def held_handler(to: str, api_key: str, redacted: list[str]) -> str:
+    """A handler that runs until the test lets it end (files named by the environment)."""
+    import os
+    import time
+
+    Path(os.environ["HELD_STARTED"]).write_text(to)
+    deadline = time.monotonic() + 60
+    while not Path(os.environ["HELD_RELEASE"]).exists():
+        assert time.monotonic() < deadline, "never released"
+        time.sleep(0.02)
+    with open(os.environ["HELD_CALLS"], "a") as calls_file:
+        calls_file.write(to + "\n")
+    return f"sent to {to}"
+
+
+def test_a_second_terminal_is_told_the_letter_is_being_replayed(tmp_path: Path) -> None:
+    """Two `tether dlq replay` processes on one letter: while the first one's handler runs,
+    the second is told the letter is being replayed (not that the handler failed), exits 1
+    without calling the handler; the first ends normally, the handler ran once."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    db = str(tmp_path / "letters.db")
+    with DeadLetters.sqlite(db) as letters:
+        letter = letters.park(tool="send_email", args={"to": "a@b.c", "api_key": "k"},
+                              error=ValueError("x"), run_id="r", task="t", at=0.0)  # fmt: skip
+    started, release, calls_file = (tmp_path / n for n in ("started", "release", "calls"))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "HELD_STARTED": str(started),
+        "HELD_RELEASE": str(release),
+        "HELD_CALLS": str(calls_file),
+    }
+    command = [sys.executable, "-m", "tether.cli", "dlq", "--db", db, "replay", letter.id,
+               "--handler", "test_persist:held_handler"]  # fmt: skip
+    here = str(Path(__file__).parent)
+    first = subprocess.Popen(command, cwd=here, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "the first replay never reached its handler"
+            time.sleep(0.02)
+        second = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True,
+                                timeout=60)  # fmt: skip
+    finally:
+        release.write_text("go")
+        out, err = first.communicate(timeout=60)
+    assert second.returncode == 1, (second.stdout, second.stderr)
+    assert "is being replayed" in second.stderr and "handler failed" not in second.stderr
+    assert "Traceback" not in second.stderr
+    assert first.returncode == 0 and "sent to a@b.c" in out, (out, err)
+    assert calls_file.read_text().split() == ["a@b.c"]
+
+
 def test_dlq_command_line_rough_edges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A missing file, a missing --db and a failing handler: one line each, non-zero."""
     missing = str(tmp_path / "missing.db")

@@ -651,6 +651,35 @@ def test_a_slow_replay_handler_never_blocks_the_other_requests(world: World) -> 
         )
 
 
+def test_a_replay_while_another_runs_says_it_is_being_replayed(world: World) -> None:
+    import httpx
+
+    gate = Gate()
+    calls: list[str] = []
+
+    def slow_handler(customer: str, api_key: str = "", redacted: Any = None) -> str:
+        calls.append(customer)
+        gate.wait()
+        return "charged"
+
+    with (
+        serving(world, handler=slow_handler) as base,
+        httpx.Client(base_url=base, timeout=30, headers={"origin": base}) as c,
+    ):
+        csrf = form_token(c)
+        path = f"/dead-letters/{world.letter.id}/replay"
+        first = threading.Thread(target=lambda: c.post(path, data={"csrf": csrf}), daemon=True)
+        first.start()
+        try:
+            assert gate.entered.wait(10)
+            second = c.post(path, data={"csrf": csrf})
+        finally:
+            gate.release()
+            first.join(10)
+    assert second.status_code == 400 and "is being replayed right now" in second.text
+    assert calls == ["c_1"]
+
+
 @pytest.mark.parametrize(
     "bad",
     ["a/b", "line\r\nSet-Cookie: x=1", "<script>alert(1)</script>", "", " x", "x" * 129, "../etc"],

@@ -475,7 +475,7 @@ def _replay(letters: Any, letter: Any, spec: str, force: bool, lookup_spec: str 
     if handler is None or (lookup_spec and lookup is None):
         return 2
     again = letter.replayed and not force
-    from tether._errors import UnknownOutcome
+    from tether._errors import EffectInProgress, UnknownOutcome
     from tether.records._collections import RedactedArguments
 
     try:
@@ -483,6 +483,14 @@ def _replay(letters: Any, letter: Any, spec: str, force: bool, lookup_spec: str 
     except RedactedArguments as exc:
         print(f"tether dlq: {exc}", file=sys.stderr)
         return 2
+    except EffectInProgress:
+        print(
+            f"tether dlq: {letter.id} is being replayed right now (another terminal or process "
+            "holds its replay, and its handler has not ended): the handler was not called "
+            f"here. Once it ends, `tether dlq show {letter.id}` or a replay again tells how",
+            file=sys.stderr,
+        )
+        return 1
     except UnknownOutcome as exc:
         print(
             f"tether dlq: an earlier replay of {letter.id} may have happened ({exc}); the "

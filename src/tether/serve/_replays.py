@@ -10,6 +10,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.routing import Route
 
+from tether._errors import EffectInProgress
 from tether.records._collections import RedactedArguments, check_run_id
 from tether.serve._site import Area
 from tether.serve._values import preview, short
@@ -62,6 +63,11 @@ class Replays(Area):
             letters.replay(letter_id, handler)  # at most once per intent, via the ledger
         except RedactedArguments:
             raise
+        except EffectInProgress:  # another replay's handler still runs: not a failure
+            raise ValueError(
+                f"{letter_id} is being replayed right now (its handler has not ended): this "
+                "replay did not call it. Its page shows how it ends."
+            ) from None
         except Exception as exc:  # the handler's failure: the letter's page shows it
             _log.warning("tether serve: the replay of %s failed: %s", letter_id, type(exc).__name__)
         return f"/dead-letters/{letter_id}#replay"
