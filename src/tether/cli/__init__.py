@@ -26,9 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    if args.command is None:  # a command is needed: usage on stderr, as argparse's errors
+        parser.print_usage(sys.stderr)
+        print(
+            "tether: a command is needed (bench, demo, dlq, records, serve); "
+            "`tether --help` lists them",
+            file=sys.stderr,
+        )
+        return 2
     code: int = args.run_command(args)
     return code
 

@@ -94,15 +94,25 @@ def register(sub: Any) -> None:
         run_command=lambda args: __import__("tether.cli._demo", fromlist=["main"]).main()
     )
 
-    db_help = "the SQLite file of the dead letters"
+    db_help = "the dead letters: a SQLite file or a PostgreSQL DSN"
     dlq = sub.add_parser("dlq", help="dead letters: list, show, replay")
     dlq.add_argument("--db", help=db_help)
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
-    listing = dlq_sub.add_parser("list", help="list dead letters")
-    show = dlq_sub.add_parser("show", help="show one dead letter")
+    listing = dlq_sub.add_parser("list", help="list dead letters, newest first")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
+    show = dlq_sub.add_parser("show", help="one dead letter as JSON")
     show.add_argument("id")
     replay = dlq_sub.add_parser(
-        "replay", help="call a handler with a dead letter's arguments (once per letter)"
+        "replay",
+        help="call a handler with a dead letter's arguments (once per letter)",
+        description="Call HANDLER(**arguments) with the dead letter's stored arguments, once per "
+        "letter: the call runs under the letter's ledger key, so a second replay (another "
+        "terminal, a second click on the page) returns the recorded result instead of calling "
+        "the handler again (--force calls it again). The handler is your code: it receives "
+        "the tool's keyword arguments as the model gave them and returns the tool's result "
+        "(JSON-able); an exception means the replay failed and the letter stays. Arguments "
+        "that were redacted when the letter was stored cannot be replayed.",
     )
     replay.add_argument("id")
     replay.add_argument(
@@ -153,7 +163,7 @@ def register(sub: Any) -> None:
     )
     serve.set_defaults(run_command=_serve)
 
-    records = sub.add_parser("records", help="the records a guard files: prune the old ones")
+    records = sub.add_parser("records", help="the records a guard files: list, show, prune")
     records_sub = records.add_subparsers(dest="records_command", required=True, metavar="ACTION")
     prune = records_sub.add_parser(
         "prune",
@@ -166,7 +176,10 @@ def register(sub: Any) -> None:
     )
     prune.add_argument("--db", required=True, help="the records: a SQLite file or a PostgreSQL DSN")
     _defaulted(prune, "--older-than", _days, 30.0, "how old a record must be", metavar="DAYS")
-    records.set_defaults(run_command=_records)
+    prune.set_defaults(run_command=_records)
+    from tether.cli._inspect import add_records_commands
+
+    add_records_commands(records_sub)
 
 
 #: the most days ``--older-than`` takes (a ``datetime.timedelta`` holds no more)
@@ -314,38 +327,31 @@ def _progress_printer() -> _Progress | None:
 
 
 def _dlq(args: argparse.Namespace) -> int:
-    from tether.records._collections import DeadLetters
+    from tether.cli import _inspect
 
     if not args.db:
         print(
-            "tether dlq: --db PATH is required (the SQLite file of the dead letters)",
+            "tether dlq: --db PATH is required (the SQLite file or PostgreSQL DSN of the dead letters)",
             file=sys.stderr,
         )
         return 2
-    if not os.path.isfile(args.db):
+    if _inspect.missing(args.db):
         print(
             f"tether dlq: {args.db}: no such file (give the SQLite file your "
-            "DeadLetters.sqlite(...) writes)",
+            "DeadLetters.sqlite(...) or Records.sqlite(...) writes, or a PostgreSQL DSN)",
             file=sys.stderr,
         )
         return 2
-    with DeadLetters.sqlite(args.db) as letters:
+    with _inspect.dead_letters(args.db) as letters:
         if args.dlq_command == "list":
-            for letter in letters.list(limit=1000):
-                mark = " (replayed)" if letter.replayed else ""
-                asked = f" (asked {letter.asked} times)" if letter.asked > 1 else ""
-                print(
-                    f"{letter.id}  {letter.tool}  {letter.error_type}: {letter.error[:60]}{asked}{mark}"
-                )
-            return 0
+            return _inspect.list_letters(letters, args.json, args.limit)
         try:
             letter = letters.get(args.id)
         except KeyError as exc:
             print(f"tether dlq: {exc.args[0]}", file=sys.stderr)
             return 1
         if args.dlq_command == "show":
-            print(json.dumps(letter.to_doc(), indent=2, default=str))
-            return 0
+            return _inspect.show_letter(letter)
         return _replay(letters, letter, args.handler, args.force, args.lookup)
 
 

@@ -1,0 +1,117 @@
+"""The read-only commands: `tether` alone, `dlq list|show` and `records list|show`, on SQLite
+and PostgreSQL alike, with headers or JSON, ISO times, and the page's redaction."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+
+import tether
+from tether import Guard, Records
+from tether.cli import main
+from tether.records._collections import DeadLetters
+
+ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+def test_no_command_prints_usage_on_stderr_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """`tether` alone is a usage error (as argparse's own), not a success."""
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("usage: tether") and "a command is needed" in err
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "records.db")
+    dsn: str = request.getfixturevalue("pg_dsn")
+    return dsn
+
+
+def _park(where: str, email: str) -> str:
+    opened = DeadLetters.postgres(where) if Records.is_dsn(where) else DeadLetters.sqlite(where)
+    with opened as letters:
+        letter = letters.park(tool="send_email", args={"to": email, "api_key": "sk-live-abcdefghijk"},
+                              error=ValueError(f"mailbox {email} does not exist"),
+                              run_id="run_1", task="notify", at=1796126400.0)  # fmt: skip
+    return str(letter.id)
+
+
+def test_dlq_list_has_a_header_iso_times_and_masks_as_the_page(
+    where: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The table starts with a header; the e-mail in the error is masked as on the page; the
+    time is ISO 8601 in UTC; --json gives the same letters as data."""
+    email = f"ann.{uuid.uuid4().hex[:8]}@example.com"
+    letter_id = _park(where, email)
+    assert main(["dlq", "--db", where, "list"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["ID", "AT", "(UTC)"]
+    assert letter_id in out and "2026-12-01T12:00:00Z" in out
+    assert email not in out
+    assert main(["dlq", "--db", where, "list", "--json"]) == 0
+    (doc,) = [d for d in json.loads(capsys.readouterr().out) if d["id"] == letter_id]
+    assert ISO.match(doc["at"]) and doc["args"]["api_key"] == "[redacted]"
+    assert email not in json.dumps(doc)
+
+
+def test_dlq_show_gives_iso_times(where: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dlq show` is a JSON document with `at` in ISO 8601, redacted."""
+    letter_id = _park(where, "bob@example.com")
+    assert main(["dlq", "--db", where, "show", letter_id]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["at"] == "2026-12-01T12:00:00Z"
+    assert "bob@example.com" not in json.dumps(doc)
+
+
+def test_records_list_and_show(where: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`records list` shows the newest runs with a header (or JSON), `records show` one run."""
+    task = f"refund order {uuid.uuid4().hex[:8]} for carol@example.com"
+    records = Records.open(where)
+    with records, Guard(records=records).start(task=task) as run:
+        run.proceed()
+        run.succeed("refunded")
+    assert main(["records", "list", "--db", where, "--limit", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:2] == ["RUN", "ENDED"]
+    assert run.run_id in out and "carol@example.com" not in out
+    assert main(["records", "list", "--db", where, "--json", "--status", "success"]) == 0
+    (doc,) = [d for d in json.loads(capsys.readouterr().out) if d["run_id"] == run.run_id]
+    assert doc["status"] == "success" and ISO.match(doc["ended_at"])
+    assert main(["records", "show", run.run_id, "--db", where]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["run_id"] == run.run_id and shown["result"] == "refunded"
+    assert "carol@example.com" not in json.dumps(shown)
+    assert main(["records", "show", "run_missing", "--db", where]) == 1
+
+
+def test_bad_input_is_a_clear_error_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing file and an impossible --limit say what is wrong; nothing is created."""
+    missing = str(tmp_path / "nope.db")
+    assert main(["records", "list", "--db", missing]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["dlq", "--db", missing, "list"]) == 2
+    assert not Path(missing).exists()
+    db = str(tmp_path / "r.db")
+    Records.sqlite(db).close()
+    assert main(["records", "list", "--db", db, "--limit", "0"]) == 2
+    assert "--limit must be 1..1000" in capsys.readouterr().err
+
+
+def test_dlq_replay_help_states_the_handlers_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    """`dlq replay --help` says what the handler gets, returns and how often it is called."""
+    with pytest.raises(SystemExit):
+        main(["dlq", "replay", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "keyword arguments" in text and "once per letter" in text and "--force" in text
+
+
+_ = tether
