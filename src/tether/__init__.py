@@ -80,6 +80,7 @@ if TYPE_CHECKING:
     from tether.run._outcome import Outcome, Stopped, StopReason, ToolError, Usage
     from tether.run._pricing import PRICES, Price, PriceTable, UnknownModelError
     from tether.run._run import Run
+    from tether.run._scopes import BudgetScopes
     from tether.run._tool import Tool
 
 #: public name -> the module it is imported from on first use
@@ -92,6 +93,7 @@ _LAZY: dict[str, str] = {
     "ApprovalRejected": "tether.run._governance",
     "BreakerRegistry": "tether.guards._breaker",
     "Budget": "tether.run._budget",
+    "BudgetScopes": "tether.run._scopes",
     "CONNECTORS": "tether.effects._wrap",
     "CallMeta": "tether.effects._wrap",
     "CheckpointError": "tether.records._collections",
@@ -168,6 +170,7 @@ __all__ = [
     "BreakerEvent",
     "BreakerRegistry",
     "Budget",
+    "BudgetScopes",
     "CONNECTORS",
     "CallMeta",
     "CheckpointError",

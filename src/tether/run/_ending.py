@@ -72,6 +72,8 @@ class Ending:
             return Status.SUCCESS
         if reason is StopReason.AWAITING_APPROVAL and not self.s._escalate:
             return Status.AWAITING_APPROVAL
+        if reason is StopReason.BUDGET_REACHED and not self.s._escalate:
+            return Status.PAUSED  # a scope is spent: the run goes on once it has room
         if reason is StopReason.IN_PROGRESS and not self.s._escalate:
             return Status.PARTIAL  # another worker of this request is doing the rest
         # a handoff is made when the code asks for one, when a trigger fires, or, for any
@@ -135,6 +137,7 @@ class Ending:
                 "labels": dict(self.s._labels),  # what the customer reads for each effect
                 "compensated": list(self.s._compensated),
                 "pending": pending,
+                "scopes": list(self.s.scopes),
             }
             if self.s.messages is not None:  # a worker in another process resumes the conversation
                 doc["messages"] = redact(portable(self.s.messages))

@@ -24,6 +24,7 @@ from tether.run._health import HUNG_TOOL_MODES, HungToolMode
 from tether.run._loops import LoopPolicy
 from tether.run._outcome import STATUSES, Outcome, StopReason
 from tether.run._pricing import PriceTable
+from tether.run._scopes import BudgetScopes, scope_names
 from tether.run._signing import signing_keys
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class Guard:
         token_budget: TokenBudget | Iterable[TokenBudget] | None = None,
         fallbacks: Iterable[Fallback | str] | None = None,
         signing_key: bytes | str | Iterable[bytes | str] | None = None,
+        scopes: BudgetScopes | None = None,
     ) -> None:
         _expect("budget", budget, Budget, "tether.Budget(max_steps=...)")
         _expect("loops", loops, LoopPolicy, "tether.LoopPolicy(...)")
@@ -86,6 +88,9 @@ class Guard:
         _expect("prices", prices, PriceTable, "tether.PriceTable({...})")
         _expect("messages", messages, CustomerMessages, "tether.CustomerMessages(...)")
         _expect("records", records, Records, "tether.Records.sqlite(path)")
+        _expect("scopes", scopes, BudgetScopes, "tether.BudgetScopes(store)")
+        #: the budgets that span runs (a tenant's, a user's): ``guard.start(scopes=...)``
+        self.scopes = scopes
         if records is not None:  # one database for the run's records, unless told otherwise
             checkpoints = checkpoints if checkpoints is not None else records.checkpoints
             dead_letters = dead_letters if dead_letters is not None else records.dead_letters
@@ -213,7 +218,14 @@ class Guard:
             self._policies[(tool, timeout, effect)] = policy
         return policy
 
-    def start(self, task: str = "", key: str | None = None, *, run_id: str | None = None) -> Run:
+    def start(
+        self,
+        task: str = "",
+        key: str | None = None,
+        *,
+        run_id: str | None = None,
+        scopes: Iterable[str] | None = None,
+    ) -> Run:
         """Open a run (use it as a context manager).
 
         ``key`` names the request the run serves (a ticket, a conversation turn: like an
@@ -222,13 +234,23 @@ class Guard:
         crash pays nothing twice). Without a key the run is its own request: a second
         conversation that asks for the same thing gets it done. ``run_id``, when given,
         must follow :data:`tether.records._collections.RUN_ID_RULE` (it appears in URLs and logs).
+        ``scopes`` names the budget scopes (``Guard(scopes=tether.BudgetScopes(...))``)
+        every model call of the run reserves its price in before it is sent.
         """
         from tether.run._run import Run
 
         if key is not None and (not isinstance(key, str) or not key.strip()):
             raise ValueError(f"key must be a non-empty string (a request id) or None, got {key!r}")
+        names = scope_names(scopes)
+        if names and self.scopes is None:
+            raise ValueError(
+                "scopes= names budget scopes but this guard has none: pass "
+                "scopes=tether.BudgetScopes(...) to Guard"
+            )
         run_id = check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex[:16]}"
-        return Run(self, task, run_id, key=key, request=request_of(key, run_id))
+        run = Run(self, task, run_id, key=key, request=request_of(key, run_id))
+        run._state.scopes = names
+        return run
 
     # --- approvals ------------------------------------------------------------------------
 
@@ -287,6 +309,8 @@ class Guard:
         run, ended = resume(self, checkpoint_id, Run)
         if ended is not None:
             run._ended_as(ended)
+        elif run._state.scopes:  # it no longer waits on its scopes (it waits again if refused)
+            run._models.scopes.resumed()
         return run
 
 

@@ -143,6 +143,10 @@ class CustomerMessages:
         "Part of your request needs a person's approval before we go on.{done} We will get "
         "back to you here as soon as it is decided."
     )
+    paused: str = (
+        "Your request is paused: the usage limit it runs under has been reached.{done} Nothing "
+        "has failed: it can go on from here once the limit is raised."
+    )
     rolled_back: str = (
         "We could not complete this request, so we reversed what had already been done.{done} "
         "You can try again, or reply here for help."

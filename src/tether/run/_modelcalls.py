@@ -13,6 +13,7 @@ from tether.run._options import ModelTurn
 from tether.run._outcome import Stopped, StopReason
 from tether.run._pricing import UnknownModelError
 from tether.run._runstate import RunState
+from tether.run._scopes import RunScopes
 
 if TYPE_CHECKING:
     from tether.retries._policy import RetryPolicy
@@ -29,15 +30,29 @@ class ModelCalls:
 
     def __init__(self, state: RunState) -> None:
         self.s = state
+        #: the run's reservations in its budget scopes (``guard.start(scopes=...)``)
+        self.scopes = RunScopes(state)
 
     def begin(self, turn: ModelTurn) -> float | None:
         """See :meth:`tether.Run.begin_model_call`."""
-        self.s._tokens.reserve(*self.turn(**turn))
+        request = self.turn(**turn)
+        self.scopes.reserve(*request)
+        try:
+            self.s._tokens.reserve(*request)
+        except BaseException:
+            self.scopes.release_last()
+            raise
         return self.s.time_left()
 
     async def abegin(self, turn: ModelTurn) -> float | None:
         """See :meth:`tether.Run.abegin_model_call`."""
-        await self.s._tokens.areserve(*self.turn(**turn))
+        request = self.turn(**turn)
+        await self.scopes.areserve(*request)
+        try:
+            await self.s._tokens.areserve(*request)
+        except BaseException:
+            self.scopes.release_last()
+            raise
         return self.s.time_left()
 
     def turn(
@@ -102,6 +117,7 @@ class ModelCalls:
         reservation goes back, as a failed call's does, and the run goes on (the fallback
         reserves its own)."""
         self.s._tokens.release(exc)
+        self.scopes.release()
 
     def model_call_failed(self, exc: BaseException) -> Stopped:
         """Stop the run for a model call that failed after its retries, with the reason its
@@ -118,6 +134,7 @@ class ModelCalls:
 
         self.s.note_error(exc)
         self.s._tokens.release(exc)
+        self.scopes.release()
         if isinstance(exc, Warning):
             self.s._halt(StopReason.ERROR, f"{type(exc).__name__} raised as an error: {exc}")
             raise exc
@@ -199,6 +216,9 @@ class ModelCalls:
             self.s.cost_usd += cost_usd
             self.s._last_costs = [*self.s._last_costs[-1:], cost_usd]
         self.s._last_tokens = input_tokens + output_tokens + cache_write_tokens + cache_read_tokens
+        self.scopes.settle(
+            cost_usd, input_tokens + cache_write_tokens + cache_read_tokens, output_tokens
+        )
         telemetry.add_event(
             "gen_ai.client.inference",
             **{

@@ -40,6 +40,7 @@ class StopReason(enum.Enum):
     FAILED = "failed"  # the agent's code said so: run.fail(...)
     AWAITING_APPROVAL = "awaiting_approval"  # a call needs a person's approval first
     IN_PROGRESS = "in_progress"  # another worker is doing this call (one request, two runs)
+    BUDGET_REACHED = "budget_reached"  # a budget scope is spent: paused until it has room
 
 
 class Stopped(TetherError):
@@ -106,6 +107,7 @@ class Status(enum.StrEnum):
     SUCCESS = "success"
     PARTIAL = "partial"
     AWAITING_APPROVAL = "awaiting_approval"
+    PAUSED = "paused"
     ESCALATED = "escalated"
     FAILED = "failed"
 
@@ -122,6 +124,7 @@ class Outcome:
     ``"partial"`` (a guard stopped the run after at least one successful tool call),
     ``"failed"`` (stopped with nothing done, or on a permanent error),
     ``"awaiting_approval"`` (a call waits for a person: ``guard.approve``, then
+    ``guard.resume``), ``"paused"`` (a budget scope is spent: raise its limit, then
     ``guard.resume``).
     """
 

@@ -71,6 +71,7 @@ def resume(
     labels = doc.get("labels")
     s._labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
     s.models = [str(m) for m in doc.get("models") or ()]  # the models that answered so far
+    s.scopes = tuple(str(n) for n in doc.get("scopes") or ())  # its budget scopes
     s._resumed_from = str(doc.get("id") or checkpoint_id)
     try:
         s._resumed_stop = (StopReason(doc.get("reason")), str(doc.get("detail") or ""))

@@ -202,7 +202,7 @@ class Run:
         ):
             self.rollback()  # it may escalate: the status is read again
             status = self._ending._status(reason)
-        return self._ending._conclude(status, amend=False)
+        return self._models.scopes.ended(self._ending._conclude(status, amend=False))
 
     _ended_as = _answered_by("_ending", Ending._ended_as)
 

@@ -144,6 +144,7 @@ class RunState:
         self.cost_usd = 0.0
         self.unpriced_calls = 0
         self._tokens = RunTokens(self)  # model calls held in the guard's token budgets
+        self.scopes: tuple[str, ...] = ()  # the budget scopes it spends in (guard.start)
         self._error: str | None = None  # what ended the run, redacted
         self._checked_models: set[str] = set()
         self.models: list[str] = []  # the models that answered, in the order they first did

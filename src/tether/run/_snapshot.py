@@ -113,6 +113,7 @@ def _document(run: RunState) -> dict[str, Any]:
         "task": run.task,
         "key": run.key,
         "request": run._request,
+        "scopes": list(run.scopes),
         "elapsed": run.elapsed,
         "cost_usd": run.cost_usd,
         **{name: getattr(run, name) for name in _COUNTS},
@@ -245,6 +246,7 @@ def _rebuild(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R])
         seconds=float(_field(doc, "elapsed", (int, float))),
     )
     s._restore(usage, [], [])
+    s.scopes = tuple(str(n) for n in doc.get("scopes") or ())
     s.partial = _untail(guard.keep_last, doc.get("partial"))
     s.transcript = _untail(guard.keep_last, doc.get("transcript"))
     s._error = doc.get("error") if isinstance(doc.get("error"), str) else None

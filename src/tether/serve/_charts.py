@@ -22,6 +22,7 @@ STATUS_COLOURS = {
     "failed": "#f04438",
     "escalated": "#2e90fa",
     "awaiting_approval": "#fdb022",
+    "paused": "#7a5af8",
 }
 PALETTE = (
     "#7a5af8",

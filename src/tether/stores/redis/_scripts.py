@@ -17,6 +17,7 @@ from __future__ import annotations
 from string import Template
 
 from tether.stores import _logic
+from tether.stores.redis._scopes_lua import SCOPES
 from tether.stores.redis._tokens_lua import TOKENS
 
 __all__ = ["CONSTANTS", "SCRIPTS", "SOURCES", "render", "rendered"]
@@ -332,6 +333,7 @@ SOURCES: dict[str, str] = {
     "limiter_acquire": LIMITER_ACQUIRE,
     "limiter_feedback": LIMITER_FEEDBACK,
     "tokens": TOKENS,
+    "scopes": SCOPES,
 }
 
 

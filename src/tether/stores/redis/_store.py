@@ -33,6 +33,7 @@ from tether.stores.redis._breaker import Breakers
 from tether.stores.redis._budget import Budgets
 from tether.stores.redis._connection import Connection
 from tether.stores.redis._limiter import Limiters
+from tether.stores.redis._scopes import Scopes
 from tether.stores.redis._tokens import Tokens
 
 __all__ = ["RedisStore"]
@@ -100,6 +101,7 @@ class RedisStore(AbstractContextManager["RedisStore"]):
         self._budgets = Budgets(self._conn, self.cache_ttl)
         self._limiters = Limiters(self._conn)
         self._tokens = Tokens(self._conn)
+        self._scopes = Scopes(self._conn)
 
     def __repr__(self) -> str:
         return f"RedisStore({self.url!r})"
@@ -214,6 +216,10 @@ class RedisStore(AbstractContextManager["RedisStore"]):
         """The token budgets' operations (:class:`tether.TokenBudget`)."""
         return self._tokens
 
+    def scopes(self) -> Scopes:
+        """The budget scopes' operations (:class:`tether.BudgetScopes`)."""
+        return self._scopes
+
     def reset(self, name: str | None = None) -> None:
         """Delete the shared state of one name, or every key under this prefix."""
         self._breakers.cache.clear()
@@ -224,3 +230,5 @@ class RedisStore(AbstractContextManager["RedisStore"]):
         self.fallback.reset(name)
         self._conn.delete(name, KINDS)
         self._tokens.reset(name)
+        if name is None:
+            self._scopes.reset()

@@ -1,0 +1,324 @@
+"""Budget scopes (#44): limits that span runs, reserved before each model call in all of a
+run's scopes at once, settled once per call, pausing the run when spent. Every test runs
+through the memory store, real Redis and a real Redis Cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import tether
+from tether import StopReason
+from tether.stores import MemoryStore
+from tether.stores.redis._store import RedisStore
+
+MODEL = "gpt-4o"  # $2.50 in, $10 out per million tokens
+#: one request's reservation: 1,000 prompt tokens and max_tokens=1,000
+RESERVED = (1000 * 2.5 + 1000 * 10.0) / 1e6  # $0.0125
+#: what one reply of 1,000 in, 500 out costs
+USED = (1000 * 2.5 + 500 * 10.0) / 1e6  # $0.0075
+
+
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
+def store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    if request.param == "redis-cluster":
+        client = request.getfixturevalue("redis_cluster").client()
+        s = RedisStore(client=client, prefix=prefix, server_time=False)
+    else:
+        s = RedisStore(request.getfixturevalue("redis_url"), prefix=prefix, server_time=False)
+    yield s
+    s.reset()
+    s.close()
+
+
+@pytest.fixture
+def clock() -> tether.VirtualClock:
+    return tether.VirtualClock()
+
+
+def guard_of(scopes: tether.BudgetScopes, **kw: Any) -> tether.Guard:
+    return tether.Guard(
+        scopes=scopes, clock=scopes.clock, checkpoints=tether.Checkpoints.memory(), **kw
+    )
+
+
+def one_call(run: tether.Run, model: str = MODEL, output_tokens: int = 500) -> None:
+    run.begin_model_call(model=model, estimated_input_tokens=1000, max_output_tokens=1000)
+    run.record_model_call(model=model, input_tokens=1000, output_tokens=output_tokens)
+    run.progress()
+
+
+def work(guard: tether.Guard, calls: int, scopes: tuple[str, ...], **kw: Any) -> tether.Outcome:
+    with guard.start("answer the ticket", scopes=scopes, **kw) as run:
+        while run.proceed():
+            if run.model_calls >= calls:
+                run.succeed("done")
+                break
+            one_call(run)
+    return run.outcome
+
+
+async def awork(guard: tether.Guard, calls: int, run: tether.Run) -> tether.Outcome:
+    async with run:
+        while run.proceed():
+            if run.model_calls >= calls:
+                run.succeed("done")
+                break
+            await run.abegin_model_call(
+                model=MODEL, estimated_input_tokens=1000, max_output_tokens=1000
+            )
+            run.record_model_call(model=MODEL, input_tokens=1000, output_tokens=500)
+            run.progress()
+    return run.outcome
+
+
+def test_a_reply_settles_its_reservation_in_every_scope(store: Any, clock: Any) -> None:
+    """Each call reserves its priced estimate and is counted at its usage, in each scope."""
+    scopes = tether.BudgetScopes(store, clock=clock)
+    scopes.limit("tenant:acme", max_cost_usd=1.0)
+    outcome = work(guard_of(scopes), 3, ("tenant:acme", "user:u-7"))
+    assert outcome.status == "success"
+    for name in ("tenant:acme", "user:u-7"):
+        spent = scopes.spent(name)
+        assert (spent.model_calls, spent.input_tokens, spent.output_tokens) == (3, 3000, 1500)
+        assert spent.cost_usd == pytest.approx(3 * USED)
+        assert scopes.view(name).held == tether.Usage()
+    assert scopes.names() == ["tenant:acme", "user:u-7"]
+
+
+def test_a_spent_scope_pauses_the_run_before_the_request(store: Any, clock: Any) -> None:
+    """The call whose reservation would pass the limit is never sent: BUDGET_REACHED,
+    "paused", the scope named, the customer told it is paused, a checkpoint kept."""
+    scopes = tether.BudgetScopes(store, clock=clock)
+    scopes.limit("tenant:acme", max_cost_usd=2 * USED + RESERVED - 1e-6)
+    sent: list[int] = []
+    guard = guard_of(scopes)
+    with guard.start("answer", scopes=("tenant:acme", "user:u-7")) as run:
+        while run.proceed():
+            one_call(run)
+            sent.append(1)
+    outcome = run.outcome
+    assert (outcome.status, outcome.stopped_because) == ("paused", StopReason.BUDGET_REACHED)
+    assert len(sent) == 2 and outcome.usage.model_calls == 2
+    assert "'tenant:acme'" in outcome.detail and "no request was sent" in outcome.detail
+    assert "paused" in outcome.customer_message and "try again" not in outcome.customer_message
+    assert outcome.checkpoint_id is not None
+    assert scopes.waiting("tenant:acme") == {run.run_id: outcome.checkpoint_id}
+    # all or nothing: the user's scope holds nothing of the refused call
+    assert scopes.view("user:u-7").held == tether.Usage()
+    assert scopes.spent("user:u-7").model_calls == 2
+
+
+def test_raising_the_limit_lets_the_paused_run_resume_and_finish(store: Any, clock: Any) -> None:
+    """guard.resume(checkpoint) after scopes.limit(...) raised it: the run goes on in the
+    same scopes, and no longer waits."""
+    scopes = tether.BudgetScopes(store, clock=clock)
+    scopes.limit("tenant:acme", max_cost_usd=RESERVED)
+    guard = guard_of(scopes)
+    first = work(guard, 3, ("tenant:acme",))
+    assert first.status == "paused" and first.usage.model_calls == 1
+    assert first.checkpoint_id is not None
+    still = guard.resume(first.checkpoint_id)  # no room yet: paused again, waits again
+    with still:
+        while still.proceed():
+            one_call(still)
+    assert still.outcome.status == "paused" and still.outcome.usage.model_calls == 1
+    waiting = scopes.waiting("tenant:acme")
+    assert list(waiting) == [still.run_id]
+    scopes.limit("tenant:acme", max_cost_usd=1.0)
+    run = guard.resume(waiting[still.run_id])
+    assert scopes.waiting("tenant:acme") == {}
+    with run:
+        while run.proceed():
+            if run.model_calls >= 3:
+                run.succeed("done")
+                break
+            one_call(run)
+    assert run.outcome.status == "success" and run.outcome.usage.model_calls == 3
+    assert scopes.spent("tenant:acme").model_calls == 3
+
+
+def test_the_async_shell_pauses_and_counts_the_same(store: Any, clock: Any) -> None:
+    """abegin_model_call reserves as begin_model_call does."""
+    scopes = tether.BudgetScopes(store, clock=clock)
+    scopes.limit("tenant:acme", max_cost_usd=USED + RESERVED)
+    guard = guard_of(scopes)
+
+    async def main() -> tether.Outcome:
+        try:
+            return await awork(guard, 5, guard.start("t", scopes=("tenant:acme",)))
+        finally:
+            if isinstance(store, RedisStore) and store._conn._aclient_made is not None:
+                await store.aclose()  # the asyncio client this loop made
+
+    outcome = asyncio.run(main())
+    assert (outcome.status, outcome.usage.model_calls) == ("paused", 2)
+    assert scopes.spent("tenant:acme").cost_usd == pytest.approx(2 * USED)
+
+
+def test_a_replayed_record_counts_once(store: Any, clock: Any) -> None:
+    """A run restored from a snapshot taken before a call (an engine's recovery) makes the
+    call again under the same id: the scope counts it once."""
+    scopes = tether.BudgetScopes(store, clock=clock)
+    scopes.limit("tenant:acme", max_cost_usd=1.0)
+    guard = guard_of(scopes)
+    run = guard.start("t", scopes=("tenant:acme",))
+    run.proceed()
+    before = run.snapshot()
+    one_call(run)
+    again = guard.restore(before)
+    one_call(again)
+    one_call(again)
+    assert again.model_calls == 2
+    assert scopes.spent("tenant:acme").model_calls == 2  # not 3
+    assert scopes.spent("tenant:acme").cost_usd == pytest.approx(2 * USED)
+
+
+def test_an_unpriced_model_is_refused_under_a_cost_limited_scope(store: Any, clock: Any) -> None:
+    """No price, a cost limit: UnknownModelError before the first request; a scope limited
+    only in calls lets it through."""
+    scopes = tether.BudgetScopes(store, clock=clock)
+    scopes.limit("tenant:acme", max_cost_usd=1.0)
+    scopes.limit("user:u-7", max_model_calls=5)
+    guard = guard_of(scopes)
+    run = guard.start("t", scopes=("user:u-7", "tenant:acme"))
+    with run, pytest.raises(tether.UnknownModelError, match="tenant:acme"):
+        run.begin_model_call(model="my-own-llm", max_output_tokens=100)
+    assert scopes.view("user:u-7").held == tether.Usage()
+    with guard.start("t", scopes=("user:u-7",)) as run:
+        run.begin_model_call(model="my-own-llm", max_output_tokens=100)
+        run.record_model_call(model="my-own-llm", input_tokens=10, output_tokens=10)
+    assert scopes.spent("user:u-7").model_calls == 1
+
+
+def test_token_and_call_limits(store: Any, clock: Any) -> None:
+    """max_tokens counts a reservation's prompt and max_tokens; max_model_calls counts calls."""
+    scopes = tether.BudgetScopes(store, clock=clock)
+    scopes.limit("team:a", max_tokens=2000 + 1500)  # one reply (1,500) + one reservation (2,000)
+    scopes.limit("team:b", max_model_calls=3)
+    guard = guard_of(scopes)
+    assert work(guard, 9, ("team:a",)).usage.model_calls == 2
+    b = work(guard, 9, ("team:b",))
+    assert (b.status, b.usage.model_calls) == ("paused", 3)
+    assert "max_model_calls" in b.detail
+
+
+def test_a_rolling_window_gives_room_back(store: Any, clock: Any) -> None:
+    """A scope with a window: what was spent leaves it once the window has passed."""
+    scopes = tether.BudgetScopes(store, clock=clock)
+    scopes.limit("tenant:acme", max_cost_usd=USED + RESERVED, window=3600)
+    guard = guard_of(scopes)
+    first = work(guard, 5, ("tenant:acme",))
+    assert (first.status, first.usage.model_calls) == ("paused", 2)
+    clock.advance(1800)
+    assert scopes.spent("tenant:acme").model_calls == 2
+    clock.advance(1900)  # past the window and its last slice
+    assert scopes.spent("tenant:acme") == tether.Usage()
+    assert first.checkpoint_id is not None
+    run = guard.resume(first.checkpoint_id)
+    with run:
+        while run.proceed():
+            one_call(run)
+    assert run.outcome.usage.model_calls == 4  # two more in the new window
+
+
+def test_a_reservation_never_settled_counts_as_spent_after_its_lease(
+    store: Any, clock: Any
+) -> None:
+    """A process that died with a call in flight: after the lease its reservation counts as
+    spent (its cost is unknown), never given back."""
+    scopes = tether.BudgetScopes(store, clock=clock)
+    scopes.limit("tenant:acme", max_cost_usd=1.0)
+    run = guard_of(scopes).start("t", scopes=("tenant:acme",))
+    run.begin_model_call(model=MODEL, estimated_input_tokens=1000, max_output_tokens=1000)
+    assert scopes.view("tenant:acme").in_flight == 1
+    clock.advance(601)
+    view = scopes.view("tenant:acme")
+    assert view.in_flight == 0 and view.spent.cost_usd == pytest.approx(RESERVED)
+
+
+def test_a_failed_call_gives_its_reservation_back(store: Any, clock: Any) -> None:
+    scopes = tether.BudgetScopes(store, clock=clock)
+    scopes.limit("tenant:acme", max_cost_usd=1.0)
+    with guard_of(scopes).start("t", scopes=("tenant:acme",)) as run:
+        run.begin_model_call(model=MODEL, estimated_input_tokens=1000, max_output_tokens=1000)
+        raise run.model_call_failed(ConnectionError("reset"))
+    assert scopes.view("tenant:acme").held == tether.Usage()
+    assert scopes.spent("tenant:acme") == tether.Usage()
+
+
+def test_scope_names_are_checked() -> None:
+    scopes = tether.BudgetScopes()
+    with pytest.raises(TypeError, match="tuple of scope names"):
+        tether.Guard(scopes=scopes).start("t", scopes="tenant:acme")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="has none"):
+        tether.Guard().start("t", scopes=("tenant:acme",))
+    with pytest.raises(ValueError, match="max_cost_usd"):
+        scopes.limit("tenant:acme", max_cost_usd=-1)
+
+
+def test_an_unreachable_redis_refuses_the_call(redis_url: str) -> None:
+    """Fail closed: a scope that cannot be read sends no request."""
+    store = RedisStore("redis://127.0.0.1:1/0", socket_timeout=0.2)
+    scopes = tether.BudgetScopes(store)
+    run = tether.Guard(scopes=scopes).start("t", scopes=("tenant:acme",))
+    with run, pytest.raises(tether.StoreUnavailable, match="no request was sent"):
+        run.begin_model_call(model=MODEL, estimated_input_tokens=10, max_output_tokens=10)
+    store.close()
+
+
+def _tenant_worker(url: str, prefix: str, runs: int, calls: int, out: Any) -> None:
+    """One process of the fleet: ``runs`` runs in tenant:acme, each up to ``calls`` calls
+    whose replies use all of their max_tokens (reservation == cost: exact)."""
+    store = RedisStore(url, prefix=prefix)
+    scopes = tether.BudgetScopes(store)
+    guard = tether.Guard(scopes=scopes)
+    sent = 0
+    for _ in range(runs):
+        with guard.start("t", scopes=("tenant:acme",)) as run:
+            while run.proceed() and run.model_calls < calls:
+                run.begin_model_call(
+                    model=MODEL, estimated_input_tokens=1000, max_output_tokens=1000
+                )
+                sent += 1
+                run.record_model_call(model=MODEL, input_tokens=1000, output_tokens=1000)
+                run.progress()
+    store.close()
+    out.put(sent)
+
+
+def test_two_processes_sharing_one_tenant_never_pass_its_limit(redis_url: str) -> None:
+    """Two processes, four runs each, one tenant on Redis: with exact reservations the
+    combined spend stops at the limit, every request counted once."""
+    import multiprocessing
+
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(redis_url, prefix=prefix)
+    scopes = tether.BudgetScopes(store)
+    scopes.limit("tenant:acme", max_cost_usd=10.5 * RESERVED)  # room for 10 calls, not 11
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_tenant_worker, args=(redis_url, prefix, 4, 5, out)) for _ in range(2)
+    ]
+    for p in procs:
+        p.start()
+    sent = sum(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    try:
+        spent = scopes.spent("tenant:acme")
+        assert sent == spent.model_calls == 10  # 40 asked for; 10 fit; none past the limit
+        assert spent.cost_usd == pytest.approx(10 * RESERVED)
+        assert spent.cost_usd <= 10.5 * RESERVED
+    finally:
+        store.reset()
+        store.close()
