@@ -5,6 +5,7 @@ through the memory store, real Redis and a real Redis Cluster."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -322,3 +323,80 @@ def test_two_processes_sharing_one_tenant_never_pass_its_limit(redis_url: str) -
     finally:
         store.reset()
         store.close()
+
+
+def test_the_command_line_raises_a_limit_and_lists_the_waiting_runs(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tether scopes set / list on the fleet's Redis: the paused run is listed, the raise
+    keeps the limits not given, and the run resumes."""
+    from tether.cli import main
+
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(redis_url, prefix=prefix)
+    scopes = tether.BudgetScopes(store)
+    where = ["--redis", redis_url, "--prefix", prefix]
+    try:
+        assert main(["scopes", "set", "tenant:acme", "--max-cost-usd", str(RESERVED), *where]) == 0
+        assert main(["scopes", "set", "tenant:acme", "--max-model-calls", "9", *where]) == 0
+        assert scopes.view("tenant:acme").limits == tether.stores._scopes.ScopeLimits(
+            RESERVED, None, 9, None
+        )
+        guard = tether.Guard(scopes=scopes, checkpoints=tether.Checkpoints.memory())
+        first = work(guard, 3, ("tenant:acme",))
+        assert first.status == "paused" and first.checkpoint_id is not None
+        capsys.readouterr()
+        assert main(["scopes", "list", *where]) == 0
+        listed = capsys.readouterr().out
+        assert "tenant:acme" in listed and "1 calls" in listed
+        assert main(["scopes", "set", "tenant:acme", "--max-cost-usd", "1", *where]) == 0
+        said = capsys.readouterr().out
+        assert "$1.0000, 9 calls" in said and first.checkpoint_id in said
+        run = guard.resume(first.checkpoint_id)
+        with run:
+            while run.proceed():
+                if run.model_calls >= 3:
+                    run.succeed("done")
+                    break
+                one_call(run)
+        assert run.outcome.status == "success"
+        assert main(["scopes", "list", "--json", *where]) == 0
+        (doc,) = json.loads(capsys.readouterr().out)
+        assert (doc["name"], doc["spent"]["model_calls"], doc["waiting"]) == ("tenant:acme", 3, {})
+    finally:
+        store.reset()
+        store.close()
+
+
+def test_run_agent_passes_its_scopes_through(store: Any, server: Any) -> None:
+    """run_agent(..., scopes=...) over the real Anthropic SDK: the third request would pass
+    the tenant's limit and is never sent; the run is paused, the two replies counted."""
+    import anthropic
+
+    from scripted_server import Reply
+    from tether.integrations import anthropic as t_anthropic
+
+    def tool_use(q: str) -> dict[str, Any]:
+        return {"id": f"msg_{q}", "type": "message", "role": "assistant",
+                "model": "claude-haiku-4-5", "stop_reason": "tool_use", "stop_sequence": None,
+                "content": [{"type": "tool_use", "id": f"tu_{q}", "name": "search", "input": {"q": q}}],
+                "usage": {"input_tokens": 100, "output_tokens": 20}}  # fmt: skip
+
+    server.script = [
+        Reply(200, tool_use("a")),
+        Reply(200, tool_use("b")),
+        Reply(200, tool_use("c")),
+    ]
+    scopes = tether.BudgetScopes(store)
+    # max_tokens=1024 at $5/M reserves $0.00512; each reply costs $0.0002: room for two
+    scopes.limit("tenant:acme", max_cost_usd=0.0055)
+    guard = tether.Guard(scopes=scopes, checkpoints=tether.Checkpoints.memory())
+    tool = tether.Tool("search", lambda q: f"found {q}", input_schema={"type": "object"})
+    with anthropic.Anthropic(api_key="test", base_url=server.url) as raw:
+        outcome = t_anthropic.run_agent(raw, model="claude-haiku-4-5", guard=guard, tools=[tool],
+                                        messages=[{"role": "user", "content": "find it"}],
+                                        max_tokens=1024, scopes=("tenant:acme",))  # fmt: skip
+    assert (outcome.status, outcome.stopped_because) == ("paused", StopReason.BUDGET_REACHED)
+    assert len(server.requests) == 2
+    assert scopes.spent("tenant:acme").model_calls == 2
+    assert scopes.spent("tenant:acme").cost_usd == pytest.approx(0.0004)

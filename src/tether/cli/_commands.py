@@ -178,8 +178,10 @@ def register(sub: Any) -> None:
     _defaulted(prune, "--older-than", _days, 30.0, "how old a record must be", metavar="DAYS")
     prune.set_defaults(run_command=_records)
     from tether.cli._inspect import add_records_commands
+    from tether.cli._scopes import add_scopes_commands
 
     add_records_commands(records_sub)
+    add_scopes_commands(sub)
 
 
 #: the most days ``--older-than`` takes (a ``datetime.timedelta`` holds no more)

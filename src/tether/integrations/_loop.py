@@ -67,6 +67,8 @@ class AgentCall:
     continue_on_max_tokens: bool
     resume: str | None
     key: str | None
+    #: the budget scopes the run spends in (``guard.start(scopes=...)``)
+    scopes: Sequence[str] | None
     #: the chain given to this call (None: the client's own, else the guard's)
     fallbacks: tuple[Fallback, ...] | None
     create_kwargs: dict[str, Any]
@@ -86,6 +88,7 @@ def agent_call(
     resume: str | None = None,
     key: str | None = None,
     fallbacks: Sequence[Fallback | str] | None = None,
+    scopes: Sequence[str] | None = None,
     **create_kwargs: Any,
 ) -> AgentCall:
     """The keyword arguments of ``run_agent`` and ``arun_agent`` (both providers)."""
@@ -102,6 +105,7 @@ def agent_call(
         continue_on_max_tokens,
         resume,
         key,
+        scopes,
         None if fallbacks is None else Fallback.chain(fallbacks),
         create_kwargs,
     )
@@ -152,7 +156,7 @@ def agent_shells(
         require_sync_tools(call.tools)
         turns = provider.turns(call)
         task = task_of(turns.history, call.task)
-        with open_run(call.guard, call.resume, task, call.key, call.tools) as run:
+        with open_run(call.guard, call.resume, task, call.key, call.tools, call.scopes) as run:
             run_loop(run, turns, chat(provider.client(client, call, turns).bind(run)))
         return run.outcome
 
@@ -167,7 +171,9 @@ def agent_shells(
             )
         guarded = provider.client(guarded, call, turns)
         task = task_of(turns.history, call.task)
-        async with open_run(call.guard, call.resume, task, call.key, call.tools) as run:
+        async with open_run(
+            call.guard, call.resume, task, call.key, call.tools, call.scopes
+        ) as run:
             await arun_loop(run, turns, chat(guarded.bind(run)))
         return run.outcome
 
@@ -240,13 +246,18 @@ class Turns(abc.ABC):
 
 
 def open_run(
-    guard: Guard, resume: str | None, task: str, key: str | None = None, tools: Sequence[Tool] = ()
+    guard: Guard,
+    resume: str | None,
+    task: str,
+    key: str | None = None,
+    tools: Sequence[Tool] = (),
+    scopes: Sequence[str] | None = None,
 ) -> Run:
     """The run of an agent loop: a new one (serving request ``key``), or the checkpointed
     one it continues; refused before any request when a tool may need an approval the guard
     has nowhere to wait for."""
     require_a_place_to_wait(guard, (t.name for t in tools if t.requires_approval is not False))
-    return guard.resume(resume) if resume else guard.start(task=task, key=key)
+    return guard.resume(resume) if resume else guard.start(task=task, key=key, scopes=scopes)
 
 
 def task_of(history: list[Any], task: str = "") -> str:
