@@ -12,6 +12,7 @@ __all__ = [
     "EffectInProgress",
     "EffectNotRecorded",
     "IdempotencyConflict",
+    "LedgerNotShared",
     "LimiterTimeout",
     "MissingExtraError",
     "Picklable",
@@ -68,6 +69,14 @@ class ControlSignal(Picklable, BaseException):
     def __init__(self, signal: BaseException) -> None:
         super().__init__(type(signal).__name__)
         self.signal = signal
+
+
+class LedgerNotShared(UserWarning):
+    """A run was restored (``guard.restore``, ``guard.resume``, a framework's checkpoint) in
+    a process whose ledger cannot see the effects the run made elsewhere: this process's
+    in-memory ledger has no record of them, so an effect the restored run asks for again
+    runs again. The fix: one ledger for every worker (``Ledger.postgres``, ``.redis``;
+    ``.sqlite`` on one machine)."""
 
 
 class TransientError(Picklable, Exception):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from tether._errors import LedgerNotShared
 from tether.clock import Clock, system_clock
 from tether.effects._ledger import Ledger
 from tether.guards._breaker import CircuitBreaker
@@ -185,6 +187,8 @@ class Guard:
         self.signing_keys = signing_keys(signing_key)
         self._breakers: dict[str, CircuitBreaker] = {}
         self._policies: dict[tuple[str, float | None, bool], RetryPolicy] = {}
+        # runs restored here whose effects this (in-memory) ledger could not see: told once
+        self._unseen_warned: set[str] = set()
 
     def breaker(self, tool: str) -> CircuitBreaker:
         """The breaker that guards ``tool`` (one per tool name, shared by this guard's runs
@@ -297,7 +301,10 @@ class Guard:
         from tether.run._run import Run
         from tether.run._snapshot import restore
 
-        return restore(self, snapshot, Run, reuse)
+        run = restore(self, snapshot, Run, reuse)
+        if run is not reuse:  # a run continued as it was in this process was seen already
+            self._check_ledger_sees(run)
+        return run
 
     def resume(self, checkpoint_id: str) -> Run:
         """A run that continues a checkpointed one, with the budget it had left."""
@@ -311,7 +318,34 @@ class Guard:
             run._ended_as(ended)
         elif run._state.scopes:  # it no longer waits on its scopes (it waits again if refused)
             run._models.scopes.resumed()
+        self._check_ledger_sees(run)
         return run
+
+    def _check_ledger_sees(self, run: Run) -> None:
+        """A run restored in a process whose ledger is this process's memory, while it made
+        effects this ledger has no record of (made by another worker, another process or
+        another guard): say so, once per run, loudly, with the fix. The restored run would
+        run such an effect again if it asked for it (a LangGraph fork replayed on another
+        worker: 2 refunds)."""
+        from tether.stores._ledger_memory import MemoryLedgerBackend
+
+        if not isinstance(self.ledger.backend, MemoryLedgerBackend):
+            return  # a shared store: what it cannot see, nobody made
+        keys = {key: tool for tool, _, key in run._state._effects}
+        unseen = sorted({tool for key, tool in keys.items() if self.ledger.get(key) is None})
+        if not unseen or run.run_id in self._unseen_warned:
+            return
+        self._unseen_warned.add(run.run_id)
+        message = (
+            f"tether: run {run.run_id} was restored in a process whose ledger cannot see the "
+            f"effects it made ({', '.join(unseen)}): this guard's ledger is in this process's "
+            "memory, and they were made elsewhere (another worker, process or Guard). An "
+            "effect the restored run asks for again will run again. Give every worker the "
+            "same ledger: Guard(ledger=tether.Ledger.postgres(dsn)) or .redis(url) "
+            "(.sqlite(path) on one machine)"
+        )
+        _log.error(message)
+        warnings.warn(message, LedgerNotShared, stacklevel=3)
 
 
 def request_of(key: str | None, run_id: str) -> str:
