@@ -400,3 +400,20 @@ def test_run_agent_passes_its_scopes_through(store: Any, server: Any) -> None:
     assert len(server.requests) == 2
     assert scopes.spent("tenant:acme").model_calls == 2
     assert scopes.spent("tenant:acme").cost_usd == pytest.approx(0.0004)
+
+
+def test_the_tenants_scenario_of_the_bench() -> None:
+    """tether bench --suite fleet --scenario tenants: exact reservations never pass a
+    tenant's limit; without max_tokens at most one call in flight per run; a per-run budget
+    and an after-the-call check pass it; the other tenants finish; paused runs resume."""
+    from tether import bench
+
+    cells = bench.run(["fleet"], scenarios=["tenants"], workers=1)["suites"]["fleet"]["tenants"]
+    p = cells["policies"]
+    assert p["tether"]["max_overspend_usd"] == 0.0 and p["tether"]["low_tenants_over"] == 0
+    assert p["tether-no-max-tokens"]["within_one_call_per_run"]
+    assert p["per-run-budget"]["low_tenants_over"] == p["per-run-budget"]["low_tenants"]
+    assert p["after-the-call"]["max_overspend_usd"] > p["tether"]["max_overspend_usd"]
+    for name, cell in p.items():
+        assert cell["other_tenants_runs_completed"] == 1.0, name
+    assert p["tether"]["paused_runs"] == p["tether"]["resumed_completed"] > 0

@@ -97,12 +97,12 @@ def run(
         )
     if tasks < 1:
         raise ValueError(f"tasks must be >= 1, got {tasks}")
-    valid = list(dict.fromkeys([*SCENARIOS, *FLEET_SCENARIOS, "provider-limits"]))
+    valid = list(dict.fromkeys([*SCENARIOS, *FLEET_SCENARIOS, "provider-limits", "tenants"]))
     bad = [s for s in scenarios or () if s not in valid]
     if bad:
         raise ValueError(
             f"unknown scenario(s) {', '.join(bad)}; agents: {', '.join(SCENARIOS)}; "
-            f"fleet: {', '.join(FLEET_SCENARIOS)}"
+            f"fleet: {', '.join([*FLEET_SCENARIOS, 'provider-limits', 'tenants'])}"
         )
     if "tau" in suites or "tau-live" in suites:  # before anything runs: a usage error
         from tether.bench._tau import resolve_folder
@@ -145,6 +145,13 @@ def run(
                 cells.setdefault(scenario, {"policies": {}})["policies"][policy] = cell
                 note(f"agents: {scenario} / {policy}", len(agent_jobs))
             out["suites"]["agents"] = {"scenarios": cells}
+        if "fleet" in suites and "tenants" in (scenarios or ()):  # seconds, in this process
+            from tether.bench._tenants import TENANT_POLICIES, run_tenants
+
+            out["suites"].setdefault("fleet", {"scenarios": {}})["tenants"] = {
+                "policies": {p: run_tenants(p, seed=seed) for p in TENANT_POLICIES}
+            }
+            note("fleet: tenants", 1)
         if fleet_jobs:
             fleet: dict[str, Any] = {}
             for fut in fleet_futures:
@@ -166,6 +173,7 @@ def run(
                 entry["policies"][policy] = cell
                 note(f"fleet: {scenario} / {policy}", len(fleet_jobs))
             out["suites"]["fleet"] = {
+                **out["suites"].get("fleet", {}),
                 "scenarios": fleet,
                 "contention": {
                     j: contention(j, seed=seed) for j in ("none", "full", "equal", "decorrelated")
