@@ -417,3 +417,41 @@ def test_the_tenants_scenario_of_the_bench() -> None:
     for name, cell in p.items():
         assert cell["other_tenants_runs_completed"] == 1.0, name
     assert p["tether"]["paused_runs"] == p["tether"]["resumed_completed"] > 0
+
+
+def test_the_agents_sdk_run_passes_its_scopes_through() -> None:
+    """openai_agents.run_sync(..., scopes=...): the tenant's spent scope pauses the run
+    before the next request (no max_tokens: the reservation holds the prompt alone, so the
+    call that passes the limit is the last one sent)."""
+    from agents import Agent, function_tool, set_tracing_disabled
+    from agents.testing import ScriptedModel, function_call
+    from agents.usage import Usage as SdkUsage
+
+    from tether.integrations import openai_agents as ta_agents
+
+    set_tracing_disabled(True)
+
+    class Priced(ScriptedModel):
+        model = "scripted-model"
+
+    @function_tool
+    def page(n: int) -> str:
+        """Read a page."""
+        return f"page {n}"
+
+    usage = SdkUsage(requests=1, input_tokens=1000, output_tokens=100, total_tokens=1100)
+    steps = [[function_call("page", {"n": i}, call_id=f"call_{i}")] for i in range(6)]
+    scripted = Priced(steps, default_usage=usage)
+    scopes = tether.BudgetScopes()
+    scopes.limit("tenant:acme", max_cost_usd=0.025)  # $0.01 a call
+    guard = tether.Guard(
+        scopes=scopes,
+        loops=tether.LoopPolicy(max_repeats=None),
+        prices=tether.PriceTable({"scripted-model": tether.Price(input=10.0, output=0.0)}),
+        checkpoints=tether.Checkpoints.memory(),
+    )
+    agent = Agent(name="reader", model=scripted, tools=[page])
+    outcome = ta_agents.run_sync(agent, "read", guard=guard, scopes=("tenant:acme",))
+    assert (outcome.status, outcome.stopped_because) == ("paused", StopReason.BUDGET_REACHED)
+    assert outcome.usage.model_calls == 3 and scripted.remaining_steps == 3
+    assert scopes.spent("tenant:acme").cost_usd == pytest.approx(0.03)

@@ -24,7 +24,7 @@ conversation continues with is ``outcome.last_agent``. ``max_turns`` ends the ru
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -183,6 +183,7 @@ class _Session:
         context: Any = None,
         max_turns: int | None = None,
         run_config: RunConfig | None = None,
+        scopes: Sequence[str] | None = None,
         **options: Any,
     ) -> None:
         # the tools' rules (timeouts, requires_approval, compensate, labels); the rest of
@@ -206,6 +207,7 @@ class _Session:
         self.restore = snapshot
         self.paused_as: dict[str, Any] | None = None
         self.resume, self.key, self.run_config, self.context = resume, key, run_config, context
+        self.scopes = scopes  # the budget scopes of a new run (guard.start(scopes=...))
         self.turns = _max_turns(guard, max_turns)
         self.options = options
         self.guarding: Guarding | None = None
@@ -220,7 +222,8 @@ class _Session:
         if self.restore is not None:
             return self.guard.restore(self.restore)
         original = getattr(self.input, "_original_input", self.input)  # a RunState: its input
-        return self.guard.start(task=_task(original), key=self.key or self.conversation())
+        key = self.key or self.conversation()
+        return self.guard.start(task=_task(original), key=key, scopes=self.scopes)
 
     def conversation(self) -> str | None:
         """The request of a run given no ``key=``: the SDK's conversation (its ``session``,
@@ -380,7 +383,8 @@ async def run(agent: Agent[Any], input: Any, **options: Any) -> AgentOutcome:
     ``snapshot=outcome.snapshot`` (plain data, no store needed) a run paused for the SDK's
     approvals, given its state as ``input``; ``key`` names the request the run serves
     (``guard.start(task, key=...)``; by default the conversation: the ``session``, else the
-    ``conversation_id``, else the run alone). Other keyword arguments go to ``Runner.run``.
+    ``conversation_id``, else the run alone); ``scopes`` names the budget scopes the run
+    spends in (``guard.start(task, scopes=...)``). Other keyword arguments go to ``Runner.run``.
     """
     session = _Session(agent, input, **options)
     with session.start() as tether_run:
