@@ -185,10 +185,12 @@ def restore(
             f"run snapshot version {version!r:.20} is not {SNAPSHOT_VERSION} (made by another "
             "tether: deploy the same tether everywhere that reads this thread before it goes on)"
         )
-    verify(doc, guard.signing_keys)
-    _check_bound(doc)
+    # the run's own snapshot, untouched since (the caller knows; _settle checks its counts):
+    # that run, made what the rebuilt one would be; nothing of the document is trusted
     if reuse is not None and _settle(reuse._state, guard, doc):
         return reuse
+    verify(doc, guard.signing_keys)
+    _check_bound(doc)
     try:
         return _rebuild(guard, doc, make)
     except RunDocumentError:
