@@ -455,3 +455,48 @@ def test_the_agents_sdk_run_passes_its_scopes_through() -> None:
     assert (outcome.status, outcome.stopped_because) == ("paused", StopReason.BUDGET_REACHED)
     assert outcome.usage.model_calls == 3 and scripted.remaining_steps == 3
     assert scopes.spent("tenant:acme").cost_usd == pytest.approx(0.03)
+
+
+def test_the_langchain_middleware_passes_its_scopes_through() -> None:
+    """TetherMiddleware(guard, scopes=...): the run of each turn spends in the tenant's
+    scope (restored at every hook from its snapshot), and pauses when it is spent."""
+    import itertools
+
+    from langchain.agents import create_agent
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+
+    from tether.integrations.langchain import TetherMiddleware
+
+    class FakeToolModel(GenericFakeChatModel):
+        model_name: str = "fake-model"
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+    def pages() -> Iterator[AIMessage]:
+        for i in itertools.count():
+            yield AIMessage(content="", tool_calls=[{"name": "page", "args": {"n": i}, "id": f"c{i}"}],
+                            usage_metadata={"input_tokens": 1000, "output_tokens": 0, "total_tokens": 1000})  # fmt: skip
+
+    @tool
+    def page(n: int) -> str:
+        """Read a page."""
+        return f"page {n}"
+
+    scopes = tether.BudgetScopes()
+    scopes.limit("tenant:acme", max_model_calls=3)
+    guard = tether.Guard(
+        scopes=scopes,
+        prices=tether.PriceTable({"fake-model": tether.Price(input=10.0, output=0.0)}),
+        loops=tether.LoopPolicy(max_repeats=None),
+        checkpoints=tether.Checkpoints.memory(),
+    )
+    middleware = TetherMiddleware(guard, scopes=("tenant:acme",))
+    agent = create_agent(FakeToolModel(messages=pages()), tools=[page], middleware=[middleware])
+    outcome = agent.invoke({"messages": [("user", "read")]})["tether_outcome"]
+    assert (outcome.status, outcome.stopped_because) == ("paused", StopReason.BUDGET_REACHED)
+    assert outcome.usage.model_calls == 3
+    assert scopes.spent("tenant:acme").model_calls == 3
+    assert scopes.spent("tenant:acme").cost_usd == pytest.approx(0.03)

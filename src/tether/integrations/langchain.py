@@ -202,6 +202,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     (its breaker is open, a quota refused it: see :class:`tether.Fallback`); default: the
     guard's. Each is a LangChain chat model (``Fallback.client``) or built by
     ``init_chat_model(model, model_provider=provider)``, refused here when it cannot be.
+    ``scopes``: the budget scopes each turn's run spends in (``guard.start(scopes=...)``).
     """
 
     state_schema = TetherState
@@ -215,6 +216,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         volatile: Mapping[str, Iterable[str]] | None = None,
         key: str | Callable[[Mapping[str, Any]], str | None] | None = None,
         fallbacks: Sequence[Fallback | str] | None = None,
+        scopes: Sequence[str] | None = None,
         **rules: Unpack[ToolRuleOptions],
     ) -> None:
         super().__init__()
@@ -226,6 +228,8 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             )
         self.guard = guard
         self.key = key
+        #: the budget scopes every turn's run spends in (``guard.start(scopes=...)``)
+        self.scopes = scopes
         # model calls: retried at this one layer, classified by tether, within the run's time
         self._policy = guard.retry.replace(name="model")
         #: the chat models a model call goes to when its own cannot answer, in order
@@ -390,7 +394,11 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             if getattr(message, "type", "") == "human":
                 task = str(getattr(message, "content", ""))[:200]  # the turn's request
         resume = state.get("tether_resume")
-        run = self.guard.resume(resume) if resume else self.guard.start(task=task, key=self._key())
+        run = (
+            self.guard.resume(resume)
+            if resume
+            else self.guard.start(task=task, key=self._key(), scopes=self.scopes)
+        )
         # a checkpoint continues once; the turn's run goes with the thread
         doc = self._put(self._hold_new(run))
         return {"tether_run": doc, "tether_resume": None, "tether_ended": None}
