@@ -1,0 +1,328 @@
+"""Google's Agent Development Kit under tether: ``Runner(agent=..., plugins=[TetherPlugin(guard)])``.
+
+One tether run per ADK invocation (a ``Runner.run_async`` call). Every model call of every
+agent the invocation reaches (sub-agents it transfers to, Sequential/Parallel/Loop agents,
+an ``AgentTool``'s agent, which ADK runs with the parent's plugins) is one step, checked
+before it is sent (``before_model_callback``: budgets, loops, the cost of the next call, a
+model a cost budget could not price) and counted after it with Gemini's
+``usage_metadata`` (prompt, candidates, thoughts and cached tokens), priced. Every tool
+call goes through ``run.acall_tool`` (``before_tool_callback`` runs the tool and returns
+its result): loop checks, the tool's timeout, its breaker, retries at one layer, and the
+ledger for the tools named in ``side_effects``, which run at most once per request. A
+model error is classified (``on_model_error_callback``); a guard's stop ends the agent as
+ADK expects, with a final model response carrying the customer message; the outcome is
+``plugin.outcome(invocation_id)``. The run as plain data (``run.snapshot()``) is kept in
+``session.state["tether_run"]``: an invocation resumed (``ResumabilityConfig``) continues
+the run with the budget it had left, under the same request key, so the ledger never runs
+an effect again.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Unpack
+
+from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError
+from tether._errors import RunDocumentError, require
+from tether.integrations._common import ToolRuleOptions, ToolRules, require_a_place_to_wait
+
+require("google.adk", "adk")
+
+from google.adk.models.llm_response import LlmResponse  # noqa: E402 - after the extra check
+from google.adk.plugins.base_plugin import BasePlugin  # noqa: E402
+from google.genai import types  # noqa: E402
+
+__all__ = ["STATE_KEY", "TetherPlugin"]
+
+_log = logging.getLogger("tether")
+
+#: where the run document lives in ``session.state``
+STATE_KEY = "tether_run"
+#: the invocation the run document in ``session.state`` belongs to
+INVOCATION_KEY = "tether_invocation"
+#: how many ended invocations' outcomes a plugin keeps (the oldest go first)
+KEEP_OUTCOMES = 1024
+
+#: the run of the tool call in progress: an ``AgentTool``'s own Runner counts in it
+_PARENT: contextvars.ContextVar[Run | None] = contextvars.ContextVar("tether_adk_run", default=None)
+
+
+class _Live:
+    """An invocation's run in this process: its own, or its parent's (an ``AgentTool``)."""
+
+    __slots__ = ("answer", "owned", "run")
+
+    def __init__(self, run: Run, owned: bool) -> None:
+        self.run = run
+        self.owned = owned
+        self.answer = ""  # the last model text: the run's result when it succeeds
+
+
+def _text(content: Any) -> str:
+    parts = getattr(content, "parts", None) or ()
+    return "".join(p.text for p in parts if getattr(p, "text", None) and not p.thought)
+
+
+def _task(content: Any) -> str:
+    return _text(content)[:200]
+
+
+def _model_name(llm_request: Any, callback_context: Any) -> str:
+    name = getattr(llm_request, "model", None)
+    if isinstance(name, str) and name:
+        return name
+    agent = getattr(callback_context._invocation_context, "agent", None)
+    model = getattr(agent, "model", None)
+    if isinstance(model, str):
+        return model
+    return str(getattr(model, "model", "") or "")
+
+
+def _max_output(llm_request: Any) -> int | None:
+    config = getattr(llm_request, "config", None)
+    limit = getattr(config, "max_output_tokens", None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
+def _stop_reply(run: Run) -> LlmResponse:
+    """The model's last word when a guard stopped the run: the customer message, final."""
+    message = run.outcome.customer_message
+    return LlmResponse(
+        content=types.Content(role="model", parts=[types.Part(text=message)]),
+        turn_complete=True,
+        custom_metadata={"tether_stopped_because": run.outcome.stopped_because.value},
+    )
+
+
+class TetherPlugin(BasePlugin):
+    """tether's guards for every agent of an ADK ``Runner`` (``Runner(plugins=[...])`` or
+    ``App(plugins=[...])``).
+
+    ``side_effects`` names the non-idempotent tools: a mapping of tool name to its
+    ``lookup`` (the provider's records, or None), or an iterable of names. They run at most
+    once per intent through the guard's ledger (a call re-issued with fresh UUIDs after a
+    timeout pays nothing twice); every other tool is treated as idempotent and retried
+    through transient failures. ``hand_over`` names the tools that hand the customer to a
+    person: the tool runs, then the run ends "escalated". ``key`` names the request an
+    invocation serves, as ``guard.start(key=)``: a string, or a function of ADK's
+    ``InvocationContext``; default: the app, user, session and invocation (a resumed
+    invocation is the same request). ``timeouts``, ``requires_approval``, ``compensate``
+    and ``labels`` (by tool name) are the options of ``run.call_tool``.
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+        *,
+        hand_over: Iterable[str] = (),
+        key: str | Callable[[Any], str | None] | None = None,
+        name: str = "tether",
+        **rules: Unpack[ToolRuleOptions],
+    ) -> None:
+        super().__init__(name=name)
+        if not isinstance(guard, Guard):
+            raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+        if isinstance(hand_over, str) or not all(isinstance(n, str) for n in hand_over):
+            raise TypeError(f"hand_over must be a list of tool names, got {hand_over!r}")
+        if key is not None and not callable(key) and (not isinstance(key, str) or not key.strip()):
+            raise ValueError(
+                f"key must be a request id (str), a function of the invocation, or None, got {key!r}"
+            )
+        self.guard = guard
+        self.key = key
+        self.rules = ToolRules(side_effects, **rules)
+        require_a_place_to_wait(guard, self.rules.needing_approval())
+        self.side_effects = self.rules.side_effects
+        self.hand_over = frozenset(hand_over)
+        self._live: dict[str, _Live] = {}
+        self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
+        #: the outcome of the invocation that ended last in this process
+        self.last_outcome: Outcome | None = None
+
+    # --- the run of an invocation ---------------------------------------------------
+
+    def outcome(self, invocation_id: str) -> Outcome:
+        """The :class:`tether.Outcome` of an invocation that ended (``event.invocation_id``)."""
+        try:
+            return self._outcomes[invocation_id]
+        except KeyError:
+            raise KeyError(f"no ended invocation {invocation_id!r} under this plugin") from None
+
+    def _key(self, ctx: Any) -> str | None:
+        if isinstance(self.key, str):
+            return self.key
+        if callable(self.key):
+            key = self.key(ctx)
+            if key is not None and (not isinstance(key, str) or not key.strip()):
+                raise ValueError(f"key(invocation) must return a request id (str), got {key!r}")
+            return key
+        session = ctx.session
+        return f"adk:{session.app_name}:{session.user_id}:{session.id}:{ctx.invocation_id}"
+
+    def _run(self, invocation_id: str) -> Run:
+        live = self._live.get(invocation_id)
+        if live is None:  # a callback of an invocation this plugin never saw begin
+            raise RunDocumentError(
+                f"ADK invocation {invocation_id!r} has no tether run (the plugin's "
+                "before_run_callback did not run for it): it cannot go on unguarded"
+            )
+        return live.run
+
+    async def before_run_callback(self, *, invocation_context: Any) -> types.Content | None:
+        ctx = invocation_context
+        parent = _PARENT.get()
+        if parent is not None:  # an AgentTool's agent: counted in the calling run
+            self._live[ctx.invocation_id] = _Live(parent, owned=False)
+            return None
+        state = ctx.session.state
+        doc = state.get(STATE_KEY)
+        if state.get(INVOCATION_KEY) == ctx.invocation_id and doc is not None:
+            if not isinstance(doc, Mapping):
+                raise RunDocumentError(
+                    f"session.state[{STATE_KEY!r}] must be a run document, got "
+                    f"{type(doc).__name__}: the invocation cannot go on unguarded"
+                )
+            run = self.guard.restore(doc)  # a resumed invocation: the budget it had left
+        else:
+            run = self.guard.start(task=_task(ctx.user_content), key=self._key(ctx))
+        run.__enter__()
+        self._live[ctx.invocation_id] = _Live(run, owned=True)
+        return None
+
+    def _keep(self, context: Any, run: Run) -> None:
+        """The run as plain data in the session's state (written with the next event)."""
+        try:
+            context.state[STATE_KEY] = run.snapshot()
+            context.state[INVOCATION_KEY] = context.invocation_id
+        except (AttributeError, TypeError):  # pragma: no cover - a context without state
+            pass
+
+    def _end(self, invocation_id: str, exc: BaseException | None = None) -> None:
+        live = self._live.pop(invocation_id, None)
+        if live is None or not live.owned:
+            return
+        run = live.run
+        if exc is None and run.stopped is None:
+            run.succeed(live.answer)
+        run.__exit__(None if exc is None else type(exc), exc, None)
+        outcome = run.outcome
+        self._outcomes[invocation_id] = self.last_outcome = outcome
+        while len(self._outcomes) > KEEP_OUTCOMES:
+            self._outcomes.popitem(last=False)
+
+    async def after_run_callback(self, *, invocation_context: Any) -> None:
+        self._end(invocation_context.invocation_id)
+
+    async def on_run_error_callback(self, *, invocation_context: Any, error: Exception) -> None:
+        self._end(invocation_context.invocation_id, error)
+
+    # --- model calls ----------------------------------------------------------------
+
+    async def before_model_callback(
+        self, *, callback_context: Any, llm_request: Any
+    ) -> LlmResponse | None:
+        run = self._run(callback_context.invocation_id)
+        if run.stopped is not None or not run.proceed():
+            return _stop_reply(run)
+        try:
+            await run.abegin_model_call(
+                model=_model_name(llm_request, callback_context),
+                max_output_tokens=_max_output(llm_request),
+            )
+        except Stopped:  # a token budget's wait past the run's time
+            return _stop_reply(run)
+        self._keep(callback_context, run)
+        return None
+
+    async def after_model_callback(
+        self, *, callback_context: Any, llm_response: Any
+    ) -> LlmResponse | None:
+        if llm_response.partial:  # a streamed chunk: the whole reply is counted once
+            return None
+        live = self._live.get(callback_context.invocation_id)
+        if live is None:
+            self._run(callback_context.invocation_id)  # raises: nothing runs unguarded
+            return None
+        run = live.run
+        model = str(llm_response.model_version or _model_name(None, callback_context))
+        usage = llm_response.usage_metadata
+        if usage is None:
+            run.record_model_call(model=model, unmeasured=True)
+        else:
+            cached = usage.cached_content_token_count or 0
+            run.record_model_call(
+                model=model,
+                input_tokens=max(0, (usage.prompt_token_count or 0) - cached),
+                output_tokens=(usage.candidates_token_count or 0)
+                + (usage.thoughts_token_count or 0),
+                cache_read_tokens=cached,
+            )
+        text = _text(llm_response.content)
+        if text:
+            live.answer = text
+        self._keep(callback_context, run)
+        return None
+
+    async def on_model_error_callback(
+        self, *, callback_context: Any, llm_request: Any, error: Exception
+    ) -> LlmResponse | None:
+        run = self._run(callback_context.invocation_id)
+        if isinstance(error, Stopped):
+            return _stop_reply(run)
+        run.model_call_failed(error)  # the run stops with the failure's reason
+        return _stop_reply(run)
+
+    # --- tools ----------------------------------------------------------------------
+
+    async def before_tool_callback(
+        self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any
+    ) -> dict[str, Any] | None:
+        run = self._run(tool_context.invocation_id)
+        name = str(tool.name)
+
+        async def attempt(**args: Any) -> Any:
+            return await tool.run_async(args=args, tool_context=tool_context)
+
+        token = _PARENT.set(run)  # an AgentTool's Runner counts in this run
+        try:
+            result = await run.acall_tool(
+                name, attempt, dict(tool_args), **self.rules.options(name)
+            )
+        except ToolError as exc:
+            return {"error": exc.model_message}
+        except Stopped as exc:  # the next model call ends the agent with the customer message
+            return {"error": f"stopped: {exc.reason.value}"}
+        finally:
+            _PARENT.reset(token)
+        if name in self.hand_over and run.stopped is None:
+            try:
+                run.escalate(f"{name} handed the customer to a person")
+            except Stopped:
+                pass
+        self._keep(tool_context, run)
+        return result if isinstance(result, dict) else {"result": result}
+
+    async def on_tool_error_callback(
+        self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, error: Exception
+    ) -> dict[str, Any] | None:
+        """A call ADK could not make (a tool the model named that does not exist): through
+        the run, so that a model repeating it is stopped like any repeated call."""
+        run = self._run(tool_context.invocation_id)
+
+        def fails(**_: Any) -> Any:
+            raise error
+
+        try:
+            await run.acall_tool(str(tool.name), fails, dict(tool_args), timeout=None)
+        except ToolError as exc:
+            return {"error": exc.model_message}
+        except Stopped as exc:
+            return {"error": f"stopped: {exc.reason.value}"}
+        return None  # pragma: no cover - fails() always raises
+
+
+_ = StopReason  # re-exported names the docs use

@@ -1,0 +1,317 @@
+"""Google ADK agents under tether's plugin, driven by a scripted ``BaseLlm`` (ADK's own model
+interface, as ADK's tests script theirs)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import AsyncGenerator, Callable, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("google.adk")
+
+from google.adk.agents import LlmAgent
+from google.adk.agents.run_config import RunConfig
+from google.adk.apps import App
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_response import LlmResponse
+from google.adk.runners import InMemoryRunner
+from google.adk.tools.agent_tool import AgentTool
+from google.genai import types
+
+from tether import Budget, Guard, Price, PriceTable, RetryPolicy, StopReason
+from tether.integrations.adk import STATE_KEY, TetherPlugin
+
+MODEL = "gemini-2.5-flash"
+PRICES = PriceTable({MODEL: Price(input=0.30, output=2.50, cache_read=0.03)})
+
+
+def usage() -> types.GenerateContentResponseUsageMetadata:
+    return types.GenerateContentResponseUsageMetadata(
+        prompt_token_count=1000,
+        cached_content_token_count=400,
+        candidates_token_count=80,
+        thoughts_token_count=20,
+    )
+
+
+def call(name: str, args: dict[str, Any], i: int = 0) -> types.Part:
+    return types.Part(function_call=types.FunctionCall(name=name, args=args, id=f"c{i}-{name}"))
+
+
+def reply(*parts: types.Part, text: str = "") -> LlmResponse:
+    said = [types.Part(text=text)] if text else []
+    return LlmResponse(
+        content=types.Content(role="model", parts=[*said, *parts]), usage_metadata=usage()
+    )
+
+
+class Scripted(BaseLlm):  # type: ignore[misc]
+    """A model that answers from a script: ``script(i)`` is its i-th reply."""
+
+    model: str = MODEL
+    script: Any = None
+    calls: int = 0
+
+    async def generate_content_async(
+        self, llm_request: Any, stream: bool = False
+    ) -> AsyncGenerator[LlmResponse, None]:
+        self.calls += 1
+        yield self.script(self.calls - 1)
+
+
+def scripted(replies: Callable[[int], LlmResponse] | list[LlmResponse]) -> Scripted:
+    if isinstance(replies, list):
+        listed = replies
+        return Scripted(script=lambda i: listed[i])
+    return Scripted(script=replies)
+
+
+def guard(**budget: Any) -> Guard:
+    return Guard(
+        budget=Budget(max_steps=40, **budget), prices=PRICES, retry=RetryPolicy(base=0.001)
+    )
+
+
+async def drive(
+    agent: LlmAgent, plugins: list[Any], text: str = "find invoice 99", **config: Any
+) -> list[Any]:
+    runner = InMemoryRunner(app=App(name="shop", root_agent=agent, plugins=plugins))
+    session = await runner.session_service.create_session(app_name="shop", user_id="u")
+    message = types.Content(role="user", parts=[types.Part(text=text)])
+    events = []
+    async for event in runner.run_async(
+        user_id="u", session_id=session.id, new_message=message, run_config=RunConfig(**config)
+    ):
+        events.append(event)
+    return events
+
+
+def drive_sync(agent: LlmAgent, plugins: list[Any], text: str = "find invoice 99") -> list[Any]:
+    """ADK's sync shell: ``Runner.run`` (the async runner on a thread of its own)."""
+    runner = InMemoryRunner(app=App(name="shop", root_agent=agent, plugins=plugins))
+    session = asyncio.run(runner.session_service.create_session(app_name="shop", user_id="u"))
+    message = types.Content(role="user", parts=[types.Part(text=text)])
+    return list(runner.run(user_id="u", session_id=session.id, new_message=message))
+
+
+def last_text(events: list[Any]) -> str:
+    for event in reversed(events):
+        parts = event.content.parts if event.content else []
+        texts = [p.text for p in parts or [] if p.text]
+        if texts:
+            return "".join(texts)
+    return ""
+
+
+SHELLS = {"async": lambda *a: asyncio.run(drive(*a)), "sync": drive_sync}
+
+
+def search_agent() -> tuple[LlmAgent, Scripted, list[str]]:
+    searched: list[str] = []
+
+    def search(query: str) -> str:
+        """Search invoices."""
+        searched.append(query)
+        return "no result"
+
+    model = scripted(lambda i: reply(call("search", {"query": "invoice 99"}, i)))
+    return LlmAgent(name="clerk", model=model, tools=[search]), model, searched
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_repeated_call_is_stopped_with_the_customer_message(shell: str) -> None:
+    agent, model, searched = search_agent()
+    plugin = TetherPlugin(guard())
+    events = SHELLS[shell](agent, [plugin])
+    outcome = plugin.last_outcome
+    assert outcome is not None
+    assert outcome.stopped_because is StopReason.REPEATED_ACTION
+    assert len(searched) <= 3
+    assert model.calls == len(searched) + 1  # the next model call is never made
+    assert last_text(events) == outcome.customer_message
+    assert outcome.usage.model_calls == model.calls  # every call counted, the stop paid nothing
+    assert plugin.outcome(events[-1].invocation_id) is outcome
+
+
+def test_alone_the_same_call_runs_until_max_llm_calls() -> None:
+    from google.adk.agents.invocation_context import LlmCallsLimitExceededError
+
+    agent, _, searched = search_agent()
+    with pytest.raises(LlmCallsLimitExceededError):
+        asyncio.run(drive(agent, [], max_llm_calls=40))
+    assert len(searched) == 40
+
+
+def refund_agent(
+    payments: dict[str, Any], times_out: bool = True
+) -> tuple[LlmAgent, Callable[[str], Any]]:
+    def issue_refund(order: str, amount: float, request_id: str) -> dict[str, Any]:
+        """Refund an order."""
+        payments[request_id] = {"order": order, "amount": amount}
+        if times_out:
+            raise TimeoutError("read timed out")  # the refund commits; the reply is lost
+        return {"refund": request_id}
+
+    def lookup(key: str) -> Any:
+        return next(iter(payments.values()), None)
+
+    def refund(i: int) -> types.Part:
+        return call(
+            "issue_refund", {"order": "A-1", "amount": 49.9, "request_id": uuid.uuid4().hex}, i
+        )
+
+    model = scripted([reply(refund(0)), reply(refund(1)), reply(text="Your refund is on its way.")])
+    return LlmAgent(name="clerk", model=model, tools=[issue_refund]), lookup
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_timed_out_write_reissued_pays_once(shell: str) -> None:
+    payments: dict[str, Any] = {}
+    agent, lookup = refund_agent(payments)
+    plugin = TetherPlugin(guard(), side_effects={"issue_refund": lookup})
+    events = SHELLS[shell](agent, [plugin], "refund order A-1")
+    assert len(payments) == 1
+    outcome = plugin.last_outcome
+    assert outcome is not None and outcome.stopped_because is StopReason.GOAL_REACHED
+    assert last_text(events) == "Your refund is on its way." == outcome.result
+
+
+def test_alone_a_reissued_write_pays_twice() -> None:
+    payments: dict[str, Any] = {}
+    agent, _ = refund_agent(payments, times_out=False)
+    asyncio.run(drive(agent, [], "refund order A-1"))
+    assert len(payments) == 2
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_budget_stop_ends_with_the_customer_message(shell: str) -> None:
+    looked: list[str] = []
+
+    def lookup_order(order: str) -> str:
+        """Find an order."""
+        looked.append(order)
+        return "found"
+
+    model = scripted(lambda i: reply(call("lookup_order", {"order": f"A-{i}"}, i)))
+    plugin = TetherPlugin(guard(max_model_calls=3))
+    events = SHELLS[shell](LlmAgent(name="clerk", model=model, tools=[lookup_order]), [plugin])
+    outcome = plugin.last_outcome
+    assert outcome is not None and outcome.stopped_because is StopReason.MAX_MODEL_CALLS
+    assert model.calls == 3 and len(looked) == 3
+    assert last_text(events) == outcome.customer_message
+    # Gemini's usage: prompt minus cached, candidates plus thoughts, cached read; priced
+    assert outcome.usage.input_tokens == 3 * 600 and outcome.usage.cache_read_tokens == 3 * 400
+    assert outcome.usage.output_tokens == 3 * 100
+    expected = 3 * (600 * 0.30 + 100 * 2.50 + 400 * 0.03) / 1e6
+    assert outcome.usage.cost_usd == pytest.approx(expected)
+
+
+#: ADK's own AgentTool builds its Runner with the deprecated ``plugins=`` (ADK's warning)
+AGENT_TOOL = pytest.mark.filterwarnings("ignore:The `plugins` argument is deprecated")
+
+
+@AGENT_TOOL
+def test_a_sub_agent_as_a_tool_counts_in_the_same_run() -> None:
+    asked: list[int] = []  # ADK runs a copy of the sub-agent (and of its model)
+    child_model = scripted(lambda i: asked.append(i) or reply(text="invoice 99 is paid"))
+    child = LlmAgent(name="billing", model=child_model, description="Answers billing questions.")
+    parent_model = scripted(
+        [reply(call("billing", {"request": "invoice 99"})), reply(text="It is paid.")]
+    )
+    parent = LlmAgent(name="clerk", model=parent_model, tools=[AgentTool(agent=child)])
+    plugin = TetherPlugin(guard())
+    events = asyncio.run(drive(parent, [plugin]))
+    outcome = plugin.last_outcome
+    assert outcome is not None and outcome.stopped_because is StopReason.GOAL_REACHED
+    assert len(asked) == 1 and parent_model.calls == 2
+    assert outcome.usage.model_calls == 3 and outcome.usage.tool_calls == 1
+    assert last_text(events) == "It is paid."
+
+
+@AGENT_TOOL
+def test_a_sub_agent_called_in_a_loop_is_stopped() -> None:
+    asked: list[int] = []
+    child_model = scripted(lambda i: asked.append(i) or reply(text="no idea"))
+    child = LlmAgent(name="billing", model=child_model, description="Answers billing questions.")
+    parent_model = scripted(lambda i: reply(call("billing", {"request": "invoice 99"}, i)))
+    parent = LlmAgent(name="clerk", model=parent_model, tools=[AgentTool(agent=child)])
+    plugin = TetherPlugin(guard())
+    events = asyncio.run(drive(parent, [plugin]))
+    outcome = plugin.last_outcome
+    assert outcome is not None and outcome.stopped_because is StopReason.REPEATED_ACTION
+    assert 1 <= len(asked) <= 3
+    assert last_text(events) == outcome.customer_message
+
+
+def test_parallel_tool_calls_are_each_counted() -> None:
+    looked: list[str] = []
+
+    def lookup_order(order: str) -> str:
+        """Find an order."""
+        looked.append(order)
+        return "found"
+
+    model = scripted(
+        [
+            reply(*(call("lookup_order", {"order": f"A-{n}"}, n) for n in range(3))),
+            reply(text="All three found."),
+        ]
+    )
+    plugin = TetherPlugin(guard(max_tool_calls=2))
+    asyncio.run(drive(LlmAgent(name="clerk", model=model, tools=[lookup_order]), [plugin]))
+    outcome = plugin.last_outcome
+    assert outcome is not None
+    assert outcome.stopped_because is StopReason.MAX_TOOL_CALLS
+    assert len(looked) == 2 and model.calls == 1
+
+
+def test_the_run_is_kept_in_the_session_state() -> None:
+    agent, _, _ = search_agent()
+    plugin = TetherPlugin(guard())
+    runner = InMemoryRunner(app=App(name="shop", root_agent=agent, plugins=[plugin]))
+
+    async def go() -> Any:
+        session = await runner.session_service.create_session(app_name="shop", user_id="u")
+        message = types.Content(role="user", parts=[types.Part(text="find invoice 99")])
+        async for _ in runner.run_async(user_id="u", session_id=session.id, new_message=message):
+            pass
+        return await runner.session_service.get_session(
+            app_name="shop", user_id="u", session_id=session.id
+        )
+
+    session = asyncio.run(go())
+    doc = session.state[STATE_KEY]
+    assert doc["run_id"] == plugin.last_outcome.run_id  # type: ignore[union-attr]
+    assert doc["model_calls"] >= 1
+
+
+def test_a_model_error_is_classified() -> None:
+    class Down(BaseLlm):  # type: ignore[misc]
+        model: str = MODEL
+
+        async def generate_content_async(
+            self, llm_request: Any, stream: bool = False
+        ) -> AsyncGenerator[LlmResponse, None]:
+            raise ValueError("400 INVALID_ARGUMENT: the request is malformed")
+            yield  # pragma: no cover
+
+    plugin = TetherPlugin(guard())
+    events = asyncio.run(drive(LlmAgent(name="clerk", model=Down()), [plugin]))
+    outcome = plugin.last_outcome
+    assert outcome is not None
+    assert outcome.stopped_because in (StopReason.PERMANENT_ERROR, StopReason.ERROR)
+    assert last_text(events) == outcome.customer_message
+
+
+def test_the_plugin_refuses_what_it_cannot_use() -> None:
+    with pytest.raises(TypeError):
+        TetherPlugin("not a guard")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        TetherPlugin(guard(), hand_over="transfer")  # type: ignore[arg-type]
+
+
+_ = (itertools, Iterator)
