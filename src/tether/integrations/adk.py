@@ -97,7 +97,7 @@ def _stop_reply(run: Run) -> LlmResponse:
     )
 
 
-class TetherPlugin(BasePlugin):
+class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped without google-adk
     """tether's guards for every agent of an ADK ``Runner`` (``Runner(plugins=[...])`` or
     ``App(plugins=[...])``).
 
