@@ -10,7 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["Cell", "Column", "Row", "Table", "fixed", "most", "share", "table", "text", "thousands"]
+__all__ = [
+    "UNDEFINED",
+    "Cell",
+    "Column",
+    "Row",
+    "Table",
+    "fixed",
+    "most",
+    "share",
+    "table",
+    "text",
+    "thousands",
+]
 
 #: a table: its header and its rows of cells
 Table = tuple[list[str], list[list[str]]]
@@ -32,11 +44,16 @@ def text(key: str) -> Cell:
     return lambda row: str(row[key])
 
 
-def share(key: str, missing: float | None = None) -> Cell:
-    """A fraction as a percentage with one decimal (``missing``: the value when absent)."""
-    if missing is None:
+#: a figure the run did not measure (pass^4 of a run with fewer than 4 seeds)
+UNDEFINED = "—"
+
+
+def share(key: str, undefined: bool = False) -> Cell:
+    """A fraction as a percentage with one decimal; with ``undefined``, a row without the
+    figure reads :data:`UNDEFINED` (never a 0 it did not measure)."""
+    if not undefined:
         return lambda row: f"{row[key]:.1%}"
-    return lambda row: f"{row.get(key, missing):.1%}"
+    return lambda row: f"{row[key]:.1%}" if row.get(key) is not None else UNDEFINED
 
 
 def fixed(key: str, digits: int) -> Cell:

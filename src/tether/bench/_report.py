@@ -212,7 +212,9 @@ def overhead_rows(suite: dict[str, Any]) -> Table:
 
 
 def markdown_tables(results: dict[str, Any]) -> str:
-    parts = []
+    from tether.bench._summary import summaries
+
+    parts = ["### Summary\n", *(f"- {line}" for line in summaries(results)), ""]
     for title, (head, rows) in _rows(results).items():
         parts.append(f"### {title}\n")
         parts.append("| " + " | ".join(head) + " |")
@@ -222,6 +224,24 @@ def markdown_tables(results: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def narrow_table(title: str, head: list[str], rows: list[list[str]], width: int) -> str:
+    """A table for a narrow terminal: each row a block, its first two cells as the block's
+    heading and the others as ``header: value`` pairs filled into lines of ``width``."""
+    lines = [title, "=" * min(len(title), width)]
+    for row in rows:
+        lines.append(" / ".join(c for c in row[:2] if c))
+        line = " "
+        for h, cell in zip(head[2:], row[2:], strict=True):
+            pair = f" {h}: {cell};"
+            if len(line) + len(pair) > width and line.strip():
+                lines.append(line.rstrip(";"))
+                line = " "
+            line += pair
+        if line.strip():
+            lines.append(line.rstrip(";"))
+    return "\n".join(lines) + "\n"
+
+
 def print_tables(results: dict[str, Any]) -> None:
     try:
         from rich.console import Console
@@ -229,6 +249,8 @@ def print_tables(results: dict[str, Any]) -> None:
     except ImportError:  # the cli extra is not installed: plain text
         print(markdown_tables(results))
         return
+    from tether.bench._summary import summaries
+
     console = Console(width=None if Console().is_terminal else 200)
     for title, (head, rows) in _rows(results).items():
         table = Table(title=title, show_lines=False)
@@ -236,7 +258,14 @@ def print_tables(results: dict[str, Any]) -> None:
             table.add_column(h, overflow="fold")
         for r in rows:
             table.add_row(*r)
-        console.print(table)
+        if console.measure(table).maximum <= console.width:
+            console.print(table)
+        else:  # a terminal too narrow for the table: one block per row, never 3-letter columns
+            console.print(
+                narrow_table(title, head, rows, console.width), highlight=False, markup=False
+            )
+    for line in summaries(results):
+        console.print(line, highlight=False, markup=False)
 
 
 def write_report(results: dict[str, Any], directory: str, command: str) -> Path:

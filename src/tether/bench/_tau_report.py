@@ -23,7 +23,7 @@ __all__ = ["tau_live_tables", "tau_plot", "tau_tables"]
 METRICS: list[Column] = [
     ("λ", text("lam")),
     ("policy", text("policy")),
-    *((f"pass^{k}", share(f"pass^{k}", missing=0.0)) for k in range(1, 5)),
+    *((f"pass^{k}", share(f"pass^{k}", undefined=True)) for k in range(1, 5)),
     ("dup. effects", text("duplicate_effects")),
     ("dishonest", text("dishonest_endings")),
     ("tool execs", text("tool_executions")),
@@ -81,9 +81,9 @@ def tau_tables(tau: dict[str, Any]) -> dict[str, Table]:
 
 
 def _both(lam: str, first: str, second: str) -> Cell:
-    """Two shares of a policy at one λ: ``"a% / b%"`` (0 for one a run with fewer seeds
-    has not measured, as in the table of every metric)."""
-    one, two = share(first, missing=0.0), share(second, missing=0.0)
+    """Two shares of a policy at one λ: ``"a% / b%"`` (``—`` for one a run with fewer
+    seeds has not measured, as in the table of every metric)."""
+    one, two = share(first, undefined=True), share(second, undefined=True)
     return lambda row: f"{one(row['cells'][lam])} / {two(row['cells'][lam])}"
 
 

@@ -1,0 +1,75 @@
+"""The bench's report for the reader: a summary line per suite, undefined figures shown as
+undefined, tables that fit a narrow terminal, a word on the machine's load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tether.bench import _summary
+from tether.bench._columns import UNDEFINED
+from tether.bench._report import narrow_table
+from tether.bench._tau_report import tau_tables
+
+
+def _tau_cell(pass1: float, seeds: int, dishonest: int = 0) -> dict[str, Any]:
+    cell: dict[str, Any] = {f"pass^{k}": pass1 for k in range(1, seeds + 1)}
+    return cell | {"duplicate_effects": 0, "dishonest_endings": dishonest, "tool_executions": 1,
+                   "model_calls": 1, "tokens": 1, "cost_usd": 0.0, "p50_s": 1.0, "p95_s": 1.0,
+                   "endings": {"success": 1}}  # fmt: skip
+
+
+def _tau(seeds: int) -> dict[str, Any]:
+    policies = {"tether": _tau_cell(1.0, seeds), "tether-langchain": _tau_cell(1.0, seeds),
+                "naive": _tau_cell(0.25, seeds, dishonest=2)}  # fmt: skip
+    return {"wall_s": 1.0, "scenarios": {"retail": {"tasks": 2, "seeds": seeds,
+            "lambda": {"0": {"policies": policies}, "0.5": {"policies": policies}}}}}  # fmt: skip
+
+
+def test_an_unmeasured_pass_k_reads_undefined_never_zero() -> None:
+    """With 2 seeds pass^3 and pass^4 are undefined: the tables say so, not 0.0%."""
+    tables = tau_tables(_tau(seeds=2))
+    head, rows = tables["tau retail: every metric"]
+    row = dict(zip(head, rows[0], strict=True))
+    assert (row["pass^2"], row["pass^3"], row["pass^4"]) == ("100.0%", UNDEFINED, UNDEFINED)
+    (_summary_head, summary_rows) = next(v for k, v in tables.items() if "graded" in k)
+    assert f"100.0% / {UNDEFINED}" in summary_rows[0]
+
+
+def test_a_summary_line_per_suite_groups_policies_with_the_same_figures() -> None:
+    """tether and its adapters share a line when their figures agree; peers follow."""
+    agents = {"scenarios": {"outage": {"policies": {
+        "tether": {"duplicate_effects": 0, "runaway": 0, "false_stops": 0, "success": 1.0},
+        "naive": {"duplicate_effects": 7, "runaway": 3, "false_stops": 0, "success": 0.5}}}}}  # fmt: skip
+    lines = _summary.summaries({"suites": {"tau": _tau(seeds=4), "agents": agents}})
+    assert lines[0] == ("agents (1 scenarios): tether: 0 duplicate effects, 0 runaway, "
+                        "0 false stops, 100.0% success; naive: 7 duplicate effects, 3 runaway, "
+                        "0 false stops, 50.0% success")  # fmt: skip
+    assert lines[1] == ("tau retail: tether, tether-langchain: pass^1 at least 100.0%, 0 duplicate "
+                        "effects, 0 dishonest endings; naive: pass^1 at least 25.0%, 0 duplicate "
+                        "effects, 4 dishonest endings")  # fmt: skip
+
+
+def test_a_wide_table_becomes_blocks_that_fit_the_terminal() -> None:
+    """Every line fits 80 columns and every cell is still there, whole."""
+    head = ["scenario", "policy", *(f"metric number {i}" for i in range(12))]
+    rows = [["duplicate-payment", "tether", *(f"{i * 1234.5:,.1f}" for i in range(12))]]
+    text = narrow_table("agents", head, rows, 80)
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert "duplicate-payment / tether" in text
+    for i in range(12):
+        assert f"metric number {i}: {i * 1234.5:,.1f}" in text
+
+
+@pytest.mark.parametrize(("load", "busy"), [(0.5, False), (1.9, True)])
+def test_the_overhead_line_says_when_the_machine_was_busy(
+    monkeypatch: pytest.MonkeyPatch, load: float, busy: bool
+) -> None:
+    """A load above 0.75 per core adds a word on noisy timings to the overhead's line."""
+    monkeypatch.setattr(_summary.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(_summary.os, "cpu_count", lambda: 2)
+    overhead = {"step": {"tether": {"holds": True}}, "end": {"tether": {"holds": False}}}
+    (line,) = _summary.summaries({"suites": {"overhead": overhead}})
+    assert line.startswith("overhead: 1 of 2 goals hold")
+    assert ("the machine was busy: load 1.9 on 2 cores" in line) is busy
