@@ -500,3 +500,40 @@ def test_the_langchain_middleware_passes_its_scopes_through() -> None:
     assert outcome.usage.model_calls == 3
     assert scopes.spent("tenant:acme").model_calls == 3
     assert scopes.spent("tenant:acme").cost_usd == pytest.approx(0.03)
+
+
+def test_pydantic_ai_run_passes_its_scopes_through() -> None:
+    """pydantic_ai.run_sync(..., scopes=...): the 4th request of a run over the tenant's
+    3-call limit is never sent; the run is paused."""
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_ai.usage import RequestUsage
+
+    from tether.integrations import pydantic_ai as ta_pydantic
+
+    sent: list[int] = []
+
+    def respond(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        sent.append(1)
+        part = ToolCallPart("page", {"n": len(sent)}, tool_call_id=f"call_{len(sent)}")
+        return ModelResponse(parts=[part], usage=RequestUsage(input_tokens=1000, output_tokens=0))
+
+    agent: Agent[None, Any] = Agent(FunctionModel(respond, model_name="scripted-model"))
+
+    @agent.tool_plain
+    def page(n: int) -> str:
+        """Read a page."""
+        return f"page {n}"
+
+    scopes = tether.BudgetScopes()
+    scopes.limit("tenant:acme", max_model_calls=3)
+    guard = tether.Guard(
+        scopes=scopes,
+        prices=tether.PriceTable({"scripted-model": tether.Price(input=10.0, output=0.0)}),
+        loops=tether.LoopPolicy(max_repeats=None),
+        checkpoints=tether.Checkpoints.memory(),
+    )
+    outcome = ta_pydantic.run_sync(agent, "read", guard=guard, scopes=("tenant:acme",))
+    assert (outcome.status, outcome.stopped_because) == ("paused", StopReason.BUDGET_REACHED)
+    assert len(sent) == 3 and scopes.spent("tenant:acme").model_calls == 3

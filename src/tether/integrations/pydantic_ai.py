@@ -31,7 +31,7 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Unpack
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError, UnknownModelError
@@ -223,6 +223,7 @@ class TetherCapability(AbstractCapability[Any]):
         *,
         resume: str | None = None,
         key: str | None = None,
+        scopes: Sequence[str] | None = None,
         **rules: Unpack[ToolRuleOptions],
     ) -> None:
         if not isinstance(guard, Guard):
@@ -233,6 +234,8 @@ class TetherCapability(AbstractCapability[Any]):
         self.side_effects = self.rules.side_effects
         self._resume = resume
         self._key = key
+        #: the budget scopes each of its runs spends in (``guard.start(scopes=...)``)
+        self.scopes = scopes
         self._policy = guard.retry.replace(name="model")
         self._live: dict[str, _Live] = {}
         self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
@@ -265,7 +268,7 @@ class TetherCapability(AbstractCapability[Any]):
         run = (
             self.guard.resume(resume)
             if resume
-            else self.guard.start(task=_task(ctx.prompt), key=key)
+            else self.guard.start(task=_task(ctx.prompt), key=key, scopes=self.scopes)
         )
         run.__enter__()
         key = str(ctx.run_id)
@@ -601,6 +604,7 @@ async def run(
     side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
     resume: str | None = None,
     key: str | None = None,
+    scopes: Sequence[str] | None = None,
     **agent_options: Any,
 ) -> Outcome:
     """Run ``agent`` on ``prompt`` under ``guard``; the :class:`tether.Outcome`.
@@ -610,7 +614,8 @@ async def run(
     stopped it). ``requires_approval`` and ``compensate`` (by tool name) are the governance
     options of ``run.call_tool``; ``resume=outcome.checkpoint_id`` continues a run that
     stopped (pass ``message_history=outcome.messages``); ``key`` names the request the run
-    serves (``guard.start(task, key=...)``). Other keyword arguments go to ``agent.run``.
+    serves (``guard.start(task, key=...)``), ``scopes`` the budget scopes it spends in
+    (``guard.start(task, scopes=...)``). Other keyword arguments go to ``agent.run``.
     A run that answers PydanticAI's deferred requests (``deferred_tool_results=`` with the
     paused run's ``message_history``) serves the paused run's request unless ``key`` says
     otherwise, so answering the same approval twice runs its effect once.
@@ -623,14 +628,16 @@ async def run(
     carried = _carried(agent)
     token = None
     if carried is None:
-        capability = TetherCapability(guard, side_effects, resume=resume, key=key, **rules)
+        capability = TetherCapability(
+            guard, side_effects, resume=resume, key=key, scopes=scopes, **rules
+        )
         extra = list(agent_options.pop("capabilities", None) or ())
         agent_options["capabilities"] = [capability, *extra]
     else:  # built with its own (a durable engine refuses a capability added per run)
-        if carried.guard is not guard or side_effects or rules:
+        if carried.guard is not guard or side_effects or rules or scopes is not None:
             raise ValueError(
                 "this agent carries its own TetherCapability: call run() with that "
-                "capability's guard and no side_effects or tool rules (they are the "
+                "capability's guard and no side_effects, tool rules or scopes (they are the "
                 "capability's), or build the agent without it"
             )
         capability = carried
