@@ -1,0 +1,265 @@
+"""Strands Agents under tether: ``Agent(model, tools=[...], hooks=[TetherHooks(guard)])``.
+
+One tether run per agent invocation (``agent(...)``, ``invoke_async``, ``stream_async``:
+``BeforeInvocationEvent`` to ``AfterInvocationEvent``). Every model call is one step,
+checked before it is sent (``BeforeModelCallEvent``: budgets, loops, the cost of the next
+call; a stop cancels the call, and the agent ends with the customer message as its last
+assistant message) and counted after it with the usage Strands reports
+(``AfterModelCallEvent``: input, output and cache tokens), priced. Every tool call goes
+through ``run.acall_tool``: ``BeforeToolCallEvent`` replaces the selected tool with the
+same tool under the run (loop checks, its timeout, its breaker, retries at one layer, and
+the ledger for the tools named in ``side_effects``, which run at most once per intent);
+a call the run refuses is cancelled (``cancel_tool``) with the reason, and the agent's
+loop ends after that round of tools (``agent.cancel(after_current_tools=True)``), its last
+message the customer message. The outcome is ``hooks.last_outcome``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from typing import Any, Unpack
+
+from tether import Guard, Outcome, Run, Stopped, ToolError
+from tether._errors import RunDocumentError, require
+from tether.integrations._common import ToolRuleOptions, ToolRules, require_a_place_to_wait
+
+require("strands", "strands")
+
+from strands.hooks import (  # noqa: E402 - after the extra check
+    AfterInvocationEvent,
+    AfterModelCallEvent,
+    BeforeInvocationEvent,
+    BeforeModelCallEvent,
+    BeforeToolCallEvent,
+    HookProvider,
+    HookRegistry,
+)
+from strands.types.tools import AgentTool  # noqa: E402
+
+__all__ = ["TetherHooks"]
+
+_log = logging.getLogger("tether")
+
+#: where the invocation's run lives in Strands' ``invocation_state``
+RUN_KEY = "tether_run"
+#: set when tether cancelled the model call (Strands reports a zero-usage reply for it)
+_CANCELLED = "tether_cancelled_model_call"
+
+
+def _text(message: Any) -> str:
+    content = message.get("content") if isinstance(message, Mapping) else None
+    return "".join(str(b["text"]) for b in content or () if isinstance(b, Mapping) and "text" in b)
+
+
+def _task(messages: Any) -> str:
+    for message in messages or ():
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            return _text(message)[:200]
+    return ""
+
+
+def _model_name(agent: Any) -> str:
+    config = getattr(agent.model, "config", None)
+    if isinstance(config, Mapping):
+        name = config.get("model_id") or config.get("model")
+        if isinstance(name, str):
+            return name
+    name = getattr(agent.model, "model_id", None)
+    return name if isinstance(name, str) else ""
+
+
+def _stop_loop(agent: Any, run: Run) -> None:
+    """End the agent's loop after this round of tools (no further model call), its last
+    assistant message the customer message."""
+    agent.cancel(message=run.outcome.customer_message, after_current_tools=True)
+
+
+class _GuardedTool(AgentTool):  # type: ignore[misc,unused-ignore]  # untyped without strands
+    """A Strands tool whose call goes through a tether run."""
+
+    def __init__(self, tool: Any, run: Run, options: dict[str, Any], agent: Any) -> None:
+        super().__init__()
+        self._agent = agent
+        self._tool = tool
+        self._run = run
+        self._options = options
+
+    @property
+    def tool_name(self) -> str:
+        return str(self._tool.tool_name)
+
+    @property
+    def tool_spec(self) -> Any:
+        return self._tool.tool_spec
+
+    @property
+    def tool_type(self) -> str:
+        return str(self._tool.tool_type)
+
+    async def stream(
+        self, tool_use: Any, invocation_state: dict[str, Any], **kwargs: Any
+    ) -> AsyncGenerator[Any, None]:
+        from strands.types._events import ToolResultEvent
+
+        tool = self._tool
+        seen: list[Any] = []
+
+        async def attempt(**args: Any) -> Any:
+            final: Any = None
+            async for event in tool.stream({**tool_use, "input": args}, invocation_state, **kwargs):
+                if isinstance(event, ToolResultEvent):
+                    final = event
+                else:
+                    seen.append(event)
+            if final is None:
+                raise RuntimeError(f"tool {self.tool_name!r} ended without a result")
+            if final.exception is not None:  # the tool raised: tether classifies it
+                raise final.exception
+            result = final.tool_result
+            return {"status": result.get("status"), "content": list(result.get("content") or [])}
+
+        use_id = tool_use.get("toolUseId", "")
+        try:
+            result = await self._run.acall_tool(
+                self.tool_name, attempt, dict(tool_use.get("input") or {}), **self._options
+            )
+        except ToolError as exc:
+            result = {"status": "error", "content": [{"text": exc.model_message}]}
+        except Stopped as exc:
+            _stop_loop(self._agent, self._run)
+            result = {"status": "error", "content": [{"text": f"stopped: {exc.reason.value}"}]}
+        for event in seen:
+            yield event
+        if not isinstance(result, Mapping) or "content" not in result:
+            result = {"status": "success", "content": [{"text": str(result)}]}
+        yield ToolResultEvent(
+            {
+                "toolUseId": use_id,
+                "status": result.get("status") or "success",
+                "content": list(result["content"]),
+            }
+        )
+
+
+class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
+    """tether's guards for a Strands agent (``Agent(hooks=[TetherHooks(guard)])``).
+
+    ``side_effects`` names the non-idempotent tools: a mapping of tool name to its
+    ``lookup`` (the provider's records, or None), or an iterable of names; they run at most
+    once per intent through the guard's ledger. ``key`` names the request an invocation
+    serves (``guard.start(key=)``): a string, or a function of the invocation state; None:
+    every invocation is its own request. ``timeouts``, ``requires_approval``,
+    ``compensate`` and ``labels`` (by tool name) are the options of ``run.call_tool``.
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+        *,
+        key: str | Callable[[dict[str, Any]], str | None] | None = None,
+        **rules: Unpack[ToolRuleOptions],
+    ) -> None:
+        if not isinstance(guard, Guard):
+            raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+        if key is not None and not callable(key) and (not isinstance(key, str) or not key.strip()):
+            raise ValueError(f"key must be a request id (str), a function, or None, got {key!r}")
+        self.guard = guard
+        self.key = key
+        self.rules = ToolRules(side_effects, **rules)
+        require_a_place_to_wait(guard, self.rules.needing_approval())
+        self.side_effects = self.rules.side_effects
+        #: the outcome of the invocation that ended last
+        self.last_outcome: Outcome | None = None
+
+    def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        registry.add_callback(BeforeInvocationEvent, self._begin)
+        registry.add_callback(BeforeModelCallEvent, self._before_model)
+        registry.add_callback(AfterModelCallEvent, self._after_model)
+        registry.add_callback(BeforeToolCallEvent, self._before_tool)
+        registry.add_callback(AfterInvocationEvent, self._end)
+
+    def _key(self, invocation_state: dict[str, Any]) -> str | None:
+        if callable(self.key):
+            key = self.key(invocation_state)
+            if key is not None and (not isinstance(key, str) or not key.strip()):
+                raise ValueError(f"key(invocation_state) must return a request id, got {key!r}")
+            return key
+        return self.key
+
+    @staticmethod
+    def _run(invocation_state: dict[str, Any]) -> Run:
+        run = invocation_state.get(RUN_KEY)
+        if not isinstance(run, Run):
+            raise RunDocumentError(
+                "the Strands invocation has no tether run (TetherHooks' BeforeInvocationEvent "
+                "did not run for it): it cannot go on unguarded"
+            )
+        return run
+
+    def _begin(self, event: Any) -> None:
+        state = event.invocation_state
+        messages = event.messages if event.messages is not None else event.agent.messages
+        run = self.guard.start(task=_task(messages), key=self._key(state))
+        run.__enter__()
+        state[RUN_KEY] = run
+        state.pop(_CANCELLED, None)
+
+    def _before_model(self, event: Any) -> None:
+        state = event.invocation_state
+        run = self._run(state)
+        if run.stopped is None and run.proceed():
+            try:
+                run.begin_model_call(model=_model_name(event.agent))
+                return
+            except Stopped:
+                pass
+        state[_CANCELLED] = True
+        event.cancel = run.outcome.customer_message
+
+    def _after_model(self, event: Any) -> None:
+        state = event.invocation_state
+        run = self._run(state)
+        if state.get(_CANCELLED) or event.stop_response is None:
+            if event.exception is not None and not state.get(_CANCELLED):
+                run.model_call_failed(event.exception)  # classified; Strands raises it on
+            return
+        message = event.stop_response.message
+        usage = (
+            (message.get("metadata") or {}).get("usage") if isinstance(message, Mapping) else None
+        )
+        model = _model_name(event.agent)
+        if not usage:
+            run.record_model_call(model=model, unmeasured=True)
+        else:
+            run.record_model_call(
+                model=model,
+                input_tokens=int(usage.get("inputTokens") or 0),
+                output_tokens=int(usage.get("outputTokens") or 0),
+                cache_read_tokens=int(usage.get("cacheReadInputTokens") or 0),
+                cache_write_tokens=int(usage.get("cacheWriteInputTokens") or 0),
+            )
+
+    def _before_tool(self, event: Any) -> None:
+        run = self._run(event.invocation_state)
+        if run.stopped is not None:
+            _stop_loop(event.agent, run)
+            event.cancel_tool = f"stopped: {run.stopped.value}"
+            return
+        tool = event.selected_tool
+        if tool is None:  # a tool the model named that does not exist: Strands answers it
+            return
+        options = self.rules.options(str(tool.tool_name))
+        event.selected_tool = _GuardedTool(tool, run, options, event.agent)
+
+    def _end(self, event: Any) -> None:
+        state = event.invocation_state
+        run = state.pop(RUN_KEY, None)
+        if not isinstance(run, Run):
+            return
+        if run.stopped is None:
+            result = event.result
+            run.succeed(_text(getattr(result, "message", None)) if result is not None else None)
+        run.__exit__(None, None, None)
+        self.last_outcome = run.outcome

@@ -1,0 +1,236 @@
+"""Strands agents under tether's hooks, driven by a scripted model (Strands' own ``Model``
+interface, as its tests' ``MockedModelProvider`` scripts theirs)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import pytest
+
+pytest.importorskip("strands")
+
+from strands import Agent, tool
+from strands.models import Model
+
+from tether import Budget, Guard, Price, PriceTable, RetryPolicy, StopReason
+from tether.integrations.strands import TetherHooks
+
+MODEL = "us.anthropic.claude-sonnet-4-6"
+PRICES = PriceTable({MODEL: Price(input=3.0, output=15.0, cache_read=0.30)})
+USAGE = {"inputTokens": 1000, "outputTokens": 100, "totalTokens": 1100, "cacheReadInputTokens": 400}
+
+
+def use(name: str, args: dict[str, Any], i: int = 0) -> dict[str, Any]:
+    return {"toolUse": {"name": name, "toolUseId": f"t{i}-{name}", "input": args}}
+
+
+def text(said: str) -> dict[str, Any]:
+    return {"text": said}
+
+
+class Scripted(Model):  # type: ignore[misc]
+    """A model that streams ``script(i)`` (content blocks) as its i-th reply, with usage."""
+
+    def __init__(self, script: Callable[[int], list[dict[str, Any]]]) -> None:
+        self.script = script
+        self.calls = 0
+        self.config = {"model_id": MODEL}
+
+    def update_config(self, **config: Any) -> None:
+        self.config.update(config)
+
+    def get_config(self) -> Any:
+        return self.config
+
+    async def structured_output(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    async def stream(self, messages: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+        blocks = self.script(self.calls)
+        self.calls += 1
+        yield {"messageStart": {"role": "assistant"}}
+        stop = "end_turn"
+        for block in blocks:
+            if "text" in block:
+                yield {"contentBlockStart": {"start": {}}}
+                yield {"contentBlockDelta": {"delta": {"text": block["text"]}}}
+            else:
+                stop = "tool_use"
+                call = block["toolUse"]
+                start = {"toolUse": {"name": call["name"], "toolUseId": call["toolUseId"]}}
+                yield {"contentBlockStart": {"start": start}}
+                yield {
+                    "contentBlockDelta": {
+                        "delta": {"toolUse": {"input": json.dumps(call["input"])}}
+                    }
+                }
+            yield {"contentBlockStop": {}}
+        yield {"messageStop": {"stopReason": stop}}
+        yield {"metadata": {"usage": dict(USAGE), "metrics": {"latencyMs": 1}}}
+
+
+def guard(**budget: Any) -> Guard:
+    return Guard(
+        budget=Budget(max_steps=40, **budget), prices=PRICES, retry=RetryPolicy(base=0.001)
+    )
+
+
+def answer_text(result: Any) -> str:
+    return "".join(b.get("text", "") for b in result.message["content"])
+
+
+SHELLS: dict[str, Callable[[Agent, str], Any]] = {
+    "sync": lambda agent, said: agent(said),
+    "async": lambda agent, said: asyncio.run(agent.invoke_async(said)),
+}
+
+
+def search_agent(hooks: list[Any]) -> tuple[Agent, Scripted, list[str]]:
+    searched: list[str] = []
+
+    @tool
+    def search(query: str) -> str:
+        """Search invoices."""
+        searched.append(query)
+        return "no result"
+
+    model = Scripted(lambda i: [use("search", {"query": "invoice 99"}, i)])
+    agent = Agent(model=model, tools=[search], hooks=hooks, callback_handler=None)
+    return agent, model, searched
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_repeated_call_is_stopped_with_the_customer_message(shell: str) -> None:
+    hooks = TetherHooks(guard())
+    agent, model, searched = search_agent([hooks])
+    result = SHELLS[shell](agent, "find invoice 99")
+    outcome = hooks.last_outcome
+    assert outcome is not None and outcome.stopped_because is StopReason.REPEATED_ACTION
+    assert len(searched) <= 3
+    assert model.calls == outcome.usage.model_calls  # the stop paid for no further call
+    assert answer_text(result) == outcome.customer_message
+
+
+def test_alone_the_same_call_repeats_until_the_script_ends() -> None:
+    agent, model, searched = search_agent([])
+    model.script = lambda i: [use("search", {"query": "invoice 99"}, i)] if i < 40 else [text("?")]
+    agent("find invoice 99")
+    assert len(searched) == 40  # no limit of its own
+
+
+def refund_agent(payments: dict[str, Any], hooks: list[Any], times_out: bool = True) -> Agent:
+    @tool
+    def issue_refund(order: str, amount: float, request_id: str) -> dict[str, Any]:
+        """Refund an order."""
+        payments[request_id] = {"order": order, "amount": amount}
+        if times_out:
+            raise TimeoutError("read timed out")  # the refund commits; the reply is lost
+        return {"refund": request_id}
+
+    def script(i: int) -> list[dict[str, Any]]:
+        if i < 2:
+            args = {"order": "A-1", "amount": 49.9, "request_id": uuid.uuid4().hex}
+            return [use("issue_refund", args, i)]
+        return [text("Your refund is on its way.")]
+
+    return Agent(model=Scripted(script), tools=[issue_refund], hooks=hooks, callback_handler=None)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_timed_out_write_reissued_pays_once(shell: str) -> None:
+    payments: dict[str, Any] = {}
+    hooks = TetherHooks(
+        guard(), side_effects={"issue_refund": lambda key: next(iter(payments.values()), None)}
+    )
+    result = SHELLS[shell](refund_agent(payments, [hooks]), "refund order A-1")
+    assert len(payments) == 1
+    outcome = hooks.last_outcome
+    assert outcome is not None and outcome.stopped_because is StopReason.GOAL_REACHED
+    assert answer_text(result) == "Your refund is on its way." == outcome.result
+
+
+def test_alone_a_reissued_write_pays_twice() -> None:
+    payments: dict[str, Any] = {}
+    refund_agent(payments, [])("refund order A-1")
+    assert len(payments) == 2
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_budget_stop_ends_with_the_customer_message(shell: str) -> None:
+    looked: list[str] = []
+
+    @tool
+    def lookup_order(order: str) -> str:
+        """Find an order."""
+        looked.append(order)
+        return "found"
+
+    model = Scripted(lambda i: [use("lookup_order", {"order": f"A-{i}"}, i)])
+    hooks = TetherHooks(guard(max_model_calls=3))
+    agent = Agent(model=model, tools=[lookup_order], hooks=[hooks], callback_handler=None)
+    result = SHELLS[shell](agent, "find my orders")
+    outcome = hooks.last_outcome
+    assert outcome is not None and outcome.stopped_because is StopReason.MAX_MODEL_CALLS
+    assert model.calls == 3 and len(looked) == 3
+    assert answer_text(result) == outcome.customer_message
+    assert outcome.usage.model_calls == 3
+    assert outcome.usage.input_tokens == 3 * 1000 and outcome.usage.cache_read_tokens == 3 * 400
+    expected = 3 * (1000 * 3.0 + 100 * 15.0 + 400 * 0.30) / 1e6
+    assert outcome.usage.cost_usd == pytest.approx(expected)
+
+
+def test_parallel_tool_calls_are_each_counted() -> None:
+    looked: list[str] = []
+
+    @tool
+    def lookup_order(order: str) -> str:
+        """Find an order."""
+        looked.append(order)
+        return "found"
+
+    def script(i: int) -> list[dict[str, Any]]:
+        if i == 0:
+            return [use("lookup_order", {"order": f"A-{n}"}, n) for n in range(3)]
+        return [text("All found.")]
+
+    model = Scripted(script)
+    hooks = TetherHooks(guard(max_tool_calls=2))
+    agent = Agent(model=model, tools=[lookup_order], hooks=[hooks], callback_handler=None)
+    result = agent("find my orders")
+    outcome = hooks.last_outcome
+    assert outcome is not None and outcome.stopped_because is StopReason.MAX_TOOL_CALLS
+    assert len(looked) == 2 and model.calls == 1  # the loop ends after that round of tools
+    assert outcome.usage.tool_calls == 2
+    assert answer_text(result) != "All found."
+
+
+def test_a_sub_agent_as_a_tool_counts_in_its_own_run() -> None:
+    """A Strands agent used as a tool is an agent of its own: its hooks, its run."""
+    child_hooks = TetherHooks(guard())
+    child = Agent(model=Scripted(lambda i: [text("invoice 99 is paid")]), hooks=[child_hooks],
+                  callback_handler=None)  # fmt: skip
+
+    @tool
+    def billing(request: str) -> str:
+        """Answer billing questions."""
+        return answer_text(child(request))
+
+    def script(i: int) -> list[dict[str, Any]]:
+        return [use("billing", {"request": "invoice 99"})] if i == 0 else [text("It is paid.")]
+
+    hooks = TetherHooks(guard())
+    parent = Agent(model=Scripted(script), tools=[billing], hooks=[hooks], callback_handler=None)
+    assert answer_text(parent("is invoice 99 paid?")) == "It is paid."
+    assert hooks.last_outcome is not None and child_hooks.last_outcome is not None
+    assert hooks.last_outcome.usage.model_calls == 2 and hooks.last_outcome.usage.tool_calls == 1
+    assert child_hooks.last_outcome.usage.model_calls == 1
+
+
+def test_the_hooks_refuse_what_they_cannot_use() -> None:
+    with pytest.raises(TypeError):
+        TetherHooks("not a guard")  # type: ignore[arg-type]
