@@ -234,7 +234,10 @@ def _plain(value: Any, pii: bool, depth: int, key: str) -> Any:
             tier = tiers.get(name)
             if tier is None:
                 tier = _tier(name)
-            if tier and ((tier == 2 and v not in (None, "")) or (tier == 1 and _weak_secret(v))):
+            if tier and (
+                (tier == 2 and v not in (None, "") and type(v) is not bool)
+                or (tier == 1 and _weak_secret(v))
+            ):
                 out[k] = REDACTED
                 continue
             vk = type(v)
@@ -279,7 +282,10 @@ def _scrub(value: Any, depth: int, key: str, memo: dict[tuple[str, bool, str], s
             tier = tiers.get(k)
             if tier is None:
                 tier = _tier(k)
-            if tier and ((tier == 2 and v not in (None, "")) or (tier == 1 and _weak_secret(v))):
+            if tier and (
+                (tier == 2 and v not in (None, "") and type(v) is not bool)
+                or (tier == 1 and _weak_secret(v))
+            ):
                 value[k] = REDACTED
                 continue
             vk = type(v)
@@ -330,7 +336,9 @@ def _any(value: Any, extra: re.Pattern[str] | None, pii: bool, depth: int, key: 
         for k, v in value.items():
             name = str(k)
             tier = 2 if extra is not None and extra.search(name) else _tier(name)
-            if (tier == 2 and v not in (None, "")) or (tier == 1 and _weak_secret(v)):
+            if (tier == 2 and v not in (None, "") and type(v) is not bool) or (
+                tier == 1 and _weak_secret(v)
+            ):
                 out[k] = REDACTED
             else:
                 out[k] = _redact(v, extra, pii, depth + 1, name)
@@ -563,7 +571,9 @@ def _copy(value: Any, depth: int, thought: bool = False) -> Any:
 
 def _field(name: str, value: Any, depth: int) -> Any:
     tier = _tier(name)
-    if (tier == 2 and value not in (None, "")) or (tier == 1 and _weak_secret(value)):
+    if (tier == 2 and value not in (None, "") and type(value) is not bool) or (
+        tier == 1 and _weak_secret(value)
+    ):
         return REDACTED
     return _copy(value, depth + 1)
 
@@ -626,7 +636,9 @@ def redact_tagged(value: Any, tags: Mapping[str, Any]) -> Any:
     out = {}
     for k, v in value.items():
         tier = _tier(k.lstrip("$"))
-        secret = (tier == 2 and v not in (None, "")) or (tier == 1 and _weak_secret(v))
+        secret = (tier == 2 and v not in (None, "") and type(v) is not bool) or (
+            tier == 1 and _weak_secret(v)
+        )
         out[k] = REDACTED if secret else redact_tagged(v, tags)
     return _named_value(value, out)
 

@@ -31,14 +31,25 @@ SECRET_NAMES: set[str] = {
         " x_api_key access_key private_key aws_secret_access_key account_key shared_access_key"
         " shared_access_signature access_token refresh_token id_token auth_token session_token"
         " bearer authorization proxy_authorization cookie set_cookie sessionid credentials"
-        " card_number cardnumber cvc cvv cvv2 ssn"
+        " card_number cardnumber cvc cvv cvv2 ssn pass pword passw"
     ),
 }
 
 
 # the last part of a compound name that makes it a secret (``stripe_secret``, ``csrf_token``)
 _STRONG_LAST = _words(
-    "password passwd pwd passphrase passcode secret token cookie apikey credentials"
+    "password passwd pwd pass passphrase passcode secret token cookie apikey credentials"
+)
+
+
+#: a name written as one word or in pieces (``secretkey``, ``pass_phrase``, ``privatekey``,
+#: ``signing_key``) is a secret's when, its separators dropped, it ends with one of these
+_SQUASHED_ENDINGS = tuple(
+    _words(
+        "password passwd passphrase passcode secretkey apikey apisecret apitoken privatekey"
+        " accesskey signingkey encryptionkey masterkey clientsecret authtoken accesstoken"
+        " refreshtoken sessiontoken secrettoken"
+    )
 )
 
 
@@ -79,7 +90,12 @@ def _tier(name: str) -> int:
     last = n.rsplit("_", 1)[-1]
     if n in WEAK_NAMES and n not in _state.get("strong_added", ()):
         tier = 1
-    elif n in SECRET_NAMES or last in _STRONG_LAST or n.endswith(_STRONG_SUFFIXES):
+    elif (
+        n in SECRET_NAMES
+        or last in _STRONG_LAST
+        or n.endswith(_STRONG_SUFFIXES)
+        or n.replace("_", "").endswith(_SQUASHED_ENDINGS)
+    ):
         tier = 2
     elif last in WEAK_NAMES:
         tier = 1

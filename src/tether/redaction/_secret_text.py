@@ -11,6 +11,7 @@ from tether.redaction._secret_names import (
     _extra_patterns,
     _fragments,
     _looks_secret,
+    _normalise,
     _state,
     _tier,
     _words,
@@ -42,9 +43,9 @@ _SHAPES = [
     r"xox[abposre]-[\w-]{10,}",  # slack-bot-token, -user-token, -legacy-*
     r"xapp-\d-[\w-]{10,}",  # slack-app-token
     r"hooks\.slack\.com/(?:services|workflows|triggers)/[\w+/-]{8,}",  # slack-webhook-url
-    r"[\w-]+\.webhook\.office\.com/webhookb2/[^\s\"'<>]+",  # microsoft-teams-webhook
-    r"discord(?:app)?\.com/api/webhooks/\d+/[\w-]+",
-    r"(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|A3T[A-Z0-9])[A-Z0-9]{16}(?![A-Z0-9])",  # aws-access-token
+    r"discord(?:app)?\.com/api/(?:v\d+/)?webhooks/\d+/[\w-]+",  # discord-webhook (ptb., canary.)
+    r"[MNO][A-Za-z\d_-]{23,27}\.[\w-]{6,7}\.[\w-]{27,40}",  # discord bot token (detect-secrets)
+    r"A(?:KIA|SIA|BIA|CCA|GPA|IDA|ROA|NPA|NVA|IPA|3T[A-Z0-9])[A-Z0-9]{16}(?![A-Z0-9])",  # aws-access-token
     r"AIza[\w-]{35}",  # gcp-api-key
     r"GOCSPX-[\w-]{20,}",  # Google OAuth client secret
     r"ya29\.[\w-]{20,}",  # Google OAuth access token
@@ -53,7 +54,8 @@ _SHAPES = [
     r"hf_[A-Za-z0-9]{30,}",  # huggingface-access-token
     r"api_org_[A-Za-z0-9]{30,}",  # huggingface-organization-api-token
     r"SG\.[\w-]{16,}\.[\w-]{16,}",  # sendgrid-api-token
-    r"(?:AC|SK)[0-9a-fA-F]{32}(?![0-9a-fA-F])",  # twilio-api-key (detect-secrets TwilioKeyDetector)
+    r"AC[0-9a-fA-F]{32}(?![0-9a-fA-F])",  # Twilio account SID (detect-secrets TwilioKeyDetector)
+    r"SK[0-9a-fA-F]{32}(?![0-9a-fA-F])",  # twilio-api-key
     r"pypi-AgE[\w-]{50,}",  # pypi-upload-token
     r"do[por]_v1_[a-f0-9]{64}",  # digitalocean-pat, -access-token, -refresh-token
     r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}",  # shopify-*
@@ -66,8 +68,11 @@ _SHAPES = [
     r"lin_api_[A-Za-z0-9]{40}",  # linear-api-key
     r"PMAK-[a-fA-F0-9]{24}-[a-fA-F0-9]{34}",  # postman-api-token
     r"sntry[su]_[\w+/=]{40,}",  # sentry-user-token, sentry-org-token
-    r"dp\.pt\.[A-Za-z0-9]{40,}",  # doppler-api-token
+    r"dp\.(?:pt|st|ct|sa|scim|audit)\.(?:[\w-]{1,40}\.)?[A-Za-z0-9]{40,}",  # doppler-*-token
     r"AGE-SECRET-KEY-1[0-9A-Z]{58}",  # age-secret-key
+    r"age-secret-key-1[0-9a-z]{58}",  # the same, lower-case (bech32 reads either)
+    r"AGE-PLUGIN-[A-Z0-9]+-1[0-9A-Z]{20,}",  # an age plugin's identity
+    r"AAAA[\w-]{7}:[\w-]{100,}",  # Firebase Cloud Messaging server key
     r"sq0(?:atp|csp)-[\w-]{22,}",  # square-access-token (detect-secrets SquareOAuthDetector)
     r"key-[a-f0-9]{32}",  # mailgun-private-api-token
     r"ATATT3[\w=-]{50,}",  # atlassian-api-token
@@ -80,16 +85,32 @@ _SHAPES = [
     r"LTAI[A-Za-z0-9]{20}",  # alibaba-access-key-id
     r"EAA[MC][A-Za-z0-9]{100,}",  # facebook-page-access-token
     r"AKCp[A-Za-z0-9]{60,}",  # artifactory-api-key
-    r"ntn_\d{11}[A-Za-z0-9]{35}",  # notion-api-token
+    r"ntn_[A-Za-z0-9]{40,}",  # notion-api-token
+    r"secret_[A-Za-z0-9]{43}(?![A-Za-z0-9])",  # Notion's integration token before ntn_
     r"sha256~[\w-]{43}",  # openshift-user-token
 ]
 
 
 # shapes that begin with no fixed prefix (tried only when their marker is in the text)
 _LOOSE_SHAPES = [
+    (
+        ".webhook.office.com",
+        r"[\w-]+\.webhook\.office\.com/webhookb2/[^\s\"'<>]+",
+    ),  # microsoft-teams
     (r"Q~", r"[\w~.]{3}\dQ~[\w~.-]{31,34}"),  # azure-ad-client-secret
     (r"-us", r"[0-9a-f]{32}-us\d{1,2}"),  # mailchimp-api-key
     (r":AA", r"\d{8,10}:AA[\w-]{33}"),  # telegram-bot-api-token
+]
+
+
+# shapes that are secrets only beside their context (contexts, markers, the shape): a Twilio
+# auth token is 32 hex digits, like any MD5, and is one only where Twilio or an account SID is
+_CONTEXT_SHAPES = [
+    (
+        ("wilio", "WILIO", "AC"),
+        r"[Tt]wilio|TWILIO|(?<![A-Za-z0-9])AC[0-9a-fA-F]{32}(?![0-9a-fA-F])",
+        r"(?<![0-9A-Za-z])[0-9a-fA-F]{32}(?![0-9A-Za-z])",
+    ),
 ]
 
 
@@ -112,7 +133,7 @@ _AUTH_SCHEME = re.compile(r"(bearer|basic|digest|token|bot)(\s+)([a-z0-9._~+/=-]
 # of name=value, name: value, "name": "value", name='value' (reprs), ?name=value, and
 # ("name", "value") pairs
 _PAIR_TAIL = re.compile(
-    r"([\"']?)(\s*[:=]\s*|\s*,\s*)((?:[Bb]earer|[Bb]asic|[Dd]igest|[Tt]oken|BEARER|BASIC)\s+)?"
+    r"([\"']?)(\s*(?:=>|[:=]|%3[Dd])\s*|\s*,\s*)((?:[Bb]earer|[Bb]asic|[Dd]igest|[Tt]oken|BEARER|BASIC)\s+)?"
     r"(\[redacted\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s\"'&,;)}\]<>]+)"
 )
 
@@ -120,18 +141,48 @@ _PAIR_TAIL = re.compile(
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
 
-# {"name": "api_key", "value": "..."}: a secret named in one field, its value in the next
+# {"name": "api_key", "value": "..."}: a secret named in one field, its value in the next;
+# also as attributes: <add key="ApiKey" value="..."/>
 _NAMED_VALUE = re.compile(
-    r"([\"']?)(?:name|key|header|field)\1\s*[:=]\s*([\"'])([\w.-]{1,60})\2\s*,\s*"
+    r"([\"']?)(?:name|key|header|field)\1\s*[:=]\s*([\"'])([\w.-]{1,60})\2(?:\s*,\s*|\s+)"
     r"([\"']?)value\4\s*[:=]\s*(\[redacted\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s\"',;)}\]]+)"
 )
 
 
-# "my password is hunter2", "the api key was sk-..."
+# what a secret is for, in prose: "for the db", "to the admin account"
+_QUALIFIER = (
+    r"\s+(?:for|to|of|on)\s+(?:(?:the|my|our|your|this|that|an?)\s+)?[\w.@/:-]{1,60}"
+    r"(?:\s+(?:account|server|database|db|user|box|host|vault|instance|site|app))?"
+)
+
+
+# "my password is hunter2", "the api key was sk-...", "the password for the db is X",
+# "my password's X", "the password to the vault: X"
 _SAID = re.compile(
     r"(pass(?:word|code|phrase)|passwd|pin(?: code)?|secret|api[ _-]?key|access key|token|otp)"
-    r"(\s+(?:is|was|=)\s+)[\"']?([^\s\"',;]+)"
+    rf"((?:{_QUALIFIER})?(?:\s+(?:is|was|=)\s+|'s\s+|\s+is:\s+)|(?:{_QUALIFIER})\s*:\s+)"
+    r"[\"']?([^\s\"',;]+)"
 )
+
+
+# a secret's name and its value with only blanks between (``passwd hunter2``,
+# ``--api-key 9f8e...``): read for the names of :func:`_spaced_name`, the value judged by
+# :func:`_spaced_value`
+_SPACED_TAIL = re.compile(r"([ \t]+)([^\s\"'&,;)}\]<>]+)")
+
+
+# values after a secret's name that are no secret: dates and ISO timestamps, a retail id
+_NOT_A_VALUE = re.compile(
+    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?|#?[A-Z]\d{5,}"
+)
+
+
+# a .netrc's (or an FTP script's) ``machine h login u password p``: any p is the password
+_NETRC = re.compile(r"(?<![\w-])(?:password|passwd)[ \t]+(\S+)")
+
+
+# <password>hunter2</password>: an element named a secret
+_ELEMENT = re.compile(r"<([A-Za-z_][\w.:-]{0,60})>([^<]{1,200})</\1>")
 
 
 _PLAIN_WORDS = _words(
@@ -180,6 +231,9 @@ def _compiled() -> dict[str, Any]:
         found = {
             "shapes": re.compile(rf"(?<![A-Za-z0-9])(?:{shapes})"),
             "loose": [(m, re.compile(rf"(?<![\w~.]){p}")) for m, p in _LOOSE_SHAPES],
+            "context": [
+                (markers, re.compile(c), re.compile(p)) for markers, c, p in _CONTEXT_SHAPES
+            ],
             "extra": re.compile("|".join(f"(?:{p.pattern})" for p in _extra_patterns))
             if _extra_patterns
             else None,
@@ -258,33 +312,81 @@ def _done(value: str) -> bool:
 
 
 def _pairs(
-    text: str, low: str, fragments: re.Pattern[str], spans: list[tuple[int, int, str]]
+    text: str,
+    low: str,
+    fragments: re.Pattern[str],
+    hit: re.Match[str] | None,
+    spans: list[tuple[int, int, str]],
 ) -> None:
-    """``name=value`` pairs of the secret names: each hit of a name's last part is widened
-    to the whole name, then the separator and the value after it are read."""
-    pos, n = 0, len(text)
-    while True:
-        hit = fragments.search(low, pos)
-        if hit is None:
-            return
-        start, end = hit.start(), hit.end()
-        while start > 0 and text[start - 1] in _KEY_CHARS:
-            start -= 1
-        while end < n and text[end] in _KEY_CHARS:
-            end += 1
-        pos = end
-        tail = _PAIR_TAIL.match(text, end)
-        if tail is None or not (text[start].isalpha() or text[start] == "_"):
-            continue
-        quote, sep, _, value = tail.groups()
-        if quote and (start == 0 or text[start - 1] != quote):
-            continue
-        if _done(value) or ("," in sep and not _pair_in_list(text, quote, value, tail.end())):
-            continue  # done already; a list of words, not ("name", "value")
-        tier = _tier(text[start:end])
-        if tier == 2 or (tier == 1 and _looks_secret(value)):
-            spans.append((tail.start(4), tail.end(4), _quoted(value)))
-        pos = tail.end()
+    """``name=value`` pairs of the secret names: each hit of a name's last part (the first
+    is ``hit``) is widened to the whole name, then the separator and the value after it
+    are read."""
+    while hit is not None:
+        hit = fragments.search(low, _pair(text, hit, spans))
+
+
+def _pair(text: str, hit: re.Match[str], spans: list[tuple[int, int, str]]) -> int:
+    """The pair of the name ``hit`` is part of, if it is one; where to look on."""
+    start, end, n = hit.start(), hit.end(), len(text)
+    while start > 0 and text[start - 1] in _KEY_CHARS:
+        start -= 1
+    while end < n and text[end] in _KEY_CHARS:
+        end += 1
+    flag = text[start] == "-"
+    while start < end and text[start] == "-":  # --password=...: the flag's name
+        start += 1
+    if not (text[start].isalpha() or text[start] == "_"):
+        return end
+    tail = _PAIR_TAIL.match(text, end)
+    if tail is None:
+        if end < n and text[end] in " \t":
+            _spaced(text, start, end, flag, spans)
+        return end
+    quote, sep, _, value = tail.groups()
+    if quote and (start == 0 or text[start - 1] != quote):
+        return end
+    if _done(value) or ("," in sep and not _pair_in_list(text, quote, value, tail.end())):
+        return end  # done already; a list of words, not ("name", "value")
+    tier = _tier(text[start:end])
+    if tier == 2 or (tier == 1 and _looks_secret(value)):
+        spans.append((tail.start(4), tail.end(4), _quoted(value)))
+    return tail.end()
+
+
+def _spaced(text: str, start: int, end: int, flag: bool, spans: list[tuple[int, int, str]]) -> None:
+    """``passwd hunter2``, ``--pass hunter2``: a secret's name (a command's flag: any
+    secret's name), blanks, and a value that looks like one."""
+    tail = _SPACED_TAIL.match(text, end)
+    name = text[start:end]
+    if tail is None or not (_tier(name) == 2 if flag else _spaced_name(name)):
+        return
+    value = tail.group(2).rstrip(".!?:")
+    if _spaced_value(value):
+        spans.append((tail.start(2), tail.start(2) + len(value), REDACTED))
+
+
+def _spaced_name(name: str) -> bool:
+    """A name whose value may follow it after a blank: a password's, or a compound secret's
+    name (``api_key``, ``X-Api-Key``, ``client_secret``); not ``pass``, ``secret`` or
+    ``token`` alone (words of prose: "pass A-1001 to billing")."""
+    if _tier(name) != 2:
+        return False
+    n = _normalise(name)
+    return "_" in n or n in _SPACED_WORDS
+
+
+_SPACED_WORDS = _words("password passwd passphrase passcode apikey secretkey privatekey")
+
+
+def _spaced_value(value: str) -> bool:
+    """A value after a blank that is a secret: not a word of prose, a date or an id."""
+    if len(value) < 4 or value.lower() in _PLAIN_WORDS or _NOT_A_VALUE.fullmatch(value):
+        return False
+    if value.isdigit():
+        return True  # a PIN, a numeric password
+    if value.isalpha():
+        return len(value) >= 16 or not (value.islower() or value[1:].islower())
+    return any(c.isalpha() for c in value) or len(value) >= 8
 
 
 def _pair_in_list(text: str, quote: str, value: str, end: int) -> bool:
@@ -303,6 +405,21 @@ def _named_values(text: str, low: str, spans: list[tuple[int, int, str]]) -> Non
             spans.append((m.start(5), m.end(5), _quoted(value)))
 
 
+def _netrc(text: str, low: str, spans: list[tuple[int, int, str]]) -> None:
+    for m in _NETRC.finditer(low):
+        value = text[m.start(1) : m.end(1)]
+        if not _done(value):
+            spans.append((m.start(1), m.end(1), REDACTED))
+
+
+def _elements(text: str, spans: list[tuple[int, int, str]]) -> None:
+    for m in _ELEMENT.finditer(text):
+        value, tier = m.group(2), _tier(m.group(1))
+        secret = tier == 2 or (tier == 1 and _looks_secret(value))
+        if secret and value.strip() and not _done(value):
+            spans.append((m.start(2), m.end(2), REDACTED))
+
+
 def _said(text: str, low: str, spans: list[tuple[int, int, str]]) -> None:
     for m in _SAID.finditer(low):
         if m.start() > 0 and low[m.start() - 1].isalnum():
@@ -314,6 +431,8 @@ def _said(text: str, low: str, spans: list[tuple[int, int, str]]) -> None:
         weak = m.group(1).startswith(("pin", "token", "otp"))
         if weak and not (_looks_secret(value) or (value.isdigit() and 4 <= len(value) <= 8)):
             continue
+        if m.group(2).startswith("'s") and not _spaced_value(value):
+            continue  # "my password's strength is weak"
         spans.append((m.start(3), m.start(3) + len(value), REDACTED))
 
 
@@ -384,6 +503,13 @@ def _scan(text: str, pii: bool, context: str, compiled: dict[str, Any]) -> str:
     if "://" in text:
         text = _URL_CREDENTIALS.sub(_url_credentials, text)
         text = _URL_TOKEN.sub(REDACTED, text)
+    if len(text) >= 32:
+        for markers, near, pattern in compiled["context"]:
+            for marker in markers:
+                if marker in text:
+                    if near.search(text):
+                        text = pattern.sub(REDACTED, text)
+                    break
     if len(text) >= 14:
         text = compiled["shapes"].sub(REDACTED, text)
         for marker, pattern in compiled["loose"]:
@@ -393,12 +519,18 @@ def _scan(text: str, pii: bool, context: str, compiled: dict[str, Any]) -> str:
         text = compiled["extra"].sub(REDACTED, text)
     low = _lower(text)
     spans: list[tuple[int, int, str]] = []
-    if "=" in text or ":" in text or "," in text:
-        _pairs(text, low, compiled["fragments"], spans)
+    fragments = compiled["fragments"]
+    hit = fragments.search(low)
+    if hit is not None:  # a secret's name (a part of one) is in the text
+        _pairs(text, low, fragments, hit, spans)
         if "value" in low:
             _named_values(text, low, spans)
-    if " is " in low or " was " in low or " = " in low:
-        _said(text, low, spans)
+        if " is " in low or " was " in low or " = " in low or "'s " in low or ": " in low:
+            _said(text, low, spans)
+        if "login" in low or "machine" in low:
+            _netrc(text, low, spans)
+        if "</" in text:
+            _elements(text, spans)
     if "bearer" in low or "basic" in low or "digest" in low or "token" in low or "bot" in low:
         _schemes(text, low, spans)
     if spans:
