@@ -52,8 +52,11 @@ _COUNTS = (
 def _tail(tail: Tail) -> dict[str, Any]:
     # a recorded call is its redacted JSON view already, and an entry read back from a
     # snapshot is JSON as it was written: both kept as they are (no secret in the state)
+    # PlainEntry's type first: isinstance of RecordedEntry (a Mapping) asks the ABC's registry
     entries = [
-        dict(e) if isinstance(e, (RecordedEntry, PlainEntry)) else _flat(e) or jsonable(e)
+        dict(e)
+        if type(e) is PlainEntry or isinstance(e, RecordedEntry)
+        else _flat(e) or jsonable(e)
         for e in tail
     ]
     return {"entries": entries, "omitted": tail.omitted, "by_tool": dict(tail.by_tool)}
@@ -87,7 +90,10 @@ def _flat(entry: Any) -> dict[str, Any] | None:
 
 def _untail(keep: int | None, doc: Any) -> Tail:
     entries = doc.get("entries") or () if isinstance(doc, Mapping) else ()
-    tail = Tail(keep, [PlainEntry(e) if isinstance(e, Mapping) else e for e in entries])
+    plain = PlainEntry  # a dict first: isinstance of Mapping asks the ABC's registry
+    tail = Tail(
+        keep, [plain(e) if type(e) is dict or isinstance(e, Mapping) else e for e in entries]
+    )
     if isinstance(doc, Mapping):
         tail.omitted += int(doc.get("omitted") or 0)
         tail.by_tool.update({str(k): int(v) for k, v in (doc.get("by_tool") or {}).items()})
