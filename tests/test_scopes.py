@@ -537,3 +537,16 @@ def test_pydantic_ai_run_passes_its_scopes_through() -> None:
     outcome = ta_pydantic.run_sync(agent, "read", guard=guard, scopes=("tenant:acme",))
     assert (outcome.status, outcome.stopped_because) == ("paused", StopReason.BUDGET_REACHED)
     assert len(sent) == 3 and scopes.spent("tenant:acme").model_calls == 3
+
+
+def test_a_model_call_event_names_its_scopes(otel: Any) -> None:
+    """OpenTelemetry: the model call's event carries the scopes it was counted in."""
+    exporter, _ = otel
+    scopes = tether.BudgetScopes()
+    with tether.Guard(scopes=scopes).start("t", scopes=("tenant:acme", "user:u-7")) as run:
+        run.proceed()
+        one_call(run)
+        run.succeed()
+    events = [e for s in exporter.get_finished_spans() for e in s.events
+              if e.name == "gen_ai.client.inference"]  # fmt: skip
+    assert [tuple(e.attributes["tether.scopes"]) for e in events] == [("tenant:acme", "user:u-7")]

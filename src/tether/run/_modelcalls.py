@@ -226,6 +226,7 @@ class ModelCalls:
                 "gen_ai.usage.input_tokens": input_tokens,
                 "gen_ai.usage.output_tokens": output_tokens,
                 "tether.cost_usd": cost_usd,
+                "tether.scopes": list(self.s.scopes) or None,  # the budget scopes it spent in
             },
         )
         self.s.transcript.append(
