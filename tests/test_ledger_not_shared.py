@@ -77,3 +77,73 @@ def test_the_same_guard_in_the_same_process_says_nothing() -> None:
         warnings.simplefilter("error")
         _second_worker(guard, document, paid)
     assert paid == ["A-1"]
+
+
+# --- LangGraph time travel: a fork replayed on another worker -------------------------------
+
+
+def _fork_replayed_elsewhere(first: Guard, second: Guard) -> tuple[list[str], list[Any]]:
+    """Worker 1 runs a turn (the refund, then the answer) on a thread whose checkpoints are
+    shared (as a PostgreSQL checkpointer is); worker 2 replays a fork of the thread from the
+    checkpoint before the tools ran (LangGraph's time travel). The refunds made, and what
+    worker 2 was warned of."""
+    from langchain.agents import create_agent
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from tether.integrations.langchain import TetherMiddleware
+
+    class Model(GenericFakeChatModel):
+        model_name: str = "fake-model"
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+    paid: list[str] = []
+
+    @tool
+    def refund(order: str) -> str:
+        """Refund an order."""
+        paid.append(order)
+        return f"refunded {order}"
+
+    usage = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
+    saver = InMemorySaver()  # shared by the workers, as a database checkpointer is
+    config: Any = {"configurable": {"thread_id": "ticket-9"}}
+
+    def worker(guard: Guard, replies: list[AIMessage]) -> Any:
+        return create_agent(
+            Model(messages=iter(replies)),
+            tools=[refund],
+            middleware=[TetherMiddleware(guard, side_effects=["refund"])],
+            checkpointer=saver,
+        )
+
+    asks = AIMessage(
+        "", tool_calls=[{"name": "refund", "args": {"order": "A-1"}, "id": "r1"}],
+        usage_metadata=usage,
+    )  # fmt: skip
+    worker(first, [asks, AIMessage("Refunded.", usage_metadata=usage)]).invoke(
+        {"messages": [("user", "refund A-1")]}, config
+    )
+    assert paid == ["A-1"]
+    agent = worker(second, [AIMessage("Refunded.", usage_metadata=usage)])
+    fork = next(s for s in agent.get_state_history(config) if s.next == ("tools",))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        agent.invoke(None, fork.config)
+    return paid, [w for w in said if issubclass(w.category, tether.LedgerNotShared)]
+
+
+def test_a_langgraph_fork_on_a_shared_ledger_pays_once(tmp_path: Path) -> None:
+    """The fork's run serves the thread's first run's request: with one ledger for the
+    workers, the refund it asks for again is the one already made (each worker on its own
+    in-memory ledger: 2 refunds)."""
+    path = str(tmp_path / "ledger.db")
+    paid, said = _fork_replayed_elsewhere(
+        Guard(ledger=Ledger.sqlite(path)), Guard(ledger=Ledger.sqlite(path))
+    )
+    assert paid == ["A-1"]
+    assert said == []
