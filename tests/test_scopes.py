@@ -276,9 +276,12 @@ def test_an_unreachable_redis_refuses_the_call(redis_url: str) -> None:
     store.close()
 
 
-def _tenant_worker(url: str, prefix: str, runs: int, calls: int, out: Any) -> None:
+def _tenant_worker(
+    url: str, prefix: str, runs: int, calls: int, out: Any, exact: bool = True
+) -> None:
     """One process of the fleet: ``runs`` runs in tenant:acme, each up to ``calls`` calls
-    whose replies use all of their max_tokens (reservation == cost: exact)."""
+    whose replies use all of their max_tokens (exact: the reservation is the cost; else the
+    request gives no max_tokens and the reservation holds its prompt alone)."""
     store = RedisStore(url, prefix=prefix)
     scopes = tether.BudgetScopes(store)
     guard = tether.Guard(scopes=scopes)
@@ -287,7 +290,9 @@ def _tenant_worker(url: str, prefix: str, runs: int, calls: int, out: Any) -> No
         with guard.start("t", scopes=("tenant:acme",)) as run:
             while run.proceed() and run.model_calls < calls:
                 run.begin_model_call(
-                    model=MODEL, estimated_input_tokens=1000, max_output_tokens=1000
+                    model=MODEL,
+                    estimated_input_tokens=1000,
+                    max_output_tokens=1000 if exact else None,
                 )
                 sent += 1
                 run.record_model_call(model=MODEL, input_tokens=1000, output_tokens=1000)
@@ -320,6 +325,39 @@ def test_two_processes_sharing_one_tenant_never_pass_its_limit(redis_url: str) -
         assert sent == spent.model_calls == 10  # 40 asked for; 10 fit; none past the limit
         assert spent.cost_usd == pytest.approx(10 * RESERVED)
         assert spent.cost_usd <= 10.5 * RESERVED
+    finally:
+        store.reset()
+        store.close()
+
+
+def test_two_processes_without_max_tokens_pass_it_by_one_call_per_run_at_most(
+    redis_url: str,
+) -> None:
+    """The same fleet with requests that give no max_tokens (the reservation holds the
+    prompt alone): the tenant's spend passes its limit by at most one call in flight per
+    concurrent run (two processes, one run at a time each: two calls)."""
+    import multiprocessing
+
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(redis_url, prefix=prefix)
+    scopes = tether.BudgetScopes(store)
+    limit = 10.5 * RESERVED
+    scopes.limit("tenant:acme", max_cost_usd=limit)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_tenant_worker, args=(redis_url, prefix, 4, 5, out, False))
+        for _ in range(2)
+    ]
+    for p in procs:
+        p.start()
+    sent = sum(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    try:
+        spent = scopes.spent("tenant:acme")
+        assert sent == spent.model_calls
+        assert limit < spent.cost_usd <= limit + 2 * RESERVED  # each reply costs RESERVED
     finally:
         store.reset()
         store.close()
