@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -256,6 +257,12 @@ class Proxy:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
 
+    def resume(self) -> None:
+        """Redis is back: the proxy listens again on its port."""
+        self.server = socket.create_server(("127.0.0.1", self.port))
+        self.cut_off = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
     def cut(self) -> None:
         """Redis is away: open connections reset, new ones refused."""
         self.cut_off = True
@@ -282,13 +289,15 @@ def take_all_settled(b: TokenBudget, each: int) -> int:
 def test_processes_that_lost_redis_admit_their_share_not_a_bucket_each(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Four processes share a 6,000 tokens/min budget through Redis; Redis goes away: between
-    them they admit about one limit from their own memories (a quarter each), not four."""
+    """Four processes share a 6,000 tokens/min budget through Redis; Redis goes away: each
+    starts from empty buckets (no burst), and between them they admit about one limit a
+    minute from their own memories (a quarter each), not a bucket each."""
     monkeypatch.setattr(redis_tokens, "MEMBER_EVERY", 0.0, raising=False)  # each call counts
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     proxy, prefix, clock = Proxy(port), f"tether-test-{uuid.uuid4().hex[:8]}", VirtualClock()
     url = f"redis://127.0.0.1:{proxy.port}/0"
-    stores = [RedisStore(url, prefix=prefix, server_time=False, socket_timeout=0.5) for _ in range(4)]  # fmt: skip
+    stores = [RedisStore(url, prefix=prefix, server_time=False, socket_timeout=0.5,
+                         reconnect_interval=0.05) for _ in range(4)]  # fmt: skip
     try:
         budgets = [openai_budget(s, clock) for s in stores]
         first = budgets[0].reserve(estimated_input_tokens=0, max_output_tokens=0)
@@ -297,11 +306,24 @@ def test_processes_that_lost_redis_admit_their_share_not_a_bucket_each(
             b.settle(b.reserve(estimated_input_tokens=0, max_output_tokens=10), status=200,
                      input_tokens=0, output_tokens=10)  # fmt: skip
         proxy.cut()
-        clock.advance(60.0)  # a minute later: every bucket full again
-        taken = [take_all_settled(b, 100) for b in budgets]
+        clock.advance(60.0)  # a minute later: the shared bucket would be full again
+        # the processes do not know the shared levels: they start empty, no burst ...
+        assert [take_all_settled(b, 100) for b in budgets] == [0, 0, 0, 0]
         assert all(s.degraded for s in stores)
+        clock.advance(60.0)  # ... and a minute of refill gives each its quarter
+        taken = [take_all_settled(b, 100) for b in budgets]
         assert sum(taken) <= 6_000 + 4 * 100
         assert all(1_400 <= t <= 1_600 for t in taken), taken
+        # Redis is back: the shared buckets refilled meanwhile, but what the processes took
+        # from their memories is charged to them with their next calls
+        proxy.resume()
+        time.sleep(0.1)  # past the stores' reconnect_interval
+        clock.advance(60.0)  # the shared bucket full again, the processes' lines over
+        after = [take_all_settled(b, 100) for b in budgets]
+        assert not any(s.degraded for s in stores)
+        # the shared level counts both: a minute's 6,000 less the memories' and Redis's calls
+        level = budgets[0].view()["levels"]["tokens"]
+        assert level == pytest.approx(6_000 - sum(taken) - sum(after), abs=200), (level, after)
     finally:
         for s in stores:
             s.close()

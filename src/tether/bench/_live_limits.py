@@ -34,9 +34,71 @@ __all__ = ["LIVE_LIMITS", "LIVE_MISCONFIGS", "message_reply", "run_live_limits"]
 
 #: the key's real limits: RPM, ITPM, OTPM (small, so that a live run binds in seconds)
 LIVE_LIMITS = Limits(requests=600, input=360_000, output=100_000)
-#: the configured limits as a share of the real ones
-LIVE_MISCONFIGS = {"configured-2x-high": 2.0, "configured-2x-low": 0.5}
-AGENTS, WORKERS = 80, 4
+#: the configured limits as a share of the real ones; "redis-timeouts": configured right,
+#: the workers' Redis stalls now and then (see _StallingProxy) and they fall back to memory
+LIVE_MISCONFIGS = {"configured-2x-high": 2.0, "configured-2x-low": 0.5, "redis-timeouts": 1.0}
+AGENTS, WORKERS = 200, 4
+#: the Redis of the "redis-timeouts" run stops answering for STALL seconds every STALL_EVERY
+#: (longer than the store's 0.5 s socket timeout: each stall is a timeout and a fallback)
+STALL, STALL_EVERY = 0.7, 4.0
+
+
+class _StallingProxy:
+    """A TCP proxy in front of Redis that forwards nothing for ``STALL`` seconds every
+    ``STALL_EVERY`` seconds: a Redis that times out now and then (a failover, a slow
+    command, a network blip), for real sockets and the real client's timeouts."""
+
+    def __init__(self, host: str, port: int) -> None:
+        import threading
+
+        self.target = (host, port)
+        self.t0 = time.time()
+        self.port = 0
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        threading.Thread(target=self._main, daemon=True).start()
+        self._ready.wait(10)
+
+    def stalled(self) -> bool:
+        return (time.time() - self.t0) % STALL_EVERY > STALL_EVERY - STALL
+
+    def _main(self) -> None:
+        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                while data := await r.read(65536):
+                    while self.stalled():
+                        await asyncio.sleep(0.01)
+                    w.write(data)
+                    await w.drain()
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                w.close()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                up_r, up_w = await asyncio.open_connection(*self.target)
+            except OSError:
+                writer.close()
+                return
+            await asyncio.gather(pump(reader, up_w), pump(up_r, writer))
+
+        async def main() -> None:
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            self.port = server.sockets[0].getsockname()[1]
+            self._loop = asyncio.get_running_loop()
+            self._ready.set()
+            async with server:
+                await server.serve_forever()
+
+        asyncio.run(main())
+
+    def close(self) -> None:
+        if self._loop is not None:
+            for task in asyncio.all_tasks(self._loop):
+                self._loop.call_soon_threadsafe(task.cancel)
+
+
 MODEL = "claude-sonnet-5-5"
 
 
@@ -150,11 +212,20 @@ def _worker_main(
     from tether.integrations import anthropic as tanthropic
     from tether.stores.redis._store import RedisStore
 
-    logging.getLogger("tether").setLevel(logging.ERROR)
+    logging.getLogger("tether").setLevel(logging.WARNING)
+    logging.getLogger("tether").propagate = False
     logging.getLogger("anthropic").setLevel(logging.ERROR)
     logging.getLogger("httpx").setLevel(logging.ERROR)
     store = RedisStore(redis_url, prefix=prefix)
     budget = TokenBudget("anthropic", "claude", store=store, **configured.as_budget())
+    fallbacks = [0]  # the times this process's store fell back to memory (a Redis timeout)
+
+    class _Count(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "is unavailable" in record.getMessage():
+                fallbacks[0] += 1
+
+    logging.getLogger("tether").addHandler(_Count(logging.WARNING))
     finished: list[float] = []
     failed: list[str] = []
 
@@ -195,7 +266,14 @@ def _worker_main(
         await store.aclose()
 
     asyncio.run(main())
-    result_q.put({"finished": finished, "failed": failed, "round_trips": store.round_trips})
+    result_q.put(
+        {
+            "finished": finished,
+            "failed": failed,
+            "round_trips": store.round_trips,
+            "fallbacks": fallbacks[0],
+        }
+    )
 
 
 def run_live_limits(
@@ -210,6 +288,13 @@ def run_live_limits(
     """One live run: ``agents`` agents in ``workers`` processes, the key's limits ``real``,
     configured per ``misconfig``."""
     url = redis_url or os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
+    proxy = None
+    if misconfig == "redis-timeouts":
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        proxy = _StallingProxy(parts.hostname or "127.0.0.1", parts.port or 6379)
+        url = f"redis://127.0.0.1:{proxy.port}{parts.path or '/0'}"
     ctx = multiprocessing.get_context("spawn")
     port_q, provider_q, worker_q, stop = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
     ready_q = ctx.Queue()
@@ -247,6 +332,8 @@ def run_live_limits(
     stop.set()
     served = provider_q.get(timeout=30)
     provider.join(timeout=5)
+    if proxy is not None:
+        proxy.close()
     stats = Stats(requests=served["requests"], throttled=served["throttled"])
     stats.admitted = [tuple(e) for e in served["admitted"]]
     stats.served = [tuple(e) for e in served["served"]]
@@ -273,6 +360,7 @@ def run_live_limits(
         "p50_completion_s": round(statistics.median(finished), 1) if finished else None,
         "p95_completion_s": round(_quantile(finished, 0.95), 1) if finished else None,
         "round_trips_per_call": round(round_trips / max(1, admitted), 2),
+        "redis_fallbacks": sum(r["fallbacks"] for r in results),
         "failures": failures[:5],
     }
 

@@ -275,6 +275,17 @@ class MemoryTokens:
         with self._lock:
             return tokens_view(self._data.setdefault(name, {}), now, cfg)
 
+    def start_empty(self, name: str, now: float, cfg: TokenConfig) -> None:
+        """Hold ``name`` from ``now`` at ``cfg``'s limits with every bucket empty (and the
+        limits known: no probe): what a process takes over from a shared store that went
+        away, whose levels it does not know, admits no burst, only the refill."""
+        with self._lock:
+            f = self._data[name] = {}
+            _load(f, now, cfg)
+            for i in range(4):
+                f[f"lvl{i}"] = 0.0
+            f["known"] = 1
+
     def reset(self, name: str | None = None) -> None:
         with self._lock:
             if name is None:

@@ -11,8 +11,11 @@ warning, as for its other guards) and Redis is used again once it answers. The f
 holds this process's share of each limit, not the whole: every ``MEMBER_EVERY`` seconds a
 process's call also says it is here and asks how many processes used the name within
 ``MEMBER_TTL`` seconds, and while Redis is away it admits 1/that many of each limit (the
-whole, until it has heard a count). So a fleet whose processes all lost Redis admits about
-one limit between them, not one per process.
+whole, until it has heard a count). Its buckets start empty when Redis goes away (it does
+not know the shared levels): it admits its share of the refill, never a burst. What it
+takes meanwhile is charged to the shared buckets with its next call that reaches Redis (the
+shared buckets refilled while it was away). So a fleet whose processes all lost Redis
+admits about one limit a minute between them, not a bucket per process at each timeout.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from tether.stores._tokens import MEMBER_EVERY, Settlement, TokenConfig, tokens_
 from tether.stores.redis._tokens_lua import TOKENS
 
 if TYPE_CHECKING:
-    from tether.stores._tokens import Answer, TokenAsk, TokenOps
+    from tether.stores._tokens import Answer, MemoryTokens, TokenAsk
     from tether.stores.redis._connection import Connection, Plan
 
 __all__ = ["TOKENS", "Tokens"]
@@ -45,12 +48,16 @@ class Tokens:
         self.member = secrets.token_hex(8)  # this process (this store) among the name's users
         #: name -> (this process's share of the limits, when the store last said it)
         self.shares: dict[str, tuple[float, float]] = {}
+        self.away: set[str] = set()  # the names held in this process's memory now
+        #: name -> what this process took from its memory while Redis was away (net of the
+        #: refunds applied there): charged to the shared buckets when Redis answers again
+        self.owed: dict[str, list[float]] = {}
 
     def key(self, name: str) -> str:
         return f"{self.conn.prefix}:tokens:{{{name}}}"
 
     @property
-    def fallback(self) -> TokenOps:
+    def fallback(self) -> MemoryTokens:
         return self.conn.fallback.tokens()
 
     def _p_exchange(self, ask: TokenAsk) -> Plan[Answer]:
@@ -66,12 +73,35 @@ class Tokens:
         heard = self.shares.get(ask.name, (1.0, -math.inf))[1]
         count = system_clock.now() - heard >= MEMBER_EVERY
         args += [self.member, 1 if count else 0]
+        owed = self.owed.get(ask.name)
+        if owed is not None:  # 13..16: the settlement's refunds
+            args[13:17] = [refund - debt for refund, debt in zip(args[13:17], owed, strict=True)]
         r = yield ("tokens", self.key(ask.name), args)
         if r is None:  # Redis is away: this process's memory, with its share of the limits
-            return self.fallback.exchange(self.local(ask))
+            return self._local_exchange(ask)
+        self.away.discard(ask.name)
+        self.owed.pop(ask.name, None)
         if count and len(r) > 3 and int(r[3]) > 0:
             self.shares[ask.name] = (1.0 / int(r[3]), system_clock.now())
         return bool(int(r[0])), float(_s(r[1])), float(_s(r[2]))
+
+    def _local_exchange(self, ask: TokenAsk) -> Answer:
+        """``ask`` answered from this process's memory (Redis is away): from empty buckets
+        at first (no burst at each timeout), what it takes there kept to be charged to the
+        shared buckets later."""
+        local = self.local(ask)
+        if ask.name not in self.away:
+            self.away.add(ask.name)
+            self.fallback.start_empty(ask.name, ask.now, local.cfg)
+        answer = self.fallback.exchange(local)
+        owed = self.owed.setdefault(ask.name, [0.0, 0.0, 0.0, 0.0])
+        if ask.pending is not None:  # refunds applied here, not in the shared buckets
+            for i in range(4):
+                owed[i] -= ask.pending.refund[i]
+        if answer[0] and ask.need is not None:
+            for i in range(4):
+                owed[i] += ask.need[i]
+        return answer
 
     def local(self, ask: TokenAsk) -> TokenAsk:
         """``ask`` as this process's memory takes it while Redis is away: its limits (the
