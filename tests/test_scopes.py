@@ -588,3 +588,34 @@ def test_a_model_call_event_names_its_scopes(otel: Any) -> None:
     events = [e for s in exporter.get_finished_spans() for e in s.events
               if e.name == "gen_ai.client.inference"]  # fmt: skip
     assert [tuple(e.attributes["tether.scopes"]) for e in events] == [("tenant:acme", "user:u-7")]
+
+
+def test_the_operator_page_shows_each_scopes_spend_limit_and_waiting_runs(
+    redis_url: str, tmp_path: Any
+) -> None:
+    """tether serve --redis: /scopes lists each scope with its spend against its limit and
+    the runs paused on it (linked to their pages)."""
+    from starlette.testclient import TestClient
+
+    from tether.serve import create_app
+
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(redis_url, prefix=prefix)
+    records = tether.Records.sqlite(str(tmp_path / "records.db"))
+    try:
+        scopes = tether.BudgetScopes(store)
+        scopes.limit("tenant:acme", max_cost_usd=RESERVED, window=3600)
+        guard = tether.Guard(scopes=scopes, records=records)
+        outcome = work(guard, 3, ("tenant:acme", "user:u-7"))
+        assert outcome.status == "paused"
+        base = "http://127.0.0.1:8765"
+        page = TestClient(create_app(records, redis=store), base_url=base).get("/scopes").text
+        assert "tenant:acme" in page and "user:u-7" in page
+        assert f"${USED:.4f} of ${RESERVED:.4f}" in page and "3600.0 s" in page
+        assert f'href="/runs/{outcome.run_id}"' in page
+        alone = TestClient(create_app(records), base_url=base).get("/scopes").text
+        assert "--redis" in alone
+    finally:
+        records.close()
+        store.reset()
+        store.close()

@@ -20,6 +20,7 @@ from tether.serve._inbox import Inbox
 from tether.serve._overview import Overview
 from tether.serve._replays import Replays
 from tether.serve._runs import RunPages
+from tether.serve._scopes import ScopePages
 from tether.serve._site import STATIC, Site, secured
 
 __all__ = ["App", "create_app"]
@@ -38,6 +39,7 @@ class App:
             Overview(site),
             Replays(site),
             BreakerPages(site),
+            ScopePages(site),
         )
 
     def routes(self) -> list[Route]:

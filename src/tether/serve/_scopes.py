@@ -1,0 +1,31 @@
+"""The budget scopes of a Redis store (``tether serve --redis``): each scope's limits, spend
+in its window, calls in flight and the runs paused on it (read only: a limit is raised with
+``tether scopes set`` or ``BudgetScopes.limit``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.routing import Route
+
+from tether.serve._site import Area
+
+__all__ = ["ScopePages"]
+
+
+class ScopePages(Area):
+    """/scopes."""
+
+    def routes(self) -> list[Route]:
+        return [Route("/scopes", self.site.page(self.scopes))]
+
+    def scopes(self, request: Request) -> tuple[str, dict[str, Any]]:
+        rows = []
+        redis = self.site.redis
+        if redis is not None:
+            from tether.run._scopes import BudgetScopes
+
+            book = BudgetScopes(redis)
+            rows = [book.view(name) for name in book.names()]
+        return "scopes.html", {"scopes": rows}
