@@ -15,6 +15,7 @@ from tether import backoff, clock, telemetry
 from tether._errors import (
     CircuitOpenError,
     DeadlineExceeded,
+    Declined,
     EffectInProgress,
     EffectNotRecorded,
     IdempotencyConflict,
@@ -183,6 +184,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetters",
     "DeadlineExceeded",
+    "Declined",
     "EffectFailed",
     "EffectInProgress",
     "EffectNotRecorded",

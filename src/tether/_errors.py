@@ -9,6 +9,7 @@ __all__ = [
     "CircuitOpenError",
     "ControlSignal",
     "DeadlineExceeded",
+    "Declined",
     "EffectInProgress",
     "EffectNotRecorded",
     "IdempotencyConflict",
@@ -77,6 +78,21 @@ class LedgerNotShared(UserWarning):
     in-memory ledger has no record of them, so an effect the restored run asks for again
     runs again. The fix: one ledger for every worker (``Ledger.postgres``, ``.redis``;
     ``.sqlite`` on one machine)."""
+
+
+class Declined(TetherError):
+    """Raise it (or return it) from a side-effect tool whose person said no, or whose business
+    rule refused: nothing was done.
+
+    ``raise tether.Declined("the customer did not confirm the booking")``: the run ends
+    ``StopReason.DECLINED`` (status ``"failed"``, or ``"partial"`` when other work was done),
+    never "done"; the ledger keeps no result for the call, so that a later approved call
+    may run. ``reason`` is for the people reading the run, never the customer.
+    """
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason
+        super().__init__(reason or "declined")
 
 
 class TransientError(Picklable, Exception):

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from tether._errors import (
     ControlSignal,
+    Declined,
     EffectInProgress,
     EffectNotRecorded,
     IdempotencyConflict,
@@ -246,7 +247,7 @@ class Recorder:
         released (it provably did not: refused, rate limited, quota)."""
         ledger = self.ledger
         try:
-            if isinstance(exc, ControlSignal):  # a framework's control flow: it did not happen
+            if isinstance(exc, ControlSignal | Declined):  # control flow, or a "no": not done
                 ledger.backend.release(key, owner)
                 return
             if not isinstance(exc, Exception):  # cancelled mid-effect: nobody knows

@@ -114,13 +114,15 @@ def _labels(labels: Mapping[str, str] | None) -> dict[str, str]:
 class ToolRuleOptions(TypedDict, total=False):
     """The rules an adapter takes for a framework's tools, by tool name, declared once for
     every adapter (see :class:`ToolRules`): per-attempt timeouts, which need a person's
-    approval (True or a predicate of the arguments), how to undo them, and the label the
-    customer reads for each tool's effect."""
+    approval (True or a predicate of the arguments), how to undo them, the label the
+    customer reads for each tool's effect, and the tools that hand the customer to a
+    person (``hand_over=["transfer_to_human"]``: see ``tether.Tool(hands_over=True)``)."""
 
     timeouts: Mapping[str, float] | None
     requires_approval: Mapping[str, Any] | None
     compensate: Mapping[str, Callable[[Any], Any]] | None
     labels: Mapping[str, str] | None
+    hand_over: Iterable[str] | None
 
 
 def take_rules(options: dict[str, Any]) -> ToolRuleOptions:
@@ -144,9 +146,18 @@ class ToolRules:
         compensate: Mapping[str, Callable[[Any], Any]] | None = None,
         *,
         labels: Mapping[str, str] | None = None,
+        hand_over: Iterable[str] | None = None,
     ) -> None:
         self.side_effects = side_effect_map(side_effects)
         self.labels = _labels(labels)
+        if isinstance(hand_over, str) or not all(isinstance(n, str) for n in hand_over or ()):
+            raise TypeError(
+                f"hand_over must be a list of tool names, e.g. [{hand_over!r}], got {hand_over!r}"
+                if isinstance(hand_over, str)
+                else f"hand_over must be a list of tool names, got {hand_over!r}"
+            )
+        #: the tools whose call hands the customer to a person (the run ends "escalated")
+        self.hand_over = frozenset(hand_over or ())
         self.timeouts = dict(timeouts or {})
         self.requires_approval = dict(requires_approval or {})
         self.compensate = dict(compensate or {})
@@ -171,6 +182,7 @@ class ToolRules:
             "requires_approval": self.requires_approval.get(name, False),
             "compensate": self.compensate.get(name),
             "label": self.labels.get(name),
+            "hands_over": name in self.hand_over,
         }
 
 

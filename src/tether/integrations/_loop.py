@@ -292,6 +292,8 @@ def _tool_kwargs(tool: Tool | None) -> dict[str, Any]:
         "compensate": tool.compensate,
         "volatile": tool.volatile,
         "label": tool.label or None,
+        "hands_over": tool.hands_over,
+        "reference": tool.reference,
     }
 
 

@@ -191,7 +191,9 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     ``lookup`` (the provider's records, or None), or an iterable of names. They run at
     most once per intent through the guard's ledger; every other tool is treated as
     idempotent and retried through transient failures. ``labels`` names what the customer
-    reads for each tool's effect (``{"issue_refund": "refund"}``). ``read_only`` names the
+    reads for each tool's effect (``{"issue_refund": "refund"}``). ``hand_over`` names the
+    tools whose call hands the customer to a person (``["transfer_to_human"]``): the tool
+    runs, then the agent ends ``"escalated"`` with a case filed. ``read_only`` names the
     tools that only read (they may poll: identical calls count against their own cap,
     :data:`READ_ONLY_REPEATS`), besides tools whose LangChain metadata says
     ``readOnlyHint``. ``volatile`` maps a tool to the argument paths its model fills anew
@@ -568,6 +570,9 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         hold = self._must_take(request.state)
         try:
             return _and_run(self._tools.call(hold.run, request, handler), self._put(hold))
+        except Exception:
+            self._raised(hold.run, request.state)
+            raise
         finally:
             self._let_go(hold)
 
@@ -576,8 +581,21 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         try:
             reply = await self._tools.acall(hold.run, request, handler)
             return _and_run(reply, self._put(hold))
+        except Exception:
+            self._raised(hold.run, request.state)
+            raise
         finally:
             self._let_go(hold)
+
+    def _raised(self, run: Run, state: Any) -> None:
+        """A tool's own exception leaves the agent (LangChain's ``handle_tool_errors`` raises
+        it): the run ends and is filed first, as in every adapter (its dead letter points at
+        a filed run)."""
+        if run.stopped is None:
+            run.halt(StopReason.ERROR, "a tool's exception left the agent")
+        messages = state.get("messages", []) if isinstance(state, Mapping) else []
+        run.messages = list(messages)
+        run.__exit__(None, None, None)
 
 
 def _chat_models(chain: Sequence[Fallback]) -> tuple[Any, ...]:
@@ -760,8 +778,16 @@ class ToolGuard:
         labels: Mapping[str, str] | None = None,
         volatile: Mapping[str, Iterable[str]] | None = None,
         read_only: Iterable[str] = (),
+        hand_over: Iterable[str] | None = None,
     ) -> None:
-        self.rules = ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
+        self.rules = ToolRules(
+            side_effects,
+            timeouts,
+            requires_approval,
+            compensate,
+            labels=labels,
+            hand_over=hand_over,
+        )
         self.side_effects = self.rules.side_effects
         self.timeouts = self.rules.timeouts
         self.volatile = _volatile(volatile)
@@ -787,15 +813,12 @@ class ToolGuard:
 
         def attempt(**_: Any) -> Any:
             replies.append(handler(request))
-            return replies[-1]
+            return _own_result(replies[-1])
 
         try:
             return _as_message(request, run.call_tool(name, attempt, args, **options), replies)
         except ToolError as exc:
-            own = _tools_own_error(exc)
-            if own is not None:
-                raise own from None
-            return _message(request, exc.model_message)
+            return _failed(request, exc)
         except Stopped as exc:  # the next model step ends the agent
             return _message(request, f"stopped: {exc.reason.value}")
 
@@ -805,18 +828,48 @@ class ToolGuard:
 
         async def attempt(**_: Any) -> Any:
             replies.append(await handler(request))
-            return replies[-1]
+            return _own_result(replies[-1])
 
         try:
             result = await run.acall_tool(name, attempt, args, **options)
             return _as_message(request, result, replies)
         except ToolError as exc:
-            own = _tools_own_error(exc)
-            if own is not None:
-                raise own from None
-            return _message(request, exc.model_message)
+            return _failed(request, exc)
         except Stopped as exc:
             return _message(request, f"stopped: {exc.reason.value}")
+
+
+class FailedReply(Exception):
+    """``ToolNode`` answered a call with an error message (``handle_tool_errors`` caught the
+    tool's exception): the call failed, whatever the framework did with its exception; the
+    message is what the model reads."""
+
+    def __init__(self, reply: Any) -> None:
+        super().__init__(str(getattr(reply, "content", "") or "the tool failed")[:300])
+        self.reply = reply
+
+
+def _own_result(reply: Any) -> Any:
+    """What a call's reply records as its result: a ``ToolMessage``'s content (the tool's own
+    result: ``outcome.partial`` and the ledger hold it, never the framework's message); an
+    error message is a failure, never a result."""
+    if isinstance(reply, ToolMessage):
+        if reply.status == "error":
+            raise FailedReply(reply)
+        return reply.content
+    return reply
+
+
+def _failed(request: Any, exc: ToolError) -> Any:
+    """A failed call: the tool's own exception raised again for the framework's error
+    handling, the error message ``ToolNode`` answered with, or tether's words."""
+    cause = exc.__cause__
+    if isinstance(cause, FailedReply):
+        return cause.reply
+    own = _tools_own_error(exc)
+    if own is not None:
+        raise own from None
+    return _message(request, exc.model_message)
 
 
 def _volatile(volatile: Mapping[str, Iterable[str]] | None) -> dict[str, tuple[str, ...]]:
@@ -841,8 +894,8 @@ def _as_message(request: Any, result: Any, replies: list[Any]) -> Any:
     """What answers this call: what ``ToolNode`` answered (a ``ToolMessage``, a ``Command``, a
     list of them) as it is; a result replayed from the ledger (a dict) or a lookup's answer
     as the message (a re-issued call has a new id)."""
-    if replies and result is replies[-1]:
-        return result
+    if replies:  # the call ran now: what ToolNode answered, as it is
+        return replies[-1]
     call_id = str(request.tool_call.get("id", ""))
     if isinstance(result, Mapping) and result.get("type") == "tool":
         return ToolMessage.model_validate({**result, "tool_call_id": call_id})

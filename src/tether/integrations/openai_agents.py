@@ -124,6 +124,7 @@ def guard_tools(
     requires_approval: Mapping[str, Any] | None = None,
     compensate: Mapping[str, Callable[[Any], Any]] | None = None,
     labels: Mapping[str, str] | None = None,
+    hand_over: Iterable[str] | None = None,
 ) -> list[Any]:
     """Copies of ``tools`` whose calls go through ``run`` (the originals are untouched).
 
@@ -133,14 +134,23 @@ def guard_tools(
     ``timeout_seconds`` becomes tether's timeout for it (unless ``timeouts`` names one),
     so that one clock decides when an attempt is abandoned. ``requires_approval`` and
     ``compensate`` (by tool name) are the governance options of ``run.call_tool``;
-    ``labels`` what the customer reads for each tool's effect (``{"issue_refund": "refund"}``).
+    ``labels`` what the customer reads for each tool's effect (``{"issue_refund": "refund"}``);
+    ``hand_over`` the tools whose call hands the customer to a person (the run ends
+    ``"escalated"``, a case filed).
     """
     if not isinstance(run, Run):
         raise TypeError(f"guard_tools needs a tether Run (guard.start()), got {run!r}")
     rules = (
         side_effects
         if isinstance(side_effects, ToolRules)
-        else ToolRules(side_effects, timeouts, requires_approval, compensate, labels=labels)
+        else ToolRules(
+            side_effects,
+            timeouts,
+            requires_approval,
+            compensate,
+            labels=labels,
+            hand_over=hand_over,
+        )
     )
     require_a_place_to_wait(run.guard, rules.needing_approval())
     return [guarded_tool(tool, run, rules) for tool in tools]

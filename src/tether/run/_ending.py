@@ -67,23 +67,19 @@ class Ending:
             return []
 
     def _status(self, reason: StopReason) -> Status:
+        """The status of an ending for ``reason``, from its meaning (:data:`MEANINGS`)."""
         esc = self.s.guard.escalation
-        if reason is StopReason.GOAL_REACHED and not self.s._escalate:
-            return Status.SUCCESS
-        if reason is StopReason.AWAITING_APPROVAL and not self.s._escalate:
-            return Status.AWAITING_APPROVAL
-        if reason is StopReason.BUDGET_REACHED and not self.s._escalate:
-            return Status.PAUSED  # a scope is spent: the run goes on once it has room
-        if reason is StopReason.IN_PROGRESS and not self.s._escalate:
-            return Status.PARTIAL  # another worker of this request is doing the rest
+        meaning = reason.meaning
+        if meaning.status in _OWN_STATUS and not self.s._escalate:
+            return meaning.status
         # a handoff is made when the code asks for one, when a trigger fires, or, for any
-        # run that did not reach its goal, when a sink is configured to receive it
-        if self.s._escalate or (esc is not None and (reason in esc.on or esc.sink is not None)):
-            return Status.ESCALATED
-        if (
-            reason in (StopReason.PERMANENT_ERROR, StopReason.ERROR, StopReason.FAILED)
-            or not self.s.partial
+        # run that did not reach its goal, when a sink is configured to receive it (not for
+        # a decision that stands: a person's "no")
+        if self.s._escalate or (
+            esc is not None and (reason in esc.on or (esc.sink is not None and not meaning.final))
         ):
+            return Status.ESCALATED
+        if meaning.status is Status.FAILED or not self.s.partial:
             return Status.FAILED
         return Status.PARTIAL
 
@@ -97,9 +93,9 @@ class Ending:
             issues.insert(0, f"stopped: {reason.value}" + (f" ({detail})" if detail else ""))
         facts = redact(self._read_facts(issues))
         undone = [str(c.get("effect") or SOME_STEP) for c in self.s._compensated]
-        said = "in_progress" if reason is StopReason.IN_PROGRESS and status == "partial" else status
-        if reason is StopReason.REFUSED and status == "failed":
-            said = "refused"  # a refusal is final: trying again gets the same answer
+        # the reason's own words when it ends as it means to (a refusal is final: trying
+        # again gets the same answer; a hand-over says a person has it)
+        said = _said(reason, status)
         # a person is promised only when a case is filed: the handoff below says whether
         handoff = self.s._outcome.handoff if self.s._outcome is not None else None
         filed = status == "escalated" and (handoff is None or self.s._case_filed)
@@ -326,6 +322,23 @@ class Ending:
                 self.s.run_id,
                 redact(str(exc)),
             )
+
+
+#: the statuses a reason gives on its own, unless a handoff was asked for
+_OWN_STATUS = (Status.SUCCESS, Status.AWAITING_APPROVAL, Status.PAUSED, Status.PARTIAL)
+
+
+def _said(reason: StopReason, status: str) -> str:
+    """The customer message (a :class:`CustomerMessages` field) of an ending with ``status``
+    for ``reason``: the reason's own message when it ended with the status it means to
+    (``Meaning.message``), else the status's."""
+    meaning = reason.meaning
+    if meaning.message is None:
+        return status
+    own = meaning.status
+    if own is None:  # decided by what was done: its message when nothing else was
+        own = Status.FAILED
+    return meaning.message if status == own else status
 
 
 def _usage_doc(usage: Usage) -> dict[str, Any]:

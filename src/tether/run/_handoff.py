@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.run._outcome import StopReason
+from tether.run._outcome import MEANINGS, Status, StopReason
 
 __all__ = ["SOME_STEP", "CustomerMessages", "Escalation", "HandoffRecord", "webhook"]
 
@@ -17,14 +17,12 @@ _log = logging.getLogger("tether")
 #: what the customer reads for an effect whose tool declares no label (tool names stay inside)
 SOME_STEP = "a step of your request"
 
+#: the reasons that need a person (``Meaning.person``): circuit open, identical failures,
+#: an unknown outcome, hung tools, a permanent error (an explicit handoff always escalates)
 DEFAULT_TRIGGERS = frozenset(
-    {
-        StopReason.CIRCUIT_OPEN,
-        StopReason.IDENTICAL_FAILURES,
-        StopReason.UNKNOWN_OUTCOME,
-        StopReason.HUNG_TOOLS,
-        StopReason.PERMANENT_ERROR,
-    }
+    reason
+    for reason, meaning in MEANINGS.items()
+    if meaning.person and meaning.status is not Status.ESCALATED
 )
 
 
@@ -116,8 +114,8 @@ class CustomerMessages:
     effect is stated as done only when the records say so; an effect is named by its
     tool's ``label``, never by the tool's name.
 
-    A person is promised only when one has the case: ``escalated``, ``partial`` and
-    ``unconfirmed`` are said when the run's handoff was filed (in ``Guard(records=...)``,
+    A person is promised only when one has the case: ``escalated``, ``handed_over``,
+    ``partial`` and ``unconfirmed`` are said when the run's handoff was filed (in ``Guard(records=...)``,
     or delivered to an ``Escalation(sink=...)``); otherwise their ``*_no_case`` forms,
     which promise nobody.
     """
@@ -156,11 +154,22 @@ class CustomerMessages:
         "Your request is being completed.{done} We will confirm here as soon as it is done; "
         "there is no need to ask again."
     )
+    handed_over: str = (
+        "A member of our team now has your case, with everything so far, and will get back to "
+        "you here.{done}"
+    )
+    declined: str = (
+        "This was not done: it was declined.{done} Reply here if anything should change."
+    )
     escalated_no_case: str = (
         "We could not finish this for you automatically.{done} Please try again later."
     )
     partial_no_case: str = (
         "We could only finish part of this automatically.{done} You can try the rest again later."
+    )
+    handed_over_no_case: str = (
+        "We could not pass your case to a member of our team right now.{done} Please try again "
+        "later."
     )
     unconfirmed_no_case: str = (
         "We could not confirm whether every step of your request went through.{done} Please "
@@ -187,18 +196,22 @@ class CustomerMessages:
         done = f"{self.done_prefix}{'; '.join(facts)}." if facts else ""
         if undone:
             done += f"{self.undone_prefix}{'; '.join(undone)}."
-        if status in ("failed", "partial", "escalated", "refused") and any(
-            True for _ in unconfirmed
-        ):
+        if status in _UNCONFIRMABLE and any(True for _ in unconfirmed):
             status = "unconfirmed"
-        elif status in ("failed", "partial") and undone and not facts:
+        elif status in ("failed", "partial", "declined") and undone and not facts:
             status = "rolled_back"
-        elif status == "failed" and facts:  # something was done: never "try again"
+        elif status in ("failed", "declined") and facts:  # something was done: never "try again"
             status = "partial"
-        if not case_filed and status in ("escalated", "partial", "unconfirmed"):
+        elif status == "partial" and not facts:  # "part of this" only when a part was done
+            status = "failed"
+        if not case_filed and status in ("escalated", "partial", "unconfirmed", "handed_over"):
             status = f"{status}_no_case"
         template = getattr(self, status, self.failed)
         return str(template).format(done=done)
+
+
+#: the endings whose message gives way to "unconfirmed" when an effect's outcome is unknown
+_UNCONFIRMABLE = frozenset({"failed", "partial", "escalated", "refused", "handed_over", "declined"})
 
 
 @dataclass
@@ -219,8 +232,23 @@ class _Delivery:
         return True
 
 
-def _describe(label: str, args: Any, result: Any) -> str | None:
+def _describe(label: str, args: Any, result: Any, reference: Any = None) -> str | None:
     """The default words for a completed effect: its tool's label ("refund completed"), or
-    a neutral phrase when the tool declares none; with the result's id as a reference."""
-    ref = result.get("id") if isinstance(result, Mapping) else getattr(result, "id", None)
+    a neutral phrase when the tool declares none; with a reference: the result's field the
+    tool names (``Tool(reference="refund_id")``), a function of the result, or its ``id``."""
+    ref = _reference(result, reference)
     return f"{label or SOME_STEP} completed" + (f" (reference {ref})" if ref else "")
+
+
+def _reference(result: Any, reference: Any = None) -> Any:
+    """The reference of an effect's result (None: none to show)."""
+    if callable(reference):
+        try:
+            found = reference(result)
+        except Exception:  # the customer's message never fails on a reference
+            _log.warning("tether: a tool's reference function raised; no reference shown")
+            return None
+        return found if isinstance(found, str | int) and not isinstance(found, bool) else None
+    field = reference if isinstance(reference, str) else "id"
+    found = result.get(field) if isinstance(result, Mapping) else getattr(result, field, None)
+    return found if isinstance(found, str | int) and not isinstance(found, bool) else None

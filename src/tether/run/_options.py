@@ -26,6 +26,8 @@ class ToolOptions(TypedDict, total=False):
     label: str | None
     allow_repeat: int | None
     passthrough: tuple[type[BaseException], ...]
+    hands_over: bool
+    reference: str | Callable[[Any], Any] | None
 
 
 class ModelTurn(TypedDict, total=False):

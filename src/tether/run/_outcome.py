@@ -10,7 +10,17 @@ from typing import Any, cast
 
 from tether._errors import TetherError
 
-__all__ = ["STATUSES", "Outcome", "Status", "StopReason", "Stopped", "ToolError", "Usage"]
+__all__ = [
+    "MEANINGS",
+    "STATUSES",
+    "Meaning",
+    "Outcome",
+    "Status",
+    "StopReason",
+    "Stopped",
+    "ToolError",
+    "Usage",
+]
 
 
 class StopReason(enum.Enum):
@@ -41,6 +51,13 @@ class StopReason(enum.Enum):
     AWAITING_APPROVAL = "awaiting_approval"  # a call needs a person's approval first
     IN_PROGRESS = "in_progress"  # another worker is doing this call (one request, two runs)
     BUDGET_REACHED = "budget_reached"  # a budget scope is spent: paused until it has room
+    DECLINED = "declined"  # a person said no, or a business rule refused: nothing was done
+    HANDED_OVER = "handed_over"  # a hand-over tool gave the customer to a person
+
+    @property
+    def meaning(self) -> Meaning:
+        """What this reason means for the run's ending (:data:`MEANINGS`)."""
+        return MEANINGS[self]
 
 
 class Stopped(TetherError):
@@ -114,6 +131,46 @@ class Status(enum.StrEnum):
 
 #: What an outcome's ``status`` can be, in the order of how well the run went.
 STATUSES: tuple[Status, ...] = tuple(Status)
+
+
+@dataclass(frozen=True, slots=True)
+class Meaning:
+    """What a stop reason means for the run's ending, in one place (:data:`MEANINGS`).
+
+    ``status``: the status the reason always gives (None: decided by what was done:
+    ``"failed"`` with no completed call, else ``"partial"``; a handoff makes it
+    ``"escalated"``). ``person``: a person is needed (the default escalation triggers: the
+    run is handed over when the guard keeps cases). ``final``: a decision that stands (a
+    person's "no"): never handed over for having stopped short. ``message``: the
+    :class:`tether.CustomerMessages` field the customer reads when the run ends with
+    ``status`` (None: the status's own).
+    """
+
+    status: Status | None = None
+    person: bool = False
+    final: bool = False
+    message: str | None = None
+
+
+#: Every stop reason's meaning: status, whether a person is needed, the customer message.
+MEANINGS: dict[StopReason, Meaning] = {
+    **{reason: Meaning() for reason in StopReason},
+    StopReason.GOAL_REACHED: Meaning(Status.SUCCESS),
+    StopReason.AWAITING_APPROVAL: Meaning(Status.AWAITING_APPROVAL),
+    StopReason.BUDGET_REACHED: Meaning(Status.PAUSED),  # the run goes on once a scope has room
+    StopReason.IN_PROGRESS: Meaning(Status.PARTIAL, message="in_progress"),
+    StopReason.PERMANENT_ERROR: Meaning(Status.FAILED, person=True),
+    StopReason.ERROR: Meaning(Status.FAILED),
+    StopReason.FAILED: Meaning(Status.FAILED),
+    StopReason.CIRCUIT_OPEN: Meaning(person=True),
+    StopReason.IDENTICAL_FAILURES: Meaning(person=True),
+    StopReason.UNKNOWN_OUTCOME: Meaning(person=True),
+    StopReason.HUNG_TOOLS: Meaning(person=True),
+    StopReason.REFUSED: Meaning(message="refused"),
+    StopReason.ESCALATED: Meaning(Status.ESCALATED, person=True),
+    StopReason.HANDED_OVER: Meaning(Status.ESCALATED, person=True, message="handed_over"),
+    StopReason.DECLINED: Meaning(final=True, message="declined"),
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,6 +157,8 @@ class RunState:
         self.transcript = Tail(guard.keep_last)
         self._effects: list[tuple[str, Any, str]] = []  # (tool, args, ledger key)
         self._labels: dict[str, str] = {}  # what the customer reads for a tool's effect
+        #: the field of a tool's result (or a function of it) that is its effect's reference
+        self._references: dict[str, Any] = {}
         self._tool_counts: Counter[str] = Counter()  # calls let through, per tool (policies)
         self._journal: list[JournalEntry] = []  # completed calls that can be compensated
         self._compensated: list[dict[str, Any]] = []  # what rollback() undid, newest first
@@ -265,7 +267,8 @@ class RunState:
 
         describe = self.guard.describe_effect
         if describe is _describe:
-            return _describe(self._labels.get(tool, ""), args, result)
+            reference = self._references.get(tool)
+            return _describe(self._labels.get(tool, ""), args, result, reference)
         return describe(tool, args, result)
 
     # --- the run protocol (docs/run.md): the state's part, which the parts use too ----

@@ -74,6 +74,13 @@ class Tool:
     model fills anew on every call (``"meta.nonce"``), left out of the call's identity.
     ``label`` is what the customer's message
     calls its effect (``label="refund"``: "Done: refund completed"); tool names stay inside.
+    ``hands_over=True``: the model calling it hands the customer to a person (a
+    ``transfer_to_human`` tool): the tool runs, then the run ends ``"escalated"``
+    (``StopReason.HANDED_OVER``) with a handoff filed as a case, and the customer is told a
+    person has it only when one does. ``reference`` names the field of the tool's result
+    that the customer reads as the reference of its effect (``reference="refund_id"``:
+    "Done: refund completed (reference re_1)"), or is a function of the result; default: its
+    ``id``.
     """
 
     name: str
@@ -89,6 +96,10 @@ class Tool:
     #: what the customer reads for this tool's effect ("refund": "Done: refund completed"),
     #: never the tool's own name; empty: a neutral phrase
     label: str = ""
+    #: the model calling it hands the customer to a person: the run ends "escalated"
+    hands_over: bool = False
+    #: the result's field (or a function of the result) that is its effect's reference
+    reference: str | Callable[[Any], Any] | None = None
     schema: dict[str, Any] = field(init=False)
 
     @property
@@ -120,12 +131,30 @@ class Tool:
         rules(self.volatile)  # a malformed path fails here, naming it
         if not isinstance(self.label, str):
             raise TypeError(f"Tool {self.name!r}: label must be a string, got {self.label!r}")
+        if not isinstance(self.hands_over, bool):
+            raise TypeError(
+                f"Tool {self.name!r}: hands_over must be True or False, got {self.hands_over!r}"
+            )
+        check_reference(self.name, self.reference)
         schema = self.input_schema if self.input_schema is not None else schema_from_hints(self.fn)
         object.__setattr__(self, "schema", schema)
         if not self.description:
             object.__setattr__(
                 self, "description", (inspect.getdoc(self.fn) or self.name).split("\n")[0]
             )
+
+
+def check_reference(name: str, reference: object) -> None:
+    """A tool's ``reference``: a field name, a function of the result, or None."""
+    if (
+        reference is not None
+        and not callable(reference)
+        and (not isinstance(reference, str) or not reference.strip())
+    ):
+        raise TypeError(
+            f"Tool {name!r}: reference must name a field of the result (str) or be a "
+            f"function of the result, got {reference!r}"
+        )
 
 
 def _is_async(fn: Any) -> bool:

@@ -12,8 +12,9 @@ from tether._errors import ControlSignal
 from tether.run._health import ToolHealth
 from tether.run._hung import HungTools
 from tether.run._options import ToolOptions
+from tether.run._outcome import StopReason
 from tether.run._runstate import RunState
-from tether.run._tool import _is_async
+from tether.run._tool import _is_async, check_reference
 from tether.run._tooldecisions import ToolDecisions
 from tether.run._toolgate import ToolGate
 from tether.run._toolkit import (
@@ -31,6 +32,7 @@ from tether.run._toolkit import (
     _repeat_cap,
     _signals,
     _tool_span,
+    declined,
 )
 
 __all__ = ["ToolPipeline"]
@@ -88,6 +90,18 @@ class ToolPipeline:
         """A call's options checked, each error naming the tool (in the order of the
         keywords' checks; a label is the run's from here on)."""
         self.decide._label(name, options.get("label"))
+        if "reference" in options:  # the field of its result (or a function) that is its reference
+            reference = options["reference"]
+            check_reference(name, reference)
+            if reference is None:
+                self.s._references.pop(name, None)
+            else:
+                self.s._references[name] = reference
+        hands_over = options.get("hands_over", False)
+        if not isinstance(hands_over, bool):
+            raise TypeError(
+                f"hands_over of tool {name!r} must be True or False, got {hands_over!r}"
+            )
         return _Options(
             timeout=options.get("timeout"),
             idempotent=options.get("idempotent", True),
@@ -97,7 +111,15 @@ class ToolPipeline:
             allow_repeat=_repeat_cap(name, options.get("allow_repeat")),
             passthrough=_signals(options.get("passthrough", ())),
             volatile=_paths(name, options.get("volatile", ())),
+            hands_over=hands_over,
         )
+
+    def _handed_over(self, call: _Call) -> None:
+        """A hand-over tool ran: the customer is a person's now. The run ends (at the next
+        step, so that the tool's result is in the conversation) ``"escalated"``, its handoff
+        filed as a case."""
+        self.s._escalate = True
+        self.s._halt(StopReason.HANDED_OVER, f"{call.name} handed the customer to a person")
 
     def call(
         self,
@@ -141,7 +163,10 @@ class ToolPipeline:
                 result = self._made(call, attempt, health, timeout, progress, opts.compensate)
         else:
             result = self._made(call, attempt, health, timeout, progress, opts.compensate)
-        return self.decide._after_success(call, result, idempotent, opts.compensate)
+        result = self.decide._after_success(call, result, idempotent, opts.compensate)
+        if opts.hands_over:
+            self._handed_over(call)
+        return result
 
     def _made(
         self,
@@ -193,7 +218,7 @@ class ToolPipeline:
             async def attempt() -> Any:
                 if gate is not None:
                     gate()  # the ledger's claim is won
-                return await fn(**args)
+                return declined(await fn(**args))
 
             if recording:
                 attempt = _aattempt_span(name, attempt)
@@ -244,7 +269,10 @@ class ToolPipeline:
                 )
         else:
             result = await self._amade(call, attempt, health, timeout, progress, opts.compensate)
-        return self.decide._after_success(call, result, idempotent, opts.compensate)
+        result = self.decide._after_success(call, result, idempotent, opts.compensate)
+        if opts.hands_over:
+            self._handed_over(call)
+        return result
 
     async def _amade(
         self,

@@ -10,6 +10,7 @@ from typing import Any
 from tether._errors import (
     CircuitOpenError,
     DeadlineExceeded,
+    Declined,
     EffectInProgress,
     UnknownOutcome,
 )
@@ -234,6 +235,10 @@ class ToolDecisions:
         self.s.transcript.append(entry)
         if isinstance(exc, Stopped | ReturnedAwaitable):  # the latter: the code's mistake
             return exc
+        if isinstance(exc, Declined):  # a "no": nothing done; the run ends at the next step
+            said = _said(exc.reason) if exc.reason else "declined"
+            self.s._halt(StopReason.DECLINED, f"{call.name}: {said}")
+            return ToolError(call.name, f"declined: {said}", cause_kind="declined")
         if isinstance(exc, ToolUnresponsive):
             return self.hung._not_answering(call, exc)
         if isinstance(exc, CircuitOpenError):
@@ -283,6 +288,9 @@ class ToolDecisions:
         if isinstance(exc, ToolError):  # the tool's own words for the model
             return ToolError(call.name, _said(exc.model_message), cause_kind="rejected")
         self._park(call, exc)
+        if any(key == call.key for _, _, key in self.s._effects):  # an effect failed for good:
+            self.s.note_error(exc)  # one ending in every adapter (the model may read it)
+            self.s._halt(StopReason.PERMANENT_ERROR, f"{call.name} failed ({type(exc).__name__})")
         if isinstance(exc, self.s.guard.model_errors):  # a business rule, said on purpose
             return ToolError(call.name, f"rejected: {_said(str(exc))}", cause_kind="rejected")
         if verdict.kind is Kind.QUOTA:

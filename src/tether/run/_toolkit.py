@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether import telemetry
-from tether._errors import ControlSignal
+from tether._errors import ControlSignal, Declined
 from tether.records import _approvals as gov
 from tether.records._approvals import ApprovalRecord
 from tether.redaction._redact import REDACTED, masks_pii, redact
@@ -64,6 +64,7 @@ class _Options:
     volatile: tuple[str, ...] = ()
     allow_repeat: int | None = None
     passthrough: tuple[type[BaseException], ...] = ()
+    hands_over: bool = False
 
 
 #: a call without options: nothing to check (most calls)
@@ -194,13 +195,25 @@ def _not_awaitable(name: str, result: Any) -> Any:
     """One behaviour for both shells: a plain function that returns an awaitable is
     refused (the coroutine is closed, never started: nothing ran). Declare the tool
     ``async def`` and call it with ``await run.acall_tool(...)``."""
-    if type(result) not in _NEVER_AWAITABLE and inspect.isawaitable(result):
+    if type(result) in _NEVER_AWAITABLE:
+        return result
+    if isinstance(result, Declined):  # returned, not raised: the same "no"
+        raise result
+    if inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()  # never started: nothing ran
         raise ReturnedAwaitable(
             f"tool {name!r} is a plain function that returned an awaitable: declare it "
             "`async def` and call it with `await run.acall_tool(...)`"
         )
+    return result
+
+
+def declined(result: Any) -> Any:
+    """An async tool's result: a returned :class:`tether.Declined` is raised (nothing was
+    done), as a raised one is."""
+    if type(result) not in _NEVER_AWAITABLE and isinstance(result, Declined):
+        raise result
     return result
 
 
