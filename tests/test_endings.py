@@ -436,3 +436,65 @@ def test_a_done_steps_reference_from_the_field_its_tool_names() -> None:
     assert run.outcome.customer_message.endswith("refund completed (reference R-7).")
     with pytest.raises(TypeError, match="reference"):
         Tool("refund", refund, reference=3)  # type: ignore[arg-type]
+
+
+# --- a decision stands --------------------------------------------------------------------
+
+
+def test_a_rejected_call_asked_again_is_no_new_case(tmp_path: Path) -> None:
+    """Rejected on the page, the model asks again: the same answer (the person's words, never
+    their name), no new approval, no case; the run ends DECLINED."""
+    g, records = guard(tmp_path)
+    paid: list[int] = []
+    tools = [Tool("refund", lambda order, amount: paid.append(amount) or {"id": "re_1"},
+                  idempotent=False, requires_approval=True)]  # fmt: skip
+
+    def asks(i: int) -> Reply:
+        use = {
+            "type": "tool_use",
+            "id": f"tu_{i}",
+            "name": "refund",
+            "input": {"order": "A-1", "amount": 9000},
+        }
+        return Reply(200, claude_message([use], stop="tool_use"))
+
+    ask = {"model": "claude-haiku-4-5", "tools": tools, "guard": g}
+    with ScriptedServer() as server, anthropic.Anthropic(api_key="t", base_url=server.url) as raw:
+        server.script = [asks(1)]
+        first = t_anthropic.run_agent(
+            raw, messages=[{"role": "user", "content": "refund 9000"}], **ask
+        )
+        assert first.status == "awaiting_approval"
+        g.reject(first.checkpoint_id, by="carol", note="order is older than 90 days")
+        server.script = [
+            asks(2),
+            asks(3),
+            Reply(200, claude_message([{"type": "text", "text": "No."}])),
+        ]
+        out = t_anthropic.run_agent(raw, messages=first.messages, resume=first.checkpoint_id, **ask)
+    read = [b["content"] for m in out.messages if m["role"] == "user" and isinstance(m["content"], list)
+            for b in m["content"] if b.get("type") == "tool_result"]  # fmt: skip
+    assert read == ["rejected: order is older than 90 days"] * 2 and "carol" not in str(
+        out.messages
+    )
+    assert (out.status, out.stopped_because) == ("failed", StopReason.DECLINED)
+    assert paid == [] and [a.status for a in g.approvals()] == ["rejected"]
+    assert records.handoffs.list() == []
+
+
+def test_one_keyword_for_the_persons_words(tmp_path: Path) -> None:
+    """note= on approve and reject; reason= stays as its alias on both."""
+    g, _ = guard(tmp_path)
+
+    def waiting() -> str:
+        with g.start("refund") as run:
+            run.call_tool("refund", lambda: None, requires_approval=True)
+        assert run.outcome.checkpoint_id is not None
+        return run.outcome.checkpoint_id
+
+    assert g.reject(waiting(), by="bob", note="too old").note == "too old"
+    assert g.reject(waiting(), by="bob", reason="too old").note == "too old"
+    assert g.approve(waiting(), by="ann", reason="checked").note == "checked"
+    assert g.approve(waiting(), by="ann", note="checked").note == "checked"
+    with pytest.raises(TypeError, match="note="):
+        g.approve(waiting(), by="ann", note="a", reason="b")

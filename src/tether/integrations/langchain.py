@@ -570,8 +570,10 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         hold = self._must_take(request.state)
         try:
             return _and_run(self._tools.call(hold.run, request, handler), self._put(hold))
-        except Exception:
-            self._raised(hold.run, request.state)
+        except _signals():  # LangGraph's control flow (interrupt()): the run goes on
+            raise
+        except Exception as exc:
+            self._raised(hold.run, request.state, exc)
             raise
         finally:
             self._let_go(hold)
@@ -581,18 +583,20 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         try:
             reply = await self._tools.acall(hold.run, request, handler)
             return _and_run(reply, self._put(hold))
-        except Exception:
-            self._raised(hold.run, request.state)
+        except _signals():  # LangGraph's control flow (interrupt()): the run goes on
+            raise
+        except Exception as exc:
+            self._raised(hold.run, request.state, exc)
             raise
         finally:
             self._let_go(hold)
 
-    def _raised(self, run: Run, state: Any) -> None:
+    def _raised(self, run: Run, state: Any, exc: Exception) -> None:
         """A tool's own exception leaves the agent (LangChain's ``handle_tool_errors`` raises
         it): the run ends and is filed first, as in every adapter (its dead letter points at
         a filed run)."""
-        if run.stopped is None:
-            run.halt(StopReason.ERROR, "a tool's exception left the agent")
+        run.note_error(exc)
+        run.halt(StopReason.PERMANENT_ERROR, f"a tool raised {type(exc).__name__}")
         messages = state.get("messages", []) if isinstance(state, Mapping) else []
         run.messages = list(messages)
         run.__exit__(None, None, None)

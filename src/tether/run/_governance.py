@@ -40,7 +40,8 @@ class PolicyDenied(ToolError):
 
 
 class ApprovalRejected(ToolError):
-    """A person rejected the call; the model reads who and why."""
+    """A person rejected the call; the model reads why (never who), and the run ends
+    ``DECLINED``."""
 
 
 def needs_approval(rule: bool | Callable[[Mapping[str, Any]], bool] | None, args: Any) -> bool:

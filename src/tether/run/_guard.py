@@ -278,14 +278,21 @@ class Guard:
             pending["id"], status, by.strip(), str(redact(note or "")), self.clock.wall()
         )
 
-    def approve(self, checkpoint_id: str, *, by: str, note: str = "") -> ApprovalRecord:
+    def approve(
+        self, checkpoint_id: str, *, by: str, note: str = "", reason: str = ""
+    ) -> ApprovalRecord:
         """Approve the call the run of ``checkpoint_id`` waits for: exactly that call (the
-        same tool and arguments, fresh UUIDs aside), once. Then ``resume`` the run."""
-        return self._decide(checkpoint_id, APPROVED, by, note)
+        same tool and arguments, fresh UUIDs aside), once. Then ``resume`` the run. ``note``
+        is the person's words (``reason=`` is the same keyword, as on :meth:`reject`)."""
+        return self._decide(checkpoint_id, APPROVED, by, _words(note, reason))
 
-    def reject(self, checkpoint_id: str, *, by: str, reason: str = "") -> ApprovalRecord:
-        """Reject it: the resumed run's call gets a short tool error with ``reason``."""
-        return self._decide(checkpoint_id, REJECTED, by, reason)
+    def reject(
+        self, checkpoint_id: str, *, by: str, note: str = "", reason: str = ""
+    ) -> ApprovalRecord:
+        """Reject it: nothing runs; the resumed run's call is declined (the model reads the
+        person's words, never their name) and the run ends ``DECLINED``. ``note`` is the
+        person's words (``reason=`` is the same keyword)."""
+        return self._decide(checkpoint_id, REJECTED, by, _words(note, reason))
 
     def approvals(self, limit: int = 50) -> list[ApprovalRecord]:
         """Approval records, newest first (pending, approved, rejected, used)."""
@@ -363,3 +370,10 @@ def _expect(name: str, value: object, kind: type, example: str) -> None:
     """A configuration value of the wrong type fails here, naming the field."""
     if value is not None and not isinstance(value, kind):
         raise TypeError(f"{name} must be a {kind.__name__} (e.g. {example}) or None, got {value!r}")
+
+
+def _words(note: str, reason: str) -> str:
+    """The person's words on a decision: ``note=``, or its alias ``reason=`` (not both)."""
+    if note and reason and note != reason:
+        raise TypeError("give the person's words once: note= (or its alias reason=), not both")
+    return note or reason

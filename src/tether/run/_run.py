@@ -88,6 +88,23 @@ def _answered_by(
     return functools.update_wrapper(acall if inspect.iscoroutinefunction(method) else call, method)  # type: ignore[return-value]
 
 
+def _not_done(s: RunState) -> bool:
+    """A run told it succeeded after a person rejected a call (it ends ``DECLINED``), or after
+    a side effect failed for good and was not done since (a business error, a dead letter:
+    it ends ``PERMANENT_ERROR``, the ending of a framework that raises the tool's exception);
+    the answer is kept as its result (#40)."""
+    if s._stop is not None or not (s._failed_effects or s._declined):
+        return False
+    if s._declined:  # a person said no: it stands
+        tool, why = next(iter(s._declined.values()))
+        s._halt(StopReason.DECLINED, f"{tool}: rejected: {why}")
+        return True
+    tool, error = next(iter(s._failed_effects.items()))
+    s._error = s._error or error
+    s._halt(StopReason.PERMANENT_ERROR, f"{tool} failed and was not done ({error})")
+    return True
+
+
 class Run:
     """One guarded run of an agent (see :class:`tether.Guard`): a front that owns the run's
     state and its parts (steps, tool calls, model calls, compensations, ending), each given
@@ -368,10 +385,10 @@ class Run:
         return snapshot(self._state)
 
     def succeed(self, result: Any = None) -> None:
-        """The goal is reached: record the result; proceed() returns False from now on."""
+        """The goal is reached: the result kept; proceed() is False from now on (see _not_done)."""
         s = self._state
         s._result = result
-        if s.stopped is not StopReason.GOAL_REACHED:
+        if not _not_done(s) and s.stopped is not StopReason.GOAL_REACHED:
             s._stop = None
             s._halt(StopReason.GOAL_REACHED)
 

@@ -159,6 +159,10 @@ class RunState:
         self._labels: dict[str, str] = {}  # what the customer reads for a tool's effect
         #: the field of a tool's result (or a function of it) that is its effect's reference
         self._references: dict[str, Any] = {}
+        #: side effects that failed for good and were not done since: tool -> its error
+        self._failed_effects: dict[str, str] = {}
+        #: calls a person rejected in this run: intent -> [tool, the person's words]
+        self._declined: dict[str, list[str]] = {}
         self._tool_counts: Counter[str] = Counter()  # calls let through, per tool (policies)
         self._journal: list[JournalEntry] = []  # completed calls that can be compensated
         self._compensated: list[dict[str, Any]] = []  # what rollback() undid, newest first

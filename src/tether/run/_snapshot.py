@@ -134,6 +134,8 @@ def _document(run: RunState) -> dict[str, Any]:
         # an effect's arguments say what was done (the customer is told); redacted here, once
         "effects": [[tool, redact(jsonable(args)), key] for tool, args, key in run._effects],
         "labels": dict(run._labels),
+        "failed_effects": dict(run._failed_effects),
+        "declined": dict(run._declined),
         "tool_counts": dict(run._tool_counts),
         "journal": [entry.to_doc() for entry in run._journal],
         # None and [] are their own JSON (most runs compensate nothing, return nothing yet):
@@ -265,6 +267,8 @@ def _rebuild(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R])
     s._max_steps = _max_steps(guard, doc.get("max_steps"), s.steps)
     s._effects = [(str(t), a, str(k)) for t, a, k in doc.get("effects") or ()]
     s._labels = {str(k): str(v) for k, v in (doc.get("labels") or {}).items()}
+    s._failed_effects = {str(k): str(v) for k, v in (doc.get("failed_effects") or {}).items()}
+    s._declined = {str(k): [str(v) for v in tw] for k, tw in (doc.get("declined") or {}).items()}
     s._tool_counts = Counter({str(k): int(v) for k, v in (doc.get("tool_counts") or {}).items()})
     s._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
     s._compensated = list(doc.get("compensated") or ())

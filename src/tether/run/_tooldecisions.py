@@ -193,6 +193,7 @@ class ToolDecisions:
                 JournalEntry(call.name, call.args, key, result, not idempotent, compensate)
             )
         s = self.s
+        s._failed_effects.pop(call.name, None)  # done after all (the model tried again)
         # only completed calls count as repeats: a call that failed is the business of
         # max_identical_failures, so a model retrying a dead dependency is not a "loop"
         s._loops.record_action(call.name, call.action, allowed=call.allow_repeat is not None)
@@ -288,9 +289,10 @@ class ToolDecisions:
         if isinstance(exc, ToolError):  # the tool's own words for the model
             return ToolError(call.name, _said(exc.model_message), cause_kind="rejected")
         self._park(call, exc)
-        if any(key == call.key for _, _, key in self.s._effects):  # an effect failed for good:
-            self.s.note_error(exc)  # one ending in every adapter (the model may read it)
-            self.s._halt(StopReason.PERMANENT_ERROR, f"{call.name} failed ({type(exc).__name__})")
+        if any(key == call.key for _, _, key in self.s._effects):  # not done: never "success"
+            text = str(exc).strip()  # (the model may read it and answer; see Run.succeed)
+            said = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+            self.s._failed_effects[call.name] = str(redact(said))[:500]
         if isinstance(exc, self.s.guard.model_errors):  # a business rule, said on purpose
             return ToolError(call.name, f"rejected: {_said(str(exc))}", cause_kind="rejected")
         if verdict.kind is Kind.QUOTA:

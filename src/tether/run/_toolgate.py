@@ -27,6 +27,7 @@ from tether.run._toolkit import (
     _already_claimed,
     _Call,
     _current_approval,
+    _said,
 )
 
 __all__ = ["ToolGate"]
@@ -101,8 +102,7 @@ class ToolGate:
             )
         now = self.s.clock.wall()
         if record is not None and record.status == gov.REJECTED:
-            why = f"rejected by {record.decided_by}" + (f": {record.note}" if record.note else "")
-            raise self.decide._after_failure(call, ApprovalRejected(why))
+            raise self._rejected(call, record)
         self.s._pending = ApprovalRecord(
             record_id,
             self.s.run_id,
@@ -114,6 +114,18 @@ class ToolGate:
             task=str(redact(self.s.task)),
         )
         raise self.s._halt(StopReason.AWAITING_APPROVAL, f"{call.name} needs a person's approval")
+
+    def _rejected(self, call: _Call, record: ApprovalRecord) -> ApprovalRejected:
+        """A decision stands: the rejected call is never asked again as a new approval, nor
+        counted as a failure; the model reads the person's words, never their name. A run
+        that then answers, or asks the same call again, ends ``DECLINED``."""
+        why = _said(record.note) if record.note else "a person said no"
+        self.s.transcript.append({"step": call.step, "tool": call.name, "ok": False,
+                                  "error": "ApprovalRejected"})  # fmt: skip
+        if call.action in self.s._declined:  # asked again after it was told: the run ends
+            self.s._halt(StopReason.DECLINED, f"{call.name}: rejected: {why}")
+        self.s._declined[call.action] = [call.name, why]
+        return ApprovalRejected(call.name, f"rejected: {why}", cause_kind="declined")
 
     def _use_approval(self, approvals: Any, record: ApprovalRecord) -> None:
         """Mark an approval used: it covered this one execution (a failure to say so is
