@@ -93,10 +93,14 @@ def _response() -> httpx.Response:
 
 #: How to make an instance of each class (whose __init__ takes more than a message)
 MAKE: dict[str, Callable[[], BaseException]] = {
+    "tether.integrations.langchain.FailedReply": lambda: _class(
+        "tether.integrations.langchain.FailedReply"
+    )("card expired"),
     "tether._errors.CircuitOpenError": lambda: tether.CircuitOpenError("pay", 1000.0, 990.0),
     "tether._errors.ControlSignal": lambda: _class("tether._errors.ControlSignal")(
         KeyError("interrupt")
     ),
+    "tether._errors.Declined": lambda: tether.Declined("the customer said no"),
     "tether._errors.EffectInProgress": lambda: tether.EffectInProgress("k" * 40, 12.5),
     "tether._errors.EffectNotRecorded": lambda: tether.EffectNotRecorded(
         "k" * 40, {"refund": "re_1"}, "the store is down"

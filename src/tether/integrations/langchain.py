@@ -26,7 +26,7 @@ from typing import Annotated, Any, NotRequired, Unpack
 from typing_extensions import TypedDict
 
 from tether import Fallback, Guard, Outcome, Run, Stopped, StopReason, ToolError
-from tether._errors import RunDocumentError, TetherError, require
+from tether._errors import Picklable, RunDocumentError, TetherError, require
 from tether.guards._tokens import estimate_tokens
 from tether.integrations._common import (
     ToolRuleOptions,
@@ -843,7 +843,7 @@ class ToolGuard:
             return _message(request, f"stopped: {exc.reason.value}")
 
 
-class FailedReply(Exception):
+class FailedReply(Picklable, Exception):
     """``ToolNode`` answered a call with an error message (``handle_tool_errors`` caught the
     tool's exception): the call failed, whatever the framework did with its exception; the
     message is what the model reads."""
