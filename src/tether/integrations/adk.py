@@ -118,7 +118,6 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         guard: Guard,
         side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
         *,
-        hand_over: Iterable[str] = (),
         key: str | Callable[[Any], str | None] | None = None,
         name: str = "tether",
         **rules: Unpack[ToolRuleOptions],
@@ -126,8 +125,6 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         super().__init__(name=name)
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
-        if isinstance(hand_over, str) or not all(isinstance(n, str) for n in hand_over):
-            raise TypeError(f"hand_over must be a list of tool names, got {hand_over!r}")
         if key is not None and not callable(key) and (not isinstance(key, str) or not key.strip()):
             raise ValueError(
                 f"key must be a request id (str), a function of the invocation, or None, got {key!r}"
@@ -137,7 +134,7 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         self.rules = ToolRules(side_effects, **rules)
         require_a_place_to_wait(guard, self.rules.needing_approval())
         self.side_effects = self.rules.side_effects
-        self.hand_over = frozenset(hand_over)
+        self.hand_over = self.rules.hand_over  # their calls end the run HANDED_OVER
         self._live: dict[str, _Live] = {}
         self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
         #: the outcome of the invocation that ended last in this process
