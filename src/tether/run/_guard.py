@@ -278,20 +278,13 @@ class Guard:
             pending["id"], status, by.strip(), str(redact(note or "")), self.clock.wall()
         )
 
-    def approve(
-        self, checkpoint_id: str, *, by: str, note: str = "", reason: str = ""
-    ) -> ApprovalRecord:
-        """Approve the call the run of ``checkpoint_id`` waits for: exactly that call (the
-        same tool and arguments, fresh UUIDs aside), once. Then ``resume`` the run. ``note``
-        is the person's words (``reason=`` is the same keyword, as on :meth:`reject`)."""
+    def approve(self, checkpoint_id: str, *, by: str, note: str = "", reason: str = "") -> Any:
+        """Approve exactly the call the run of ``checkpoint_id`` waits for, once; then ``resume``
+        it. ``note``: the person's words (``reason=`` its alias). An ApprovalRecord."""
         return self._decide(checkpoint_id, APPROVED, by, _words(note, reason))
 
-    def reject(
-        self, checkpoint_id: str, *, by: str, note: str = "", reason: str = ""
-    ) -> ApprovalRecord:
-        """Reject it: nothing runs; the resumed run's call is declined (the model reads the
-        person's words, never their name) and the run ends ``DECLINED``. ``note`` is the
-        person's words (``reason=`` is the same keyword)."""
+    def reject(self, checkpoint_id: str, *, by: str, note: str = "", reason: str = "") -> Any:
+        """Reject it: the model reads ``note`` (alias ``reason=``), never who; ends DECLINED."""
         return self._decide(checkpoint_id, REJECTED, by, _words(note, reason))
 
     def approvals(self, limit: int = 50) -> list[ApprovalRecord]:

@@ -237,6 +237,7 @@ class ToolDecisions:
         if isinstance(exc, Stopped | ReturnedAwaitable):  # the latter: the code's mistake
             return exc
         if isinstance(exc, Declined):  # a "no": nothing done; the run ends at the next step
+            self.s._effects = [e for e in self.s._effects if e[2] != call.key]  # none made
             said = _said(exc.reason) if exc.reason else "declined"
             self.s._halt(StopReason.DECLINED, f"{call.name}: {said}")
             return ToolError(call.name, f"declined: {said}", cause_kind="declined")
@@ -289,10 +290,9 @@ class ToolDecisions:
         if isinstance(exc, ToolError):  # the tool's own words for the model
             return ToolError(call.name, _said(exc.model_message), cause_kind="rejected")
         self._park(call, exc)
-        if any(key == call.key for _, _, key in self.s._effects):  # not done: never "success"
-            text = str(exc).strip()  # (the model may read it and answer; see Run.succeed)
-            said = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-            self.s._failed_effects[call.name] = str(redact(said))[:500]
+        if any(key == call.key for _, _, key in self.s._effects):  # never "success" (Run.succeed)
+            text = f"{type(exc).__name__}: {str(exc).strip()}".rstrip(": ")
+            self.s._failed_effects[call.name] = str(redact(text))[:500]
         if isinstance(exc, self.s.guard.model_errors):  # a business rule, said on purpose
             return ToolError(call.name, f"rejected: {_said(str(exc))}", cause_kind="rejected")
         if verdict.kind is Kind.QUOTA:
