@@ -91,8 +91,7 @@ class Guard:
         _expect("messages", messages, CustomerMessages, "tether.CustomerMessages(...)")
         _expect("records", records, Records, "tether.Records.sqlite(path)")
         _expect("scopes", scopes, BudgetScopes, "tether.BudgetScopes(store)")
-        #: the budgets that span runs (a tenant's, a user's): ``guard.start(scopes=...)``
-        self.scopes = scopes
+        self.scopes = scopes  #: budgets that span runs (a tenant's): guard.start(scopes=...)
         if records is not None:  # one database for the run's records, unless told otherwise
             checkpoints = checkpoints if checkpoints is not None else records.checkpoints
             dead_letters = dead_letters if dead_letters is not None else records.dead_letters
@@ -238,19 +237,13 @@ class Guard:
         crash pays nothing twice). Without a key the run is its own request: a second
         conversation that asks for the same thing gets it done. ``run_id``, when given,
         must follow :data:`tether.records._collections.RUN_ID_RULE` (it appears in URLs and logs).
-        ``scopes`` names the budget scopes (``Guard(scopes=tether.BudgetScopes(...))``)
-        every model call of the run reserves its price in before it is sent.
+        ``scopes``: the budget scopes each model call reserves its price in (docs/budgets.md).
         """
         from tether.run._run import Run
 
         if key is not None and (not isinstance(key, str) or not key.strip()):
             raise ValueError(f"key must be a non-empty string (a request id) or None, got {key!r}")
-        names = scope_names(scopes)
-        if names and self.scopes is None:
-            raise ValueError(
-                "scopes= names budget scopes but this guard has none: pass "
-                "scopes=tether.BudgetScopes(...) to Guard"
-            )
+        names = scope_names(scopes, self.scopes)
         run_id = check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex[:16]}"
         run = Run(self, task, run_id, key=key, request=request_of(key, run_id))
         run._state.scopes = names
@@ -314,10 +307,8 @@ class Guard:
         from tether.run._run import Run
 
         run, ended = resume(self, checkpoint_id, Run)
-        if ended is not None:
-            run._ended_as(ended)
-        elif run._state.scopes:  # it no longer waits on its scopes (it waits again if refused)
-            run._models.scopes.resumed()
+        # a run that goes on no longer waits on its scopes (it waits again if refused)
+        run._ended_as(ended) if ended is not None else run._models.scopes.resumed()
         self._check_ledger_sees(run)
         return run
 

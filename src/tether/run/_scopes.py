@@ -70,9 +70,9 @@ def _ops_of(store: Any) -> ScopeOps:
     return _OPS.setdefault(store, MemoryScopes())
 
 
-def scope_names(scopes: Iterable[str] | None) -> tuple[str, ...]:
+def scope_names(scopes: Iterable[str] | None, book: object = True) -> tuple[str, ...]:
     """The scope names a run is started with, checked (a bare string is refused: it would
-    be read as its letters)."""
+    be read as its letters); ``book``: the guard's :class:`BudgetScopes` (None: none)."""
     if scopes is None:
         return ()
     if isinstance(scopes, str):
@@ -81,6 +81,11 @@ def scope_names(scopes: Iterable[str] | None) -> tuple[str, ...]:
     for name in names:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"a scope name must be a non-empty string, got {name!r}")
+    if names and book is None:
+        raise ValueError(
+            "scopes= names budget scopes but this guard has none: pass "
+            "scopes=tether.BudgetScopes(...) to Guard"
+        )
     return tuple(dict.fromkeys(names))
 
 
