@@ -315,3 +315,31 @@ def test_the_plugin_refuses_what_it_cannot_use() -> None:
 
 
 _ = (itertools, Iterator)
+
+
+def test_a_tool_that_requires_confirmation_waits_for_it() -> None:
+    """The plugin answers tool calls itself, so it applies ADK's confirmation gate: a tool
+    declared with ``require_confirmation`` never runs before a person confirms it."""
+    from google.adk.tools.function_tool import FunctionTool
+
+    paid: list[str] = []
+
+    def issue_refund(order: str) -> str:
+        """Refund an order."""
+        paid.append(order)
+        return "refunded"
+
+    model = scripted([reply(call("issue_refund", {"order": "A-1"})), reply(text="Asked.")])
+    agent = LlmAgent(
+        name="clerk",
+        model=model,
+        tools=[FunctionTool(issue_refund, require_confirmation=True)],
+    )
+    plugin = TetherPlugin(guard(), side_effects=["issue_refund"])
+    events = asyncio.run(drive(agent, [plugin], "refund A-1"))
+    assert paid == []
+    asked = [e for e in events if e.actions and e.actions.requested_tool_confirmations]
+    assert asked
+    # the call was held before the run's pipeline: the ledger holds no answer for it, so the
+    # confirmed call runs (a ledger entry would replay "requires confirmation" forever)
+    assert plugin.last_outcome is not None and plugin.last_outcome.usage.tool_calls == 0

@@ -87,6 +87,22 @@ def _max_output(llm_request: Any) -> int | None:
     return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
 
 
+async def _confirmation(
+    tool: Any, args: dict[str, Any], tool_context: Any
+) -> dict[str, Any] | None:
+    """ADK's confirmation gate for a tool declared with ``require_confirmation``, which ADK
+    applies only to calls no plugin answered: the response that asks for (or reports the
+    refusal of) the confirmation, or None when the call may run."""
+    from google.adk.tools._confirmation_utils import apply_confirmation_gate
+
+    asked = tool_context.tool_confirmation is None
+    held: dict[str, Any] | None = await apply_confirmation_gate(tool, args, tool_context)
+    if held is not None and asked:
+        # the pause is not a result for the model to summarize (as ADK's own gate does)
+        tool_context.actions.skip_summarization = True
+    return held
+
+
 def _stop_reply(run: Run) -> LlmResponse:
     """The model's last word when a guard stopped the run: the customer message, final."""
     message = run.outcome.customer_message
@@ -280,6 +296,9 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
     ) -> dict[str, Any] | None:
         run = self._run(tool_context.invocation_id)
         name = str(tool.name)
+        held = await _confirmation(tool, tool_args, tool_context)
+        if held is not None:  # ADK's own confirmation flow: asked, or refused; nothing ran
+            return held
 
         async def attempt(**args: Any) -> Any:
             return await tool.run_async(args=args, tool_context=tool_context)
