@@ -133,3 +133,42 @@ def test_subscribe_rejects_unknown_events() -> None:
     """A typo in an event name is an error."""
     with pytest.raises(ValueError, match="event must be one of"):
         telemetry.subscribe("retyr", print)
+
+
+def test_a_run_imports_no_opentelemetry_until_someone_configures_it() -> None:
+    """A first run in a fresh process loads no OpenTelemetry module (nothing could record);
+    once the process sets a tracer provider, the next run's spans are exported."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys
+        import tether
+
+        def one_run():
+            with tether.Guard().start(task="t") as run:
+                run.proceed()
+                run.call_tool("lookup", lambda q: {"q": q}, {"q": "x"})
+                run.succeed("ok")
+
+        one_run()
+        print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        one_run()
+        print(sorted({s.name for s in exporter.get_finished_spans()}))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    before, after = out.stdout.splitlines()
+    assert before == "[]"
+    assert "tether.run" in after and "tether.tool_call" in after

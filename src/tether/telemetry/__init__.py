@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -165,7 +166,11 @@ def enabled() -> bool:
     Called on every guarded step, so it avoids the public lookup (which reads the
     environment each time) when the API exposes its global directly.
     """
-    trace = _trace if _trace is not _UNLOADED else _api()
+    trace = _trace
+    if trace is _UNLOADED:
+        if not _may_be_configured():  # nothing can record yet: OpenTelemetry not imported
+            return False
+        trace = _api()
     if trace is None:
         return False
     if _DIRECT:  # the one check paid while nothing records
@@ -182,6 +187,8 @@ def enabled() -> bool:
 def metering() -> bool:
     """True when OpenTelemetry is installed and a meter provider has been set: before
     that, a counter would drop what it is given."""
+    if _trace is _UNLOADED and not _may_be_configured():
+        return False
     if _api() is None:
         return False
     internal = _state["metrics_internal"]
@@ -190,6 +197,21 @@ def metering() -> bool:
         metrics = _state["metrics"]
         return type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
     return provider is not None
+
+
+def _may_be_configured() -> bool:
+    """Whether a provider can have been set: a provider is set through OpenTelemetry's API
+    (so its module is imported by whoever set it: your setup code, the SDK, the
+    ``opentelemetry-instrument`` launcher) or named in the environment. Until then tether
+    does not import OpenTelemetry at all: a run pays nothing for telemetry nobody reads,
+    and the first run after a provider is set finds it."""
+    modules = sys.modules
+    return (
+        _ENV_PROVIDER
+        or _ENV_METER
+        or "opentelemetry.trace" in modules
+        or "opentelemetry.metrics" in modules
+    )
 
 
 _UNKNOWN = object()
