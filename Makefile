@@ -5,14 +5,29 @@ STAMP  := $(VENV)/.installed
 # what CI tested: every package pinned (updated on purpose, dated, in a commit of its own)
 CONSTRAINTS := constraints.txt
 LATEST := .venv-latest
+# Google ADK and Strands cap packages below CONSTRAINTS' pins: their adapters' tests run in a
+# venv of their own, pinned by FW_CONSTRAINTS
+FRAMEWORKS := .venv-frameworks
+FW_STAMP := $(FRAMEWORKS)/.installed
+FW_CONSTRAINTS := constraints-frameworks.txt
+FW_TESTS := tests/test_adk.py tests/test_strands.py tests/test_pickle.py \
+	"tests/test_docs.py::test_examples_run[adk.md]" "tests/test_docs.py::test_examples_run[strands.md]"
+FW_OUT := --ignore=tests/test_adk.py --ignore=tests/test_strands.py \
+	--deselect "tests/test_docs.py::test_examples_run[adk.md]" \
+	--deselect "tests/test_docs.py::test_examples_run[strands.md]"
 
-.PHONY: install test lint bench demo clean test-latest constraints
+.PHONY: install test lint bench demo clean test-latest constraints constraints-frameworks
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip -c $(CONSTRAINTS)
 	$(BIN)/python -m pip install --quiet -e '.[all,dev]' -c $(CONSTRAINTS)
 	touch $(STAMP)
+
+$(FW_STAMP): pyproject.toml $(FW_CONSTRAINTS)
+	$(PYTHON) -m venv $(FRAMEWORKS)
+	$(FRAMEWORKS)/bin/python -m pip install --quiet -e '.[all,adk,strands,dev]' -c $(FW_CONSTRAINTS)
+	touch $(FW_STAMP)
 
 install: $(STAMP)
 
@@ -21,8 +36,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy --strict src
 
-test: lint
-	$(BIN)/python -m pytest --cov --cov-report=term --cov-fail-under=$(COVERAGE_FLOOR)
+test: lint $(FW_STAMP)
+	$(FRAMEWORKS)/bin/python -m pytest -p no:cacheprovider $(FW_TESTS)
+	$(BIN)/python -m pytest --cov --cov-report=term --cov-fail-under=$(COVERAGE_FLOOR) $(FW_OUT)
 
 bench: $(STAMP)
 	$(BIN)/tether bench
@@ -47,7 +63,16 @@ constraints: test-latest
 	  echo "# (the newest releases then, tested by \`make test-latest\`). Update on purpose, in a commit of its own."; \
 	  $(LATEST)/bin/python -m pip freeze --all --exclude-editable | grep -v '^tether[= ]' | sort -f; } > $(CONSTRAINTS)
 
+# re-resolve the frameworks venv (newest ADK and Strands with what they allow) and pin it
+constraints-frameworks:
+	rm -rf $(FRAMEWORKS)
+	$(PYTHON) -m venv $(FRAMEWORKS)
+	$(FRAMEWORKS)/bin/python -m pip install --quiet --upgrade -e '.[all,adk,strands,dev]'
+	$(FRAMEWORKS)/bin/python -m pytest -p no:cacheprovider $(FW_TESTS)
+	{ echo "# Every package .venv-frameworks takes, pinned: resolved on $$(date -u +%F) by \`make constraints-frameworks\`"; \
+	  $(FRAMEWORKS)/bin/python -m pip freeze --all --exclude-editable | grep -v '^tether[= ]' | sort -f; } > $(FW_CONSTRAINTS)
+
 clean:
-	rm -rf $(VENV) $(LATEST) .mypy_cache .pytest_cache .ruff_cache .coverage build dist
+	rm -rf $(VENV) $(LATEST) $(FRAMEWORKS) .mypy_cache .pytest_cache .ruff_cache .coverage build dist
 
 COVERAGE_FLOOR ?= 80

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("google.adk")
 
 from google.adk.agents import LlmAgent
 from google.adk.agents.run_config import RunConfig

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("strands")
 
 from strands import Agent, tool
 from strands.models import Model
