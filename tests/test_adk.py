@@ -10,8 +10,6 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 import pytest
-
-
 from google.adk.agents import LlmAgent
 from google.adk.agents.run_config import RunConfig
 from google.adk.apps import App

@@ -10,8 +10,6 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import pytest
-
-
 from strands import Agent, tool
 from strands.models import Model
 
