@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
@@ -247,6 +248,28 @@ def test_model_failures_are_retried_at_one_layer_then_end_the_run_gracefully() -
     outcome = state["tether_outcome"]
     assert outcome.stopped_because is StopReason.ERROR
     assert state["messages"][-1].content == outcome.customer_message
+
+
+@pytest.mark.parametrize("shell", ["invoke", "ainvoke"])
+def test_a_models_programming_error_is_raised_after_the_run_is_filed(
+    shell: str, tmp_path: Any
+) -> None:
+    """#40 case 7: a model call that fails with a programming error (a TypeError of a bad
+    call) is tried once and raised out of invoke, the run ended and filed first; never the
+    customer's "try again later"."""
+    tries: list[int] = []
+
+    class Buggy(FakeToolModel):
+        def _generate(self, *args: Any, **kwargs: Any) -> Any:
+            tries.append(1)
+            raise TypeError("create() got an unexpected keyword argument 'temprature'")
+
+    records = tether.Records.sqlite(str(tmp_path / "records.db"))
+    guard = Guard(records=records, retry=tether.RetryPolicy(base=0.001, cap=0.002))
+    agent = create_agent(Buggy(messages=iter([])), tools=[], middleware=[TetherMiddleware(guard)])
+    with pytest.raises(TypeError, match="temprature"):
+        agent.invoke(USER) if shell == "invoke" else asyncio.run(agent.ainvoke(USER))
+    assert [r["reason"] for r in records.runs.list()] == ["permanent_error"] and tries == [1]
 
 
 def test_a_guard_stop_drains_the_graph_with_a_resumable_checkpoint() -> None:

@@ -61,6 +61,7 @@ def graph(
     replies: Callable[[], Iterator[Any]],
     *,
     hand_written: bool = False,
+    tools: tuple[Any, ...] = (search,),
     **compile_args: Any,
 ) -> Any:
     """The ReAct graph of LangGraph's docs, compiled once; ``replies()`` gives a thread's model."""
@@ -83,12 +84,14 @@ def graph(
     builder.add_node("model", guarded.model_node(call_model))
     builder.add_node("amodel", guarded.model_node(acall_model))
     if hand_written:
-        builder.add_node("tools", lambda state: guarded.call_tools(state, [search]))
+        builder.add_node("tools", lambda state: guarded.call_tools(state, tools))
     else:
         builder.add_node(
             "tools",
             ToolNode(
-                [search], wrap_tool_call=guarded.tool_wrapper, awrap_tool_call=guarded.atool_wrapper
+                list(tools),
+                wrap_tool_call=guarded.tool_wrapper,
+                awrap_tool_call=guarded.atool_wrapper,
             ),
         )
     builder.add_conditional_edges(START, lambda s: "amodel" if ASYNC[0] else "model")
@@ -184,6 +187,63 @@ def test_model_failures_end_in_an_outcome(shell: str) -> None:
 
     state = call(graph(guarded, bug), USER, "bug", shell)
     assert state["tether_outcome"].stopped_because is StopReason.PERMANENT_ERROR and len(tries) == 1
+
+
+CALLED: list[str] = []
+
+
+@tool("search")
+def broken_search(q: str) -> str:
+    """Search invoices (a deployment without its module)."""
+    CALLED.append(q)
+    import tether_no_such_module  # type: ignore[import-not-found]  # noqa: F401
+
+    return "never"
+
+
+@tool("search")
+def misused_search(q: str) -> str:
+    """Search invoices (a helper called with the wrong signature)."""
+    CALLED.append(q)
+    return str(sorted(q, q, q))  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(
+    ("where", "error"),
+    [
+        ("model", NameError),
+        ("ToolNode", ModuleNotFoundError),
+        ("hand-written", ModuleNotFoundError),
+        ("hand-written", TypeError),
+    ],
+)
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_programming_error_is_raised_after_the_run_is_filed(
+    shell: str, where: str, error: type[Exception], tmp_path: Any
+) -> None:
+    """#40 case 7: a bug in the model node or a tool (an ImportError, a NameError, a TypeError
+    from a bad call) is raised out of invoke, as a plain program raises it, tried once; never
+    "try again later" to the customer nor a rejection to the model. The run is ended and
+    filed first (permanent_error)."""
+    CALLED.clear()
+    records = tether.Records.sqlite(str(tmp_path / "records.db"))
+    guarded = ta_langgraph.GraphGuard(Guard(records=records))
+    tries: list[int] = []
+
+    def replies() -> Iterator[Any]:
+        if where == "model":
+            tries.append(1)
+            yield NameError("name 'prompt' is not defined")
+        yield ask(0)
+        yield answer("Invoice 99 is paid.")
+
+    tool_ = misused_search if error is TypeError else broken_search
+    app = graph(guarded, replies, hand_written=where == "hand-written", tools=(tool_,))
+    with pytest.raises(error):
+        call(app, USER, f"bug-{where}", shell)
+    runs = records.runs.list()
+    assert [r["reason"] for r in runs] == ["permanent_error"], runs
+    assert len(tries) == 1 if where == "model" else CALLED == ["99"]
 
 
 @pytest.mark.parametrize("shell", SHELLS)

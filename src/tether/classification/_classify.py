@@ -382,6 +382,24 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         )
 
 
+#: A program's own mistakes (a missing import, a misspelt name or attribute, a call with
+#: the wrong signature, code that does not parse): never retried, never turned into words
+#: for the model or the customer; an adapter ends and files the run, then raises them, as
+#: a plain Python program would. The one list every adapter reads.
+PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
+    ImportError,
+    NameError,
+    AttributeError,
+    TypeError,
+    SyntaxError,
+)
+
+
+def programming_error(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a program's own mistake (:data:`PROGRAMMING_ERRORS`)."""
+    return isinstance(exc, PROGRAMMING_ERRORS)
+
+
 def classify(
     exc: BaseException | None = None,
     *,
@@ -436,6 +454,8 @@ def _classify_exception(exc: BaseException, now: float | None) -> Verdict:
     if best is not None:
         return best[1]
     name = type(exc).__name__
+    if programming_error(exc):
+        return Verdict(Kind.PERMANENT, f"{name}: a programming error; a retry would repeat it")
     if isinstance(exc, ValueError | TypeError | KeyError | LookupError | AttributeError | OSError):
         return Verdict(Kind.PERMANENT, f"{name}: a retry would repeat it")
     return Verdict(

@@ -27,6 +27,7 @@ from typing_extensions import TypedDict
 
 from tether import Fallback, Guard, Outcome, Run, Stopped, StopReason, ToolError
 from tether._errors import Picklable, RunDocumentError, TetherError, require
+from tether.classification._classify import programming_error
 from tether.guards._tokens import estimate_tokens
 from tether.integrations._common import (
     ToolRuleOptions,
@@ -438,7 +439,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
                 except Exception as exc:
                     if _gives_way(run, chain, i, exc):
                         continue
-                    return self._model_failed(hold, exc)
+                    return self._model_failed(hold, exc, request.state)
                 self._count(run, asked, response)
                 return _with_run(response, self._put(hold))
             raise AssertionError("unreachable: the last model answers or fails")  # pragma: no cover
@@ -464,7 +465,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
                 except Exception as exc:
                     if _gives_way(run, chain, i, exc):
                         continue
-                    return self._model_failed(hold, exc)
+                    return self._model_failed(hold, exc, request.state)
                 self._count(run, asked, response)
                 return _with_run(response, self._put(hold))
             raise AssertionError("unreachable: the last model answers or fails")  # pragma: no cover
@@ -498,9 +499,14 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             "max_output_tokens": _max_output(request),
         }
 
-    def _model_failed(self, hold: _Hold, exc: Exception) -> Any:
-        """The model call failed after its retries: the run stops; the agent ends."""
+    def _model_failed(self, hold: _Hold, exc: Exception, state: Any) -> Any:
+        """The model call failed after its retries: the run stops; the agent ends. A
+        programming error (an ``ImportError``, a ``TypeError`` of a bad call...) is raised
+        once the run is ended and filed, as a plain program would raise it."""
         hold.run.model_call_failed(exc)
+        if programming_error(exc):
+            self._finish(hold.run, state)
+            raise exc
         return _no_reply(self._put(hold))
 
     def _count(self, run: Run, request: Any, response: Any) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tether import Run, Stopped
 from tether._errors import require
-from tether.classification._classify import classify
+from tether.classification._classify import classify, programming_error
 from tether.integrations._arguments import same_arguments
 
 if TYPE_CHECKING:
@@ -213,8 +213,7 @@ class GraphGuard:
                     try:
                         out = await run.aretry_model_call(self._agent._policy, call)
                     except Exception as exc:
-                        run.model_call_failed(exc)
-                        return self._ended(run, state, {})
+                        return self._model_failed(run, state, exc)
                     return self._after(hold, state, out)
                 finally:
                     self._agent._let_go(hold)
@@ -237,14 +236,23 @@ class GraphGuard:
                         self._agent._policy, lambda: fn(*arguments(state, runtime))
                     )
                 except Exception as exc:
-                    run.model_call_failed(exc)
-                    return self._ended(run, state, {})
+                    return self._model_failed(run, state, exc)
                 return self._after(hold, state, out)
             finally:
                 self._agent._let_go(hold)
 
         node.__name__ = getattr(fn, "__name__", "model")
         return node
+
+    def _model_failed(self, run: Run, state: Any, exc: Exception) -> dict[str, Any]:
+        """The node failed after its retries: the turn ends with the customer message; a
+        programming error (``tether.classification.PROGRAMMING_ERRORS``) is raised once the
+        run is ended and filed, as a plain program would raise it."""
+        run.model_call_failed(exc)
+        ended = self._ended(run, state, {})
+        if programming_error(exc):
+            raise exc
+        return ended
 
     def _model_call(self, state: Any) -> dict[str, Any]:
         """What ``run.begin_model_call`` is told of the call the node makes: the model's
@@ -345,7 +353,7 @@ class GraphGuard:
     def _call_tools(self, hold: _Hold, state: Any, tools: Iterable[Any]) -> dict[str, Any]:
         from langchain_core.messages import ToolMessage
 
-        from tether import Stopped, ToolError
+        from tether import Stopped, StopReason, ToolError
         from tether.integrations._common import result_text
         from tether.integrations.langchain import _message
 
@@ -368,6 +376,13 @@ class GraphGuard:
                 result = run.call_tool(name, lambda _i=invoke, **a: _i(a), args, **options)
                 out.append(ToolMessage(result_text(result), tool_call_id=call["id"], name=name))
             except ToolError as exc:
+                own = exc.__cause__
+                if isinstance(own, Exception) and programming_error(own):
+                    # a bug in the tool: the run ends and is filed, then the bug is raised
+                    run.note_error(own)
+                    run.halt(StopReason.PERMANENT_ERROR, f"a tool raised {type(own).__name__}")
+                    self._ended(run, state, {})
+                    raise own from None
                 out.append(_message(request, exc.model_message))
             except Stopped as exc:
                 out.append(_message(request, f"stopped: {exc.reason.value}"))
