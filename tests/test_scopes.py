@@ -1,6 +1,7 @@
 """Budget scopes (#44): limits that span runs, reserved before each model call in all of a
 run's scopes at once, settled once per call, pausing the run when spent. Every test runs
-through the memory store, real Redis and a real Redis Cluster."""
+through the memory store, real Redis, a real Redis Cluster, SQLite and real PostgreSQL
+(``tether.Records``)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,34 @@ RESERVED = (1000 * 2.5 + 1000 * 10.0) / 1e6  # $0.0125
 USED = (1000 * 2.5 + 500 * 10.0) / 1e6  # $0.0075
 
 
-@pytest.fixture(params=["memory", "redis", "redis-cluster"])
-def store(request: pytest.FixtureRequest) -> Iterator[Any]:
+def drop_tables(dsn: str, prefix: str) -> None:
+    """Drop every table of a test's records (named ``<prefix>...``) on PostgreSQL."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE tablename LIKE %s", [prefix + "%"]
+        ).fetchall()
+        for (table,) in tables:
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+@pytest.fixture(params=["memory", "redis", "redis-cluster", "sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
     if request.param == "memory":
         yield MemoryStore()
+        return
+    if request.param == "sqlite":
+        records = tether.Records.sqlite(str(tmp_path / "scopes.db"))
+        yield records
+        records.close()
+        return
+    if request.param == "postgres":
+        dsn, table = request.getfixturevalue("pg_dsn"), f"t_scopes_{uuid.uuid4().hex[:8]}"
+        records = tether.Records.postgres(dsn, table)
+        yield records
+        records.close()
+        drop_tables(dsn, table)
         return
     prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
     if request.param == "redis-cluster":
@@ -279,10 +304,15 @@ def test_an_unreachable_redis_refuses_the_call(redis_url: str) -> None:
 def _tenant_worker(
     url: str, prefix: str, runs: int, calls: int, out: Any, exact: bool = True
 ) -> None:
-    """One process of the fleet: ``runs`` runs in tenant:acme, each up to ``calls`` calls
+    """One process of the fleet (on Redis, or on PostgreSQL when ``url`` is a DSN: then
+    ``prefix`` names its records' table): ``runs`` runs in tenant:acme, each up to ``calls`` calls
     whose replies use all of their max_tokens (exact: the reservation is the cost; else the
     request gives no max_tokens and the reservation holds its prompt alone)."""
-    store = RedisStore(url, prefix=prefix)
+    store: Any = (
+        tether.Records.postgres(url, prefix)
+        if tether.Records.is_dsn(url)
+        else RedisStore(url, prefix=prefix)
+    )
     scopes = tether.BudgetScopes(store)
     guard = tether.Guard(scopes=scopes)
     sent = 0
@@ -328,6 +358,75 @@ def test_two_processes_sharing_one_tenant_never_pass_its_limit(redis_url: str) -
     finally:
         store.reset()
         store.close()
+
+
+def test_two_processes_sharing_one_tenant_on_postgres_never_pass_its_limit(pg_dsn: str) -> None:
+    """The same fleet on PostgreSQL (tether.Records): two processes, four runs each, one
+    tenant; the combined spend stops at the limit, every request counted once."""
+    import multiprocessing
+
+    table = f"t_scopes_{uuid.uuid4().hex[:8]}"
+    records = tether.Records.postgres(pg_dsn, table)
+    scopes = tether.BudgetScopes(records)
+    scopes.limit("tenant:acme", max_cost_usd=10.5 * RESERVED)  # room for 10 calls, not 11
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_tenant_worker, args=(pg_dsn, table, 4, 5, out)) for _ in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        sent = [out.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+        spent = scopes.spent("tenant:acme")
+        assert sum(sent) == spent.model_calls == 10  # 40 asked for; 10 fit; none past it
+        assert spent.cost_usd == pytest.approx(10 * RESERVED)
+        assert scopes.view("tenant:acme").held == tether.Usage()
+    finally:
+        records.close()
+        drop_tables(pg_dsn, table)
+
+
+def test_two_records_on_one_database_share_a_scope(pg_dsn: str, tmp_path: Any) -> None:
+    """Two Records objects on one database (PostgreSQL, a SQLite file) are one budget: what
+    one spent the other sees, and refuses past the limit; not a budget per process."""
+    table = f"t_scopes_{uuid.uuid4().hex[:8]}"
+    pairs = [
+        (tether.Records.postgres(pg_dsn, table), tether.Records.postgres(pg_dsn, table)),
+        (
+            tether.Records.sqlite(str(tmp_path / "s.db")),
+            tether.Records.sqlite(str(tmp_path / "s.db")),
+        ),
+    ]
+    try:
+        for a, b in pairs:
+            first, second = tether.BudgetScopes(a), tether.BudgetScopes(b)
+            first.limit("tenant:acme", max_cost_usd=RESERVED)
+            assert work(tether.Guard(scopes=first), 1, ("tenant:acme",)).status == "success"
+            assert second.spent("tenant:acme").model_calls == 1
+            outcome = work(guard_of(second), 1, ("tenant:acme",))
+            assert outcome.stopped_because is StopReason.BUDGET_REACHED
+            assert list(first.waiting("tenant:acme")) == [outcome.run_id]
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+        drop_tables(pg_dsn, table)
+
+
+def test_a_database_gone_refuses_the_call(pg_dsn: str) -> None:
+    """Fail closed: scopes on a PostgreSQL pool that can no longer be used send no request."""
+    table = f"t_scopes_{uuid.uuid4().hex[:8]}"
+    records = tether.Records.postgres(pg_dsn, table)
+    scopes = tether.BudgetScopes(records)
+    scopes.limit("tenant:acme", max_cost_usd=1.0)
+    run = tether.Guard(scopes=scopes).start("t", scopes=("tenant:acme",))
+    records.close()
+    try:
+        with run, pytest.raises(tether.StoreUnavailable, match="no request was sent"):
+            run.begin_model_call(model=MODEL, estimated_input_tokens=10, max_output_tokens=10)
+    finally:
+        drop_tables(pg_dsn, table)
 
 
 def test_two_processes_without_max_tokens_pass_it_by_one_call_per_run_at_most(

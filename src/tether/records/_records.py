@@ -25,6 +25,7 @@ from tether.records._decisions import DECISION_LEASE, Decision, Decisions
 from tether.records._retention import Pruned, prune
 from tether.records._runs import DAY, Overview, RunPage, Runs, Tables, portable
 from tether.stores._documents import DocKind, PostgresDocuments, SqliteDocuments
+from tether.stores._scopes_sql import SqlScopes
 
 if TYPE_CHECKING:
     from tether.clock import Clock
@@ -78,6 +79,7 @@ class Records(OnDocuments):
         self.dead_letters = DeadLetters(store)
         self._ledgers: list[Ledger] = []
         self._decisions = Decisions(store, self.tables, self._docs)
+        self._scopes: SqlScopes | None = None
         self.runs.index_missing()
 
     def __repr__(self) -> str:
@@ -123,6 +125,15 @@ class Records(OnDocuments):
             made = Ledger.memory(**settings)
         self._ledgers.append(made)
         return made
+
+    def scopes(self) -> SqlScopes:
+        """The budget scopes' operations in this database (what
+        ``tether.BudgetScopes(store=records)`` uses): every process on the database shares
+        them, one transaction per model call for all of its scopes."""
+        if self._scopes is None:
+            prefix = self.tables.runs.removesuffix("runs")
+            self._scopes = SqlScopes(self.store, prefix)
+        return self._scopes
 
     # --- decided approvals, for the agent's workers ----------------------------------------
 

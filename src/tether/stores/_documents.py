@@ -197,7 +197,9 @@ class PostgresDocuments:
         self.dsn = dsn
         self.table = table
         self._q = DocumentSql(table, POSTGRES)
-        self._pool, _ = open_pool(dsn, f"tether-documents-{table}", pool_size, probe=True)
+        self._pool, self._errors = open_pool(
+            dsn, f"tether-documents-{table}", pool_size, probe=True
+        )
         with self._pool.connection() as conn:
             conn.execute(self._q.create)
 
