@@ -407,6 +407,16 @@ def test_two_records_on_one_database_share_a_scope(pg_dsn: str, tmp_path: Any) -
             outcome = work(guard_of(second), 1, ("tenant:acme",))
             assert outcome.stopped_because is StopReason.BUDGET_REACHED
             assert list(first.waiting("tenant:acme")) == [outcome.run_id]
+            # one transaction to reserve a call in all of its scopes, one to settle it
+            ops = a.scopes()
+            with tether.Guard(scopes=first).start("t", scopes=("user:u-1", "team:t")) as run:
+                before = ops.transactions
+                run.begin_model_call(model=MODEL, estimated_input_tokens=10, max_output_tokens=10)
+                assert ops.transactions == before + 1
+                run.record_model_call(model=MODEL, input_tokens=10, output_tokens=10)
+                assert ops.transactions == before + 2
+                run.succeed("done")
+            assert second.spent("team:t").model_calls == 1
     finally:
         for a, b in pairs:
             a.close()
@@ -503,6 +513,45 @@ def test_the_command_line_raises_a_limit_and_lists_the_waiting_runs(
     finally:
         store.reset()
         store.close()
+
+
+def test_the_command_line_sets_and_lists_the_scopes_of_a_postgres_fleet(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tether scopes set / list --db DSN: the scopes a fleet keeps in its records database
+    on PostgreSQL; the raise lists the paused run, which resumes."""
+    from tether.cli import main
+
+    table = f"t_scopes_{uuid.uuid4().hex[:8]}"
+    records = tether.Records.postgres(pg_dsn, table)
+    scopes = tether.BudgetScopes(records)
+    name = "tenant:acme"
+    where = ["--db", pg_dsn, "--table", table]
+    try:
+        assert main(["scopes", "set", name, "--max-cost-usd", str(RESERVED), *where]) == 0
+        assert scopes.view(name).limits.max_cost_usd == RESERVED
+        guard = tether.Guard(scopes=scopes, checkpoints=tether.Checkpoints.memory())
+        first = work(guard, 3, (name,))
+        assert first.status == "paused" and first.checkpoint_id is not None
+        capsys.readouterr()
+        assert main(["scopes", "list", "--json", *where]) == 0
+        (doc,) = json.loads(capsys.readouterr().out)
+        assert doc["spent"]["model_calls"] == 1
+        assert doc["waiting"] == {first.run_id: first.checkpoint_id}
+        assert main(["scopes", "set", name, "--max-cost-usd", "1", *where]) == 0
+        assert first.checkpoint_id in capsys.readouterr().out
+        run = guard.resume(first.checkpoint_id)
+        with run:
+            while run.proceed():
+                if run.model_calls >= 3:
+                    run.succeed("done")
+                    break
+                one_call(run)
+        assert run.outcome.status == "success"
+        assert scopes.spent(name).model_calls == 3
+    finally:
+        records.close()
+        drop_tables(pg_dsn, table)
 
 
 def test_run_agent_passes_its_scopes_through(store: Any, server: Any) -> None:

@@ -1,4 +1,5 @@
-"""``tether scopes set`` and ``tether scopes list``: the budget scopes a fleet shares in Redis."""
+"""``tether scopes set`` and ``tether scopes list``: the budget scopes a fleet shares in Redis
+(``--redis``) or in its records database on PostgreSQL or SQLite (``--db``)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,17 @@ def _where(parser: Any) -> None:
     )
     parser.add_argument(
         "--prefix", default="tether", help="the RedisStore's prefix (default tether)"
+    )
+    parser.add_argument(
+        "--db",
+        help="instead of Redis: the records database the fleet's BudgetScopes(records) use, "
+        "a PostgreSQL DSN or a SQLite file",
+    )
+    parser.add_argument(
+        "--table",
+        default="tether_documents",
+        help="with --db DSN: the records' table, as Records.postgres(dsn, table) (default "
+        "tether_documents)",
     )
 
 
@@ -81,14 +93,26 @@ def _or_none(kind: Any) -> Any:
 
 
 def _open(args: argparse.Namespace, command: str) -> Any:
+    from tether.run._scopes import BudgetScopes
+
+    if args.db:
+        from tether._errors import StoreUnavailable
+        from tether.records._records import Records
+
+        try:
+            if Records.is_dsn(args.db):
+                return BudgetScopes(Records.postgres(args.db, args.table))
+            return BudgetScopes(Records.sqlite(args.db))
+        except StoreUnavailable as exc:
+            print(f"tether scopes {command}: {exc}", file=sys.stderr)
+            return None
     if not args.redis:
         print(
-            f"tether scopes {command}: give --redis URL (or set TETHER_REDIS_URL): the scopes a "
-            "fleet shares live in Redis",
+            f"tether scopes {command}: give --redis URL (or set TETHER_REDIS_URL), or --db "
+            "DSN|PATH: the scopes a fleet shares live in Redis or in its records database",
             file=sys.stderr,
         )
         return None
-    from tether.run._scopes import BudgetScopes
     from tether.stores.redis._store import RedisStore
 
     return BudgetScopes(RedisStore(args.redis, prefix=args.prefix))
