@@ -284,6 +284,26 @@ def _response_json(response: Any) -> Any:
         return None
 
 
+#: What the MCP SDK says when a streamable HTTP server no longer knows the session (it
+#: restarted, or expired it): the server's 404 body, or the client's words for a bare 404.
+_SESSION_LOST = ("session not found", "session terminated")
+
+
+def session_lost(exc: BaseException) -> bool:
+    """An MCP request refused because the server lost its session (``MCPError`` "Session
+    not found", or an HTTP 404 saying so): refused before anything ran."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & {"MCPError", "McpError"}:
+        error = _attr(exc, "error")
+        text = str(_attr(error, "message") or "") if error is not None else str(exc)
+        return text.strip().lower() in _SESSION_LOST
+    status = _int(_attr(exc, "status_code")) or _int(_attr(_attr(exc, "response"), "status_code"))
+    if status != 404:
+        return False
+    said = f"{exc} {_attr(_attr(exc, 'response'), 'text') or ''}"
+    return _SESSION_LOST[0] in said.lower()
+
+
 def _from_exception(exc: BaseException, now_wall: float | None) -> tuple[int, Verdict] | None:
     """The verdict one exception carries by itself, with its strength; None if none."""
     for fn in list(_classifiers):
@@ -314,6 +334,13 @@ def _from_exception(exc: BaseException, now_wall: float | None) -> tuple[int, Ve
         )
     if not isinstance(exc, Exception) or names & set(CANCELLATION):
         return _PROTOCOL, Verdict(Kind.PERMANENT, f"{type(exc).__name__}: cancellation")
+
+    if session_lost(exc):
+        return _PROTOCOL, Verdict(
+            Kind.TRANSIENT,
+            f"{type(exc).__name__}: the MCP server lost the session (a restart): nothing "
+            "ran; a new session may retry it",
+        )
 
     # an HTTP-ish response: status on the exception or on its response
     response = _attr(exc, "response")

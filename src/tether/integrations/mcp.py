@@ -27,6 +27,11 @@ so, or leaves the hint out, and is not read-only) waits for a person's approval 
 runs (the run stops ``AWAITING_APPROVAL``; ``guard.approve`` and ``guard.resume`` go on),
 as the protocol asks clients to confirm destructive operations.
 
+A server that lost the session (restarted: "Session not found") refused the call before
+anything ran: a transient failure, never "do not call it again". With ``reconnect=`` (an
+async callable returning a new, initialized session) the wrapper takes a new session and
+the run retries the call on it.
+
 A result with ``isError: true`` goes back as a :class:`tether.ToolError` with the tool's
 (redacted) text, which the model may read: the server said it on purpose.
 :func:`agents_server` puts the same guard around an OpenAI Agents SDK MCP server.
@@ -34,11 +39,13 @@ A result with ``isError: true`` goes back as a :class:`tether.ToolError` with th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from tether import Run
 from tether._errors import require
+from tether.classification._classify import session_lost
 from tether.integrations._arguments import same_arguments
 from tether.integrations._mcp_core import Tools as _Tools
 from tether.integrations._mcp_core import check as _check
@@ -62,9 +69,14 @@ class GuardedSession:
         lookup: Mapping[str, Callable[[str], Any]] | None = None,
         unannotated_reads: bool = False,
         approve_destructive: bool = False,
+        reconnect: Callable[[], Awaitable[Any]] | None = None,
     ) -> None:
         _check(run, unannotated_reads, idempotent, approve_destructive)
+        if reconnect is not None and not callable(reconnect):
+            raise TypeError(f"reconnect must be an async callable, got {reconnect!r}")
         self.session = session
+        self.reconnect = reconnect
+        self._reconnecting = asyncio.Lock()
         self.run = run
         self.server = server
         self.timeout = timeout
@@ -100,11 +112,16 @@ class GuardedSession:
     ) -> Any:
         """``ClientSession.call_tool`` through the run; returns the ``CallToolResult``."""
         safe = await self._may_repeat(name)
-        session = self.session
         label = f"{self.server}/{name}" if self.server else name
 
         async def call(args: dict[str, Any]) -> Any:
-            return await session.call_tool(name, args, **kwargs)
+            session = self.session
+            try:
+                return await session.call_tool(name, args, **kwargs)
+            except Exception as exc:
+                if self.reconnect is not None and session_lost(exc):
+                    await self._renew(session)
+                raise  # transient: the run retries it, on the new session
 
         approval = self._tools.needs_approval(name)
         return await _through(
@@ -119,6 +136,12 @@ class GuardedSession:
             approval,
         )
 
+    async def _renew(self, lost: Any) -> None:
+        """A new session in place of ``lost`` (once, however many calls found it lost)."""
+        async with self._reconnecting:
+            if self.session is lost and self.reconnect is not None:
+                self.session = await self.reconnect()
+
 
 @same_arguments(GuardedSession)
 def guarded(*args: Any, **options: Any) -> GuardedSession:
@@ -130,7 +153,9 @@ def guarded(*args: Any, **options: Any) -> GuardedSession:
     when an earlier call's outcome is unknown; ``unannotated_reads=True`` treats the
     tools that declare no hints as reads (the protocol's default makes them effects);
     ``approve_destructive=True`` makes every call of a tool that may be destructive wait
-    for a person's approval (the guard needs ``checkpoints=`` or ``records=``).
+    for a person's approval (the guard needs ``checkpoints=`` or ``records=``);
+    ``reconnect`` (an async callable returning a new, initialized session) replaces a
+    session the server lost (it restarted: "Session not found") before the call's retry.
     """
     return GuardedSession(*args, **options)
 
