@@ -742,7 +742,8 @@ def test_the_operator_page_shows_each_scopes_spend_limit_and_waiting_runs(
     redis_url: str, tmp_path: Any
 ) -> None:
     """tether serve --redis: /scopes lists each scope with its spend against its limit and
-    the runs paused on it (linked to their pages)."""
+    the runs paused on it (linked to their pages); without --redis, the scopes kept in the
+    records database."""
     from starlette.testclient import TestClient
 
     from tether.serve import create_app
@@ -762,7 +763,16 @@ def test_the_operator_page_shows_each_scopes_spend_limit_and_waiting_runs(
         assert f"${USED:.4f} of ${RESERVED:.4f}" in page and "3600.0 s" in page
         assert f'href="/runs/{outcome.run_id}"' in page
         alone = TestClient(create_app(records), base_url=base).get("/scopes").text
-        assert "--redis" in alone
+        assert "--redis" in alone and "No budget scope in this store yet" in alone
+        # without Redis: the scopes kept in the records database itself
+        kept = tether.BudgetScopes(records)
+        kept.limit("tenant:own", max_cost_usd=RESERVED)
+        paused = work(tether.Guard(scopes=kept, records=records), 3, ("tenant:own",))
+        assert paused.status == "paused"
+        alone = TestClient(create_app(records), base_url=base).get("/scopes").text
+        assert "tenant:own" in alone and "tenant:acme" not in alone
+        assert f"${USED:.4f} of ${RESERVED:.4f}" in alone
+        assert f'href="/runs/{paused.run_id}"' in alone
     finally:
         records.close()
         store.reset()

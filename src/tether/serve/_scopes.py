@@ -1,4 +1,5 @@
-"""The budget scopes of a Redis store (``tether serve --redis``): each scope's limits, spend
+"""The budget scopes of a Redis store (``tether serve --redis``), else of the records database
+(``BudgetScopes(records)``): each scope's limits, spend
 in its window, calls in flight and the runs paused on it (read only: a limit is raised with
 ``tether scopes set`` or ``BudgetScopes.limit``)."""
 
@@ -21,11 +22,9 @@ class ScopePages(Area):
         return [Route("/scopes", self.site.page(self.scopes))]
 
     def scopes(self, request: Request) -> tuple[str, dict[str, Any]]:
-        rows = []
-        redis = self.site.redis
-        if redis is not None:
-            from tether.run._scopes import BudgetScopes
+        from tether.run._scopes import BudgetScopes
 
-            book = BudgetScopes(redis)
-            rows = [book.view(name) for name in book.names()]
+        redis = self.site.redis
+        book = BudgetScopes(redis if redis is not None else self.site.records)
+        rows = [book.view(name) for name in book.names()]
         return "scopes.html", {"scopes": rows}
