@@ -289,6 +289,9 @@ def test_scope_names_are_checked() -> None:
         tether.Guard().start("t", scopes=("tenant:acme",))
     with pytest.raises(ValueError, match="max_cost_usd"):
         scopes.limit("tenant:acme", max_cost_usd=-1)
+    # a store that cannot hold scopes is refused, never a budget of this process alone
+    with pytest.raises(TypeError, match="cannot hold budget scopes"):
+        tether.BudgetScopes(tether.Checkpoints.memory())
 
 
 def test_an_unreachable_redis_refuses_the_call(redis_url: str) -> None:

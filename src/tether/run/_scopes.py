@@ -67,6 +67,16 @@ def _ops_of(store: Any) -> ScopeOps:
     if callable(own):
         ops: ScopeOps = own()
         return ops
+    from tether.stores._memory import MemoryStore
+
+    if not isinstance(store, MemoryStore):
+        # a store that cannot hold scopes would keep them in this process alone: every
+        # process of a fleet would spend the whole limit
+        raise TypeError(
+            "BudgetScopes(store=...) takes None or a MemoryStore (this process), a "
+            "tether.stores.RedisStore or tether.Records (a fleet), got "
+            f"{type(store).__name__}: it cannot hold budget scopes"
+        )
     return _OPS.setdefault(store, MemoryScopes())
 
 
@@ -94,7 +104,8 @@ class BudgetScopes:
 
     ``store``: where the scopes live; None keeps them in this process's memory, a
     :class:`tether.stores.RedisStore` shares them with every process that uses it (one
-    round trip per model call for all of its scopes). ``clock`` measures the windows.
+    round trip per model call for all of its scopes), and so does a :class:`tether.Records`
+    database on PostgreSQL or SQLite (one transaction per model call). ``clock`` measures the windows.
 
     >>> scopes = BudgetScopes()
     >>> scopes.limit("tenant:acme", max_cost_usd=50.0)
