@@ -159,3 +159,43 @@ def test_a_warning_raised_as_an_error_by_the_client_is_raised_unchanged(
         t_openai.run_agent(raw, model="gpt-6.1-terra", guard=Guard(),
                            messages=[{"role": "user", "content": "hi"}])  # fmt: skip
     assert calls == ["gpt-6.1-terra"]
+
+
+@pytest.mark.parametrize("shell", ["run_agent", "arun_agent"])
+def test_a_programming_error_in_the_model_call_is_raised_after_the_run_is_filed(
+    server: ScriptedServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shell: str
+) -> None:
+    """#40 case 7, run_agent: a model call that fails with a programming error (a TypeError of
+    a bad call) is tried once and raised as it is, the run filed first (permanent_error);
+    never the customer's "try again later"."""
+    from openai.resources.chat.completions import AsyncCompletions, Completions
+
+    calls: list[str] = []
+
+    def create(self: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["model"])
+        raise TypeError("create() got an unexpected keyword argument 'temprature'")
+
+    async def acreate(self: Any, **kwargs: Any) -> Any:
+        return create(self, **kwargs)
+
+    monkeypatch.setattr(Completions, "create", create)
+    monkeypatch.setattr(AsyncCompletions, "create", acreate)
+    records = tether.Records.sqlite(str(tmp_path / "records.db"))
+    guard = Guard(records=records, retry=tether.RetryPolicy(base=0.001, cap=0.002))
+    user = [{"role": "user", "content": "hi"}]
+
+    async def arun() -> None:
+        async with openai.AsyncOpenAI(
+            api_key="test", base_url=server.url + "/v1", max_retries=0
+        ) as raw:
+            await t_openai.arun_agent(raw, model="gpt-4.1", guard=guard, messages=user)
+
+    with pytest.raises(TypeError, match="temprature"):
+        if shell == "arun_agent":
+            asyncio.run(arun())
+        else:
+            with openai.OpenAI(api_key="test", base_url=server.url + "/v1", max_retries=0) as raw:
+                t_openai.run_agent(raw, model="gpt-4.1", guard=guard, messages=user)
+    assert calls == ["gpt-4.1"]
+    assert [r["reason"] for r in records.runs.list()] == ["permanent_error"]

@@ -341,6 +341,27 @@ def gpt(message: dict[str, Any], usage: tuple[int, int] = (1000, 200)) -> dict[s
             "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}}  # fmt: skip
 
 
+@pytest.mark.parametrize("shell", ["run_sync", "run"])
+def test_a_programming_error_in_the_model_is_raised_after_the_run_is_filed(
+    shell: str, tmp_path: Any
+) -> None:
+    """#40 case 7: a model call that fails with a programming error (an AttributeError) is
+    tried once and raised as it is, the run filed first (permanent_error); never the
+    customer's "try again later"."""
+    steps = [ModelStep.raise_error(AttributeError("'NoneType' object has no attribute 'id'"))]
+    scripted = model([*steps, [assistant_message("never")]])
+    records = tether.Records.sqlite(str(tmp_path / "records.db"))
+    guard = Guard(records=records, retry=RetryPolicy(base=0.01, cap=0.02))
+    agent = Agent(name="a", model=scripted)
+    with pytest.raises(AttributeError, match="no attribute 'id'"):
+        if shell == "run":
+            asyncio.run(ta_agents.run(agent, "hi", guard=guard))
+        else:
+            ta_agents.run_sync(agent, "hi", guard=guard)
+    assert scripted.remaining_steps == 1  # not retried
+    assert [r["reason"] for r in records.runs.list()] == ["permanent_error"]
+
+
 def test_the_real_openai_client_429_then_answers(server: ScriptedServer) -> None:
     """A 429 with Retry-After is retried once by tether's policy (the client's own retries
     off), and the answer is priced as gpt-6.1-terra."""

@@ -362,6 +362,25 @@ def test_a_permanent_model_failure_ends_the_run_with_a_reason() -> None:
     assert outcome.error is not None and "401" in outcome.error
 
 
+@pytest.mark.parametrize("shell", ["run_sync", "run"])
+def test_a_programming_error_in_the_model_is_raised_after_the_run_is_filed(
+    shell: str, tmp_path: Any
+) -> None:
+    """#40 case 7: a model request that fails with a programming error (a NameError) is
+    tried once and raised as it is, the run filed first (permanent_error); never the
+    customer's "try again later"."""
+    model, sent = flaky(NameError("name 'prompt' is not defined"))
+    records = tether.Records.sqlite(str(tmp_path / "records.db"))
+    guard = Guard(records=records, **FAST)
+    with pytest.raises(NameError, match="prompt"):
+        if shell == "run":
+            asyncio.run(ta_pydantic.run(Agent(model), "hi", guard=guard))
+        else:
+            ta_pydantic.run_sync(Agent(model), "hi", guard=guard)
+    assert len(sent) == 1
+    assert [r["reason"] for r in records.runs.list()] == ["permanent_error"]
+
+
 def test_the_real_openai_client_429_then_answers(server: ScriptedServer) -> None:
     server.script = [
         Reply(429, {"error": {"message": "slow down", "type": "rate_limit"}},

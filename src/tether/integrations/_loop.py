@@ -25,6 +25,7 @@ from tether import (
     ToolError,
     UnknownModelError,
 )
+from tether.classification._classify import programming_error
 from tether.integrations._common import (
     Guarded,
     malformed_arguments,
@@ -316,6 +317,9 @@ async def arun_tool(run: Run, turns: Turns, use: ToolUse) -> tuple[ToolUse, str,
 def _model_failed(run: Run, exc: Exception) -> None:
     """End the run for a model call that failed after its retries (raises Stopped)."""
     if isinstance(exc, Stopped | UnknownModelError):
+        raise exc
+    if programming_error(exc):  # a bug (a bad call...): raised as it is, the run filed
+        run.model_call_failed(exc)
         raise exc
     raise run.model_call_failed(exc) from exc
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, UnknownModelError
 from tether._errors import require
+from tether.classification._classify import programming_error
 from tether.integrations._arguments import same_arguments
 from tether.integrations._common import (
     ToolRules,
@@ -306,6 +307,9 @@ class _Session:
             exc, Exception
         ):
             raise exc  # the caller's configuration (fix it), or a cancellation
+        if programming_error(exc):  # a bug (a bad call...): raised as it is, the run ended
+            run.model_call_failed(exc)
+            raise exc
         raise run.model_call_failed(exc) from None  # the model failed after its retries
 
     def _sdk_input(self, data: Any) -> Any:

@@ -36,6 +36,7 @@ from typing import Any, Unpack
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError, UnknownModelError
 from tether._errors import Picklable, require
+from tether.classification._classify import programming_error
 from tether.guards._tokens import estimate_tokens
 from tether.integrations._common import (
     ModelRetries,
@@ -332,6 +333,10 @@ class TetherCapability(AbstractCapability[Any]):
         ):  # the caller's configuration (a warning its filters raise as an error too)
             run.note_error(error)
             run.halt(StopReason.ERROR, type(error).__name__)
+            self._finish(str(ctx.run_id), run, self._messages(ctx))
+            raise error
+        elif programming_error(error):  # a bug (a bad call...): raised as it is, the run filed
+            run.model_call_failed(error)
             self._finish(str(ctx.run_id), run, self._messages(ctx))
             raise error
         else:  # the model failed after its retries, or misbehaved
