@@ -157,25 +157,34 @@ def _while_big(base: str, big: str, samples: int) -> dict[str, float]:
     """/runs timed while another client opens the 5 MB run again and again."""
     import httpx
 
-    stop, big_times = threading.Event(), []
+    stop, fetched = threading.Event(), threading.Event()
+    big_times: list[float] = []
+    failed: list[BaseException] = []
 
     def hammer() -> None:
-        with httpx.Client(base_url=base, timeout=60) as c:
-            while not stop.is_set():
-                started = time.perf_counter()
-                if c.get(f"/runs/{big}").status_code != 200:
-                    raise RuntimeError(f"/runs/{big} did not answer 200")
-                big_times.append((time.perf_counter() - started) * 1000)
+        try:
+            with httpx.Client(base_url=base, timeout=60) as c:
+                while not stop.is_set():
+                    started = time.perf_counter()
+                    if c.get(f"/runs/{big}").status_code != 200:
+                        raise RuntimeError(f"/runs/{big} did not answer 200")
+                    big_times.append((time.perf_counter() - started) * 1000)
+                    fetched.set()
+        except BaseException as exc:  # said by the caller, not lost with the thread
+            failed.append(exc)
+            fetched.set()
 
     worker = threading.Thread(target=hammer, daemon=True)
     worker.start()
-    time.sleep(0.5)
+    fetched.wait(60)  # one whole fetch first: /runs is then timed beside the next ones
     try:
         with httpx.Client(base_url=base, timeout=60) as c:
             timed = _timed(c.get, "/runs", samples * 4)
     finally:
         stop.set()
         worker.join(60)
+    if failed:
+        raise RuntimeError(f"the big run's page failed while /runs was timed: {failed[0]!r}")
     return {
         "runs_p50_ms": timed["p50_ms"],
         "runs_max_ms": timed["max_ms"],
