@@ -38,7 +38,6 @@ from tether.integrations._common import (
 from tether.integrations._fallbacks import gives_way
 from tether.integrations._tokens import DEFAULT_MAX_OUTPUT
 from tether.retries._policy import RetryPolicy
-from tether.run._fallbacks import check_priced
 
 require("langchain", "langchain")
 
@@ -237,7 +236,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         self._policy = guard.retry.replace(name="model")
         #: the chat models a model call goes to when its own cannot answer, in order
         chain = Fallback.chain(guard.fallbacks if fallbacks is None else fallbacks)
-        check_priced(chain, guard.budget.max_cost_usd, guard.prices)
+        guard.prices.check_chain(chain, guard.budget.max_cost_usd)
         self.fallbacks = _chat_models(chain)
         self._fallback_policy = self._policy.replace(breaker=None)
         self._warned = False

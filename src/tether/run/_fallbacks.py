@@ -103,16 +103,5 @@ def is_chat_model(client: Any) -> bool:
 def check_priced(
     chain: Iterable[Fallback], max_cost_usd: float | None, prices: Any, field: str = "fallbacks"
 ) -> None:
-    """Under a cost budget, every model of a chain must have a price: refused here (a
-    ValueError naming the entry and its model), not with UnknownModelError at the first
-    quota refusal, in the middle of an incident. ``prices``: a :class:`tether.PriceTable`
-    (``unknown="zero"`` counts an unpriced model as free: allowed)."""
-    if max_cost_usd is None or prices.unknown == "zero":
-        return
-    for i, entry in enumerate(chain):
-        model = entry.priced_as
-        if not prices.knows(model, entry.provider):
-            raise ValueError(
-                f"{field}[{i}] ({model!r}) cannot be counted by the cost budget "
-                f"(max_cost_usd={max_cost_usd:g}): {prices.missing(model)}"
-            )
+    """See :meth:`tether.PriceTable.check_chain`."""
+    prices.check_chain(chain, max_cost_usd, field)

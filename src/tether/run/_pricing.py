@@ -23,6 +23,7 @@ import copy
 import logging
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -337,6 +338,23 @@ class PriceTable:
                 _WAYS_OUT,
             )
         return None
+
+    def check_chain(
+        self, chain: Iterable[Any], max_cost_usd: float | None, field: str = "fallbacks"
+    ) -> None:
+        """Under a cost budget, every model of a fallback chain (``tether.Fallback`` entries)
+        must have a price: refused here (a ValueError naming the entry and its model), not
+        with UnknownModelError at the first quota refusal, in the middle of an incident.
+        ``unknown="zero"`` counts an unpriced model as free: allowed."""
+        if max_cost_usd is None or self.unknown == "zero":
+            return
+        for i, entry in enumerate(chain):
+            model = entry.priced_as
+            if not self.knows(model, entry.provider):
+                raise ValueError(
+                    f"{field}[{i}] ({model!r}) cannot be counted by the cost budget "
+                    f"(max_cost_usd={max_cost_usd:g}): {self.missing(model)}"
+                )
 
     def missing(self, model: str) -> str:
         """Why ``model`` cannot be priced, and the ways out."""

@@ -15,7 +15,6 @@ When the database cannot be reached the scopes fail closed: the call is refused 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -185,6 +184,8 @@ class SqlScopes:
         need: tuple[float | None, float, float, float],
         now: float,
     ) -> Answer:
+        import asyncio  # only when an async run asks: a sync run loads no asyncio
+
         return await asyncio.to_thread(self.reserve, names, call_id, need, now)
 
     def settle(self, names: Sequence[str], call_id: str, used: Four, now: float) -> bool:
@@ -200,6 +201,8 @@ class SqlScopes:
         return counted
 
     async def asettle(self, names: Sequence[str], call_id: str, used: Four, now: float) -> bool:
+        import asyncio
+
         return await asyncio.to_thread(self.settle, names, call_id, used, now)
 
     def release(self, names: Sequence[str], call_id: str) -> None:
