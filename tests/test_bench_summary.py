@@ -40,12 +40,12 @@ def test_an_unmeasured_pass_k_reads_undefined_never_zero() -> None:
 def test_a_summary_line_per_suite_groups_policies_with_the_same_figures() -> None:
     """tether and its adapters share a line when their figures agree; peers follow."""
     agents = {"scenarios": {"outage": {"policies": {
-        "tether": {"duplicate_effects": 0, "runaway": 0, "false_stops": 0, "success": 1.0},
-        "naive": {"duplicate_effects": 7, "runaway": 3, "false_stops": 0, "success": 0.5}}}}}  # fmt: skip
+        "tether": {"duplicate_effects": 0, "runaway": 0, "false_stops": 0, "success": 0.75, "escalated": 0.25},
+        "naive": {"duplicate_effects": 7, "runaway": 3, "false_stops": 0, "success": 0.5, "escalated": 0.0}}}}}  # fmt: skip
     lines = _summary.summaries({"suites": {"tau": _tau(seeds=4), "agents": agents}})
     assert lines[0] == ("agents (1 scenarios): tether: 0 duplicate effects, 0 runaway, "
-                        "0 false stops, 100.0% success; naive: 7 duplicate effects, 3 runaway, "
-                        "0 false stops, 50.0% success")  # fmt: skip
+                        "0 false stops, 75.0% success, 25.0% handed to a person; naive: 7 duplicate "
+                        "effects, 3 runaway, 0 false stops, 50.0% success, 0.0% handed to a person")  # fmt: skip
     assert lines[1] == ("tau retail: tether, tether-langchain: pass^1 at least 100.0%, 0 duplicate "
                         "effects, 0 dishonest endings; naive: pass^1 at least 25.0%, 0 duplicate "
                         "effects, 4 dishonest endings")  # fmt: skip

@@ -44,9 +44,10 @@ def _agents(suite: dict[str, Any]) -> str:
         runaway = sum(c["runaway"] for c in cells)
         false = sum(c["false_stops"] for c in cells)
         success = sum(c["success"] for c in cells) / len(cells)
+        escalated = sum(c.get("escalated", 0.0) for c in cells) / len(cells)
         return (
             f"{dup:,} duplicate effects, {runaway:,} runaway, {false:,} false stops, "
-            f"{success:.1%} success"
+            f"{success:.1%} success, {escalated:.1%} handed to a person"
         )
 
     figures = {policy: said(policy) for policy in by}
