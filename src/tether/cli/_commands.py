@@ -353,7 +353,7 @@ def _dlq(args: argparse.Namespace) -> int:
             print(f"tether dlq: {exc.args[0]}", file=sys.stderr)
             return 1
         if args.dlq_command == "show":
-            return _inspect.show_letter(letter)
+            return _inspect.show_doc(letter.to_doc())
         return _replay(letters, letter, args.handler, args.force, args.lookup)
 
 

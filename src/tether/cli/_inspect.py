@@ -23,7 +23,7 @@ __all__ = [
     "list_letters",
     "missing",
     "records_list",
-    "show_letter",
+    "show_doc",
 ]
 
 _TIME_FIELDS = (
@@ -58,8 +58,6 @@ def shown(value: Any) -> Any:
         }  # fmt: skip
     if isinstance(value, list | tuple):
         return [shown(v) for v in value]
-    if isinstance(value, str):
-        return redact(value, pii=masks_pii())
     return redact(value, pii=masks_pii())
 
 
@@ -122,9 +120,9 @@ def list_letters(letters: Any, as_json: bool, limit: int) -> int:
     return 0
 
 
-def show_letter(letter: Any) -> int:
+def show_doc(doc: dict[str, Any]) -> int:
     """One document, as JSON: redacted, times in ISO 8601."""
-    print(json.dumps(shown(letter.to_doc()), indent=2, default=str))
+    print(json.dumps(shown(doc), indent=2, default=str))
     return 0
 
 
@@ -204,14 +202,4 @@ def records_show(args: argparse.Namespace) -> int:
     if doc is None:
         print(f"tether records show: no run {args.run_id!r} in {args.db}", file=sys.stderr)
         return 1
-    return show_letter(_AsDoc(doc))
-
-
-class _AsDoc:
-    """A record already a document, shown as a letter is."""
-
-    def __init__(self, doc: dict[str, Any]) -> None:
-        self._doc = doc
-
-    def to_doc(self) -> dict[str, Any]:
-        return self._doc
+    return show_doc(doc)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PROVIDERS", "Fallback", "check_priced", "is_chat_model"]
+__all__ = ["PROVIDERS", "Fallback", "is_chat_model"]
 
 #: the providers whose requests tether builds (and can translate between, in ``run_agent``)
 PROVIDERS = ("anthropic", "openai")
@@ -98,10 +98,3 @@ def is_chat_model(client: Any) -> bool:
         c.__name__ == "BaseChatModel" and c.__module__.startswith("langchain_core.")
         for c in type(client).__mro__
     )
-
-
-def check_priced(
-    chain: Iterable[Fallback], max_cost_usd: float | None, prices: Any, field: str = "fallbacks"
-) -> None:
-    """See :meth:`tether.PriceTable.check_chain`."""
-    prices.check_chain(chain, max_cost_usd, field)

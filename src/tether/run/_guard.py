@@ -19,7 +19,7 @@ from tether.records._records import Records
 from tether.redaction._redact import redact
 from tether.retries._policy import RetryPolicy
 from tether.run._budget import Budget
-from tether.run._fallbacks import Fallback, check_priced
+from tether.run._fallbacks import Fallback
 from tether.run._governance import takes_run
 from tether.run._handoff import CustomerMessages, Escalation, _describe
 from tether.run._health import HUNG_TOOL_MODES, HungToolMode
@@ -138,7 +138,7 @@ class Guard:
         self.token_budgets = budgets_for(token_budget)
         #: the models a run's model call goes to when its own cannot answer (tether.Fallback)
         self.fallbacks = Fallback.chain(fallbacks)
-        check_priced(self.fallbacks, self.budget.max_cost_usd, self.prices)
+        self.prices.check_chain(self.fallbacks, self.budget.max_cost_usd)
         # one unlucky call's retries alone never trip a tool's breaker
         self.breaker_threshold = breaker_threshold or max(5, 2 * self.retry.max_attempts)
         self.wait_for_recovery = wait_for_recovery
