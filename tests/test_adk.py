@@ -340,3 +340,32 @@ def test_a_tool_that_requires_confirmation_waits_for_it() -> None:
     # the call was held before the run's pipeline: the ledger holds no answer for it, so the
     # confirmed call runs (a ledger entry would replay "requires confirmation" forever)
     assert plugin.last_outcome is not None and plugin.last_outcome.usage.tool_calls == 0
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_spent_budget_scope_pauses_the_invocation(shell: str) -> None:
+    """TetherPlugin(guard, scopes=...): the tenant's scope allows 3 model calls; the 4th is
+    never sent, the run is paused BUDGET_REACHED and the agent ends with the message."""
+    from tether import BudgetScopes, Checkpoints, LoopPolicy
+
+    looked: list[str] = []
+
+    def lookup_order(order: str) -> str:
+        """Find an order."""
+        looked.append(order)
+        return "found"
+
+    scopes = BudgetScopes()
+    scopes.limit("tenant:acme", max_model_calls=3)
+    tethered = Guard(
+        scopes=scopes, prices=PRICES, loops=LoopPolicy(max_repeats=None),
+        checkpoints=Checkpoints.memory(),
+    )  # fmt: skip
+    model = scripted(lambda i: reply(call("lookup_order", {"order": f"A-{i}"}, i)))
+    plugin = TetherPlugin(tethered, scopes=("tenant:acme",))
+    events = SHELLS[shell](LlmAgent(name="clerk", model=model, tools=[lookup_order]), [plugin])
+    outcome = plugin.last_outcome
+    assert outcome is not None
+    assert (outcome.status, outcome.stopped_because) == ("paused", StopReason.BUDGET_REACHED)
+    assert model.calls == 3 and scopes.spent("tenant:acme").model_calls == 3
+    assert last_text(events) == outcome.customer_message

@@ -365,6 +365,56 @@ async def async_workflow() -> tether.Outcome:
     return await tether_dbos.arun(GUARD["guard"], _async_agent, task="refund C-3")
 
 
+SCOPES = tether.BudgetScopes()
+
+
+def _scoped_agent(run: tether.Run) -> None:
+    while run.proceed():
+        run.begin_model_call(model="scripted", estimated_input_tokens=10, max_output_tokens=10)
+        CALLS["model"] = CALLS.get("model", 0) + 1
+        run.record_model_call(input_tokens=10, output_tokens=5, cost_usd=0.001, model="scripted")
+        run.progress()
+
+
+async def _ascoped_agent(run: tether.Run) -> None:
+    while run.proceed():
+        await run.abegin_model_call(
+            model="scripted", estimated_input_tokens=10, max_output_tokens=10
+        )
+        CALLS["model"] = CALLS.get("model", 0) + 1
+        run.record_model_call(input_tokens=10, output_tokens=5, cost_usd=0.001, model="scripted")
+        run.progress()
+
+
+@DBOS.workflow()
+def scoped_workflow(scope: str) -> tether.Outcome:
+    return tether_dbos.run(GUARD["scoped"], _scoped_agent, task="read", scopes=(scope,))
+
+
+@DBOS.workflow()
+async def ascoped_workflow(scope: str) -> tether.Outcome:
+    return await tether_dbos.arun(GUARD["scoped"], _ascoped_agent, task="read", scopes=(scope,))
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_spent_budget_scope_pauses_the_workflows_run(guard: tether.Guard, shell: str) -> None:
+    """run(guard, agent, scopes=...): the tenant's scope allows 3 model calls; the 4th is
+    never made and the workflow returns the paused run's outcome (BUDGET_REACHED)."""
+    scope = f"tenant:{uuid.uuid4().hex[:8]}"
+    SCOPES.limit(scope, max_model_calls=3)
+    GUARD["scoped"] = tether.Guard(
+        ledger=guard.ledger,
+        records=guard.records,
+        scopes=SCOPES,
+        budget=tether.Budget(max_steps=20),
+    )
+    workflow = scoped_workflow if shell == "sync" else ascoped_workflow
+    with SetWorkflowID(f"scoped-{uuid.uuid4().hex[:8]}"):
+        outcome = DBOS.start_workflow(workflow, scope).get_result()
+    assert (outcome.status, outcome.stopped_because) == ("paused", tether.StopReason.BUDGET_REACHED)
+    assert CALLS == {"model": 3} and SCOPES.spent(scope).model_calls == 3
+
+
 def _pending(guard: tether.Guard) -> tether.ApprovalRecord:
     import time
 

@@ -350,3 +350,23 @@ def test_retry_policy_waits_the_retry_after(shell: str) -> None:
     app = builder.compile()
     asyncio.run(app.ainvoke(USER)) if shell == "ainvoke" else app.invoke(USER)
     assert len(attempts) == 2 and attempts[1] - attempts[0] >= 0.3
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_spent_budget_scope_pauses_the_turn(shell: str) -> None:
+    """GraphGuard(guard, scopes=...): the tenant's scope allows 3 model calls; the 4th is
+    never made, the turn's run is paused BUDGET_REACHED with the customer message last."""
+    scopes = tether.BudgetScopes()
+    scopes.limit("tenant:acme", max_model_calls=3)
+    guard = Guard(
+        scopes=scopes,
+        loops=tether.LoopPolicy(max_repeats=None),
+        prices=PriceTable({"fake-model": Price(input=10.0, output=0.0)}),
+        checkpoints=tether.Checkpoints.memory(),
+    )
+    guarded = ta_langgraph.GraphGuard(guard, model="fake-model", scopes=("tenant:acme",))
+    state = call(graph(guarded, stuck), USER, f"scoped-{shell}", shell)
+    outcome = state["tether_outcome"]
+    assert (outcome.status, outcome.stopped_because) == ("paused", StopReason.BUDGET_REACHED)
+    assert outcome.usage.model_calls == 3 == scopes.spent("tenant:acme").model_calls
+    assert state["messages"][-1].content == outcome.customer_message

@@ -231,3 +231,34 @@ def test_a_sub_agent_as_a_tool_counts_in_its_own_run() -> None:
 def test_the_hooks_refuse_what_they_cannot_use() -> None:
     with pytest.raises(TypeError):
         TetherHooks("not a guard")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_spent_budget_scope_pauses_the_invocation(shell: str) -> None:
+    """TetherHooks(guard, scopes=...): the tenant's scope allows 3 model calls; the 4th is
+    never sent, the run is paused BUDGET_REACHED and the agent ends with the message."""
+    from tether import BudgetScopes, Checkpoints, LoopPolicy
+
+    looked: list[str] = []
+
+    @tool
+    def lookup_order(order: str) -> str:
+        """Find an order."""
+        looked.append(order)
+        return "found"
+
+    scopes = BudgetScopes()
+    scopes.limit("tenant:acme", max_model_calls=3)
+    tethered = Guard(
+        scopes=scopes, prices=PRICES, loops=LoopPolicy(max_repeats=None),
+        checkpoints=Checkpoints.memory(),
+    )  # fmt: skip
+    hooks = TetherHooks(tethered, scopes=("tenant:acme",))
+    model = Scripted(lambda i: [use("lookup_order", {"order": f"A-{i}"}, i)])
+    agent = Agent(model=model, tools=[lookup_order], hooks=[hooks], callback_handler=None)
+    result = SHELLS[shell](agent, "find the orders")
+    outcome = hooks.last_outcome
+    assert outcome is not None
+    assert (outcome.status, outcome.stopped_because) == ("paused", StopReason.BUDGET_REACHED)
+    assert model.calls == 3 and scopes.spent("tenant:acme").model_calls == 3
+    assert answer_text(result) == outcome.customer_message

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Unpack
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError
@@ -126,7 +126,9 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
     invocation serves, as ``guard.start(key=)``: a string, or a function of ADK's
     ``InvocationContext``; default: the app, user, session and invocation (a resumed
     invocation is the same request). ``timeouts``, ``requires_approval``, ``compensate``
-    and ``labels`` (by tool name) are the options of ``run.call_tool``.
+    and ``labels`` (by tool name) are the options of ``run.call_tool``. ``scopes`` names
+    the budget scopes every invocation's run spends in (``guard.start(scopes=...)``): a
+    spent scope pauses the run (``BUDGET_REACHED``) before the model call it could not pay.
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
         *,
         key: str | Callable[[Any], str | None] | None = None,
+        scopes: Sequence[str] | None = None,
         name: str = "tether",
         **rules: Unpack[ToolRuleOptions],
     ) -> None:
@@ -147,6 +150,8 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
             )
         self.guard = guard
         self.key = key
+        #: the budget scopes each invocation's run spends in (``guard.start(scopes=...)``)
+        self.scopes = scopes
         self.rules = ToolRules(side_effects, **rules)
         require_a_place_to_wait(guard, self.rules.needing_approval())
         self.side_effects = self.rules.side_effects
@@ -201,7 +206,9 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
                 )
             run = self.guard.restore(doc)  # a resumed invocation: the budget it had left
         else:
-            run = self.guard.start(task=_task(ctx.user_content), key=self._key(ctx))
+            run = self.guard.start(
+                task=_task(ctx.user_content), key=self._key(ctx), scopes=self.scopes
+            )
         run.__enter__()
         self._live[ctx.invocation_id] = _Live(run, owned=True)
         return None

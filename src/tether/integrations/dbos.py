@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import warnings
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -170,7 +170,9 @@ def _workflow_id() -> str:
     return workflow_id
 
 
-def _open(guard: Guard, task: str, workflow_id: str, checkpoint_id: str | None) -> Run:
+def _open(
+    guard: Guard, task: str, scopes: Sequence[str], workflow_id: str, checkpoint_id: str | None
+) -> Run:
     """The phase's run: the checkpointed one, or a new one serving the workflow's request
     (``key=`` the workflow id), named after the workflow and the phase's step (the same
     names when a crashed phase runs again)."""
@@ -182,17 +184,18 @@ def _open(guard: Guard, task: str, workflow_id: str, checkpoint_id: str | None) 
     except ValueError:  # a workflow id with characters a run id may not have
         run_id = f"dbos_{hashlib.sha256(workflow_id.encode()).hexdigest()[:32]}_{DBOS.step_id}"
     # the run serves the workflow's request: its effects happen once across its phases
-    return guard.start(task, key=workflow_id, run_id=run_id)
+    return guard.start(task, key=workflow_id, run_id=run_id, scopes=scopes or None)
 
 
 def _phase(
     guard: Guard,
     agent: Callable[[Run], Any],
     task: str,
+    scopes: Sequence[str],
     workflow_id: str,
     checkpoint_id: str | None,
 ) -> Outcome:
-    run = _open(guard, task, workflow_id, checkpoint_id)
+    run = _open(guard, task, scopes, workflow_id, checkpoint_id)
     with run:
         agent(run)
     return run.outcome
@@ -202,10 +205,11 @@ async def _aphase(
     guard: Guard,
     agent: Callable[[Run], Awaitable[Any]],
     task: str,
+    scopes: Sequence[str],
     workflow_id: str,
     checkpoint_id: str | None,
 ) -> Outcome:
-    run = _open(guard, task, workflow_id, checkpoint_id)
+    run = _open(guard, task, scopes, workflow_id, checkpoint_id)
     async with run:
         await agent(run)
     return run.outcome
@@ -272,6 +276,7 @@ def _workflow(
     guard: Guard,
     agent: Any,
     task: str,
+    scopes: Sequence[str],
     approval_poll: float,
     approval_timeout: float | None,
     phase: Callable[..., Any],
@@ -287,7 +292,7 @@ def _workflow(
     checkpoint_id: str | None = None
     while True:
         outcome: Outcome = yield _Step(
-            "tether.run", phase, (guard, agent, task, workflow_id, checkpoint_id)
+            "tether.run", phase, (guard, agent, task, scopes, workflow_id, checkpoint_id)
         )
         approval_id = _waits(outcome)
         if approval_id is None:
@@ -328,6 +333,7 @@ def run(
     agent: Callable[[Run], Any],
     *,
     task: str = "",
+    scopes: Sequence[str] | None = None,
     approval_poll: float = 30.0,
     approval_timeout: float | None = None,
 ) -> Outcome:
@@ -339,9 +345,13 @@ def run(
     durable ledger. A run that stops ``AWAITING_APPROVAL`` waits for the decision (a
     message from :func:`approve`/:func:`notify`, or the records read every
     ``approval_poll`` seconds) at most ``approval_timeout`` seconds (None: as long as it
-    takes), then resumes; past the timeout the awaiting outcome is returned.
+    takes), then resumes; past the timeout the awaiting outcome is returned. ``scopes``
+    names the budget scopes the run spends in (``guard.start(task, scopes=...)``); a spent
+    scope ends the workflow with the paused run's outcome (``BUDGET_REACHED``).
     """
-    plan = _Plan(_workflow(guard, agent, task, approval_poll, approval_timeout, _phase))
+    plan = _Plan(
+        _workflow(guard, agent, task, tuple(scopes or ()), approval_poll, approval_timeout, _phase)
+    )
     while (ask := plan.next()) is not None:
         if isinstance(ask, _Step):
             plan.answer = DBOS.run_step({"name": ask.name}, ask.fn, *ask.args)
@@ -355,11 +365,14 @@ async def arun(
     agent: Callable[[Run], Awaitable[Any]],
     *,
     task: str = "",
+    scopes: Sequence[str] | None = None,
     approval_poll: float = 30.0,
     approval_timeout: float | None = None,
 ) -> Outcome:
     """The async form of :func:`run`: ``await agent(run)`` in an async workflow."""
-    plan = _Plan(_workflow(guard, agent, task, approval_poll, approval_timeout, _aphase))
+    plan = _Plan(
+        _workflow(guard, agent, task, tuple(scopes or ()), approval_poll, approval_timeout, _aphase)
+    )
     while (ask := plan.next()) is not None:
         if isinstance(ask, _Step):
             plan.answer = await DBOS.run_step_async({"name": ask.name}, ask.fn, *ask.args)

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
 
@@ -145,6 +145,7 @@ class GraphGuard:
     the model answers without calling a tool), and give the ``ToolNode`` the wrappers
     (``ToolNode(tools, wrap_tool_call=guarded.tool_wrapper, awrap_tool_call=
     guarded.atool_wrapper)``), or call :meth:`call_tools` from a hand-written tool node.
+    ``scopes``: the budget scopes each turn's run spends in (``guard.start(scopes=...)``).
     """
 
     def __init__(
@@ -158,6 +159,7 @@ class GraphGuard:
         read_only: Iterable[str] = (),
         model: str = "",
         key: str | Callable[[Mapping[str, Any]], str | None] | None = None,
+        scopes: Sequence[str] | None = None,
     ) -> None:
         from tether.integrations.langchain import TetherMiddleware
 
@@ -172,6 +174,7 @@ class GraphGuard:
             volatile=volatile,
             read_only=read_only,
             key=key,
+            scopes=scopes,
         )
         self.guard = guard
 
@@ -278,7 +281,9 @@ class GraphGuard:
             for message in _get(state, "messages") or ():
                 if getattr(message, "type", "") == "human":
                     task = str(getattr(message, "content", ""))[:200]
-            hold = self._agent._hold_new(self.guard.start(task=task, key=self._agent._key()))
+            hold = self._agent._hold_new(
+                self.guard.start(task=task, key=self._agent._key(), scopes=self._agent.scopes)
+            )
         run = hold.run
         if run.stopped is None and run.proceed():
             return hold, None

@@ -17,7 +17,7 @@ message the customer message. The outcome is ``hooks.last_outcome``.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Unpack
 
 from tether import Guard, Outcome, Run, Stopped, ToolError
@@ -151,6 +151,9 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
     serves (``guard.start(key=)``): a string, or a function of the invocation state; None:
     every invocation is its own request. ``timeouts``, ``requires_approval``,
     ``compensate`` and ``labels`` (by tool name) are the options of ``run.call_tool``.
+    ``scopes`` names the budget scopes every invocation's run spends in
+    (``guard.start(scopes=...)``): a spent scope pauses the run (``BUDGET_REACHED``) before
+    the model call it could not pay.
     """
 
     def __init__(
@@ -159,6 +162,7 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
         side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
         *,
         key: str | Callable[[dict[str, Any]], str | None] | None = None,
+        scopes: Sequence[str] | None = None,
         **rules: Unpack[ToolRuleOptions],
     ) -> None:
         if not isinstance(guard, Guard):
@@ -167,6 +171,8 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
             raise ValueError(f"key must be a request id (str), a function, or None, got {key!r}")
         self.guard = guard
         self.key = key
+        #: the budget scopes each invocation's run spends in (``guard.start(scopes=...)``)
+        self.scopes = scopes
         self.rules = ToolRules(side_effects, **rules)
         require_a_place_to_wait(guard, self.rules.needing_approval())
         self.side_effects = self.rules.side_effects
@@ -201,7 +207,7 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
     def _begin(self, event: Any) -> None:
         state = event.invocation_state
         messages = event.messages if event.messages is not None else event.agent.messages
-        run = self.guard.start(task=_task(messages), key=self._key(state))
+        run = self.guard.start(task=_task(messages), key=self._key(state), scopes=self.scopes)
         run.__enter__()
         state[RUN_KEY] = run
         state.pop(_CANCELLED, None)
