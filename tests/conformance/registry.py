@@ -1,0 +1,20 @@
+"""Every adapter the suite runs (a row of the docs' table). Adding one: a driver module in
+``adapters/`` (a subclass of ``suite.Adapter``) and a line here."""
+
+from __future__ import annotations
+
+from conformance.adapters.langchain import Middleware
+from conformance.adapters.openai_agents import AgentsSDK
+from conformance.adapters.pydantic_ai import PydanticAI
+from conformance.adapters.sdk_loop import AnthropicLoop, OpenAILoop
+from conformance.suite import Adapter
+
+ADAPTERS: list[Adapter] = [
+    AnthropicLoop(),
+    OpenAILoop(),
+    AgentsSDK(),
+    Middleware(),
+    PydanticAI(),
+]
+
+assert len({a.id for a in ADAPTERS}) == len(ADAPTERS), "adapter ids are unique"
