@@ -74,25 +74,39 @@ def guard(**budget: Any) -> Guard:
 
 
 async def drive(
-    agent: LlmAgent, plugins: list[Any], text: str = "find invoice 99", **config: Any
+    agent: LlmAgent,
+    plugins: list[Any],
+    text: str = "find invoice 99",
+    run_config: RunConfig | None = None,
+    **config: Any,
 ) -> list[Any]:
     runner = InMemoryRunner(app=App(name="shop", root_agent=agent, plugins=plugins))
     session = await runner.session_service.create_session(app_name="shop", user_id="u")
     message = types.Content(role="user", parts=[types.Part(text=text)])
     events = []
     async for event in runner.run_async(
-        user_id="u", session_id=session.id, new_message=message, run_config=RunConfig(**config)
+        user_id="u",
+        session_id=session.id,
+        new_message=message,
+        run_config=run_config or RunConfig(**config),
     ):
         events.append(event)
     return events
 
 
-def drive_sync(agent: LlmAgent, plugins: list[Any], text: str = "find invoice 99") -> list[Any]:
+def drive_sync(
+    agent: LlmAgent,
+    plugins: list[Any],
+    text: str = "find invoice 99",
+    run_config: RunConfig | None = None,
+) -> list[Any]:
     """ADK's sync shell: ``Runner.run`` (the async runner on a thread of its own)."""
     runner = InMemoryRunner(app=App(name="shop", root_agent=agent, plugins=plugins))
     session = asyncio.run(runner.session_service.create_session(app_name="shop", user_id="u"))
     message = types.Content(role="user", parts=[types.Part(text=text)])
-    return list(runner.run(user_id="u", session_id=session.id, new_message=message))
+    return list(
+        runner.run(user_id="u", session_id=session.id, new_message=message, run_config=run_config)
+    )
 
 
 def last_text(events: list[Any]) -> str:
@@ -368,4 +382,38 @@ def test_a_spent_budget_scope_pauses_the_invocation(shell: str) -> None:
     assert outcome is not None
     assert (outcome.status, outcome.stopped_because) == ("paused", StopReason.BUDGET_REACHED)
     assert model.calls == 3 and scopes.spent("tenant:acme").model_calls == 3
+    assert last_text(events) == outcome.customer_message
+
+
+def pages_agent() -> tuple[LlmAgent, Scripted, list[str]]:
+    looked: list[str] = []
+
+    def lookup_order(order: str) -> str:
+        """Find an order."""
+        looked.append(order)
+        return "found"
+
+    model = scripted(lambda i: reply(call("lookup_order", {"order": f"A-{i}"}, i)))
+    return LlmAgent(name="clerk", model=model, tools=[lookup_order]), model, looked
+
+
+@pytest.mark.parametrize(("max_llm_calls", "max_model_calls"), [(3, 10), (10, 3)])
+@pytest.mark.parametrize("shell", ["async", "sync"])
+def test_adk_max_llm_calls_and_the_budget_whichever_is_lower_ends_the_run(
+    shell: str, max_llm_calls: int, max_model_calls: int
+) -> None:
+    """RunConfig(max_llm_calls=N) beside Budget(max_model_calls=M): the lower stops the agent
+    after exactly that many calls, honestly: MAX_MODEL_CALLS with the customer message, no
+    call reserved and left unsent, no LlmCallsLimitExceededError out of the Runner."""
+    agent, model, looked = pages_agent()
+    plugin = TetherPlugin(guard(max_model_calls=max_model_calls))
+    config = RunConfig(max_llm_calls=max_llm_calls)
+    if shell == "async":
+        events = asyncio.run(drive(agent, [plugin], "find the orders", run_config=config))
+    else:
+        events = drive_sync(agent, [plugin], "find the orders", run_config=config)
+    outcome = plugin.last_outcome
+    assert outcome is not None
+    assert (outcome.status, outcome.stopped_because) == ("partial", StopReason.MAX_MODEL_CALLS)
+    assert model.calls == 3 == outcome.usage.model_calls == len(looked)
     assert last_text(events) == outcome.customer_message

@@ -103,6 +103,20 @@ async def _confirmation(
     return held
 
 
+def _adk_limit_reached(callback_context: Any) -> int | None:
+    """ADK's ``RunConfig.max_llm_calls`` when the next model call would pass it (ADK counts
+    a call after the plugins' ``before_model_callback`` and raises past its limit), else
+    None."""
+    ctx = callback_context._invocation_context
+    limit = getattr(getattr(ctx, "run_config", None), "max_llm_calls", 0)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return None  # ADK enforces no limit
+    made = getattr(getattr(ctx, "_invocation_cost_manager", None), "_number_of_llm_calls", None)
+    if not isinstance(made, int):  # pragma: no cover - ADK's counter moved: ADK raises itself
+        return None
+    return limit if made >= limit else None
+
+
 def _stop_reply(run: Run) -> LlmResponse:
     """The model's last word when a guard stopped the run: the customer message, final."""
     message = run.outcome.customer_message
@@ -246,7 +260,15 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         self, *, callback_context: Any, llm_request: Any
     ) -> LlmResponse | None:
         run = self._run(callback_context.invocation_id)
-        if run.stopped is not None or not run.proceed():
+        if run.stopped is not None:
+            return _stop_reply(run)
+        limit = _adk_limit_reached(callback_context)
+        if limit is not None:  # ADK would raise: the run ends as its own model-call budget does
+            try:
+                run.stop(StopReason.MAX_MODEL_CALLS, f"ADK's max_llm_calls ({limit}) reached")
+            except Stopped:
+                return _stop_reply(run)
+        if not run.proceed():
             return _stop_reply(run)
         try:
             await run.abegin_model_call(
@@ -346,6 +368,3 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         except Stopped as exc:
             return {"error": f"stopped: {exc.reason.value}"}
         return None  # pragma: no cover - fails() always raises
-
-
-_ = StopReason  # re-exported names the docs use
