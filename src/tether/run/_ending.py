@@ -12,6 +12,7 @@ from tether import telemetry
 from tether.effects._canonical import jsonable
 from tether.records._runs import portable
 from tether.redaction._redact import redact, redact_conversation, redacted_entries
+from tether.run._document import Form, effects_doc, read, write
 from tether.run._handoff import SOME_STEP, HandoffRecord, _Delivery
 from tether.run._outcome import (
     Outcome,
@@ -129,7 +130,7 @@ class Ending:
                 "omitted": {"partial": omitted, "transcript": self.s.transcript.summary()},
                 "journal": [e.to_doc() for e in self.s._journal],
                 # the effects made: a resumed run tells the customer of them (arguments redacted)
-                "effects": [[t, redact(jsonable(a)), k] for t, a, k in self.s._effects],
+                "effects": effects_doc(self.s._effects),
                 "labels": dict(self.s._labels),  # what the customer reads for each effect
                 "compensated": list(self.s._compensated),
                 "pending": pending,
@@ -138,6 +139,7 @@ class Ending:
             if self.s.messages is not None:  # a worker in another process resumes the conversation
                 doc["messages"] = redact(portable(self.s.messages))
             try:
+                doc = write(doc, Form.CHECKPOINT, self.s.guard.signing_keys)
                 checkpoint_id = self.s.guard.checkpoints.save(doc, self.s.clock.wall())
                 if self.s._pending is not None and not amend:
                     self.s._pending = replace(self.s._pending, checkpoint_id=checkpoint_id)
@@ -253,8 +255,9 @@ class Ending:
         if records is None or self.s._resumed_from is None:
             return False
         try:
-            current = records.runs.get(self.s.run_id)
-        except Exception:
+            found = records.runs.get(self.s.run_id)
+            current = None if found is None else read(found, Form.RECORD, self.s.guard.signing_keys)
+        except Exception:  # unreadable, altered or forged: this ending is filed over it
             return False
         return current is not None and current.get("checkpoint_id") not in (
             self.s._resumed_from,
@@ -291,8 +294,10 @@ class Ending:
             )
             return
         usage = outcome.usage
-        doc = {
+        body = {
             "run_id": self.s.run_id,
+            "key": self.s.key,
+            "request": self.s._request,
             "task": task,
             "status": outcome.status,
             "reason": outcome.stopped_because.value,
@@ -311,9 +316,12 @@ class Ending:
             "handoff_id": getattr(outcome.handoff, "id", None),
             "compensated": list(outcome.compensated),
             "pending_approval": outcome.pending_approval,
+            "effects": effects_doc(self.s._effects),
+            "labels": dict(self.s._labels),
             "ended_at": self.s.clock.wall(),
         }
         try:
+            doc = write(body, Form.RECORD, self.s.guard.signing_keys)
             records.runs.save(doc, self.s.clock.wall())
             self.s._filed.add(outcome.checkpoint_id)
         except Exception as exc:  # a failing store never loses the outcome

@@ -264,7 +264,10 @@ class Guard:
             raise ValueError("by must name who decides (a non-empty string)")
         approvals = self._approvals()  # raises when there is no checkpoints store
         assert self.checkpoints is not None
-        pending = self.checkpoints.load(checkpoint_id).get("pending")
+        from tether.run._document import Form, read
+
+        doc = read(self.checkpoints.load(checkpoint_id), Form.CHECKPOINT, self.signing_keys)
+        pending = doc.get("pending")
         if not isinstance(pending, Mapping) or not isinstance(pending.get("id"), str):
             raise ApprovalError(f"checkpoint {checkpoint_id!r} has no call waiting for approval")
         return approvals.decide(

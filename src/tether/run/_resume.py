@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether._errors import RunDocumentError
 from tether.records._collections import CheckpointError, check_run_id
+from tether.run._document import Form, read
 from tether.run._governance import JournalEntry
 from tether.run._outcome import StopReason, Usage
 from tether.run._runstate import HasState
@@ -27,12 +28,15 @@ def resume(
     record when the run has ended again since that checkpoint (None otherwise)."""
     checkpoints = guard.checkpoints
     assert checkpoints is not None  # the Guard checked it
-    doc = checkpoints.load(check_run_id(checkpoint_id, "checkpoint_id"))
+    keys = guard.signing_keys
+    doc = read(
+        checkpoints.load(check_run_id(checkpoint_id, "checkpoint_id")), Form.CHECKPOINT, keys
+    )
     run_id = str(doc.get("run_id") or checkpoint_id)
     ended = _moved_past(guard, run_id, checkpoint_id)
     if ended is not None:  # continue from the run's newest state, which has ended
         try:
-            doc = checkpoints.load(str(ended["checkpoint_id"]))
+            doc = read(checkpoints.load(str(ended["checkpoint_id"])), Form.CHECKPOINT, keys)
         except CheckpointError as exc:  # never the older state in its place: refused
             raise RunDocumentError(
                 f"run {run_id} went on past checkpoint {checkpoint_id!r} and its newest "
@@ -93,8 +97,13 @@ def _moved_past(guard: RunSettings, run_id: str, checkpoint_id: str) -> dict[str
             f"whether it went on past checkpoint {checkpoint_id!r} is unknown; nothing was "
             "resumed (retry when the records can be read)"
         ) from exc
-    if record is not None and not isinstance(record, Mapping):
+    if record is None:
+        return None
+    if not isinstance(record, Mapping):
         raise RunDocumentError(f"run {run_id}: its record is not a run record: {record!r:.60}")
-    if record is None or record.get("checkpoint_id") in (None, checkpoint_id):
+    record = dict(read(record, Form.RECORD, guard.signing_keys))
+    if record.get("run_id") != run_id:
+        raise RunDocumentError(f"run {run_id}: its record names run {record.get('run_id')!r:.40}")
+    if record.get("checkpoint_id") in (None, checkpoint_id):
         return None
     return record

@@ -20,10 +20,17 @@ from tether.clock import hung_threads
 from tether.effects._canonical import jsonable
 from tether.records._approvals import ApprovalRecord
 from tether.redaction._redact import PlainEntry, RecordedEntry, redact
+from tether.run._document import (
+    DOCUMENT_VERSION,
+    Form,
+    check_version,
+    effects_doc,
+    read,
+    write,
+)
 from tether.run._governance import JournalEntry
 from tether.run._outcome import StopReason, Usage
 from tether.run._runstate import HasState, RunState, Tail
-from tether.run._signing import SIGNATURE, sign, verify
 from tether.run._tokens import RunTokens
 
 if TYPE_CHECKING:
@@ -33,8 +40,8 @@ R = TypeVar("R", bound=HasState)
 
 __all__ = ["SNAPSHOT_VERSION", "restore", "snapshot"]
 
-#: The layout of a snapshot; a newer one is refused with a clear error.
-SNAPSHOT_VERSION = 1
+#: The layout of a snapshot: the run document's (``_document``); a newer one is refused.
+SNAPSHOT_VERSION = DOCUMENT_VERSION
 
 _COUNTS = (
     "steps",
@@ -103,18 +110,13 @@ def _untail(keep: int | None, doc: Any) -> Tail:
 def snapshot(run: RunState) -> dict[str, Any]:
     """Everything the guards of ``run`` need to go on, as plain data: redacted (no secret
     in clear: an effect's arguments, the result), and signed when the guard has a key."""
-    doc = _document(run)
-    keys = run.guard.signing_keys
-    if keys:
-        doc[SIGNATURE] = sign(doc, keys)
-    return doc
+    return write(_document(run), Form.SNAPSHOT, run.guard.signing_keys)
 
 
 def _document(run: RunState) -> dict[str, Any]:
     loops = run._loops
     stop = run._stop
     return {
-        "version": SNAPSHOT_VERSION,
         "run_id": run.run_id,
         "task": run.task,
         "key": run.key,
@@ -132,7 +134,7 @@ def _document(run: RunState) -> dict[str, Any]:
         "partial": _tail(run.partial),
         "transcript": _tail(run.transcript),
         # an effect's arguments say what was done (the customer is told); redacted here, once
-        "effects": [[tool, redact(jsonable(args)), key] for tool, args, key in run._effects],
+        "effects": effects_doc(run._effects),
         "labels": dict(run._labels),
         "failed_effects": dict(run._failed_effects),
         "declined": dict(run._declined),
@@ -183,46 +185,19 @@ def restore(
     neither). ``reuse``: the run ``doc`` was taken of, untouched since (the caller knows):
     made what the rebuilt run would be and returned, when it can be (see :func:`_settle`)."""
     if not isinstance(doc, Mapping):
-        raise RunDocumentError(
-            f"run snapshot must be a mapping, got {type(doc).__name__}: nothing runs without "
-            "its run (a thread whose run was cleared or replaced cannot go on)"
-        )
-    version = doc.get("version")
-    if version != SNAPSHOT_VERSION:
-        raise RunDocumentError(
-            f"run snapshot version {version!r:.20} is not {SNAPSHOT_VERSION} (made by another "
-            "tether: deploy the same tether everywhere that reads this thread before it goes on)"
-        )
+        read(doc, Form.SNAPSHOT, ())  # refused: not a document
+    check_version(doc, Form.SNAPSHOT)
     # the run's own snapshot, untouched since (the caller knows; _settle checks its counts):
     # that run, made what the rebuilt one would be; nothing of the document is trusted
     if reuse is not None and _settle(reuse._state, guard, doc):
         return reuse
-    verify(doc, guard.signing_keys)
-    _check_bound(doc)
+    doc = read(doc, Form.SNAPSHOT, guard.signing_keys)
     try:
         return _rebuild(guard, doc, make)
     except RunDocumentError:
         raise
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
         raise RunDocumentError(f"run snapshot is corrupt: {type(exc).__name__}: {exc}") from None
-
-
-def _check_bound(doc: Mapping[str, Any]) -> None:
-    """A document serves the request it names for the run it names: its ``request`` is what
-    its ``run_id`` and ``key`` make (a run started without a key is its own request), so
-    that a document edited to another run or request (to use that run's approval, to replay
-    another conversation's effects) is refused (a signed one is refused for any edit)."""
-    run_id, key, request = doc.get("run_id"), doc.get("key"), doc.get("request")
-    if not isinstance(run_id, str) or (key is not None and not isinstance(key, str)):
-        raise RunDocumentError(f"run snapshot: run_id {run_id!r:.40} / key {key!r:.40} unreadable")
-    if request is None and key is None:  # a run resumed from a checkpoint of before requests
-        return
-    expected = f"key:{key}" if key is not None else f"run:{run_id}"
-    if request != expected:
-        raise RunDocumentError(
-            f"run snapshot of run {run_id} names request {request!r:.60}, not its own "
-            f"({expected!r:.60}): a document made for another run or request is refused"
-        )
 
 
 def _max_steps(guard: RunSettings, written: Any, steps: int) -> int | None:
