@@ -16,7 +16,7 @@ import pytest
 
 from tether import AdaptiveLimiter, LimiterTimeout, TokenBudget, VirtualClock
 from tether.clock import SystemClock
-from tether.guards._tokens import Reservation
+from tether.guards._tokens import Reservation, adrive_for, reserve_plan
 from tether.stores import MemoryStore, RedisStore
 from tether.stores.redis import _tokens as redis_tokens
 
@@ -230,6 +230,10 @@ class Proxy:
         self.port = self.server.getsockname()[1]
         self.conns: list[socket.socket] = []
         self.cut_off = False
+        #: while set, Redis's replies are held (its commands still run): a stall past the
+        #: clients' socket timeout, after which the script has run and its answer is lost
+        self.replies = threading.Event()
+        self.replies.set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -243,13 +247,15 @@ class Proxy:
                 continue
             upstream = socket.create_connection(self.target)
             self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, gate in ((client, upstream, None), (upstream, client, self.replies)):
+                threading.Thread(target=self._pipe, args=(a, b, gate), daemon=True).start()
 
     @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
+    def _pipe(a: socket.socket, b: socket.socket, gate: threading.Event | None) -> None:
         try:
             while data := a.recv(65536):
+                if gate is not None:
+                    gate.wait()
                 b.sendall(data)
         except OSError:
             pass
@@ -324,6 +330,106 @@ def test_processes_that_lost_redis_admit_their_share_not_a_bucket_each(
         # the shared level counts both: a minute's 6,000 less the memories' and Redis's calls
         level = budgets[0].view()["levels"]["tokens"]
         assert level == pytest.approx(6_000 - sum(taken) - sum(after), abs=200), (level, after)
+    finally:
+        for s in stores:
+            s.close()
+        RedisStore(redis_url, prefix=prefix).reset()
+
+
+def hold_replies(proxy: Proxy, seconds: float) -> None:
+    """Hold Redis's replies for ``seconds`` from now (in a thread: the caller goes on)."""
+    proxy.replies.clear()
+    threading.Timer(seconds, proxy.replies.set).start()
+
+
+def stalling_stores(redis_url: str, n: int) -> tuple[Proxy, str, list[RedisStore]]:
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    proxy, prefix = Proxy(port), f"tether-test-{uuid.uuid4().hex[:8]}"
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    stores = [RedisStore(url, prefix=prefix, server_time=False, socket_timeout=0.2,
+                         reconnect_interval=0.05) for _ in range(n)]  # fmt: skip
+    return proxy, prefix, stores
+
+
+@pytest.mark.parametrize("drive", ["sync", "async"])
+def test_a_refund_whose_reply_was_lost_in_a_stall_counts_once(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, drive: str
+) -> None:
+    """Redis stalls past the socket timeout while a refund travels: the script runs, but
+    its answer comes late, so the Redis client sends it again (its own retry) or the process
+    falls back to its memory. When Redis answers again the refund is in the shared buckets
+    once (it used to count once per copy of the script that ran, and again with the next
+    call after a fallback)."""
+    monkeypatch.setattr(redis_tokens, "MEMBER_EVERY", 0.0, raising=False)
+    proxy, prefix, (store,) = stalling_stores(redis_url, 1)
+    try:
+        b = calibrated(store, VirtualClock())
+        held = [b.reserve(estimated_input_tokens=0, max_output_tokens=1_000) for _ in range(5)]
+        if drive == "sync":
+            b.settle(held[0], input_tokens=0, output_tokens=0, status=200)
+            hold_replies(proxy, 0.4)
+            b.flush()  # the refund of 1,000 reaches Redis; its answer does not (in time)
+            proxy.replies.wait()
+            time.sleep(0.1)  # past the store's reconnect_interval
+            b.reserve(estimated_input_tokens=0, max_output_tokens=0)  # it reaches Redis
+        else:
+
+            async def main() -> None:  # one event loop: its client connected before the stall
+                await b.areserve(estimated_input_tokens=0, max_output_tokens=0)
+                await b.asettle(held[0], input_tokens=0, output_tokens=0, status=200)
+                hold_replies(proxy, 0.4)
+                await adrive_for(b, b._outbox.flush())
+                await asyncio.to_thread(proxy.replies.wait)
+                await asyncio.sleep(0.1)
+                await b.areserve(estimated_input_tokens=0, max_output_tokens=0)
+                await store.aclose()
+
+            asyncio.run(main())
+        assert not store.degraded
+        # 6,000 less five calls of 1,000 with one of them refunded: 2,000, not 3,000
+        assert b.view()["levels"]["tokens"] == pytest.approx(2_000, abs=1.0)
+    finally:
+        store.close()
+        RedisStore(redis_url, prefix=prefix).reset()
+
+
+def test_a_process_that_lost_redis_keeps_the_line_the_fleet_was_promised(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared buckets promised the next 30 s to a caller of another process (it was
+    admitted with a 30 s wait); Redis goes away: this process's memory admits nothing until
+    that line has passed, then its share of the refill (it used to admit its share from the
+    moment Redis went away: 1,000 tokens in the 20 s the line had already promised)."""
+    monkeypatch.setattr(redis_tokens, "MEMBER_EVERY", 0.0, raising=False)
+    proxy, prefix, stores = stalling_stores(redis_url, 2)
+    clock = VirtualClock()
+    try:
+        mine, theirs = (TokenBudget("openai", "gpt-4o", store=s, clock=clock, horizon=60.0,
+                                    requests_per_minute=10_000, tokens_per_minute=6_000)
+                        for s in stores)  # fmt: skip
+        first = mine.reserve(estimated_input_tokens=0, max_output_tokens=0)
+        mine.settle(first, input_tokens=0, output_tokens=0, status=200)
+        r = mine.reserve(estimated_input_tokens=0, max_output_tokens=100)
+        theirs.settle(theirs.reserve(estimated_input_tokens=0, max_output_tokens=0),
+                      input_tokens=0, output_tokens=0, status=200)  # fmt: skip
+        theirs.flush()
+        # theirs takes the bucket and the next 30 s of its refill: its call goes out in 30 s
+        theirs.reserve(estimated_input_tokens=0, max_output_tokens=5_800, max_wait=0)
+        plan = reserve_plan(theirs, 0, 3_100)  # its place in line taken, its wait not slept
+        step = next(plan)
+        while not isinstance(step, float):
+            step = plan.send(theirs._ops.exchange(step))
+        assert step == pytest.approx(30.0, abs=0.5)
+        assert theirs.view()["line"] == pytest.approx(30.0, abs=0.5)
+        mine.settle(r, input_tokens=0, output_tokens=100, status=200)
+        mine.flush()  # mine hears of the line with its settlement
+        proxy.cut()
+        assert take_all_settled(mine, 100) == 0  # Redis away: mine's memory starts empty ...
+        assert stores[0].degraded
+        clock.advance(20.0)  # ... at the line's end: 20 s later, still nothing
+        assert take_all_settled(mine, 100) == 0
+        clock.advance(30.0)  # 20 s past the line: mine's half of 20 s of refill
+        assert 900 <= take_all_settled(mine, 100) <= 1_100
     finally:
         for s in stores:
             s.close()

@@ -275,13 +275,14 @@ class MemoryTokens:
         with self._lock:
             return tokens_view(self._data.setdefault(name, {}), now, cfg)
 
-    def start_empty(self, name: str, now: float, cfg: TokenConfig) -> None:
-        """Hold ``name`` from ``now`` at ``cfg``'s limits with every bucket empty (and the
+    def start_empty(self, name: str, at: float, cfg: TokenConfig) -> None:
+        """Hold ``name`` at ``cfg``'s limits with every bucket empty at ``at`` (and the
         limits known: no probe): what a process takes over from a shared store that went
-        away, whose levels it does not know, admits no burst, only the refill."""
+        away, whose levels it does not know, admits no burst, only the refill after ``at``
+        (the end of the line the shared store had admitted)."""
         with self._lock:
             f = self._data[name] = {}
-            _load(f, now, cfg)
+            _load(f, at, cfg)
             for i in range(4):
                 f[f"lvl{i}"] = 0.0
             f["known"] = 1

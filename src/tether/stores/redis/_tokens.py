@@ -16,13 +16,23 @@ not know the shared levels): it admits its share of the refill, never a burst. W
 takes meanwhile is charged to the shared buckets with its next call that reaches Redis (the
 shared buckets refilled while it was away). So a fleet whose processes all lost Redis
 admits about one limit a minute between them, not a bucket per process at each timeout.
+Nor does it admit anything before the shared line ends (the calls the shared buckets had
+already admitted, with a wait, when Redis went away): every answer says how long that
+line is, and the process's memory starts empty at its end.
+
+A call that timed out may still have run (the client retried it, or a stalled connection
+delivered it later): every call carries the process's number for it and the refunds (less
+what the process took from its memory) it has asked for in all, and the script keeps the
+last of each per process, so a copy changes nothing and a refund counts once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import secrets
+import threading
 from typing import TYPE_CHECKING, Any
 
 from tether.clock import system_clock
@@ -49,9 +59,15 @@ class Tokens:
         #: name -> (this process's share of the limits, when the store last said it)
         self.shares: dict[str, tuple[float, float]] = {}
         self.away: set[str] = set()  # the names held in this process's memory now
-        #: name -> what this process took from its memory while Redis was away (net of the
-        #: refunds applied there): charged to the shared buckets when Redis answers again
-        self.owed: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+        self._seq = itertools.count(1)
+        #: name -> the refunds this process asked the shared buckets for, in all, less what
+        #: it took from its memory while Redis was away (charged when Redis answers again)
+        self.asked: dict[str, list[float]] = {}
+        #: name -> (the number of the newest ask answered, its ``asked`` then)
+        self.confirmed: dict[str, tuple[int, list[float]]] = {}
+        #: name -> when the shared line ended, as the last answer said (the caller's clock)
+        self.line_end: dict[str, float] = {}
 
     def key(self, name: str) -> str:
         return f"{self.conn.prefix}:tokens:{{{name}}}"
@@ -73,34 +89,54 @@ class Tokens:
         heard = self.shares.get(ask.name, (1.0, -math.inf))[1]
         count = system_clock.now() - heard >= MEMBER_EVERY
         args += [self.member, 1 if count else 0]
-        owed = self.owed.get(ask.name)
-        if owed is not None:  # 13..16: the settlement's refunds
-            args[13:17] = [refund - debt for refund, debt in zip(args[13:17], owed, strict=True)]
+        seq, asked = self._number(ask)
+        # 13..16: what this ask adds to the refunds the store last confirmed (applied when
+        # the store no longer knows this process); then its number and the refunds in all
+        confirmed = self.confirmed.get(ask.name, (0, [0.0, 0.0, 0.0, 0.0]))[1]
+        args[13:17] = [a - c for a, c in zip(asked, confirmed, strict=True)]
+        args += [seq, *asked]
         r = yield ("tokens", self.key(ask.name), args)
         if r is None:  # Redis is away: this process's memory, with its share of the limits
             return self._local_exchange(ask)
-        self.away.discard(ask.name)
-        self.owed.pop(ask.name, None)
+        with self._lock:
+            self.away.discard(ask.name)
+            if seq > self.confirmed.get(ask.name, (0, []))[0]:
+                self.confirmed[ask.name] = (seq, asked)
+            if len(r) > 4:
+                self.line_end[ask.name] = ask.now + float(_s(r[4]))
         if count and len(r) > 3 and int(r[3]) > 0:
             self.shares[ask.name] = (1.0 / int(r[3]), system_clock.now())
         return bool(int(r[0])), float(_s(r[1])), float(_s(r[2]))
+
+    def _number(self, ask: TokenAsk) -> tuple[int, list[float]]:
+        """The ask's number and the refunds asked for in all with it (one lock: a later
+        number always carries at least the refunds of an earlier one)."""
+        with self._lock:
+            asked = self.asked.setdefault(ask.name, [0.0, 0.0, 0.0, 0.0])
+            if ask.pending is not None:
+                for i in range(4):
+                    asked[i] += ask.pending.refund[i]
+            return next(self._seq), list(asked)
 
     def _local_exchange(self, ask: TokenAsk) -> Answer:
         """``ask`` answered from this process's memory (Redis is away): from empty buckets
         at first (no burst at each timeout), what it takes there kept to be charged to the
         shared buckets later."""
         local = self.local(ask)
-        if ask.name not in self.away:
-            self.away.add(ask.name)
-            self.fallback.start_empty(ask.name, ask.now, local.cfg)
+        with self._lock:
+            if ask.name not in self.away:
+                self.away.add(ask.name)
+                # empty when the shared line ends: the calls it admitted go out until then
+                start = max(ask.now, self.line_end.get(ask.name, ask.now))
+                self.fallback.start_empty(ask.name, start, local.cfg)
         answer = self.fallback.exchange(local)
-        owed = self.owed.setdefault(ask.name, [0.0, 0.0, 0.0, 0.0])
-        if ask.pending is not None:  # refunds applied here, not in the shared buckets
-            for i in range(4):
-                owed[i] -= ask.pending.refund[i]
         if answer[0] and ask.need is not None:
-            for i in range(4):
-                owed[i] += ask.need[i]
+            # taken here: charged to the shared buckets with the next ask that reaches them
+            # (the ask's refunds travel with it too: they are in ``asked`` already)
+            with self._lock:
+                asked = self.asked.setdefault(ask.name, [0.0, 0.0, 0.0, 0.0])
+                for i in range(4):
+                    asked[i] -= ask.need[i]
         return answer
 
     def local(self, ask: TokenAsk) -> TokenAsk:
@@ -129,7 +165,8 @@ class Tokens:
                 now = int(seconds) + int(micros) / 1e6
         except self.conn.errors:
             return self.fallback.view(name, now, cfg)
-        f: dict[str, Any] = {_s(a): float(_s(b)) for a, b in raw.items()}
+        # the buckets' fields (not the processes' m:<id> and q:<id>)
+        f: dict[str, Any] = {_s(a): float(_s(b)) for a, b in raw.items() if ":" not in _s(a)}
         if f:
             f["known"] = int(f["known"])
         return tokens_view(f, now, cfg)

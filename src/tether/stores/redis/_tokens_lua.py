@@ -14,7 +14,18 @@ __all__ = ["TOKENS"]
 # probe_timeout, horizon, the 4 configured limits, the 4 needs, then the settlement's 15
 # numbers (Settlement.args), its seen_at and pause_until as seconds before and after now,
 # then the process's id and whether to count the processes (1: say how many used the name
-# within MEMBER_TTL seconds, as a 4th answer; 0: the 4th answer is 0).
+# within MEMBER_TTL seconds, as a 4th answer; 0: the 4th answer is 0), then the ask's
+# number (increasing per process) and the 4 refunds the process has asked for in all (net
+# of what it took from its memory while Redis was away). The 5th answer is the line: how
+# long the calls admitted take to go out (seconds).
+#
+# An ask may arrive twice (the client retried after a timeout, a stalled connection
+# delivered it late) or after a newer one: the process's last number, its refunds in all
+# and its answer are kept (field q:<id>). A copy of the last ask gets that answer again
+# and changes nothing; an older one changes nothing; a newer one applies the refunds it
+# adds to the kept total. So a refund counts once however often it travels. (A process
+# whose field is gone, unheard of for MEMBER_TTL seconds, applies the refunds of its ask:
+# those since its last answer.)
 TOKENS = """
 local function fmt(x) return string.format('%.17g', x) end
 local k = KEYS[1]
@@ -40,19 +51,33 @@ else
   t, known, probe_until, paused_until = now, 0, 0, 0
   for i = 1, 4 do cap[i] = tonumber(ARGV[5 + i]); lvl[i] = cap[i] end
 end
+-- the ask's number: a copy of the last answers the same, an older one changes nothing
+local qk, seq = 'q:' .. ARGV[29], tonumber(ARGV[31])
+local q, refund = redis.call('HGET', k, qk), {}
+if q then
+  local prev = {}
+  for x in string.gmatch(q, '%S+') do prev[#prev + 1] = x end
+  if seq < tonumber(prev[1]) then return {0, '0', '0', 0, fmt(math.max(0, t - now))} end
+  if seq == tonumber(prev[1]) then
+    return {tonumber(prev[6]), prev[7], prev[8], 0, fmt(math.max(0, t - now))}
+  end
+  for i = 1, 4 do refund[i] = tonumber(ARGV[31 + i]) - tonumber(prev[1 + i]) end
+else
+  for i = 1, 4 do refund[i] = tonumber(ARGV[13 + i]) end
+end
 -- the settlement: refunds, the headers' limits and levels, a pause
 local s = 13
 local seen_at, pause, answered = tonumber(ARGV[s + 13]), tonumber(ARGV[s + 14]), tonumber(ARGV[s + 15])
 seen_at = now - seen_at  -- an age
 if pause > 0 then pause = now + pause end  -- a duration
 for i = 1, 4 do
-  local refund, limit, remaining = tonumber(ARGV[s + i]), tonumber(ARGV[s + 4 + i]), tonumber(ARGV[s + 8 + i])
+  local limit, remaining = tonumber(ARGV[s + 4 + i]), tonumber(ARGV[s + 8 + i])
   if limit > 0 and limit ~= cap[i] then
     if cap[i] <= 0 then lvl[i] = limit else lvl[i] = math.min(lvl[i], limit) end
     cap[i] = limit
   end
   if cap[i] > 0 then
-    local level = math.min(cap[i], lvl[i] + refund)
+    local level = math.min(cap[i], lvl[i] + refund[i])
     if remaining >= 0 then
       local said = math.min(cap[i], remaining + cap[i] * math.max(0, t - seen_at) / 60.0)
       if answered > 0 and known == 0 then level = said else level = math.min(level, said) end
@@ -70,7 +95,7 @@ if ARGV[30] == '1' then
   for j = 1, #all, 2 do
     if string.sub(all[j], 1, 2) == 'm:' then
       if tonumber(all[j + 1]) >= now - MEMBER_TTL then members = members + 1
-      else redis.call('HDEL', k, all[j]) end
+      else redis.call('HDEL', k, all[j], 'q:' .. string.sub(all[j], 3)) end
     end
   end
 end
@@ -81,11 +106,17 @@ local function save()
              'lvl2', fmt(lvl[3]), 'lvl3', fmt(lvl[4]))
   redis.call('PEXPIRE', k, ttl)
 end
-if mode ~= 'reserve' then save(); return {0, '0', '0', members} end
-if known == 0 and probe_until > now then
+-- save, keep the ask's number, its refunds in all and its answer, and answer
+local function answer(admitted, wait, retry_in)
   save()
+  redis.call('HSET', k, qk, table.concat({ARGV[31], ARGV[32], ARGV[33], ARGV[34], ARGV[35],
+                                          admitted, wait, retry_in}, ' '))
+  return {admitted, wait, retry_in, members, fmt(math.max(0, t - now))}
+end
+if mode ~= 'reserve' then return answer(0, '0', '0') end
+if known == 0 and probe_until > now then
   local out_for = now - (probe_until - probe_timeout)
-  return {0, '-1', fmt(math.min(math.max(PROBE_WAIT, out_for / 2.0), probe_until - now)), members}
+  return answer(0, '-1', fmt(math.min(math.max(PROBE_WAIT, out_for / 2.0), probe_until - now)))
 end
 -- the call goes out after the line (t) and the pause, once every bucket holds its need;
 -- the buckets are brought to then (a full bucket gains nothing more), the need taken then
@@ -98,7 +129,7 @@ for i = 1, 4 do
   end
 end
 local wait = go - now
-if wait > horizon then save(); return {0, fmt(wait), fmt(wait - horizon), members} end
+if wait > horizon then return answer(0, fmt(wait), fmt(wait - horizon)) end
 for i = 1, 4 do
   if cap[i] > 0 then
     lvl[i] = math.min(cap[i], lvl[i] + cap[i] * math.max(0, go - t) / 60.0)
@@ -107,6 +138,5 @@ for i = 1, 4 do
 end
 t = math.max(t, go)
 if known == 0 then probe_until = now + probe_timeout end
-save()
-return {1, fmt(wait), '0', members}
+return answer(1, fmt(wait), '0')
 """.replace("PROBE_WAIT", repr(PROBE_WAIT)).replace("MEMBER_TTL", repr(MEMBER_TTL))
