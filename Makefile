@@ -12,29 +12,33 @@ FW_STAMP := $(FRAMEWORKS)/.installed
 FW_CONSTRAINTS := constraints-frameworks.txt
 FW_TESTS := tests/test_adk.py tests/test_strands.py tests/test_pickle.py \
 	"tests/test_docs.py::test_examples_run[adk.md]" "tests/test_docs.py::test_examples_run[strands.md]"
+# the benchmark: the tether-bench distribution (package tether.bench), installed editable beside
+# the library so `make test` (tests/test_bench*.py) and `make bench` run this checkout's copy
+BENCH := benchmarks
 FW_OUT := --ignore=tests/test_adk.py --ignore=tests/test_strands.py \
 	--deselect "tests/test_docs.py::test_examples_run[adk.md]" \
 	--deselect "tests/test_docs.py::test_examples_run[strands.md]"
 
 .PHONY: install test lint bench demo clean test-latest constraints constraints-frameworks
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+$(STAMP): pyproject.toml $(BENCH)/pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip -c $(CONSTRAINTS)
-	$(BIN)/python -m pip install --quiet -e '.[all,dev]' -c $(CONSTRAINTS)
+	$(BIN)/python -m pip install --quiet -e '.[all,dev]' -e $(BENCH) -c $(CONSTRAINTS)
 	touch $(STAMP)
 
-$(FW_STAMP): pyproject.toml $(FW_CONSTRAINTS)
+$(FW_STAMP): pyproject.toml $(BENCH)/pyproject.toml $(FW_CONSTRAINTS)
 	$(PYTHON) -m venv $(FRAMEWORKS)
-	$(FRAMEWORKS)/bin/python -m pip install --quiet -e '.[all,adk,strands,dev]' -c $(FW_CONSTRAINTS)
+	$(FRAMEWORKS)/bin/python -m pip install --quiet -e '.[all,adk,strands,dev]' -e $(BENCH) \
+		-c $(FW_CONSTRAINTS)
 	touch $(FW_STAMP)
 
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
-	$(BIN)/mypy --strict src
+	$(BIN)/ruff check src tests $(BENCH)
+	$(BIN)/ruff format --check src tests $(BENCH)
+	$(BIN)/mypy --strict src $(BENCH)/src/tether/bench
 
 test: lint $(FW_STAMP)
 	$(FRAMEWORKS)/bin/python -m pytest -p no:cacheprovider $(FW_TESTS)
@@ -52,9 +56,9 @@ test-latest:
 	rm -rf $(LATEST)
 	$(PYTHON) -m venv $(LATEST)
 	$(LATEST)/bin/python -m pip install --quiet --upgrade pip
-	$(LATEST)/bin/python -m pip install --quiet --upgrade -e '.[all,dev]'
-	$(LATEST)/bin/ruff check src tests
-	$(LATEST)/bin/mypy --strict src
+	$(LATEST)/bin/python -m pip install --quiet --upgrade -e '.[all,dev]' -e $(BENCH)
+	$(LATEST)/bin/ruff check src tests $(BENCH)
+	$(LATEST)/bin/mypy --strict src $(BENCH)/src/tether/bench
 	$(LATEST)/bin/python -m pytest --cov --cov-report=term --cov-fail-under=$(COVERAGE_FLOOR)
 
 # re-resolve the newest versions and write them as the constraints (commit it on its own)
@@ -67,7 +71,7 @@ constraints: test-latest
 constraints-frameworks:
 	rm -rf $(FRAMEWORKS)
 	$(PYTHON) -m venv $(FRAMEWORKS)
-	$(FRAMEWORKS)/bin/python -m pip install --quiet --upgrade -e '.[all,adk,strands,dev]'
+	$(FRAMEWORKS)/bin/python -m pip install --quiet --upgrade -e '.[all,adk,strands,dev]' -e $(BENCH)
 	$(FRAMEWORKS)/bin/python -m pytest -p no:cacheprovider $(FW_TESTS)
 	{ echo "# Every package .venv-frameworks takes, pinned: resolved on $$(date -u +%F) by \`make constraints-frameworks\`"; \
 	  $(FRAMEWORKS)/bin/python -m pip freeze --all --exclude-editable | grep -v '^tether[= ]' | sort -f; } > $(FW_CONSTRAINTS)

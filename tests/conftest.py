@@ -18,6 +18,24 @@ from scripted_server import ScriptedServer
 
 pytest_plugins = ["tether.testing"]  # the tether_reset fixture users get
 
+#: the benchmark (the tether-bench distribution, package tether.bench) of this checkout, whatever
+#: the venv holds: in this process and in the processes the benchmark starts
+BENCH_SRC = Path(__file__).resolve().parents[1] / "benchmarks" / "src"
+
+
+def _this_checkouts_bench() -> None:
+    import tether
+
+    folder = str(BENCH_SRC / "tether")
+    if folder in tether.__path__:
+        tether.__path__.remove(folder)
+    tether.__path__.insert(1, folder)
+    paths = [str(BENCH_SRC), *filter(None, [os.environ.get("PYTHONPATH")])]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+
+
+_this_checkouts_bench()
+
 REDIS_URL = os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
 PG_DSN = os.environ.get("TETHER_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 #: τ²-bench's retail domain (data only, never part of this repository): next to the checkout

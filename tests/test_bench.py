@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -143,6 +144,26 @@ def test_cli_rejects_bad_flags() -> None:
     with pytest.raises(SystemExit) as info:
         main(["bench", "--suite", "everything"])
     assert info.value.code == 2
+
+
+def test_bench_without_the_bench_distribution_says_how_to_install_it() -> None:
+    """Without tether-bench installed, `tether bench` says how to install it and exits 2."""
+    src = Path(__file__).resolve().parents[1] / "src"
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from tether.cli import main; "
+        "sys.exit(main(['bench', '--suite', 'agents']))"
+    )
+    # -S: no site-packages, so no editable install of tether-bench: only the library from src/
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code, str(src)],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    assert out.returncode == 2, out.stderr
+    assert "tether-bench" in out.stderr
+    assert "make bench" in out.stderr
+    assert "pip install -e benchmarks" in out.stderr
 
 
 def test_version_command() -> None:

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "tether"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "tether"
+#: tether.bench, in a distribution of its own (benchmarks/): the same layers hold for it
+BENCH = ROOT / "benchmarks" / "src" / "tether"
 
 #: the layers, from the bottom up; a module may import from its own layer and those below
 LAYERS = [
@@ -40,8 +43,9 @@ def layer_of(module: str) -> int | None:
 
 def modules() -> dict[str, tuple[Path, bool]]:
     found = {}
-    for path in sorted(SRC.rglob("*.py")):
-        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    for path in sorted([*SRC.rglob("*.py"), *BENCH.rglob("*.py")]):
+        base = SRC.parent if path.is_relative_to(SRC) else BENCH.parent
+        parts = list(path.relative_to(base).with_suffix("").parts)
         is_package = parts[-1] == "__init__"
         found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
     return found
@@ -89,3 +93,25 @@ def test_import_tether_does_not_import_the_shells(layer: str) -> None:
     code = f"import sys, tether; print(sorted(m for m in sys.modules if m.startswith({layer!r})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_library_holds_no_benchmark() -> None:
+    """The benchmark is the tether-bench distribution (benchmarks/): none of it under src/."""
+    assert not (SRC / "bench").exists()
+    assert any(m.startswith("tether.bench.") for m in modules())
+
+
+def test_the_bench_extra_names_only_the_bench_distribution() -> None:
+    """`tether[bench]` installs tether-bench and nothing else; `tether[all]` leaves it out."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert extras["bench"] == ["tether-bench"]
+    assert "bench" not in extras["all"][0]
+    bench = tomllib.loads((ROOT / "benchmarks" / "pyproject.toml").read_text())
+    assert bench["project"]["name"] == "tether-bench"
+    assert bench["tool"]["hatch"]["build"]["targets"]["wheel"]["only-include"] == [
+        "src/tether/bench"
+    ]

@@ -40,6 +40,31 @@ from tether.clock import SystemClock, VirtualClock
 from tether.retries._policy import RetryPolicy, RetryStats, retry
 from tether.telemetry._events import BreakerEvent, RetryEvent
 
+
+def _extend_path() -> None:
+    """Take in the folders that add modules to ``tether`` from another distribution.
+
+    ``tether.bench`` ships in the tether-bench distribution. Installed from a wheel it lands
+    in this package's folder. Installed editable (``make install``) its ``tether`` folder is
+    elsewhere on ``sys.path``, without an ``__init__.py``; this appends each such folder to
+    ``__path__`` so ``import tether.bench`` finds it. It costs one ``stat`` per
+    ``sys.path`` entry and imports nothing.
+    """
+    import os
+    import sys
+
+    for entry in sys.path:
+        folder = os.path.join(entry or os.curdir, "tether")
+        if (
+            folder not in __path__
+            and os.path.isdir(folder)
+            and not os.path.isfile(os.path.join(folder, "__init__.py"))
+        ):
+            __path__.append(folder)
+
+
+_extend_path()
+
 if TYPE_CHECKING:
     from tether import policies, stores
     from tether.effects._canonical import VOLATILE_FIELDS, canonical_json, intent_key

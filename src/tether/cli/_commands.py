@@ -216,8 +216,25 @@ def _defaulted(
     )
 
 
+#: what ``tether bench`` says when the tether-bench distribution is not installed
+BENCH_MISSING = (
+    "tether bench: the benchmark is not installed. It is the tether-bench distribution, "
+    "the benchmarks/ folder of tether's repository: from a checkout, `make bench` installs "
+    "and runs it, or `pip install -e benchmarks` installs it (with tether[all]); "
+    "then run `tether bench` again."
+)
+
+
 def _bench(args: argparse.Namespace) -> int:
-    from tether import bench
+    import importlib
+
+    try:
+        bench = importlib.import_module("tether.bench")
+    except ModuleNotFoundError as exc:
+        if exc.name != "tether.bench":  # installed, but something it needs is not: say so
+            raise
+        print(BENCH_MISSING, file=sys.stderr)
+        return 2
     from tether.bench._report import print_tables, strip_series, write_report
 
     suites = args.suite or ["all"]
