@@ -10,12 +10,13 @@ LATEST := .venv-latest
 FRAMEWORKS := .venv-frameworks
 FW_STAMP := $(FRAMEWORKS)/.installed
 FW_CONSTRAINTS := constraints-frameworks.txt
-FW_TESTS := tests/test_adk.py tests/test_strands.py tests/test_pickle.py \
+FW_TESTS := tests/test_adk.py tests/test_strands.py tests/test_pickle.py tests/conformance/test_frameworks.py \
 	"tests/test_docs.py::test_examples_run[adk.md]" "tests/test_docs.py::test_examples_run[strands.md]"
 # the benchmark: the tether-bench distribution (package tether.bench), installed editable beside
 # the library so `make test` (tests/test_bench*.py) and `make bench` run this checkout's copy
 BENCH := benchmarks
 FW_OUT := --ignore=tests/test_adk.py --ignore=tests/test_strands.py \
+	--ignore=tests/conformance/test_frameworks.py \
 	--deselect "tests/test_docs.py::test_examples_run[adk.md]" \
 	--deselect "tests/test_docs.py::test_examples_run[strands.md]"
 

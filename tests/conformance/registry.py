@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from conformance.adapters.adk import ADK
 from conformance.adapters.langchain import Middleware
 from conformance.adapters.openai_agents import AgentsSDK
 from conformance.adapters.pydantic_ai import PydanticAI
 from conformance.adapters.sdk_loop import AnthropicLoop, OpenAILoop
+from conformance.adapters.strands import Strands
 from conformance.suite import Adapter
 
 ADAPTERS: list[Adapter] = [
@@ -15,6 +17,8 @@ ADAPTERS: list[Adapter] = [
     AgentsSDK(),
     Middleware(),
     PydanticAI(),
+    ADK(),
+    Strands(),
 ]
 
 assert len({a.id for a in ADAPTERS}) == len(ADAPTERS), "adapter ids are unique"

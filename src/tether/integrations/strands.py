@@ -10,8 +10,8 @@ through ``run.acall_tool``: ``BeforeToolCallEvent`` replaces the selected tool w
 same tool under the run (loop checks, its timeout, its breaker, retries at one layer, and
 the ledger for the tools named in ``side_effects``, which run at most once per intent);
 a call the run refuses is cancelled (``cancel_tool``) with the reason, and the agent's
-loop ends after that round of tools (``agent.cancel(after_current_tools=True)``), its last
-message the customer message. The outcome is ``hooks.last_outcome``.
+loop ends after that round of tools (``AfterToolsEvent.end_turn``), its last message the
+customer message. The outcome is ``hooks.last_outcome``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ require("strands", "strands")
 from strands.hooks import (  # noqa: E402 - after the extra check
     AfterInvocationEvent,
     AfterModelCallEvent,
+    AfterToolsEvent,
     BeforeInvocationEvent,
     BeforeModelCallEvent,
     BeforeToolCallEvent,
@@ -69,18 +70,11 @@ def _model_name(agent: Any) -> str:
     return name if isinstance(name, str) else ""
 
 
-def _stop_loop(agent: Any, run: Run) -> None:
-    """End the agent's loop after this round of tools (no further model call), its last
-    assistant message the customer message."""
-    agent.cancel(message=run.outcome.customer_message, after_current_tools=True)
-
-
 class _GuardedTool(AgentTool):  # type: ignore[misc,unused-ignore]  # untyped without strands
     """A Strands tool whose call goes through a tether run."""
 
-    def __init__(self, tool: Any, run: Run, options: dict[str, Any], agent: Any) -> None:
+    def __init__(self, tool: Any, run: Run, options: dict[str, Any]) -> None:
         super().__init__()
-        self._agent = agent
         self._tool = tool
         self._run = run
         self._options = options
@@ -126,8 +120,7 @@ class _GuardedTool(AgentTool):  # type: ignore[misc,unused-ignore]  # untyped wi
             )
         except ToolError as exc:
             result = {"status": "error", "content": [{"text": exc.model_message}]}
-        except Stopped as exc:
-            _stop_loop(self._agent, self._run)
+        except Stopped as exc:  # the batch's AfterToolsEvent ends the loop
             result = {"status": "error", "content": [{"text": f"stopped: {exc.reason.value}"}]}
         for event in seen:
             yield event
@@ -184,6 +177,7 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
         registry.add_callback(BeforeModelCallEvent, self._before_model)
         registry.add_callback(AfterModelCallEvent, self._after_model)
         registry.add_callback(BeforeToolCallEvent, self._before_tool)
+        registry.add_callback(AfterToolsEvent, self._after_tools)
         registry.add_callback(AfterInvocationEvent, self._end)
 
     def _key(self, invocation_state: dict[str, Any]) -> str | None:
@@ -249,15 +243,21 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
 
     def _before_tool(self, event: Any) -> None:
         run = self._run(event.invocation_state)
-        if run.stopped is not None:
-            _stop_loop(event.agent, run)
+        if run.stopped is not None:  # the batch's AfterToolsEvent ends the loop
             event.cancel_tool = f"stopped: {run.stopped.value}"
             return
         tool = event.selected_tool
         if tool is None:  # a tool the model named that does not exist: Strands answers it
             return
         options = self.rules.options(str(tool.tool_name))
-        event.selected_tool = _GuardedTool(tool, run, options, event.agent)
+        event.selected_tool = _GuardedTool(tool, run, options)
+
+    def _after_tools(self, event: Any) -> None:
+        """A stop during the batch ends the loop once every call of the batch is done (the
+        outcome then knows what they did), the customer message the agent's last word."""
+        run = self._run(event.invocation_state)
+        if run.stopped is not None:
+            event.end_turn = run.outcome.customer_message
 
     def _end(self, event: Any) -> None:
         state = event.invocation_state
