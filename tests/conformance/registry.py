@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from conformance.adapters.adk import ADK
-from conformance.adapters.langchain import Middleware
+from conformance.adapters.langchain import Graph, Middleware
 from conformance.adapters.openai_agents import AgentsSDK
 from conformance.adapters.pydantic_ai import PydanticAI
 from conformance.adapters.sdk_loop import AnthropicLoop, OpenAILoop
@@ -16,6 +16,7 @@ ADAPTERS: list[Adapter] = [
     OpenAILoop(),
     AgentsSDK(),
     Middleware(),
+    Graph(),
     PydanticAI(),
     ADK(),
     Strands(),

@@ -18,13 +18,14 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any, ClassVar, ParamSpec, TypedDict, TypeVar, cast
+from typing import Any, ClassVar, ParamSpec, TypeVar, Unpack, cast
 
 from tether import Fallback, Run, Tool, telemetry
 from tether.guards._breaker import breakers
 from tether.guards._tokens import budgets_for
 from tether.integrations._fallbacks import acall_chain, call_chain, candidates, check_chain
 from tether.integrations._tokens import TokenGate, gate_for
+from tether.integrations._tool_options import SideEffects, ToolOptions
 from tether.integrations._translate import translation
 from tether.integrations._usage import RequestUsage, UsageReader, stream_usage
 from tether.retries._policy import RetryPolicy
@@ -33,10 +34,13 @@ __all__ = [
     "AsyncGuardedStream",
     "Guarded",
     "GuardedStream",
+    "SideEffects",
     "Tool",
-    "ToolRuleOptions",
+    "ToolOptions",
     "ToolRules",
     "guarding",
+    "take_rules",
+    "volatile_paths",
 ]
 
 _log = logging.getLogger("tether")
@@ -111,45 +115,39 @@ def _labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     return dict(labels)
 
 
-class ToolRuleOptions(TypedDict, total=False):
-    """The rules an adapter takes for a framework's tools, by tool name, declared once for
-    every adapter (see :class:`ToolRules`): per-attempt timeouts, which need a person's
-    approval (True or a predicate of the arguments), how to undo them, the label the
-    customer reads for each tool's effect, and the tools that hand the customer to a
-    person (``hand_over=["transfer_to_human"]``: see ``tether.Tool(hands_over=True)``)."""
-
-    timeouts: Mapping[str, float] | None
-    requires_approval: Mapping[str, Any] | None
-    compensate: Mapping[str, Callable[[Any], Any]] | None
-    labels: Mapping[str, str] | None
-    hand_over: Iterable[str] | None
+def take_rules(options: dict[str, Any]) -> ToolOptions:
+    """The per-tool options among an entry point's keywords (taken out of ``options``; what
+    is left goes to the framework)."""
+    names = ToolOptions.__optional_keys__
+    return cast("ToolOptions", {n: options.pop(n) for n in list(options) if n in names})
 
 
-def take_rules(options: dict[str, Any]) -> ToolRuleOptions:
-    """The tool rules among an entry point's keywords (taken out of ``options``; what is
-    left goes to the framework)."""
-    names = ToolRuleOptions.__optional_keys__
-    return cast("ToolRuleOptions", {n: options.pop(n) for n in list(options) if n in names})
+def volatile_paths(volatile: Mapping[str, Iterable[str]] | None) -> dict[str, tuple[str, ...]]:
+    """``volatile={"tool": ["meta.nonce"]}``: the argument paths each tool's model fills anew,
+    checked."""
+    if volatile is None:
+        return {}
+    if not isinstance(volatile, Mapping):
+        raise TypeError(f"volatile must map tool names to argument paths, got {volatile!r}")
+    out: dict[str, tuple[str, ...]] = {}
+    for name, paths in volatile.items():
+        if isinstance(paths, str) or not all(isinstance(p, str) for p in paths):
+            raise TypeError(f"volatile[{name!r}] must be a list of paths (str), got {paths!r}")
+        out[str(name)] = tuple(paths)
+    return out
 
 
 class ToolRules:
-    """What an adapter knows about a framework's tools, by name: which are side effects
-    (and their ``lookup``), their timeouts, which need approval (True or a predicate of the
-    arguments), how to undo them and the label the customer reads for each; as
-    ``run.call_tool`` options."""
+    """What an adapter knows about a framework's tools, by name (``side_effects`` and the
+    :class:`ToolOptions`, checked); as ``run.call_tool`` options."""
 
-    def __init__(
-        self,
-        side_effects: Any = None,
-        timeouts: Mapping[str, float] | None = None,
-        requires_approval: Mapping[str, Any] | None = None,
-        compensate: Mapping[str, Callable[[Any], Any]] | None = None,
-        *,
-        labels: Mapping[str, str] | None = None,
-        hand_over: Iterable[str] | None = None,
-    ) -> None:
+    def __init__(self, side_effects: SideEffects = None, **options: Unpack[ToolOptions]) -> None:
+        unknown = set(options) - ToolOptions.__optional_keys__
+        if unknown:
+            raise TypeError(f"unknown tool option(s): {', '.join(sorted(unknown))}")
         self.side_effects = side_effect_map(side_effects)
-        self.labels = _labels(labels)
+        self.labels = _labels(options.get("labels"))
+        hand_over = options.get("hand_over")
         if isinstance(hand_over, str) or not all(isinstance(n, str) for n in hand_over or ()):
             raise TypeError(
                 f"hand_over must be a list of tool names, e.g. [{hand_over!r}], got {hand_over!r}"
@@ -158,9 +156,10 @@ class ToolRules:
             )
         #: the tools whose call hands the customer to a person (the run ends "escalated")
         self.hand_over = frozenset(hand_over or ())
-        self.timeouts = dict(timeouts or {})
-        self.requires_approval = dict(requires_approval or {})
-        self.compensate = dict(compensate or {})
+        self.timeouts = dict(options.get("timeouts") or {})
+        self.requires_approval = dict(options.get("requires_approval") or {})
+        self.compensate = dict(options.get("compensate") or {})
+        self.volatile = volatile_paths(options.get("volatile"))
         for name, fn in self.compensate.items():
             if not callable(fn):
                 raise TypeError(f"compensate[{name!r}] must be callable, got {fn!r}")
@@ -183,6 +182,7 @@ class ToolRules:
             "compensate": self.compensate.get(name),
             "label": self.labels.get(name),
             "hands_over": name in self.hand_over,
+            "volatile": self.volatile.get(name, ()),
         }
 
 

@@ -22,12 +22,17 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Unpack
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError
 from tether._errors import RunDocumentError, require
-from tether.integrations._common import ToolRuleOptions, ToolRules, require_a_place_to_wait
+from tether.integrations._common import (
+    SideEffects,
+    ToolOptions,
+    ToolRules,
+    require_a_place_to_wait,
+)
 
 require("google.adk", "adk")
 
@@ -148,12 +153,12 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
     def __init__(
         self,
         guard: Guard,
-        side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+        side_effects: SideEffects = None,
         *,
         key: str | Callable[[Any], str | None] | None = None,
         scopes: Sequence[str] | None = None,
         name: str = "tether",
-        **rules: Unpack[ToolRuleOptions],
+        **rules: Unpack[ToolOptions],
     ) -> None:
         super().__init__(name=name)
         if not isinstance(guard, Guard):

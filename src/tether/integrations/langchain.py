@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Annotated, Any, NotRequired, Unpack
+from typing import Annotated, Any, NotRequired, Unpack, cast
 
 from typing_extensions import TypedDict
 
@@ -30,7 +30,8 @@ from tether._errors import Picklable, RunDocumentError, TetherError, require
 from tether.classification._classify import programming_error
 from tether.guards._tokens import estimate_tokens
 from tether.integrations._common import (
-    ToolRuleOptions,
+    SideEffects,
+    ToolOptions,
     ToolRules,
     require_a_place_to_wait,
     result_text,
@@ -123,11 +124,14 @@ class _Hold:
 
 class TetherFields(TypedDict, total=False):
     """tether's fields for a hand-built graph's state (``class State(MessagesState,
-    TetherFields)``): the turn's run as plain data, its outcome, its summary."""
+    TetherFields)``): the turn's run as plain data, its outcome, its summary, and the
+    checkpoint an invocation continues (``tether_resume``: a decided approval's or a paused
+    run's ``checkpoint_id``)."""
 
     tether_run: Annotated[dict[str, Any] | None, _newest]
     tether_outcome: Annotated[Any, UntrackedValue]
     tether_ended: dict[str, Any] | None
+    tether_resume: str | None
 
 
 class TetherState(AgentState[Any]):
@@ -212,14 +216,13 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     def __init__(
         self,
         guard: Guard,
-        side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+        side_effects: SideEffects = None,
         *,
         read_only: Iterable[str] = (),
-        volatile: Mapping[str, Iterable[str]] | None = None,
         key: str | Callable[[Mapping[str, Any]], str | None] | None = None,
         fallbacks: Sequence[Fallback | str] | None = None,
         scopes: Sequence[str] | None = None,
-        **rules: Unpack[ToolRuleOptions],
+        **rules: Unpack[ToolOptions],
     ) -> None:
         super().__init__()
         if not isinstance(guard, Guard):
@@ -240,7 +243,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         self.fallbacks = _chat_models(chain)
         self._fallback_policy = self._policy.replace(breaker=None)
         self._warned = False
-        self._tools = ToolGuard(side_effects, volatile=volatile, read_only=read_only, **rules)
+        self._tools = ToolGuard(side_effects, read_only=read_only, **rules)
         require_a_place_to_wait(guard, self._tools.rules.needing_approval())
         self.side_effects = self._tools.side_effects
         # runs held by hooks now, by the marks of the snapshots they were taken from, shared
@@ -779,27 +782,27 @@ class ToolGuard:
 
     def __init__(
         self,
-        side_effects: Any = None,
-        timeouts: Mapping[str, float] | None = None,
-        requires_approval: Mapping[str, Any] | None = None,
-        compensate: Mapping[str, Callable[[Any], Any]] | None = None,
-        *,
-        labels: Mapping[str, str] | None = None,
-        volatile: Mapping[str, Iterable[str]] | None = None,
+        side_effects: SideEffects = None,
+        *positional: Any,
         read_only: Iterable[str] = (),
-        hand_over: Iterable[str] | None = None,
+        **options: Unpack[ToolOptions],
     ) -> None:
-        self.rules = ToolRules(
-            side_effects,
-            timeouts,
-            requires_approval,
-            compensate,
-            labels=labels,
-            hand_over=hand_over,
-        )
+        if (
+            positional
+        ):  # the first form: ToolGuard(side_effects, timeouts, requires_approval, compensate)
+            if len(positional) > 3:
+                raise TypeError(
+                    f"ToolGuard takes at most 4 positional arguments, got {len(positional) + 1}"
+                )
+            named = dict(
+                zip(("timeouts", "requires_approval", "compensate"), positional, strict=False)
+            )
+            if set(named) & set(options):
+                raise TypeError(f"{', '.join(sorted(set(named) & set(options)))} given twice")
+            options = cast("ToolOptions", {**named, **options})
+        self.rules = ToolRules(side_effects, **options)
         self.side_effects = self.rules.side_effects
         self.timeouts = self.rules.timeouts
-        self.volatile = _volatile(volatile)
         if isinstance(read_only, str) or not all(isinstance(n, str) for n in read_only):
             raise TypeError(f"read_only must be a list of tool names, got {read_only!r}")
         self.read_only = frozenset(read_only)
@@ -810,8 +813,6 @@ class ToolGuard:
         args = call.get("args") if isinstance(call.get("args"), dict) else {}
         options = self.rules.options(name)
         options["passthrough"] = _signals()
-        if name in self.volatile:
-            options["volatile"] = self.volatile[name]
         if name not in self.side_effects and (name in self.read_only or _reads(request)):
             options["allow_repeat"] = READ_ONLY_REPEATS
         return name, dict(args), options
@@ -879,20 +880,6 @@ def _failed(request: Any, exc: ToolError) -> Any:
     if own is not None:
         raise own from None
     return _message(request, exc.model_message)
-
-
-def _volatile(volatile: Mapping[str, Iterable[str]] | None) -> dict[str, tuple[str, ...]]:
-    """``volatile={"tool": ["meta.nonce"]}``: the argument paths each tool's model fills anew."""
-    if volatile is None:
-        return {}
-    if not isinstance(volatile, Mapping):
-        raise TypeError(f"volatile must map tool names to argument paths, got {volatile!r}")
-    out: dict[str, tuple[str, ...]] = {}
-    for name, paths in volatile.items():
-        if isinstance(paths, str) or not all(isinstance(p, str) for p in paths):
-            raise TypeError(f"volatile[{name!r}] must be a list of paths (str), got {paths!r}")
-        out[str(name)] = tuple(paths)
-    return out
 
 
 def _is_reply(item: Any) -> bool:

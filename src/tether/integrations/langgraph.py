@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Unpack, cast
 
 from tether import Run, Stopped
 from tether._errors import require
 from tether.classification._classify import classify, programming_error
 from tether.integrations._arguments import same_arguments
+from tether.integrations._common import require_a_place_to_wait
+from tether.integrations._tool_options import SideEffects, ToolOptions
 
 if TYPE_CHECKING:
     from tether.integrations.langchain import _Hold
@@ -90,21 +92,21 @@ def _drain(run: Run, control: Any) -> None:
 
 def tool_wrapper(
     run: Run,
-    side_effects: Any = None,
+    side_effects: SideEffects = None,
     *,
-    timeouts: Mapping[str, float] | None = None,
     control: Any = None,
-    labels: Mapping[str, str] | None = None,
-    volatile: Mapping[str, Iterable[str]] | None = None,
+    **options: Unpack[ToolOptions],
 ) -> Wrapper:
     """A ``ToolNode(wrap_tool_call=...)`` that runs every tool call through ``run``: loops,
-    timeouts, breaker, retries, the ledger for ``side_effects``. A guard's stop comes back
+    timeouts, breaker, retries, the ledger for ``side_effects``, and the per-tool options
+    (:class:`tether.integrations.ToolOptions`). A guard's stop comes back
     as an error tool message; route on ``run.stopped`` to end the graph, or pass the run's
     ``control`` (``langgraph.runtime.RunControl``, given to ``invoke(..., control=...)``) to
     drain it: LangGraph stops at the next superstep with a resumable checkpoint."""
     from tether.integrations.langchain import ToolGuard
 
-    guard = ToolGuard(side_effects, timeouts=timeouts, labels=labels, volatile=volatile)
+    guard = ToolGuard(side_effects, **options)
+    require_a_place_to_wait(run.guard, guard.rules.needing_approval())
     return _ToolWrapper(run, guard, control)
 
 
@@ -145,21 +147,22 @@ class GraphGuard:
     the model answers without calling a tool), and give the ``ToolNode`` the wrappers
     (``ToolNode(tools, wrap_tool_call=guarded.tool_wrapper, awrap_tool_call=
     guarded.atool_wrapper)``), or call :meth:`call_tools` from a hand-written tool node.
-    ``scopes``: the budget scopes each turn's run spends in (``guard.start(scopes=...)``).
+    ``scopes``: the budget scopes each turn's run spends in (``guard.start(scopes=...)``);
+    ``side_effects`` and the per-tool options (:class:`tether.integrations.ToolOptions`:
+    ``timeouts``, ``requires_approval``, ``compensate``, ``labels``, ``hand_over``,
+    ``volatile``) are the middleware's.
     """
 
     def __init__(
         self,
         guard: Any,
-        side_effects: Any = None,
+        side_effects: SideEffects = None,
         *,
-        timeouts: Mapping[str, float] | None = None,
-        labels: Mapping[str, str] | None = None,
-        volatile: Mapping[str, Iterable[str]] | None = None,
         read_only: Iterable[str] = (),
         model: str = "",
         key: str | Callable[[Mapping[str, Any]], str | None] | None = None,
         scopes: Sequence[str] | None = None,
+        **options: Unpack[ToolOptions],
     ) -> None:
         from tether.integrations.langchain import TetherMiddleware
 
@@ -167,14 +170,7 @@ class GraphGuard:
         self.model = model
         # the middleware is the one place that knows how a run lives in a graph's state
         self._agent = TetherMiddleware(
-            guard,
-            side_effects,
-            timeouts=timeouts,
-            labels=labels,
-            volatile=volatile,
-            read_only=read_only,
-            key=key,
-            scopes=scopes,
+            guard, side_effects, read_only=read_only, key=key, scopes=scopes, **options
         )
         self.guard = guard
 
@@ -281,8 +277,11 @@ class GraphGuard:
             for message in _get(state, "messages") or ():
                 if getattr(message, "type", "") == "human":
                     task = str(getattr(message, "content", ""))[:200]
+            resume = _get(state, "tether_resume")  # a decided approval, a raised scope
             hold = self._agent._hold_new(
-                self.guard.start(task=task, key=self._agent._key(), scopes=self._agent.scopes)
+                self.guard.resume(resume)
+                if resume
+                else self.guard.start(task=task, key=self._agent._key(), scopes=self._agent.scopes)
             )
         run = hold.run
         if run.stopped is None and run.proceed():
@@ -312,7 +311,7 @@ class GraphGuard:
         if getattr(last, "type", "") == "ai" and not getattr(last, "tool_calls", None):
             run.succeed(str(getattr(last, "content", "")))
             return self._ended(run, state, update)
-        return {**update, "tether_run": self._agent._put(hold)}
+        return {**update, **_resumed(state), "tether_run": self._agent._put(hold)}
 
     def _ended(self, run: Run, state: Any, update: dict[str, Any]) -> dict[str, Any]:
         from langchain_core.messages import AIMessage
@@ -326,6 +325,7 @@ class GraphGuard:
         outcome = self._agent._end_run(run)
         ended = {
             **update,
+            **_resumed(state),
             "tether_outcome": outcome,
             "tether_run": None,
             "tether_ended": _summary(outcome),
@@ -400,6 +400,11 @@ class _Request:
     def __init__(self, call: Mapping[str, Any], tool: Any) -> None:
         self.tool_call = call
         self.tool = tool
+
+
+def _resumed(state: Any) -> dict[str, Any]:
+    """The update that marks a ``tether_resume`` taken (a checkpoint continues once)."""
+    return {"tether_resume": None} if _get(state, "tether_resume") else {}
 
 
 def _get(state: Any, name: str) -> Any:

@@ -24,16 +24,18 @@ conversation continues with is ``outcome.last_agent``. ``max_turns`` ends the ru
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Unpack
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, UnknownModelError
 from tether._errors import require
 from tether.classification._classify import programming_error
 from tether.integrations._arguments import same_arguments
 from tether.integrations._common import (
+    SideEffects,
+    ToolOptions,
     ToolRules,
     blocking,
     require_a_place_to_wait,
@@ -116,16 +118,8 @@ class AgentOutcome(Outcome):
 def guard_tools(
     tools: Iterable[Any],
     run: Run,
-    side_effects: Mapping[str, Callable[[str], Any] | None]
-    | Iterable[str]
-    | ToolRules
-    | None = None,
-    *,
-    timeouts: Mapping[str, float] | None = None,
-    requires_approval: Mapping[str, Any] | None = None,
-    compensate: Mapping[str, Callable[[Any], Any]] | None = None,
-    labels: Mapping[str, str] | None = None,
-    hand_over: Iterable[str] | None = None,
+    side_effects: SideEffects | ToolRules = None,
+    **options: Unpack[ToolOptions],
 ) -> list[Any]:
     """Copies of ``tools`` whose calls go through ``run`` (the originals are untouched).
 
@@ -137,21 +131,13 @@ def guard_tools(
     ``compensate`` (by tool name) are the governance options of ``run.call_tool``;
     ``labels`` what the customer reads for each tool's effect (``{"issue_refund": "refund"}``);
     ``hand_over`` the tools whose call hands the customer to a person (the run ends
-    ``"escalated"``, a case filed).
+    ``"escalated"``, a case filed); ``volatile`` the argument paths the model fills anew
+    (:class:`tether.integrations.ToolOptions`, the same in every adapter).
     """
     if not isinstance(run, Run):
         raise TypeError(f"guard_tools needs a tether Run (guard.start()), got {run!r}")
     rules = (
-        side_effects
-        if isinstance(side_effects, ToolRules)
-        else ToolRules(
-            side_effects,
-            timeouts,
-            requires_approval,
-            compensate,
-            labels=labels,
-            hand_over=hand_over,
-        )
+        side_effects if isinstance(side_effects, ToolRules) else ToolRules(side_effects, **options)
     )
     require_a_place_to_wait(run.guard, rules.needing_approval())
     return [guarded_tool(tool, run, rules) for tool in tools]
@@ -187,7 +173,7 @@ class _Session:
         input: str | list[Any] | RunState[Any],
         *,
         guard: Guard,
-        side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+        side_effects: SideEffects = None,
         resume: str | None = None,
         snapshot: Mapping[str, Any] | None = None,
         key: str | None = None,
@@ -197,8 +183,8 @@ class _Session:
         scopes: Sequence[str] | None = None,
         **options: Any,
     ) -> None:
-        # the tools' rules (timeouts, requires_approval, compensate, labels); the rest of
-        # the keywords go to Runner.run
+        # the per-tool options (ToolOptions, the same in every adapter); the rest of the
+        # keywords go to Runner.run
         rules = ToolRules(side_effects, **take_rules(options))
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")

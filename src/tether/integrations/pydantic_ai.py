@@ -31,7 +31,7 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Unpack
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError, UnknownModelError
@@ -40,7 +40,8 @@ from tether.classification._classify import programming_error
 from tether.guards._tokens import estimate_tokens
 from tether.integrations._common import (
     ModelRetries,
-    ToolRuleOptions,
+    SideEffects,
+    ToolOptions,
     ToolRules,
     blocking,
     provider_breaker,
@@ -220,12 +221,12 @@ class TetherCapability(AbstractCapability[Any]):
     def __init__(
         self,
         guard: Guard,
-        side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+        side_effects: SideEffects = None,
         *,
         resume: str | None = None,
         key: str | None = None,
         scopes: Sequence[str] | None = None,
-        **rules: Unpack[ToolRuleOptions],
+        **rules: Unpack[ToolOptions],
     ) -> None:
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
@@ -606,7 +607,7 @@ async def run(
     prompt: Any,
     *,
     guard: Guard,
-    side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+    side_effects: SideEffects = None,
     resume: str | None = None,
     key: str | None = None,
     scopes: Sequence[str] | None = None,
@@ -664,7 +665,7 @@ def run_sync(
     prompt: Any,
     *,
     guard: Guard,
-    side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+    side_effects: SideEffects = None,
     **options: Any,
 ) -> Outcome:
     """:func:`run` from synchronous code (not from inside a running event loop)."""

@@ -17,12 +17,17 @@ customer message. The outcome is ``hooks.last_outcome``.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Unpack
 
 from tether import Guard, Outcome, Run, Stopped, ToolError
 from tether._errors import RunDocumentError, require
-from tether.integrations._common import ToolRuleOptions, ToolRules, require_a_place_to_wait
+from tether.integrations._common import (
+    SideEffects,
+    ToolOptions,
+    ToolRules,
+    require_a_place_to_wait,
+)
 
 require("strands", "strands")
 
@@ -152,11 +157,11 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
     def __init__(
         self,
         guard: Guard,
-        side_effects: Mapping[str, Callable[[str], Any] | None] | Iterable[str] | None = None,
+        side_effects: SideEffects = None,
         *,
         key: str | Callable[[dict[str, Any]], str | None] | None = None,
         scopes: Sequence[str] | None = None,
-        **rules: Unpack[ToolRuleOptions],
+        **rules: Unpack[ToolOptions],
     ) -> None:
         if not isinstance(guard, Guard):
             raise TypeError(f"guard must be a tether.Guard, got {guard!r}")

@@ -91,3 +91,54 @@ class Middleware(Adapter):
         agent = self.agent(world, guard, mode == "async", **rules)
         given = {"messages": list(self.messages), "tether_resume": paused.checkpoint_id}
         return drive(agent, given, mode)["tether_outcome"]
+
+
+class Graph(Adapter):
+    id = "langgraph"
+    name = "LangGraph hand-built graph + `GraphGuard`"
+    reasks_after_resume = True  # the approved call runs when the model asks for it again
+    raises_tool_errors = True  # ToolNode's default handle_tool_errors raises it
+
+    not_applicable: ClassVar[dict[Cell, str]] = {
+        Cell.NESTED: "a subgraph is a node of the graph: its model node is guarded as any "
+        "other (one run per thread); there is no handoff",
+    }
+
+    def app(self, world: World, guard: Guard, asynchronous: bool, **rules: Any) -> Any:
+        from langgraph.graph import END, START, MessagesState, StateGraph
+        from langgraph.prebuilt import ToolNode, tools_condition
+
+        from tether.integrations import langgraph as ta_langgraph
+
+        class State(MessagesState, ta_langgraph.TetherFields):
+            """The graph's state with tether's fields."""
+
+        guarded = ta_langgraph.GraphGuard(guard, model="fake-model", **rules)
+        chat = model(world)
+
+        def call_model(state: State) -> dict[str, Any]:
+            return {"messages": [chat.invoke(state["messages"])]}
+
+        async def acall_model(state: State) -> dict[str, Any]:
+            return {"messages": [await chat.ainvoke(state["messages"])]}
+
+        builder = StateGraph(State)
+        builder.add_node("model", guarded.model_node(acall_model if asynchronous else call_model))
+        builder.add_node("tools", ToolNode(tools(world, asynchronous),
+                                           wrap_tool_call=guarded.tool_wrapper,
+                                           awrap_tool_call=guarded.atool_wrapper))  # fmt: skip
+        builder.add_edge(START, "model")
+        builder.add_conditional_edges("model", tools_condition, {"tools": "tools", END: END})
+        builder.add_edge("tools", "model")
+        return builder.compile()
+
+    def run(self, world: World, guard: Guard, mode: Mode, **rules: Any) -> Any:
+        app = self.app(world, guard, mode == "async", **rules)
+        state = drive(app, {"messages": [("user", "refund A-1")]}, mode)
+        self.messages = state["messages"]
+        return state["tether_outcome"]
+
+    def resume(self, world: World, guard: Guard, paused: Any, mode: Mode, **rules: Any) -> Any:
+        app = self.app(world, guard, mode == "async", **rules)
+        given = {"messages": list(self.messages), "tether_resume": paused.checkpoint_id}
+        return drive(app, given, mode)["tether_outcome"]
