@@ -417,3 +417,33 @@ def test_adk_max_llm_calls_and_the_budget_whichever_is_lower_ends_the_run(
     assert (outcome.status, outcome.stopped_because) == ("partial", StopReason.MAX_MODEL_CALLS)
     assert model.calls == 3 == outcome.usage.model_calls == len(looked)
     assert last_text(events) == outcome.customer_message
+
+
+class Overloaded(Exception):
+    status_code = 503
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_transient_model_error_is_retried_by_the_run(shell: str) -> None:
+    """ADK makes one attempt per model call; under the plugin a 503 is retried by the run's
+    policy (one layer) and the agent goes on: the answer, 2 requests for 1 counted call."""
+    asked: list[int] = []
+
+    class Flaky(BaseLlm):  # type: ignore[misc]
+        model: str = MODEL
+
+        async def generate_content_async(
+            self, llm_request: Any, stream: bool = False
+        ) -> AsyncGenerator[LlmResponse, None]:
+            asked.append(1)
+            if len(asked) == 1:
+                raise Overloaded("503 UNAVAILABLE: the model is overloaded")
+            yield reply(text="Invoice 99 is paid.")
+
+    plugin = TetherPlugin(guard())
+    events = SHELLS[shell](LlmAgent(name="clerk", model=Flaky()), [plugin])
+    outcome = plugin.last_outcome
+    assert outcome is not None
+    assert (outcome.status, outcome.result) == ("success", "Invoice 99 is paid.")
+    assert len(asked) == 2 and outcome.usage.model_calls == 1 and outcome.usage.retries == 1
+    assert last_text(events) == "Invoice 99 is paid."

@@ -262,3 +262,32 @@ def test_a_spent_budget_scope_pauses_the_invocation(shell: str) -> None:
     assert (outcome.status, outcome.stopped_because) == ("paused", StopReason.BUDGET_REACHED)
     assert model.calls == 3 and scopes.spent("tenant:acme").model_calls == 3
     assert answer_text(result) == outcome.customer_message
+
+
+class Overloaded(Exception):
+    status_code = 529
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_transient_model_error_is_retried_by_the_run(shell: str) -> None:
+    """A 529 (which Strands' own ModelRetryStrategy does not retry) is retried by the run's
+    policy, one layer, within the run's time: the answer, 2 requests for 1 counted call."""
+
+    class Flaky(Scripted):
+        async def stream(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+            if self.calls == 0:
+                self.calls += 1
+                raise Overloaded("529 overloaded_error")
+            async for chunk in super().stream(*args, **kwargs):
+                yield chunk
+
+    hooks = TetherHooks(guard())
+    model = Flaky(lambda i: [text("Invoice 99 is paid.")])
+    agent = Agent(model=model, hooks=[hooks], callback_handler=None)
+    result = SHELLS[shell](agent, "find invoice 99")
+    outcome = hooks.last_outcome
+    assert outcome is not None
+    assert (outcome.status, outcome.result) == ("success", "Invoice 99 is paid.")
+    assert model.calls == 2 and outcome.usage.model_calls == 1 and outcome.usage.retries == 1
+    assert outcome.usage.steps == 1
+    assert answer_text(result) == "Invoice 99 is paid."

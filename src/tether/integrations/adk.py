@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Unpack
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError
@@ -122,6 +122,30 @@ def _adk_limit_reached(callback_context: Any) -> int | None:
     return limit if made >= limit else None
 
 
+def _again(
+    error: Exception, callback_context: Any, llm_request: Any
+) -> Callable[[], Awaitable[LlmResponse]]:
+    """The attempts of a model call that failed with ``error``: the first fails with it (so
+    the retry policy waits as that failure asks), the next ask the agent's model again for
+    its whole reply (what ADK would have read), which ADK then hands to
+    ``after_model_callback``."""
+    failed = [error]
+
+    async def attempt() -> LlmResponse:
+        if failed:
+            raise failed.pop()
+        agent = callback_context._invocation_context.agent
+        final: LlmResponse | None = None
+        async for response in agent.canonical_model.generate_content_async(llm_request):
+            if not response.partial:
+                final = response
+        if final is None:
+            raise RuntimeError("the model's reply ended without a whole response")
+        return final
+
+    return attempt
+
+
 def _stop_reply(run: Run) -> LlmResponse:
     """The model's last word when a guard stopped the run: the customer message, final."""
     message = run.outcome.customer_message
@@ -175,6 +199,8 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         require_a_place_to_wait(guard, self.rules.needing_approval())
         self.side_effects = self.rules.side_effects
         self.hand_over = self.rules.hand_over  # their calls end the run HANDED_OVER
+        #: the model calls' retries (ADK makes one attempt: tether's policy is the one layer)
+        self._policy = guard.retry.replace(name="model")
         self._live: dict[str, _Live] = {}
         self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
         #: the outcome of the invocation that ended last in this process
@@ -320,8 +346,15 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         run = self._run(callback_context.invocation_id)
         if isinstance(error, Stopped):
             return _stop_reply(run)
-        run.model_call_failed(error)  # the run stops with the failure's reason
-        return _stop_reply(run)
+        try:  # one retry layer: tether's policy, within the run's time (ADK has none of its own)
+            return await run.aretry_model_call(
+                self._policy, _again(error, callback_context, llm_request)
+            )
+        except Stopped:
+            return _stop_reply(run)
+        except Exception as exc:
+            run.model_call_failed(exc)  # the run stops with the failure's reason
+            return _stop_reply(run)
 
     # --- tools ----------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from typing import Any, Unpack
 from tether import Guard, Outcome, Run, Stopped, ToolError
 from tether._errors import RunDocumentError, require
 from tether.integrations._common import (
+    ModelRetries,
     SideEffects,
     ToolOptions,
     ToolRules,
@@ -51,6 +52,10 @@ _log = logging.getLogger("tether")
 RUN_KEY = "tether_run"
 #: set when tether cancelled the model call (Strands reports a zero-usage reply for it)
 _CANCELLED = "tether_cancelled_model_call"
+#: the failed attempts of the model call in progress, and the retry decisions of the run
+_ATTEMPT, _RETRIES = "tether_model_attempt", "tether_model_retries"
+#: set while a failed model call is being retried (the next model call is the same step)
+_RETRYING = "tether_retrying_model_call"
 
 
 def _text(message: Any) -> str:
@@ -174,6 +179,8 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
         self.rules = ToolRules(side_effects, **rules)
         require_a_place_to_wait(guard, self.rules.needing_approval())
         self.side_effects = self.rules.side_effects
+        #: the model calls' retries: one layer, tether's (Strands' own strategy then skips)
+        self._policy = guard.retry.replace(name="model")
         #: the outcome of the invocation that ended last
         self.last_outcome: Outcome | None = None
 
@@ -214,7 +221,8 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
     def _before_model(self, event: Any) -> None:
         state = event.invocation_state
         run = self._run(state)
-        if run.stopped is None and run.proceed():
+        again = state.pop(_RETRYING, False)  # a retry of the step's call: the same step
+        if run.stopped is None and (again or run.proceed()):
             try:
                 run.begin_model_call(model=_model_name(event.agent))
                 return
@@ -223,13 +231,16 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
         state[_CANCELLED] = True
         event.cancel = run.outcome.customer_message
 
-    def _after_model(self, event: Any) -> None:
+    async def _after_model(self, event: Any) -> None:
         state = event.invocation_state
         run = self._run(state)
         if state.get(_CANCELLED) or event.stop_response is None:
             if event.exception is not None and not state.get(_CANCELLED):
+                if await self._retry(event, run):
+                    return
                 run.model_call_failed(event.exception)  # classified; Strands raises it on
             return
+        state.pop(_ATTEMPT, None)
         message = event.stop_response.message
         usage = (
             (message.get("metadata") or {}).get("usage") if isinstance(message, Mapping) else None
@@ -245,6 +256,28 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
                 cache_read_tokens=int(usage.get("cacheReadInputTokens") or 0),
                 cache_write_tokens=int(usage.get("cacheWriteInputTokens") or 0),
             )
+
+    async def _retry(self, event: Any, run: Run) -> bool:
+        """Whether the failed model call is tried again: tether's policy decides (the
+        failure's classification, its two-tier backoff and ``Retry-After``, its attempts,
+        the run's time left), waits, and asks Strands for the retry (``event.retry``), so
+        that Strands' own ``ModelRetryStrategy``, which skips a call already being retried,
+        is never a second layer."""
+        from tether.classification._classify import classify
+
+        state = event.invocation_state
+        attempt = state[_ATTEMPT] = state.get(_ATTEMPT, 0) + 1
+        retries = state.get(_RETRIES)
+        if not isinstance(retries, ModelRetries):
+            retries = state[_RETRIES] = ModelRetries(self._policy, run)
+        delay = retries.wait(classify(event.exception), attempt)
+        if delay is None:
+            return False
+        run.model_call_gave_way(event.exception)  # its reservation back: the retry reserves
+        await self.guard.clock.asleep(delay)
+        state[_RETRYING] = True
+        event.retry = True
+        return True
 
     def _before_tool(self, event: Any) -> None:
         run = self._run(event.invocation_state)
