@@ -780,3 +780,78 @@ def test_the_operator_page_shows_each_scopes_spend_limit_and_waiting_runs(
         records.close()
         store.reset()
         store.close()
+
+
+# --- a scope near its limit yields in the fleet's token budget ----------------------------
+
+
+def race(budget: tether.TokenBudget, clock: tether.VirtualClock, plans: dict[str, Any]) -> dict:
+    """Drive token reservations together on virtual time (each pause a timer, each ask a
+    round trip to the budget's store); when each one's call goes out."""
+    import heapq
+
+    from tether.stores._tokens import TokenAsk
+
+    timers = [(clock.now(), i, name) for i, name in enumerate(plans)]
+    started: set[str] = set()
+    out: dict[str, float] = {}
+    order = len(timers)
+    while timers:
+        at, _, name = heapq.heappop(timers)
+        clock.advance(at - clock.now())
+        plan = plans[name]
+        try:
+            step = plan.send(None) if name in started else next(plan)
+            started.add(name)
+            while isinstance(step, TokenAsk):
+                step = plan.send(budget._ops.exchange(step))
+        except StopIteration:
+            out[name] = clock.now()
+            continue
+        order += 1
+        heapq.heappush(timers, (clock.now() + step, order, name))
+    return out
+
+
+@pytest.mark.parametrize("drive", ["sync", "async"])
+def test_a_tenant_near_its_limit_yields_to_others_in_the_token_budget(
+    store: Any, clock: Any, drive: str
+) -> None:
+    """Four runs ask a busy fleet token budget for a place at once; the first to ask is of a
+    tenant that has spent nearly all its limit: its call goes out after the other tenants'
+    (it used to go first: its priority was a run's like any other)."""
+    from tether.guards._tokens import reserve_plan
+
+    scopes = tether.BudgetScopes(store, clock=clock)
+    scopes.limit("tenant:near", max_cost_usd=10 * USED + RESERVED + 1e-6)
+    scopes.limit("tenant:far", max_cost_usd=100.0)
+    guard = guard_of(scopes)
+    assert work(guard, 10, ("tenant:near",)).status == "success"
+    budget = tether.TokenBudget("openai", "gpt-4o", store=MemoryStore(), clock=clock,
+                                requests_per_minute=10_000, tokens_per_minute=6_000)  # fmt: skip
+    probe = budget.reserve(estimated_input_tokens=0, max_output_tokens=0)
+    budget.settle(probe, input_tokens=0, output_tokens=0, status=200)
+    budget.reserve(estimated_input_tokens=0, max_output_tokens=6_000)  # the bucket is spent
+    runs = {n: guard.start("answer", scopes=(f"tenant:{n.rstrip('0123')}",))
+            for n in ("near", "far1", "far2", "far3")}  # fmt: skip
+    if drive == "sync":
+        for run in runs.values():
+            run.begin_model_call(model=MODEL, estimated_input_tokens=1000, max_output_tokens=1000)
+    else:
+
+        async def begin() -> None:
+            for run in runs.values():
+                await run.abegin_model_call(
+                    model=MODEL, estimated_input_tokens=1000, max_output_tokens=1000
+                )
+            if hasattr(store, "aclose"):
+                await store.aclose()  # the asyncio client this loop made
+
+        asyncio.run(begin())
+    plans = {n: reserve_plan(budget, 1000, 1000, None, run.urgency) for n, run in runs.items()}
+    assert runs["near"].urgency < 0 <= runs["far1"].urgency
+    out = race(budget, clock, plans)
+    assert out["near"] > max(out["far1"], out["far2"], out["far3"]), out
+    for run in runs.values():
+        run.record_model_call(model=MODEL, input_tokens=1000, output_tokens=500)
+        run.succeed("done")

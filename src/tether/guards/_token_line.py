@@ -98,7 +98,8 @@ class Line:
     """This process's callers in the fleet's line for one budget.
 
     A caller asks with a horizon (how far ahead it may take a place): ``horizon`` seconds,
-    up to four times that when urgent, plus twice what it has waited. Two lower bounds
+    up to four times that when urgent, down to a quarter when it yields (its budget scope
+    is near its limit), plus twice what it has waited. Two lower bounds
     spare round trips: while the family's first call (the probe) is out, the callers here
     wait for its answer; and the store's answers say how long the line was (it drains at
     one second a second at most), so a horizon surely shorter waits here.
@@ -150,7 +151,9 @@ class Line:
         return gate
 
     def _horizon(self, waited: float, urgency: float, max_wait: float | None) -> float:
-        horizon = self.horizon * (1.0 + 3.0 * min(1.0, max(0.0, urgency))) + 2.0 * waited
+        # urgent (up to 1): up to four times the horizon; yielding (down to -1): a quarter
+        u = min(1.0, max(-1.0, urgency))
+        horizon = self.horizon * (1.0 + (3.0 if u > 0 else 0.75) * u) + 2.0 * waited
         return horizon if max_wait is None else min(horizon, max(0.0, max_wait - waited))
 
     def _known_line(self, horizon: float, waited: float, max_wait: float | None) -> float:

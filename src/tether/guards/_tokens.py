@@ -92,7 +92,8 @@ class TokenBudget:
     * A 429's ``Retry-After`` pauses the family for the whole fleet.
     * **Priority**: a caller asks with a horizon (how far ahead it may take a place in
       line): ``horizon`` seconds, up to four times that for an urgent caller (a run with
-      little time or budget left), plus the time it has already waited. So the longest
+      little time or budget left), down to a quarter for one that yields (a run whose
+      budget scope is near its limit), plus the time it has already waited. So the longest
       waiters and the most urgent runs are admitted first, and no caller waits unboundedly.
 
     ``family`` matches the models whose name starts with it (``""``: every model of the
@@ -172,8 +173,10 @@ class TokenBudget:
     ) -> Reservation:
         """Wait (on the clock) for this call's place in the budget and take it.
 
-        ``urgency`` in [0, 1]: how close the caller's run is to its end (1: about to run
-        out of time or budget); ``max_wait``: the longest the caller may wait. Raises
+        ``urgency`` in [-1, 1]: how close the caller's run is to its end (1: about to run
+        out of time or budget; admitted first), or, below 0, how much it yields to others
+        (-1: its tenant's budget scope is at its limit; admitted after them);
+        ``max_wait``: the longest the caller may wait. Raises
         :class:`tether.LimiterTimeout`, having sent nothing and kept nothing, when the
         wait would be longer.
         """

@@ -145,6 +145,8 @@ class RunState:
         self.unpriced_calls = 0
         self._tokens = RunTokens(self)  # model calls held in the guard's token budgets
         self.scopes: tuple[str, ...] = ()  # the budget scopes it spends in (guard.start)
+        #: the share of its limit the run's nearest scope has used (its last reservation's)
+        self.scope_share = 0.0
         self._error: str | None = None  # what ended the run, redacted
         self._checked_models: set[str] = set()
         self.models: list[str] = []  # the models that answered, in the order they first did
@@ -232,8 +234,9 @@ class RunState:
 
     @property
     def urgency(self) -> float:
-        """How close the run is to its end, in [0, 1]: the largest share of any of its
-        budgets already spent (a token budget admits an urgent run first)."""
+        """How close the run is to its end, in [0, 1] (a token budget admits an urgent run
+        first), or below 0 when a budget scope of the run is near its limit (its runs yield
+        to others); see :func:`tether.run._tokens.urgency`."""
         return urgency(self)
 
     @property

@@ -210,6 +210,8 @@ class RunScopes:
         code, name, limit, used, cap = answer
         if code in ("ok", "again"):
             self.held.append((call_id, need[0] or 0.0))
+            if code == "ok":  # how near its nearest scope is to its limit, this call taken
+                self.s.scope_share = used / cap if cap > 0 else 0.0
             return
         if code == "unpriced":
             why = self.s.guard.prices.missing(model) if model else "the request names no model"

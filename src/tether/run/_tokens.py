@@ -30,13 +30,24 @@ from tether.run._outcome import StopReason
 if TYPE_CHECKING:
     from tether.guards._token_line import Plan
 
-__all__ = ["RunTokens", "urgency"]
+__all__ = ["NEAR_LIMIT", "RunTokens", "urgency"]
+
+#: a budget scope past this share of its limit lowers its runs' priority in a token budget
+NEAR_LIMIT = 0.8
 
 
 def urgency(run: Any) -> float:
     """How close ``run`` is to its end, in [0, 1]: the largest share of any of its budgets
     (time, steps, model calls, tokens, cost) already spent. The token budget admits an
-    urgent run first."""
+    urgent run first.
+
+    A run whose budget scope (a tenant's, a user's) is past ``NEAR_LIMIT`` of its limit
+    yields instead: its urgency is below 0, down to -1 at the limit, so the fleet's token
+    budget admits the runs of other scopes before it (it still gets its turn: a caller's
+    horizon grows with its wait)."""
+    near = float(getattr(run, "scope_share", 0.0))
+    if near > NEAR_LIMIT:
+        return -min(1.0, (near - NEAR_LIMIT) / (1.0 - NEAR_LIMIT))
     b = run.budget
     shares = [0.0]
     if b.max_seconds:

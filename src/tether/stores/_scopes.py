@@ -48,6 +48,7 @@ __all__ = [
     "scopes_release",
     "scopes_reserve",
     "scopes_settle",
+    "share",
     "scope_limit",
     "scope_view",
 ]
@@ -62,7 +63,8 @@ EPSILON = 1e-9
 Fields = dict[str, Any]
 Four = tuple[float, float, float, float]
 #: a reservation's answer: (code, scope, limit's name, used, limit) with code
-#: "ok" | "again" (known call id) | "unpriced" | "spent"
+#: "ok" | "again" (known call id) | "unpriced" | "spent"; for "ok", the scope and limit
+#: nearest to its end with this call taken (used and limit; "" and 0s: no limit)
 Answer = tuple[str, str, str, float, float]
 OK: Answer = ("ok", "", "", 0.0, 0.0)
 
@@ -185,6 +187,7 @@ def scopes_reserve(
         if need[0] is None and "max_cost" in f:
             return ("unpriced", name, "max_cost_usd", 0.0, float(f["max_cost"]))
     want = [need[0] or 0.0, need[1], need[2], need[3]]
+    nearest: Answer = OK
     for name, f in scopes:
         used = [a + b for a, b in zip(_spent(f, now), _held(f), strict=True)]
         for limit, u, n in (
@@ -196,10 +199,17 @@ def scopes_reserve(
                 cap = float(f[limit])
                 if u >= cap or u + n > cap + EPSILON:
                     return ("spent", name, limit, u, cap)
+                if cap > 0 and (u + n) / cap > share(nearest):
+                    nearest = ("ok", name, limit, u + n, cap)
     for _, f in scopes:
         f[f"h:{call_id}"] = _text([now, *want])
     calls[call_id] = f"h {now!r}"
-    return OK
+    return nearest
+
+
+def share(answer: Answer) -> float:
+    """The share of its limit the answer's scope has used (0: none named)."""
+    return answer[3] / answer[4] if answer[4] > 0 else 0.0
 
 
 def scopes_settle(

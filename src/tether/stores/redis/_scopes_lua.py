@@ -119,6 +119,8 @@ if mode == 'reserve' then
       return {'unpriced', ARGV[6 + j], 'max_cost', '0', f['max_cost']}
     end
   end
+  local near = {'ok', '', '', '0', '0'}
+  local near_share = 0
   for j = 4, #KEYS do
     local f = fs[j]
     local sp, hd = spent(f), held(f)
@@ -131,6 +133,10 @@ if mode == 'reserve' then
         if c[2] >= cap or c[2] + c[3] > cap + EPS then
           return {'spent', ARGV[6 + j], c[1], fmt(c[2]), fmt(cap)}
         end
+        if cap > 0 and (c[2] + c[3]) / cap > near_share then
+          near_share = (c[2] + c[3]) / cap
+          near = {'ok', ARGV[6 + j], c[1], fmt(c[2] + c[3]), fmt(cap)}
+        end
       end
     end
   end
@@ -141,7 +147,7 @@ if mode == 'reserve' then
   end
   redis.call('HSET', calls, id, 'h ' .. fmt(now))
   redis.call('ZADD', calls_t, now, id)
-  return {'ok', '', '', '0', '0'}
+  return near
 elseif mode == 'settle' then
   local st = redis.call('HGET', calls, id)
   if st and string.sub(st, 1, 1) == 'd' then return 0 end
