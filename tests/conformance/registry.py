@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from conformance.adapters.adk import ADK
+from conformance.adapters.guarded_client import GuardedClient
 from conformance.adapters.langchain import Graph, Middleware
 from conformance.adapters.openai_agents import AgentsSDK
 from conformance.adapters.pydantic_ai import PydanticAI
@@ -14,6 +15,7 @@ from conformance.suite import Adapter
 ADAPTERS: list[Adapter] = [
     AnthropicLoop(),
     OpenAILoop(),
+    GuardedClient(),
     AgentsSDK(),
     Middleware(),
     Graph(),

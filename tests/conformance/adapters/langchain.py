@@ -8,7 +8,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from conformance.suite import INPUT_TOKENS, OUTPUT_TOKENS, Adapter, Cell, Mode, Turn, World
+from conformance.suite import INPUT_TOKENS, OUTPUT_TOKENS, Adapter, Cell, Mode, Turn, World, ask
 from tether import Guard
 
 _ids = itertools.count()
@@ -66,8 +66,9 @@ class Middleware(Adapter):
     name = "LangChain `create_agent` + `TetherMiddleware`"
 
     not_applicable: ClassVar[dict[Cell, str]] = {
-        Cell.NESTED: "create_agent has no handoff; a sub-agent is a tool whose own agent "
-        "carries its own middleware (a run of its own)",
+        Cell.NESTED: "not built: create_agent has no handoff, and a sub-agent that a tool "
+        "runs (its own create_agent and middleware) starts a run of its own, so its model "
+        "calls are not counted in the caller's budget (PydanticAI's Delegate joins them)",
     }
 
     reasks_after_resume = True  # the approved call runs when the model asks for it again
@@ -99,11 +100,6 @@ class Graph(Adapter):
     reasks_after_resume = True  # the approved call runs when the model asks for it again
     raises_tool_errors = True  # ToolNode's default handle_tool_errors raises it
 
-    not_applicable: ClassVar[dict[Cell, str]] = {
-        Cell.NESTED: "a subgraph is a node of the graph: its model node is guarded as any "
-        "other (one run per thread); there is no handoff",
-    }
-
     def app(self, world: World, guard: Guard, asynchronous: bool, **rules: Any) -> Any:
         from langgraph.graph import END, START, MessagesState, StateGraph
         from langgraph.prebuilt import ToolNode, tools_condition
@@ -131,6 +127,25 @@ class Graph(Adapter):
         builder.add_conditional_edges("model", tools_condition, {"tools": "tools", END: END})
         builder.add_edge("tools", "model")
         return builder.compile()
+
+    def nested(self, world: World, guard: Guard, mode: Mode) -> Any:
+        """The guarded agent graph as a subgraph: a parent graph's triage node, then the agent
+        (LangGraph's nesting; it has no handoff), one run for the thread."""
+        from langgraph.graph import START, MessagesState, StateGraph
+
+        from tether.integrations import langgraph as ta_langgraph
+
+        class State(MessagesState, ta_langgraph.TetherFields):
+            """The parent's state: the subgraph's keys, shared."""
+
+        world.turns = [ask(("search", {"q": f"A-{i}"})) for i in range(10)]
+        parent = StateGraph(State)
+        parent.add_node("triage", lambda state: {"messages": [("user", "it is about A-1")]})
+        parent.add_node("agent", self.app(world, guard, mode == "async"))
+        parent.add_edge(START, "triage")
+        parent.add_edge("triage", "agent")
+        state = drive(parent.compile(), {"messages": [("user", "refund A-1")]}, mode)
+        return state["tether_outcome"]
 
     def run(self, world: World, guard: Guard, mode: Mode, **rules: Any) -> Any:
         app = self.app(world, guard, mode == "async", **rules)
