@@ -109,6 +109,8 @@ if TYPE_CHECKING:
     from tether.run._run import Run
     from tether.run._scopes import BudgetScopes
     from tether.run._tool import Tool
+    from tether.run._turn import ModelTurn
+    from tether.run._usage import RequestUsage
 
 #: public name -> the module it is imported from on first use
 _LAZY: dict[str, str] = {
@@ -138,6 +140,7 @@ _LAZY: dict[str, str] = {
     "Handoffs": "tether.records._collections",
     "Ledger": "tether.effects._ledger",
     "LoopPolicy": "tether.run._loops",
+    "ModelTurn": "tether.run._turn",
     "Outcome": "tether.run._outcome",
     "PRICES": "tether.run._pricing",
     "PolicyDenied": "tether.run._governance",
@@ -145,6 +148,7 @@ _LAZY: dict[str, str] = {
     "PriceTable": "tether.run._pricing",
     "Records": "tether.records._records",
     "RedactedArguments": "tether.records._collections",
+    "RequestUsage": "tether.run._usage",
     "RetryBudget": "tether.guards._budget",
     "Run": "tether.run._run",
     "StopReason": "tether.run._outcome",
@@ -225,6 +229,7 @@ __all__ = [
     "LimiterTimeout",
     "LoopPolicy",
     "MissingExtraError",
+    "ModelTurn",
     "Outcome",
     "PRICES",
     "PolicyDenied",
@@ -232,6 +237,7 @@ __all__ = [
     "PriceTable",
     "Records",
     "RedactedArguments",
+    "RequestUsage",
     "RetryBudget",
     "RetryEvent",
     "RetryPolicy",

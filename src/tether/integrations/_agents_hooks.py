@@ -14,9 +14,10 @@ import contextvars
 from collections.abc import Callable
 from typing import Any
 
-from tether import Run, Stopped, StopReason
+from tether import ModelTurn, RequestUsage, Run, Stopped, StopReason
 from tether._errors import Picklable, require
 from tether.guards._tokens import estimate_tokens
+from tether.integrations._usage import openai_responses_usage
 
 require("agents", "openai-agents")
 
@@ -73,7 +74,7 @@ class TetherHooks(RunHooks[Any]):
             raise TypeError(f"TetherHooks needs a tether Run (guard.start()), got {run!r}")
         self.run = run
         self.model = model
-        self._in_flight = 0  # requests sent and not answered yet
+        self._in_flight: list[ModelTurn] = []  # the turns of requests sent, not answered yet
         #: what a nested run's starting agent becomes (tether's guarded copy, from run())
         self.nested: Callable[[Any], Any] = lambda agent: agent
         _install()
@@ -90,16 +91,16 @@ class TetherHooks(RunHooks[Any]):
             # the SDK sends some requests at once (a guardrail's agent beside the agent's
             # first call): the ones in flight count against the model-call budget too
             limit = run.budget.max_model_calls
-            if limit is None or run.model_calls + self._in_flight < limit:
+            if limit is None or run.model_calls + len(self._in_flight) < limit:
+                turn = run.amodel_turn(
+                    self.model or model_name(agent),
+                    estimate=estimate_tokens(system_prompt, input_items),
+                    max_output=agent.model_settings.max_tokens,
+                )
                 try:  # the guard's token budget may make the request wait for its place
-                    await run.abegin_model_call(
-                        model=self.model or model_name(agent),
-                        estimated_input_tokens=estimate_tokens(system_prompt, input_items),
-                        max_output_tokens=agent.model_settings.max_tokens,
-                    )
+                    self._in_flight.append(await turn.aopen())
                 except Stopped:  # a wait past the run's time: stopped before the request
                     raise GuardStopped(run.stopped or StopReason.TIMEOUT, run.stop_detail) from None
-                self._in_flight += 1
                 return
             run.halt(StopReason.MAX_MODEL_CALLS, f"max model calls ({limit}) reached")
         assert run.stopped is not None
@@ -108,19 +109,13 @@ class TetherHooks(RunHooks[Any]):
     async def on_llm_end(
         self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse
     ) -> None:
-        self.answered()
-        usage = response.usage
-        cached = int(getattr(usage.input_tokens_details, "cached_tokens", 0) or 0)
-        self.run.record_model_call(
-            model=self.model or model_name(agent),
-            input_tokens=max(0, int(usage.input_tokens) - cached),
-            output_tokens=int(usage.output_tokens),
-            cache_read_tokens=cached,
-        )
+        turn = self.answered() or self.run.model_turn(self.model or model_name(agent))
+        turn.record(openai_responses_usage(response) or RequestUsage())
 
-    def answered(self) -> None:
-        """A request of this run got its answer, or failed for good: no longer in flight."""
-        self._in_flight = max(0, self._in_flight - 1)
+    def answered(self) -> ModelTurn | None:
+        """A request of this run got its answer, or failed for good: no longer in flight;
+        its turn (the oldest in flight; None: none is)."""
+        return self._in_flight.pop(0) if self._in_flight else None
 
 
 def request_failed() -> None:

@@ -20,7 +20,7 @@ from collections.abc import (
 )
 from typing import Any, ClassVar, ParamSpec, TypeVar, Unpack, cast
 
-from tether import Fallback, Run, Tool, telemetry
+from tether import Fallback, ModelTurn, Run, Tool, telemetry
 from tether.guards._breaker import breakers
 from tether.guards._tokens import budgets_for
 from tether.integrations._fallbacks import acall_chain, call_chain, candidates, check_chain
@@ -280,36 +280,33 @@ class _Endpoint:
         self._read = read
         self._path = path  # "messages.create": the same endpoint on a fallback's client
 
-    def _prepare(self, kwargs: dict[str, Any]) -> float | None:
-        """Check the run before a paid request; the time it has left (the retries' deadline)."""
-        run = self._owner.run
+    def _turn(self, kwargs: dict[str, Any]) -> ModelTurn | None:
+        """The request's model turn in the client's run (None: no run); one idempotency key
+        for every attempt."""
         headers = dict(kwargs.pop("extra_headers", None) or {})
-        headers.setdefault(
-            "Idempotency-Key", f"tether-{uuid.uuid4().hex}"
-        )  # one key, every attempt
+        headers.setdefault("Idempotency-Key", f"tether-{uuid.uuid4().hex}")
         kwargs["extra_headers"] = headers
+        run = self._owner.run
         if run is None:
             return None
-        left = run.begin_model_call(
-            model=str(kwargs.get("model") or ""),
+        return run.model_turn(
+            str(kwargs.get("model") or ""),
             provider=self._owner.provider,
-            max_output_tokens=_int_or_none(
+            max_output=_int_or_none(
                 kwargs.get(
                     "max_tokens",
                     kwargs.get("max_completion_tokens", kwargs.get("max_output_tokens")),
                 )
             ),
         )
+
+    @staticmethod
+    def _capped(kwargs: dict[str, Any], turn: ModelTurn | None) -> None:
+        """No attempt may outlive the run's time budget (an SDK timeout object is kept)."""
+        left = turn.time_left if turn is not None else None
         given = kwargs.get("timeout")
         if left is not None and (given is None or isinstance(given, int | float)):
-            # no attempt may outlive the run's time budget (an SDK timeout object is kept)
             kwargs["timeout"] = min(float(given or left), left)
-        return left
-
-    def _counted_retries(self) -> None:
-        run = self._owner.run
-        if run is not None:
-            run.count_retries(self._owner.policy.statistics.retries)
 
     def __call__(self, **kwargs: Any) -> Any:
         chain = candidates(self._owner, str(kwargs.get("model") or ""))
@@ -343,24 +340,82 @@ class _Endpoint:
         return way.reply(await self._on(client)._one(way.request(kwargs), last))
 
     def _one(self, kwargs: dict[str, Any], last: bool = True) -> Any:
-        """The request to one model: its checks, its token budget's wait (a wait past the
-        run's time stops the run, unless a fallback comes after: ``last``), its attempts."""
+        """The request to one model, in one model turn of the run: its checks, its token
+        budget's wait, its attempts, its usage. The turn's failure stops the run, unless a
+        fallback comes after (``last`` False): then the failure gives way."""
+        if self._owner.is_async:
+            return self._aone(kwargs, last)
+        turn = self._turn(kwargs)
+        if turn is None:
+            return self._in_turn(None, kwargs, last)
+        if last:
+            with turn:
+                return self._in_turn(turn, kwargs, last)
+        turn.open()
+        try:
+            return self._in_turn(turn, kwargs, last)
+        except BaseException as exc:
+            turn.gave_way(exc)
+            raise
+
+    async def _aone(self, kwargs: dict[str, Any], last: bool) -> Any:
+        turn = self._turn(kwargs)
+        if turn is None:
+            return await self._ain_turn(None, kwargs, last)
+        if last:
+            async with turn:
+                return await self._ain_turn(turn, kwargs, last)
+        await turn.aopen()
+        try:
+            return await self._ain_turn(turn, kwargs, last)
+        except BaseException as exc:
+            turn.gave_way(exc)
+            raise
+
+    def _in_turn(self, turn: ModelTurn | None, kwargs: dict[str, Any], last: bool) -> Any:
         owner = self._owner
-        left = self._prepare(kwargs)
         gate = gate_for(
             owner.token_budgets, owner.run, owner.provider, self._target, kwargs, halts=last
         )
-        if owner.is_async:
-            return self._acall(kwargs, left, gate)
         if gate is not None:  # the token budget's wait, before the retry loop
             gate.begin()
-            left = owner.run.time_left() if owner.run is not None else left
+        self._capped(kwargs, turn)
         if kwargs.get("stream"):
-            return self._stream(kwargs, left, gate)
+
+            def open_first() -> tuple[Any, Any, Any]:
+                stream = self._send(gate, kwargs)
+                events = iter(stream)
+                return stream, events, next(events)
+
+            # a stream that breaks before its first event is retried; after that, nothing
+            stream, events, first = self._attempts(turn, open_first, last)
+            return GuardedStream(stream, events, first, turn, self._read)
         with self._span(kwargs) as span:
-            response = self._within(left, lambda: self._send(gate, kwargs))
+            response = self._attempts(turn, lambda: self._send(gate, kwargs), last)
             _response_attributes(span, response)
-        return self._counted(response)
+        return self._counted(turn, response)
+
+    async def _ain_turn(self, turn: ModelTurn | None, kwargs: dict[str, Any], last: bool) -> Any:
+        owner = self._owner
+        gate = gate_for(
+            owner.token_budgets, owner.run, owner.provider, self._target, kwargs, halts=last
+        )
+        if gate is not None:
+            await gate.abegin()
+        self._capped(kwargs, turn)
+        if kwargs.get("stream"):
+
+            async def open_first() -> tuple[Any, Any, Any]:
+                stream = await self._asend(gate, kwargs)
+                events = stream.__aiter__()
+                return stream, events, await events.__anext__()
+
+            stream, events, first = await self._aattempts(turn, open_first, last)
+            return AsyncGuardedStream(stream, events, first, turn, self._read)
+        with self._span(kwargs) as span:
+            response = await self._aattempts(turn, lambda: self._asend(gate, kwargs), last)
+            _response_attributes(span, response)
+        return self._counted(turn, response)
 
     def _span(self, kwargs: dict[str, Any]) -> Any:
         """The request's ``chat`` span (OpenTelemetry's GenAI conventions)."""
@@ -369,23 +424,30 @@ class _Endpoint:
             f"chat {kwargs.get('model', '')}", **_request_attributes(owner, kwargs)
         )
 
-    def _within(self, left: float | None, fn: Callable[[], T]) -> T:
-        """``fn()`` under the client's policy within ``left``; its retries counted in the run."""
-        try:
-            return self._owner.policy.call_within(left, fn)
-        finally:
-            self._counted_retries()
+    def _attempts(self, turn: ModelTurn | None, fn: Callable[[], T], last: bool) -> T:
+        """``fn()`` under the client's policy within the run's time, its retries counted; an
+        open breaker waited out, unless a fallback comes after (it gives way at once)."""
+        policy = self._owner.policy
+        if turn is None:
+            return policy.call_within(None, fn)
+        return turn.call(fn, policy=policy, breaker_wait=last)
 
-    async def _awithin(self, left: float | None, fn: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await self._owner.policy.acall_within(left, fn)
-        finally:
-            self._counted_retries()
+    async def _aattempts(
+        self, turn: ModelTurn | None, fn: Callable[[], Awaitable[T]], last: bool
+    ) -> T:
+        policy = self._owner.policy
+        if turn is None:
+            return await policy.acall_within(None, fn)
+        return await turn.acall(fn, policy=policy, breaker_wait=last)
 
-    def _counted(self, response: Any) -> Any:
-        """The response, its usage counted in the run."""
-        if self._owner.run is not None and (usage := self._read(response)) is not None:
-            usage.record(self._owner.run)
+    def _counted(self, turn: ModelTurn | None, response: Any) -> Any:
+        """The response, its usage counted in the run (a reply without one: unmeasured)."""
+        if turn is not None:
+            usage = self._read(response)
+            if usage is None:
+                turn.record(unmeasured=True)
+            else:
+                turn.record(usage)
         return response
 
     def _send(self, gate: TokenGate | None, kwargs: dict[str, Any]) -> Any:
@@ -394,45 +456,6 @@ class _Endpoint:
 
     async def _asend(self, gate: TokenGate | None, kwargs: dict[str, Any]) -> Any:
         return await (self._target(**kwargs) if gate is None else gate.acall(self._target, kwargs))
-
-    def _stream(
-        self, kwargs: dict[str, Any], left: float | None, gate: TokenGate | None = None
-    ) -> GuardedStream:
-        """Open the stream and read its first event inside the retry policy: a stream that
-        breaks before its first event is retried; after that, nothing is replayed."""
-
-        def open_first() -> tuple[Any, Any, Any]:
-            stream = self._send(gate, kwargs)
-            events = iter(stream)
-            return stream, events, next(events)
-
-        stream, events, first = self._within(left, open_first)
-        return GuardedStream(stream, events, first, self._owner.run, self._read)
-
-    async def _astream(
-        self, kwargs: dict[str, Any], left: float | None, gate: TokenGate | None = None
-    ) -> AsyncGuardedStream:
-        async def open_first() -> tuple[Any, Any, Any]:
-            stream = await self._asend(gate, kwargs)
-            events = stream.__aiter__()
-            return stream, events, await events.__anext__()
-
-        stream, events, first = await self._awithin(left, open_first)
-        return AsyncGuardedStream(stream, events, first, self._owner.run, self._read)
-
-    async def _acall(
-        self, kwargs: dict[str, Any], left: float | None, gate: TokenGate | None = None
-    ) -> Any:
-        owner = self._owner
-        if gate is not None:  # the token budget's wait, before the retry loop
-            await gate.abegin()
-            left = owner.run.time_left() if owner.run is not None else left
-        if kwargs.get("stream"):
-            return await self._astream(kwargs, left, gate)
-        with self._span(kwargs) as span:
-            response = await self._awithin(left, lambda: self._asend(gate, kwargs))
-            _response_attributes(span, response)
-        return self._counted(response)
 
 
 class _StreamUsage:
@@ -448,19 +471,19 @@ class _StreamUsage:
         if seen is not None:
             self.usage = self.usage.merged(seen)
 
-    def record(self, run: Run | None) -> None:
-        if run is not None and self.usage.counted:
-            self.usage.record(run)
+    def record(self, turn: ModelTurn | None) -> None:
+        if turn is not None:
+            turn.record(self.usage) if self.usage.counted else turn.record(unmeasured=True)
 
 
 class _StreamBase:
     def __init__(
-        self, stream: Any, events: Any, first: Any, run: Run | None, read: UsageReader
+        self, stream: Any, events: Any, first: Any, turn: ModelTurn | None, read: UsageReader
     ) -> None:
         self.stream = stream
         self._events = events
         self._first = first
-        self._run = run
+        self._turn = turn.record_later() if turn is not None else None
         self.truncated = False
         self.error: BaseException | None = None
         self._usage = _StreamUsage(read)
@@ -481,7 +504,7 @@ class _StreamBase:
                 "tether: stream broke after content arrived (%s); reply marked truncated", exc
             )
         finally:
-            self._usage.record(self._run)
+            self._usage.record(self._turn)
 
 
 class GuardedStream(_StreamBase):

@@ -315,7 +315,9 @@ async def arun_tool(run: Run, turns: Turns, use: ToolUse) -> tuple[ToolUse, str,
 
 
 def _model_failed(run: Run, exc: Exception) -> None:
-    """End the run for a model call that failed after its retries (raises Stopped)."""
+    """End the run for a model call that failed after its retries (raises Stopped); the
+    model turn of the guarded client stopped it already, unless a fallback chain's
+    candidate raised a failure that was not its to give way."""
     if isinstance(exc, Stopped | UnknownModelError):
         raise exc
     if programming_error(exc):  # a bug (a bad call...): raised as it is, the run filed
@@ -325,10 +327,11 @@ def _model_failed(run: Run, exc: Exception) -> None:
 
 
 def call_model(run: Run, create: Callable[..., Any], **kwargs: Any) -> Any:
-    """One model call of an agent loop: an open provider breaker is waited out when the
-    run's time allows; a failure after the retries ends the run with its reason."""
+    """One model call of an agent loop: ``create`` is the run's guarded client, whose model
+    turn waits out an open breaker and retries within the run's time; a failure after that
+    ends the run with its reason."""
     try:
-        return run.through_breaker(lambda: create(**kwargs))
+        return create(**kwargs)
     except Exception as exc:
         _model_failed(run, exc)
 
@@ -336,7 +339,7 @@ def call_model(run: Run, create: Callable[..., Any], **kwargs: Any) -> Any:
 async def acall_model(run: Run, create: Callable[..., Awaitable[Any]], **kwargs: Any) -> Any:
     """The async form of :func:`call_model`."""
     try:
-        return await run.athrough_breaker(lambda: create(**kwargs))
+        return await create(**kwargs)
     except Exception as exc:
         _model_failed(run, exc)
 

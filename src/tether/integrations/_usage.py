@@ -11,11 +11,9 @@ reader here, and a reply read whole and a reply streamed give the same
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from tether import Run
+from tether import RequestUsage
 
 __all__ = [
     "RequestUsage",
@@ -25,46 +23,6 @@ __all__ = [
     "openai_responses_usage",
     "stream_usage",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class RequestUsage:
-    """The tokens of one model request, as the price reads them: ``input_tokens`` are the
-    prompt tokens neither written to nor read from a cache."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_write_tokens: int = 0
-    cache_read_tokens: int = 0
-    model: str = ""
-
-    def merged(self, later: RequestUsage) -> RequestUsage:
-        """This usage and a later report of the same request (a stream reports running
-        totals, some fields only in its first or its last event): the larger of each."""
-        return RequestUsage(
-            max(self.input_tokens, later.input_tokens),
-            max(self.output_tokens, later.output_tokens),
-            max(self.cache_write_tokens, later.cache_write_tokens),
-            max(self.cache_read_tokens, later.cache_read_tokens),
-            later.model or self.model,
-        )
-
-    @property
-    def counted(self) -> bool:
-        return bool(
-            self.input_tokens or self.output_tokens or self.cache_write_tokens
-            or self.cache_read_tokens
-        )  # fmt: skip
-
-    def record(self, run: Run) -> None:
-        """Count this request in ``run`` (its cost at the guard's price for the model)."""
-        run.record_model_call(
-            input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens,
-            cache_write_tokens=self.cache_write_tokens,
-            cache_read_tokens=self.cache_read_tokens,
-            model=self.model,
-        )
 
 
 #: reads a reply object (a message, a completion, a response, a stream chunk) -> its usage

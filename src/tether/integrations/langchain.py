@@ -20,12 +20,21 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from functools import partial
 from typing import Annotated, Any, NotRequired, Unpack, cast
 
 from typing_extensions import TypedDict
 
-from tether import Fallback, Guard, Outcome, Run, Stopped, StopReason, ToolError
+from tether import (
+    Fallback,
+    Guard,
+    ModelTurn,
+    Outcome,
+    RequestUsage,
+    Run,
+    Stopped,
+    StopReason,
+    ToolError,
+)
 from tether._errors import Picklable, RunDocumentError, TetherError, require
 from tether.classification._classify import programming_error
 from tether.guards._tokens import estimate_tokens
@@ -167,17 +176,18 @@ def _summary(outcome: Outcome) -> dict[str, Any]:
     }
 
 
-def _usage(message: Any) -> dict[str, int]:
+def _usage(message: Any) -> RequestUsage:
+    """A LangChain AI message's ``usage_metadata``: its ``input_tokens`` hold the cached ones."""
     meta = getattr(message, "usage_metadata", None) or {}
     details = meta.get("input_token_details") or {}
     cache_read = int(details.get("cache_read") or 0)
     cache_write = int(details.get("cache_creation") or 0)
-    return {
-        "input_tokens": max(0, int(meta.get("input_tokens") or 0) - cache_read - cache_write),
-        "output_tokens": int(meta.get("output_tokens") or 0),
-        "cache_read_tokens": cache_read,
-        "cache_write_tokens": cache_write,
-    }
+    return RequestUsage(
+        input_tokens=max(0, int(meta.get("input_tokens") or 0) - cache_read - cache_write),
+        output_tokens=int(meta.get("output_tokens") or 0),
+        cache_write_tokens=cache_write,
+        cache_read_tokens=cache_read,
+    )
 
 
 def _model_name(model: Any) -> str:
@@ -432,17 +442,21 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             run = hold.run
             chain = self._chain(request)
             for i, (asked, policy) in enumerate(chain):
+                last = i == len(chain) - 1
                 try:  # the guard's token budget may make the call wait for its place
-                    run.begin_model_call(**self._model_call(asked))
+                    turn = run.model_turn(**self._model_call(asked)).open()
                 except Stopped:  # a wait past the run's time: stopped before the request
                     return _no_reply(self._put(hold))
                 try:
-                    response = run.retry_model_call(policy, partial(handler, asked))
+                    response = turn.call(handler, asked, policy=policy, breaker_wait=last)
                 except Exception as exc:
-                    if _gives_way(run, chain, i, exc):
+                    if _gives_way(turn, chain, i, exc):
                         continue
-                    return self._model_failed(hold, exc, request.state)
-                self._count(run, asked, response)
+                    return self._model_failed(hold, turn, exc, request.state)
+                except BaseException as exc:
+                    turn.gave_way(exc)
+                    raise
+                self._count(turn, response)
                 return _with_run(response, self._put(hold))
             raise AssertionError("unreachable: the last model answers or fails")  # pragma: no cover
         finally:
@@ -454,21 +468,21 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             run = hold.run
             chain = self._chain(request)
             for i, (asked, policy) in enumerate(chain):
+                last = i == len(chain) - 1
                 try:  # the token budget's wait sleeps on the event loop
-                    await run.abegin_model_call(**self._model_call(asked))
+                    turn = await run.amodel_turn(**self._model_call(asked)).aopen()
                 except Stopped:
                     return _no_reply(self._put(hold))
-
-                async def call(asked: Any = asked) -> Any:
-                    return await handler(asked)
-
                 try:
-                    response = await run.aretry_model_call(policy, call)
+                    response = await turn.acall(handler, asked, policy=policy, breaker_wait=last)
                 except Exception as exc:
-                    if _gives_way(run, chain, i, exc):
+                    if _gives_way(turn, chain, i, exc):
                         continue
-                    return self._model_failed(hold, exc, request.state)
-                self._count(run, asked, response)
+                    return self._model_failed(hold, turn, exc, request.state)
+                except BaseException as exc:
+                    turn.gave_way(exc)
+                    raise
+                self._count(turn, response)
                 return _with_run(response, self._put(hold))
             raise AssertionError("unreachable: the last model answers or fails")  # pragma: no cover
         finally:
@@ -497,34 +511,32 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             )
         return {
             "model": _model_name(request.model),
-            "estimated_input_tokens": _estimate(request),
-            "max_output_tokens": _max_output(request),
+            "estimate": _estimate(request),
+            "max_output": _max_output(request),
         }
 
-    def _model_failed(self, hold: _Hold, exc: Exception, state: Any) -> Any:
+    def _model_failed(self, hold: _Hold, turn: ModelTurn, exc: Exception, state: Any) -> Any:
         """The model call failed after its retries: the run stops; the agent ends. A
         programming error (an ``ImportError``, a ``TypeError`` of a bad call...) is raised
         once the run is ended and filed, as a plain program would raise it."""
-        hold.run.model_call_failed(exc)
+        turn.fail(exc)
         if programming_error(exc):
             self._finish(hold.run, state)
             raise exc
         return _no_reply(self._put(hold))
 
-    def _count(self, run: Run, request: Any, response: Any) -> None:
+    def _count(self, turn: ModelTurn, response: Any) -> None:
+        """Each AI message of the reply counted in the turn (none: an unmeasured call)."""
         messages = getattr(response, "result", None)
         if messages is None:
             messages = getattr(getattr(response, "model_response", None), "result", None)
+        counted = False
         for message in messages or [response]:
             if getattr(message, "type", "") == "ai":
-                used = _usage(message)
-                run.record_model_call(
-                    model=_model_name(request.model),
-                    input_tokens=used["input_tokens"],
-                    output_tokens=used["output_tokens"],
-                    cache_read_tokens=used["cache_read_tokens"],
-                    cache_write_tokens=used["cache_write_tokens"],
-                )
+                turn.record(_usage(message))
+                counted = True
+        if not counted:
+            turn.record(unmeasured=True)
 
     def after_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
         if state.get("tether_run") is None and isinstance(state.get("tether_ended"), Mapping):
@@ -637,13 +649,13 @@ def _chat_models(chain: Sequence[Fallback]) -> tuple[Any, ...]:
     return tuple(models)
 
 
-def _gives_way(run: Run, chain: Sequence[tuple[Any, Any]], i: int, exc: Exception) -> bool:
+def _gives_way(turn: ModelTurn, chain: Sequence[tuple[Any, Any]], i: int, exc: Exception) -> bool:
     """Whether model ``i``'s failure sends the call to the next model (logged, with a
-    ``tether.fallback`` event); its token reservation is given back."""
+    ``tether.fallback`` event); its turn's reservations are given back."""
     names = [(None, _model_name(asked.model)) for asked, _ in chain]
     if not gives_way(names, i, exc):
         return False
-    run.model_call_gave_way(exc)
+    turn.gave_way(exc)
     return True
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Unpack, cast
 
-from tether import Run, Stopped
+from tether import ModelTurn, Run, Stopped
 from tether._errors import require
 from tether.classification._classify import classify, programming_error
 from tether.integrations._arguments import same_arguments
@@ -202,18 +202,19 @@ class GraphGuard:
                         return ended
                     run = hold.run
                     try:  # the guard's token budget may make the call wait (on the event loop)
-                        await run.abegin_model_call(**self._model_call(state))
+                        turn = await run.amodel_turn(**self._model_call(state)).aopen()
                     except Stopped:  # a wait past the run's time: stopped before the call
                         return self._ended(run, state, {})
-
-                    async def call() -> Any:
-                        return await fn(*arguments(state, runtime))
-
                     try:
-                        out = await run.aretry_model_call(self._agent._policy, call)
+                        out = await turn.acall(
+                            fn, *arguments(state, runtime), policy=self._agent._policy
+                        )
                     except Exception as exc:
-                        return self._model_failed(run, state, exc)
-                    return self._after(hold, state, out)
+                        return self._model_failed(run, turn, state, exc)
+                    except BaseException as exc:
+                        turn.gave_way(exc)
+                        raise
+                    return self._after(hold, turn, state, out)
                 finally:
                     self._agent._let_go(hold)
 
@@ -227,27 +228,30 @@ class GraphGuard:
                     return ended
                 run = hold.run
                 try:
-                    run.begin_model_call(**self._model_call(state))
+                    turn = run.model_turn(**self._model_call(state)).open()
                 except Stopped:
                     return self._ended(run, state, {})
                 try:
-                    out = run.retry_model_call(
-                        self._agent._policy, lambda: fn(*arguments(state, runtime))
-                    )
+                    out = turn.call(fn, *arguments(state, runtime), policy=self._agent._policy)
                 except Exception as exc:
-                    return self._model_failed(run, state, exc)
-                return self._after(hold, state, out)
+                    return self._model_failed(run, turn, state, exc)
+                except BaseException as exc:
+                    turn.gave_way(exc)
+                    raise
+                return self._after(hold, turn, state, out)
             finally:
                 self._agent._let_go(hold)
 
         node.__name__ = getattr(fn, "__name__", "model")
         return node
 
-    def _model_failed(self, run: Run, state: Any, exc: Exception) -> dict[str, Any]:
+    def _model_failed(
+        self, run: Run, turn: ModelTurn, state: Any, exc: Exception
+    ) -> dict[str, Any]:
         """The node failed after its retries: the turn ends with the customer message; a
         programming error (``tether.classification.PROGRAMMING_ERRORS``) is raised once the
         run is ended and filed, as a plain program would raise it."""
-        run.model_call_failed(exc)
+        turn.fail(exc)
         ended = self._ended(run, state, {})
         if programming_error(exc):
             raise exc
@@ -263,8 +267,8 @@ class GraphGuard:
 
         return {
             "model": self.model,
-            "estimated_input_tokens": prompt_tokens(_get(state, "messages") or ()),
-            "max_output_tokens": DEFAULT_MAX_OUTPUT,
+            "estimate": prompt_tokens(_get(state, "messages") or ()),
+            "max_output": DEFAULT_MAX_OUTPUT,
         }
 
     def _turn(self, state: Any) -> tuple[_Hold, dict[str, Any] | None]:
@@ -288,25 +292,22 @@ class GraphGuard:
             return hold, None
         return hold, self._ended(run, state, {})
 
-    def _after(self, hold: _Hold, state: Any, out: Any) -> dict[str, Any]:
+    def _after(self, hold: _Hold, turn: ModelTurn, state: Any, out: Any) -> dict[str, Any]:
         from tether.integrations.langchain import _usage
 
         run = hold.run
         update = dict(out) if isinstance(out, Mapping) else {"messages": out}
         found = update.get("messages")
         replies = found if isinstance(found, list) else [found]
+        counted = False
         for message in replies:
             if getattr(message, "type", "") == "ai":
                 meta = getattr(message, "response_metadata", None) or {}
                 name = str(meta.get("model_name") or meta.get("model") or self.model)
-                used = _usage(message)
-                run.record_model_call(
-                    model=name,
-                    input_tokens=used["input_tokens"],
-                    output_tokens=used["output_tokens"],
-                    cache_read_tokens=used["cache_read_tokens"],
-                    cache_write_tokens=used["cache_write_tokens"],
-                )
+                turn.record(_usage(message), model=name)
+                counted = True
+        if not counted:  # the node's update holds no reply: a call with no usage reported
+            turn.record(unmeasured=True)
         last = replies[-1] if replies else None
         if getattr(last, "type", "") == "ai" and not getattr(last, "tool_calls", None):
             run.succeed(str(getattr(last, "content", "")))

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether import telemetry
 from tether._errors import CircuitOpenError
-from tether.run._options import ModelTurn
+from tether.run._options import ModelRequest
 from tether.run._outcome import Stopped, StopReason
 from tether.run._pricing import UnknownModelError
 from tether.run._runstate import RunState
 from tether.run._scopes import RunScopes
+from tether.run._turn import ModelTurn
 
 if TYPE_CHECKING:
     from tether.retries._policy import RetryPolicy
@@ -33,27 +34,73 @@ class ModelCalls:
         #: the run's reservations in its budget scopes (``guard.start(scopes=...)``)
         self.scopes = RunScopes(state)
 
-    def begin(self, turn: ModelTurn) -> float | None:
+    def begin(self, turn: ModelRequest) -> float | None:
         """See :meth:`tether.Run.begin_model_call`."""
-        request = self.turn(**turn)
-        self.scopes.reserve(*request)
-        try:
-            self.s._tokens.reserve(*request)
-        except BaseException:
-            self.scopes.release_last()
-            raise
+        self.reserve(*self.turn(**turn))
         return self.s.time_left()
 
-    async def abegin(self, turn: ModelTurn) -> float | None:
+    async def abegin(self, turn: ModelRequest) -> float | None:
         """See :meth:`tether.Run.abegin_model_call`."""
-        request = self.turn(**turn)
-        await self.scopes.areserve(*request)
+        await self.areserve(*self.turn(**turn))
+        return self.s.time_left()
+
+    def model_turn(
+        self,
+        model: str = "",
+        *,
+        estimate: int | None = None,
+        max_output: int | None = None,
+        provider: str | None = None,
+    ) -> ModelTurn:
+        """One paid model request, from its checks to its usage:
+        ``with run.model_turn(model=..., estimate=..., max_output=...) as turn:``, then
+        ``reply = turn.call(send, policy=...)`` and ``turn.record(usage)``.
+
+        Entering checks the run (a stopped run raises :class:`tether.Stopped`, an unpriced
+        model under a cost budget :class:`tether.UnknownModelError`), prices the request's
+        worst case once (``estimate`` prompt tokens, ``max_output`` tokens) against the cost
+        budget and the budget scopes, and takes the token budget's reservation (whose wait
+        may stop the run ``TIMEOUT``). :meth:`ModelTurn.call <tether.run._turn.ModelTurn.call>`
+        waits out an open breaker and retries within the run's time; ``turn.record`` counts
+        the usage and settles the reservations. A failure leaving the block stops the run
+        with its reason (raised as :class:`tether.Stopped` from it); a block left with no
+        usage counts an unmeasured call. See docs/run.md.
+        """
+        return ModelTurn(self, model, provider, estimate, max_output)
+
+    def amodel_turn(
+        self,
+        model: str = "",
+        *,
+        estimate: int | None = None,
+        max_output: int | None = None,
+        provider: str | None = None,
+    ) -> ModelTurn:
+        """The async form of :meth:`model_turn`: ``async with run.amodel_turn(...) as turn``,
+        ``await turn.acall(send, policy=...)`` (the token budget's wait, the breaker's and
+        the retries' sleep on the event loop)."""
+        return ModelTurn(self, model, provider, estimate, max_output)
+
+    def reserve(self, *request: Any) -> None:
+        """Reserve a checked request (:meth:`turn`) in the run's scopes, then in the token
+        budget; a refusal of the second gives the first back."""
+        model, provider, estimated, max_out, price = request
+        self.scopes.reserve(model, provider, estimated, max_out, price)
         try:
-            await self.s._tokens.areserve(*request)
+            self.s._tokens.reserve(model, provider, estimated, max_out)
         except BaseException:
             self.scopes.release_last()
             raise
-        return self.s.time_left()
+
+    async def areserve(self, *request: Any) -> None:
+        """The async form of :meth:`reserve` (a token budget's wait sleeps on the loop)."""
+        model, provider, estimated, max_out, price = request
+        await self.scopes.areserve(model, provider, estimated, max_out, price)
+        try:
+            await self.s._tokens.areserve(model, provider, estimated, max_out)
+        except BaseException:
+            self.scopes.release_last()
+            raise
 
     def turn(
         self,
@@ -62,28 +109,35 @@ class ModelCalls:
         provider: str | None = None,
         estimated_input_tokens: int | None = None,
         max_output_tokens: int | None = None,
-    ) -> tuple[str, str | None, int | None, int | None]:
-        """What both shells check before a paid request (the run has not stopped, its
-        model can be counted); the request as the token budget takes it."""
-        if self.s._stop is not None:
-            raise self.s._halt(*self.s._stop)
+    ) -> tuple[str, str | None, int | None, int | None, float | None]:
+        """What every shell checks before a paid request (the run has not stopped, its
+        model can be counted, its worst case fits the cost budget); the request as the
+        budgets take it, with its worst-case price: priced once, for the cost budget and
+        the budget scopes alike (None: not priced, or no budget reads it)."""
+        s = self.s
+        if s._stop is not None:
+            raise s._halt(*s._stop)
+        price = None
         if model:
             self.check_model(model, provider)
-            if max_output_tokens and self.s.budget.max_cost_usd is not None:
-                self.check_cost(model, provider, estimated_input_tokens or 0, max_output_tokens)
-        return model, provider, estimated_input_tokens, max_output_tokens
+            if s.budget.max_cost_usd is not None or self.scopes.book is not None:
+                price = s.guard.prices.cost(
+                    model, estimated_input_tokens or 0, max_output_tokens or 0, provider=provider
+                )
+            if max_output_tokens and s.budget.max_cost_usd is not None:
+                self.check_cost(model, estimated_input_tokens or 0, max_output_tokens, price)
+        return model, provider, estimated_input_tokens, max_output_tokens, price
 
     def check_cost(
-        self, model: str, provider: str | None, input_tokens: int, max_output_tokens: int
+        self, model: str, input_tokens: int, max_output_tokens: int, worst: float | None
     ) -> None:
         """Stop the run ``MAX_COST`` before a request whose price could pass the cost budget:
-        its prompt estimate and its ``max_tokens``, at the model's price, against what the
-        budget has left. Read from the request itself, so it holds on a run's first call and
-        on a resumed run's (which has no earlier calls to extrapolate from)."""
+        ``worst``, its prompt estimate and its ``max_tokens`` at the model's price, against
+        what the budget has left. Read from the request itself, so it holds on a run's first
+        call and on a resumed run's (which has no earlier calls to extrapolate from)."""
         limit = self.s.budget.max_cost_usd
         if limit is None:
             return
-        worst = self.s.guard.prices.cost(model, input_tokens, max_output_tokens, provider=provider)
         left = limit - self.s.cost_usd
         if worst is not None and worst > left:
             raise self.s._halt(

@@ -1,7 +1,7 @@
 """The keyword sets of a run's public calls, declared once for both shells.
 
 :meth:`tether.Run.call_tool` and ``acall_tool`` take :class:`ToolOptions`,
-``begin_model_call`` and ``abegin_model_call`` take :class:`ModelTurn`, and
+``begin_model_call`` and ``abegin_model_call`` take :class:`ModelRequest`, and
 ``record_model_call`` takes :class:`ModelUsage`; the part that does the work has the one
 signature with the defaults (an unknown keyword is a TypeError naming it).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypedDict
 
-__all__ = ["ModelTurn", "ModelUsage", "ToolOptions"]
+__all__ = ["ModelRequest", "ModelUsage", "ToolOptions"]
 
 
 class ToolOptions(TypedDict, total=False):
@@ -30,7 +30,7 @@ class ToolOptions(TypedDict, total=False):
     reference: str | Callable[[Any], Any] | None
 
 
-class ModelTurn(TypedDict, total=False):
+class ModelRequest(TypedDict, total=False):
     """A paid model request about to be sent (see :meth:`tether.Run.begin_model_call`)."""
 
     model: str

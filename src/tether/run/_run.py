@@ -31,7 +31,7 @@ from tether import telemetry
 from tether.classification._classify import classify
 from tether.run._ending import Ending
 from tether.run._modelcalls import ModelCalls
-from tether.run._options import ModelTurn, ModelUsage, ToolOptions
+from tether.run._options import ModelRequest, ModelUsage, ToolOptions
 from tether.run._outcome import Outcome, Status, Stopped, StopReason
 from tether.run._rollback import Compensations, Rollback
 from tether.run._runstate import RunState, Tail
@@ -264,22 +264,17 @@ class Run:
 
     # --- model calls -----------------------------------------------------------------
 
-    def begin_model_call(self, **turn: Unpack[ModelTurn]) -> float | None:
-        """Check the run before a paid model request; returns the time it has left (the
-        request's deadline, None: no time budget). Keywords: ``model=""``,
-        ``provider=None``, ``estimated_input_tokens=None``, ``max_output_tokens=None``.
+    model_turn = _answered_by("_models", ModelCalls.model_turn)
+    amodel_turn = _answered_by("_models", ModelCalls.amodel_turn)
 
-        Raises :class:`tether.Stopped` (the run's own stop) when the run has stopped, and
-        :class:`tether.UnknownModelError` for a model whose cost a cost budget could not
-        count (:meth:`check_model`). ``estimated_input_tokens`` and ``max_output_tokens``
-        describe the request for the guard's token budgets (``Guard(token_budget=...)``):
-        given an estimate, the call waits for its place in the budget of its model, and a
-        wait longer than the run's time left stops the run ``TIMEOUT`` before the request
-        (:mod:`tether.run._tokens`); :meth:`record_model_call` gives back what it did not use.
-        """
+    def begin_model_call(self, **turn: Unpack[ModelRequest]) -> float | None:
+        """The checks and reservations of :meth:`model_turn` alone (keywords ``model=""``,
+        ``provider=None``, ``estimated_input_tokens=None``, ``max_output_tokens=None``), for
+        a shell that counts the reply with :meth:`record_model_call`; returns the run's time
+        left (None: no time budget). Raises as entering a model turn does."""
         return self._models.begin(turn)
 
-    async def abegin_model_call(self, **turn: Unpack[ModelTurn]) -> float | None:
+    async def abegin_model_call(self, **turn: Unpack[ModelRequest]) -> float | None:
         """The async form of :meth:`begin_model_call`: a wait for the token budget sleeps
         on the event loop."""
         return await self._models.abegin(turn)

@@ -194,15 +194,11 @@ class RunScopes:
         its checkpoint or an engine's history, gives the same call the same id)."""
         return f"{self.s.run_id}#{self.s.model_calls + len(self.held) + 1}"
 
+    @staticmethod
     def _need(
-        self, model: str, provider: str | None, estimated: int | None, max_out: int | None
+        estimated: int | None, max_out: int | None, price: float | None
     ) -> tuple[float | None, float, float, float]:
-        cost = (
-            self.s.guard.prices.cost(model, estimated or 0, max_out or 0, provider=provider)
-            if model
-            else None
-        )
-        return cost, float(estimated or 0), float(max_out or 0), 1.0
+        return price, float(estimated or 0), float(max_out or 0), 1.0
 
     def _answer(
         self, answer: tuple[str, str, str, float, float], call_id: str, need: Any, model: str
@@ -238,24 +234,35 @@ class RunScopes:
         )
 
     def reserve(
-        self, model: str, provider: str | None, estimated: int | None, max_out: int | None
+        self,
+        model: str,
+        provider: str | None,
+        estimated: int | None,
+        max_out: int | None,
+        price: float | None,
     ) -> None:
-        """Reserve the call's priced estimate in every scope of the run, or stop the run."""
+        """Reserve the call's priced estimate (``price``: its worst case, priced once by the
+        model turn) in every scope of the run, or stop the run."""
         book = self.book
         if book is None:
             return
-        call_id, need = self._call_id(), self._need(model, provider, estimated, max_out)
+        call_id, need = self._call_id(), self._need(estimated, max_out, price)
         answer = book._ops.reserve(self.s.scopes, call_id, need, book._now())
         self._answer(answer, call_id, need, model)
 
     async def areserve(
-        self, model: str, provider: str | None, estimated: int | None, max_out: int | None
+        self,
+        model: str,
+        provider: str | None,
+        estimated: int | None,
+        max_out: int | None,
+        price: float | None,
     ) -> None:
         """The async form of :meth:`reserve`."""
         book = self.book
         if book is None:
             return
-        call_id, need = self._call_id(), self._need(model, provider, estimated, max_out)
+        call_id, need = self._call_id(), self._need(estimated, max_out, price)
         answer = await book._ops.areserve(self.s.scopes, call_id, need, book._now())
         self._answer(answer, call_id, need, model)
 
