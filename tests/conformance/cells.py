@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pytest
 
 from conformance.registry import ADAPTERS
-from conformance.suite import Adapter, Cell, Mode, World, ask, guard
+from conformance.suite import BUSY, Adapter, Cell, Mode, World, ask, guard
 from tether import Budget, StopReason
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -161,6 +161,17 @@ def test_a_transient_error_is_retried(adapter: Adapter, tmp_path: Path) -> None:
     assert out.usage.tool_calls == 1
 
 
+@cell(Cell.TRANSIENT_MODEL_ERROR)
+def test_a_transient_model_error_is_retried(adapter: Adapter, tmp_path: Path) -> None:
+    """The provider answers 503 once: the run retries the request at one layer (counted in
+    ``usage.retries``) and the run succeeds; the model's turns are counted once each."""
+    world = World([BUSY, ask(("search", {"q": "A-1"})), "Found it."])
+    out = adapter.run(world, guard(tmp_path), "sync")
+    assert world.requests == 3 and world.ran["search"] == 1
+    assert (out.status, out.stopped_because) == ("success", StopReason.GOAL_REACHED)
+    assert (out.usage.retries, out.usage.model_calls) == (1, 2)
+
+
 @cell(Cell.STOP)
 def test_a_budget_stops_before_the_next_request(adapter: Adapter, tmp_path: Path) -> None:
     """``max_model_calls=2`` under a model that would search forever: 2 requests are sent,
@@ -184,6 +195,7 @@ CELLS = {
         test_a_nested_agent_is_one_run,
         test_a_business_error_ends_the_run,
         test_a_transient_error_is_retried,
+        test_a_transient_model_error_is_retried,
         test_a_budget_stops_before_the_next_request,
         test_streaming,
     )

@@ -35,7 +35,8 @@ class Cell(enum.Enum):
     HAND_OVER = "hand-over to a person"
     NESTED = "handoff / nested agent"
     BUSINESS_ERROR = "business error"
-    TRANSIENT_ERROR = "transient error"
+    TRANSIENT_ERROR = "transient tool error"
+    TRANSIENT_MODEL_ERROR = "transient model error"
     STOP = "stop (budget)"
     STREAMING = "streaming"
 
@@ -50,6 +51,17 @@ class Call:
 
 #: one model turn: the tool calls it asks for (in parallel when several), or its final answer
 Turn = tuple[Call, ...] | str
+
+
+class Overloaded(Exception):
+    """The provider is busy this time (503): what a fake model raises for a :data:`BUSY` turn
+    (a loopback server answers 503 instead)."""
+
+    status_code = 503
+
+
+#: a turn the provider fails with a 503 (the request is counted, no reply comes)
+BUSY = "<the provider is busy: 503>"
 
 
 def ask(*calls: tuple[str, Mapping[str, Any]]) -> tuple[Call, ...]:
@@ -72,9 +84,12 @@ class World:
     failed_once: set[str] = field(default_factory=set)
 
     def next_turn(self) -> Turn:
-        """The reply to the model request being made now (counted)."""
+        """The reply to the model request being made now (counted); raises
+        :class:`Overloaded` for a :data:`BUSY` turn."""
         turn = self.turns[min(self.requests, len(self.turns) - 1)]
         self.requests += 1
+        if turn == BUSY:
+            raise Overloaded("503: the model is overloaded")
         return turn
 
     # --- the tools (one body each, sync and async twins) ---------------------------------

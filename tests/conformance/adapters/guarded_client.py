@@ -10,7 +10,17 @@ import json
 from typing import Any, ClassVar
 
 from conformance.adapters.sdk_loop import OpenAILoop
-from conformance.suite import INPUT_TOKENS, OUTPUT_TOKENS, Adapter, Cell, Mode, Turn, World
+from conformance.adapters.sdk_loop import answer as answered
+from conformance.suite import (
+    INPUT_TOKENS,
+    OUTPUT_TOKENS,
+    Adapter,
+    Cell,
+    Mode,
+    Overloaded,
+    Turn,
+    World,
+)
 from scripted_server import Reply, ScriptedServer
 from tether import Guard, Run, Stopped, Tool, ToolError
 
@@ -155,10 +165,12 @@ class GuardedClient(Adapter):
         stream = mode == "stream"
 
         def answer(seen: Any) -> Reply:
-            turn = world.next_turn()
-            if stream:
-                return Reply(200, raw=_sse(turn), content_type="text/event-stream")
-            return Reply(200, OpenAILoop().reply(turn))
+            if not stream:
+                return answered(world, OpenAILoop().reply)
+            try:
+                return Reply(200, raw=_sse(world.next_turn()), content_type="text/event-stream")
+            except Overloaded:
+                return Reply(503, {"error": {"type": "overloaded_error", "message": "overloaded"}})
 
         loop = _Loop(world, rules, mode == "async")
         if resume is not None:

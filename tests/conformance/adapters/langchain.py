@@ -34,11 +34,17 @@ def model(world: World) -> Any:
         def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
             return self
 
-    def replies() -> Iterator[Any]:
-        while True:
-            yield message(world.next_turn())
+    class Replies:
+        """The model's replies, taken from the world when asked (an iterator that a busy
+        turn's exception does not end, as it would a generator)."""
 
-    return FakeToolModel(messages=replies())
+        def __iter__(self) -> Iterator[Any]:
+            return self
+
+        def __next__(self) -> Any:
+            return message(world.next_turn())
+
+    return FakeToolModel(messages=Replies())
 
 
 def tools(world: World, asynchronous: bool) -> list[Any]:

@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any, ClassVar
 
-from conformance.suite import INPUT_TOKENS, OUTPUT_TOKENS, Adapter, Cell, Mode, Turn, World
+from conformance.suite import (
+    INPUT_TOKENS,
+    OUTPUT_TOKENS,
+    Adapter,
+    Cell,
+    Mode,
+    Overloaded,
+    Turn,
+    World,
+)
 from scripted_server import Reply, ScriptedServer
 from tether import Guard, Tool
 
@@ -35,6 +45,14 @@ def tools(world: World, asynchronous: bool, rules: dict[str, Any]) -> list[Tool]
     ]
 
 
+def answer(world: World, reply: Callable[[Turn], dict[str, Any]]) -> Reply:
+    """The loopback server's answer to a request: the next turn, or a 503 when it is busy."""
+    try:
+        return Reply(200, reply(world.next_turn()))
+    except Overloaded:
+        return Reply(503, {"error": {"type": "overloaded_error", "message": "overloaded"}})
+
+
 class _Loop(Adapter):
     not_applicable: ClassVar[dict[Cell, str]] = {
         Cell.STREAMING: NO_STREAM,
@@ -54,7 +72,7 @@ class _Loop(Adapter):
     def _go(self, world: World, guard: Guard, mode: Mode, rules: dict[str, Any],
             **more: Any) -> Any:  # fmt: skip
         with ScriptedServer() as server:
-            server.handler = lambda seen: Reply(200, self.reply(world.next_turn()))
+            server.handler = lambda seen: answer(world, self.reply)
             ask = {"model": self.model, "guard": guard, "max_tokens": 256,
                    "tools": tools(world, mode == "async", rules),
                    "messages": more.pop("messages", [{"role": "user", "content": "refund A-1"}]),
