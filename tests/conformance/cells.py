@@ -36,6 +36,9 @@ def parametrize(metafunc: pytest.Metafunc, venv: str) -> None:
 
 # --- the stories ------------------------------------------------------------------------
 
+#: a cell run through both the sync and the async entry point (one behaviour)
+SHELLS = pytest.mark.parametrize("shell", ["sync", "async"])
+
 #: search, then refund (a side effect), then answer
 REFUND = [ask(("search", {"q": "A-1"})), ask(("issue_refund", {"order": "A-1"})), "Refunded A-1."]
 
@@ -86,7 +89,8 @@ def test_parallel_tool_calls_hold_the_cap(adapter: Adapter, tmp_path: Path) -> N
 
 
 @cell(Cell.PAUSE_RESUME)
-def test_pause_for_approval_then_resume(adapter: Adapter, tmp_path: Path) -> None:
+@SHELLS
+def test_pause_for_approval_then_resume(adapter: Adapter, tmp_path: Path, shell: Mode) -> None:
     """A refund that needs approval pauses the run (nothing refunded, a checkpoint); once a
     person approves, the resumed run refunds exactly once and succeeds."""
     turns: list[Any] = [ask(("issue_refund", {"order": "A-1"}))]
@@ -94,24 +98,25 @@ def test_pause_for_approval_then_resume(adapter: Adapter, tmp_path: Path) -> Non
         turns.append(ask(("issue_refund", {"order": "A-1"})))
     world = World([*turns, "Refunded A-1."])
     rules = {"side_effects": ["issue_refund"], "requires_approval": {"issue_refund": True}}
-    first = adapter.run(world, guard(tmp_path), "sync", **rules)
+    first = adapter.run(world, guard(tmp_path), shell, **rules)
     assert first.stopped_because is StopReason.AWAITING_APPROVAL
     assert first.status == "awaiting_approval" and first.checkpoint_id
     assert world.ran["issue_refund"] == 0
     later = guard(tmp_path)  # another process: the records hold the paused run
     later.approve(first.checkpoint_id, by="alice")
-    second = adapter.resume(world, later, first, "sync", **rules)
+    second = adapter.resume(world, later, first, shell, **rules)
     assert world.ran["issue_refund"] == 1
     assert (second.status, second.stopped_because) == ("success", StopReason.GOAL_REACHED)
 
 
 @cell(Cell.HAND_OVER)
-def test_hand_over_to_a_person(adapter: Adapter, tmp_path: Path) -> None:
+@SHELLS
+def test_hand_over_to_a_person(adapter: Adapter, tmp_path: Path, shell: Mode) -> None:
     """``hand_over=["transfer_to_human"]``: the tool runs, the model is not asked again, the
     run ends escalated (HANDED_OVER) with a case filed."""
     world = World([ask(("transfer_to_human", {"reason": "asked for one"})), "Passed on."])
     g = guard(tmp_path)
-    out = adapter.run(world, g, "sync", hand_over=["transfer_to_human"])
+    out = adapter.run(world, g, shell, hand_over=["transfer_to_human"])
     assert (out.status, out.stopped_because) == ("escalated", StopReason.HANDED_OVER)
     assert world.ran["transfer_to_human"] == 1 and world.requests == 1
     assert g.records is not None and len(g.records.handoffs.list()) == 1
@@ -128,14 +133,15 @@ def test_a_nested_agent_is_one_run(adapter: Adapter, tmp_path: Path) -> None:
 
 
 @cell(Cell.BUSINESS_ERROR)
-def test_a_business_error_ends_the_run(adapter: Adapter, tmp_path: Path) -> None:
+@SHELLS
+def test_a_business_error_ends_the_run(adapter: Adapter, tmp_path: Path, shell: Mode) -> None:
     """A side effect refused for a business reason (``ValueError("card expired")``) is not
     retried: it runs once and the run ends PERMANENT_ERROR, escalated with a case (the
     guard keeps records)."""
     world = World([ask(("charge_card", {"order": "A-1"})), "Charged."])
     g = guard(tmp_path)
     try:
-        out = adapter.run(world, g, "sync", side_effects=["charge_card"])
+        out = adapter.run(world, g, shell, side_effects=["charge_card"])
     except ValueError as exc:  # the framework raises a tool's exception, as it does alone
         assert adapter.raises_tool_errors and str(exc) == "card expired"
     else:
@@ -151,34 +157,39 @@ def test_a_business_error_ends_the_run(adapter: Adapter, tmp_path: Path) -> None
 
 
 @cell(Cell.TRANSIENT_ERROR)
-def test_a_transient_error_is_retried(adapter: Adapter, tmp_path: Path) -> None:
+@SHELLS
+def test_a_transient_error_is_retried(adapter: Adapter, tmp_path: Path, shell: Mode) -> None:
     """A read whose service resets the connection once is retried by tether and the run
     succeeds; the model is asked twice, never told of the failure."""
     world = World([ask(("check_status", {"order": "A-1"})), "It has shipped."])
-    out = adapter.run(world, guard(tmp_path), "sync")
+    out = adapter.run(world, guard(tmp_path), shell)
     assert world.ran["check_status"] == 2 and world.requests == 2
     assert (out.status, out.stopped_because) == ("success", StopReason.GOAL_REACHED)
     assert out.usage.tool_calls == 1
 
 
 @cell(Cell.TRANSIENT_MODEL_ERROR)
-def test_a_transient_model_error_is_retried(adapter: Adapter, tmp_path: Path) -> None:
+@SHELLS
+def test_a_transient_model_error_is_retried(adapter: Adapter, tmp_path: Path, shell: Mode) -> None:
     """The provider answers 503 once: the run retries the request at one layer (counted in
     ``usage.retries``) and the run succeeds; the model's turns are counted once each."""
     world = World([BUSY, ask(("search", {"q": "A-1"})), "Found it."])
-    out = adapter.run(world, guard(tmp_path), "sync")
+    out = adapter.run(world, guard(tmp_path), shell)
     assert world.requests == 3 and world.ran["search"] == 1
     assert (out.status, out.stopped_because) == ("success", StopReason.GOAL_REACHED)
     assert (out.usage.retries, out.usage.model_calls) == (1, 2)
 
 
 @cell(Cell.STOP)
-def test_a_budget_stops_before_the_next_request(adapter: Adapter, tmp_path: Path) -> None:
+@SHELLS
+def test_a_budget_stops_before_the_next_request(
+    adapter: Adapter, tmp_path: Path, shell: Mode
+) -> None:
     """``max_model_calls=2`` under a model that would search forever: 2 requests are sent,
     the run stops MAX_MODEL_CALLS, "partial" (its searches were done), with a customer
     message."""
     world = World([ask(("search", {"q": f"A-{i}"})) for i in range(10)])
-    out = adapter.run(world, guard(tmp_path, budget=Budget(max_model_calls=2)), "sync")
+    out = adapter.run(world, guard(tmp_path, budget=Budget(max_model_calls=2)), shell)
     assert world.requests == 2 and out.usage.model_calls == 2
     assert (out.status, out.stopped_because) == ("partial", StopReason.MAX_MODEL_CALLS)
     assert out.customer_message
