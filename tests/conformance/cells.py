@@ -195,6 +195,19 @@ def test_a_budget_stops_before_the_next_request(
     assert out.customer_message
 
 
+@cell(Cell.CONVERSATION)
+@SHELLS
+def test_the_conversation_is_the_request(adapter: Adapter, tmp_path: Path, shell: Mode) -> None:
+    """Two turns of one conversation (``key=``) each ask for the same refund: it is made once
+    (the second turn gets the first one's result); another conversation's turn makes its own."""
+    g = guard(tmp_path)
+    world = World([ask(("issue_refund", {"order": "A-1"})), "Refunded A-1."] * 3)
+    for conversation in ("conversation-7", "conversation-7", "conversation-8"):
+        out = adapter.run(world, g, shell, side_effects=["issue_refund"], key=conversation)
+        assert (out.status, out.stopped_because) == ("success", StopReason.GOAL_REACHED)
+    assert world.requests == 6 and world.ran["issue_refund"] == 2
+
+
 CELLS = {
     fn.cell: fn  # type: ignore[attr-defined]
     for fn in (
@@ -208,6 +221,7 @@ CELLS = {
         test_a_transient_error_is_retried,
         test_a_transient_model_error_is_retried,
         test_a_budget_stops_before_the_next_request,
+        test_the_conversation_is_the_request,
         test_streaming,
     )
 }

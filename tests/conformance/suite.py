@@ -38,6 +38,7 @@ class Cell(enum.Enum):
     TRANSIENT_ERROR = "transient tool error"
     TRANSIENT_MODEL_ERROR = "transient model error"
     STOP = "stop (budget)"
+    CONVERSATION = "conversation id"
     STREAMING = "streaming"
 
 
@@ -190,7 +191,8 @@ class Adapter:
     def run(self, world: World, guard: Guard, mode: Mode, **rules: Any) -> Any:
         """Run the framework's agent on ``world`` under ``guard`` (``mode``: its sync,
         async or streaming entry point; ``rules``: the per-tool options, e.g.
-        ``side_effects=["issue_refund"]``) to its end; the outcome."""
+        ``side_effects=["issue_refund"]``, and ``key``, the conversation the run serves) to
+        its end; the outcome."""
         raise NotImplementedError
 
     def resume(self, world: World, guard: Guard, paused: Any, mode: Mode, **rules: Any) -> Any:

@@ -181,7 +181,9 @@ class GuardedClient(Adapter):
             url = server.url + "/v1"
 
             def start() -> Any:
-                return guard.resume(resume) if resume else guard.start("refund A-1")
+                if resume:
+                    return guard.resume(resume)
+                return guard.start("refund A-1", key=rules.get("key"))
 
             if mode != "async":
                 with openai.OpenAI(api_key="t", base_url=url) as raw, start() as run:

@@ -76,6 +76,7 @@ class _Loop(Adapter):
             ask = {"model": self.model, "guard": guard, "max_tokens": 256,
                    "tools": tools(world, mode == "async", rules),
                    "messages": more.pop("messages", [{"role": "user", "content": "refund A-1"}]),
+                   "key": rules.get("key"),
                    **more}  # fmt: skip
             module = self.module()
             if mode == "sync":
