@@ -15,12 +15,22 @@ FW_TESTS := tests/test_adk.py tests/test_strands.py tests/test_pickle.py tests/c
 # the benchmark: the tether-bench distribution (package tether.bench), installed editable beside
 # the library so `make test` (tests/test_bench*.py) and `make bench` run this checkout's copy
 BENCH := benchmarks
+# CrewAI pins openai, mcp and pydantic below CONSTRAINTS' pins, and LiteLLM's newer releases
+# python-dateutil (through boto3): their adapters' tests run in a venv of their own too
+CREW := .venv-crewai
+CREW_STAMP := $(CREW)/.installed
+CREW_CONSTRAINTS := constraints-crewai.txt
+CREW_TESTS := tests/test_crewai.py "tests/test_docs.py::test_examples_run[crewai.md]"
 FW_OUT := --ignore=tests/test_adk.py --ignore=tests/test_strands.py \
 	--ignore=tests/conformance/test_frameworks.py \
+	--ignore=tests/test_crewai.py --ignore=tests/test_litellm.py \
 	--deselect "tests/test_docs.py::test_examples_run[adk.md]" \
-	--deselect "tests/test_docs.py::test_examples_run[strands.md]"
+	--deselect "tests/test_docs.py::test_examples_run[strands.md]" \
+	--deselect "tests/test_docs.py::test_examples_run[crewai.md]" \
+	--deselect "tests/test_docs.py::test_examples_run[litellm.md]"
 
-.PHONY: install test lint bench demo clean test-latest constraints constraints-frameworks
+.PHONY: install test lint bench demo clean test-latest constraints constraints-frameworks \
+	constraints-crewai
 
 $(STAMP): pyproject.toml $(BENCH)/pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +44,11 @@ $(FW_STAMP): pyproject.toml $(BENCH)/pyproject.toml $(FW_CONSTRAINTS)
 		-c $(FW_CONSTRAINTS)
 	touch $(FW_STAMP)
 
+$(CREW_STAMP): pyproject.toml $(CREW_CONSTRAINTS)
+	$(PYTHON) -m venv $(CREW)
+	$(CREW)/bin/python -m pip install --quiet -e '.[crewai,litellm,dev]' -c $(CREW_CONSTRAINTS)
+	touch $(CREW_STAMP)
+
 install: $(STAMP)
 
 lint: $(STAMP)
@@ -41,8 +56,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests $(BENCH)
 	$(BIN)/mypy --strict src $(BENCH)/src/tether/bench
 
-test: lint $(FW_STAMP)
+test: lint $(FW_STAMP) $(CREW_STAMP)
 	$(FRAMEWORKS)/bin/python -m pytest -p no:cacheprovider $(FW_TESTS)
+	$(CREW)/bin/python -m pytest -p no:cacheprovider $(CREW_TESTS)
 	$(BIN)/python -m pytest --cov --cov-report=term --cov-fail-under=$(COVERAGE_FLOOR) $(FW_OUT)
 
 bench: $(STAMP)
@@ -77,7 +93,16 @@ constraints-frameworks:
 	{ echo "# Every package .venv-frameworks takes, pinned: resolved on $$(date -u +%F) by \`make constraints-frameworks\`"; \
 	  $(FRAMEWORKS)/bin/python -m pip freeze --all --exclude-editable | grep -v '^tether[= ]' | sort -f; } > $(FW_CONSTRAINTS)
 
+# re-resolve the CrewAI/LiteLLM venv (newest CrewAI and LiteLLM with what they allow) and pin it
+constraints-crewai:
+	rm -rf $(CREW)
+	$(PYTHON) -m venv $(CREW)
+	$(CREW)/bin/python -m pip install --quiet --upgrade -e '.[crewai,litellm,dev]'
+	$(CREW)/bin/python -m pytest -p no:cacheprovider $(CREW_TESTS)
+	{ echo "# Every package .venv-crewai takes, pinned: resolved on $$(date -u +%F) by \`make constraints-crewai\`"; \
+	  $(CREW)/bin/python -m pip freeze --all --exclude-editable | grep -v '^tether[= ]' | sort -f; } > $(CREW_CONSTRAINTS)
+
 clean:
-	rm -rf $(VENV) $(LATEST) $(FRAMEWORKS) .mypy_cache .pytest_cache .ruff_cache .coverage build dist
+	rm -rf $(VENV) $(LATEST) $(FRAMEWORKS) $(CREW) .mypy_cache .pytest_cache .ruff_cache .coverage build dist
 
 COVERAGE_FLOOR ?= 80

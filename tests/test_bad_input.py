@@ -194,7 +194,8 @@ def test_bench_lists_each_scenario_once(capsys: pytest.CaptureFixture[str]) -> N
      ("tether.integrations.temporal", "temporalio", "temporal"),
      ("tether.integrations.dbos", "dbos", "dbos"),
      ("tether.integrations.adk", "google.adk", "adk"),
-     ("tether.integrations.strands", "strands", "strands")],
+     ("tether.integrations.strands", "strands", "strands"),
+     ("tether.integrations.crewai", "crewai", "crewai")],
 )  # fmt: skip
 def test_a_missing_extra_names_the_extra_to_install(module: str, missing: str, extra: str) -> None:
     import importlib

@@ -1,0 +1,366 @@
+"""CrewAI under tether: ``tether.integrations.crewai.kickoff(crew, inputs, guard=guard)``.
+
+One tether run per kickoff (``kickoff`` / ``akickoff``), found by the crew's agents through
+a context variable. Every model call of every agent of the crew is one step, checked before
+it is sent (budgets, loops, the cost of the next call) and counted after it with the usage
+CrewAI's LLM reports (prompt, completion, cached and cache-write tokens), priced. Every tool
+call goes through ``run.call_tool`` (loop checks, the tool's timeout, its breaker, retries
+at one layer, and the ledger for the tools named in ``side_effects``, which run at most
+once per request): CrewAI's task retries (``Task(max_retries=...)``, a guardrail's retry),
+``ToolUsage``'s re-invocations and a crew kicked off again under the same request reach
+the ledger, which replays the first result instead of paying twice. A stop ends the agent
+in CrewAI's terms: its next model call answers with the customer message as the final
+answer, which becomes the task's output; the outcome is returned.
+
+The model calls are guarded where the agent makes them (the agent's ``LLM`` object, for the
+kickoff's time, answers through the run), not by a ``@before_llm_call`` hook: a hook can
+only block a call, which CrewAI raises as an error and which fails the task, while a stop
+is an ending the customer reads.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Unpack
+
+from tether import Guard, Outcome, Run, Stopped, ToolError
+from tether._errors import RunDocumentError, require
+from tether.classification._classify import PROGRAMMING_ERRORS
+from tether.integrations._common import (
+    SideEffects,
+    ToolOptions,
+    ToolRules,
+    require_a_place_to_wait,
+)
+
+require("crewai", "crewai")
+
+__all__ = ["TetherCrew", "akickoff", "kickoff"]
+
+_log = logging.getLogger("tether")
+
+#: the run of the kickoff in progress (the crew's LLM and tools find it here)
+_RUN: contextvars.ContextVar[Run | None] = contextvars.ContextVar("tether_crewai_run", default=None)
+
+#: set on a tool function this module wrapped
+_MARK = "__tether_guarded__"
+
+_USAGE = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens", "cache_creation_tokens")
+
+
+def _current() -> Run:
+    run = _RUN.get()
+    if run is None:
+        raise RunDocumentError(
+            "a CrewAI agent guarded by tether called its model or a tool outside a guarded "
+            "kickoff (tether.integrations.crewai.kickoff): it cannot go on unguarded"
+        )
+    return run
+
+
+def _model_name(llm: Any) -> str:
+    name = getattr(llm, "model", "")
+    return name if isinstance(name, str) else ""
+
+
+def _tokens(llm: Any) -> dict[str, int]:
+    usage = getattr(llm, "_token_usage", None)
+    if not isinstance(usage, Mapping):
+        return dict.fromkeys(_USAGE, 0)
+    return {k: int(usage.get(k) or 0) for k in _USAGE}
+
+
+def _record(run: Run, llm: Any, before: dict[str, int]) -> None:
+    """Count the call just made with the tokens CrewAI's LLM added to its own tally."""
+    after = _tokens(llm)
+    prompt, completion, cached, written = (after[k] - before[k] for k in _USAGE)
+    model = _model_name(llm)
+    if not (prompt or completion):
+        run.record_model_call(model=model, unmeasured=True)
+        return
+    run.record_model_call(
+        model=model,
+        input_tokens=max(0, prompt - cached - written),
+        output_tokens=completion,
+        cache_read_tokens=cached,
+        cache_write_tokens=written,
+    )
+
+
+class _GuardedLLM:
+    """An agent's LLM object answering through the kickoff's run (installed on the object
+    for the kickoff's time, removed after)."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.call = type(llm).call.__get__(llm)
+        self.acall = type(llm).acall.__get__(llm)
+
+    def _begin(self, run: Run) -> bool:
+        if run.stopped is not None or not run.proceed():
+            return False
+        try:
+            run.begin_model_call(model=_model_name(self.llm))
+        except Stopped:
+            return False
+        return True
+
+    async def _abegin(self, run: Run) -> bool:
+        if run.stopped is not None or not run.proceed():
+            return False
+        try:
+            await run.abegin_model_call(model=_model_name(self.llm))
+        except Stopped:
+            return False
+        return True
+
+    def _failed(self, run: Run, exc: Exception) -> str:
+        run.model_call_failed(exc)
+        if isinstance(exc, PROGRAMMING_ERRORS):
+            raise exc  # filed, then raised: a bug is never "try again later"
+        return run.outcome.customer_message
+
+    def guarded_call(self, *args: Any, **kwargs: Any) -> Any:
+        run = _current()
+        if not self._begin(run):
+            return run.outcome.customer_message  # the final answer: the task's output
+        before = _tokens(self.llm)
+        try:
+            answer = self.call(*args, **kwargs)
+        except Exception as exc:
+            return self._failed(run, exc)
+        _record(run, self.llm, before)
+        return answer
+
+    async def guarded_acall(self, *args: Any, **kwargs: Any) -> Any:
+        run = _current()
+        if not await self._abegin(run):
+            return run.outcome.customer_message
+        before = _tokens(self.llm)
+        try:
+            answer = await self.acall(*args, **kwargs)
+        except Exception as exc:
+            return self._failed(run, exc)
+        _record(run, self.llm, before)
+        return answer
+
+
+def _tool_runner(name: str, fn: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        run = _current()
+        if args:  # CrewAI passes a tool's arguments by name; a positional one is its input
+            kwargs = {**kwargs, "input": args[0] if len(args) == 1 else list(args)}
+            call: Callable[..., Any] = lambda **a: fn(a.pop("input"), **a)  # noqa: E731
+        else:
+            call = fn
+        try:
+            return run.call_tool(name, call, kwargs, **options)
+        except ToolError as exc:
+            return exc.model_message
+        except Stopped as exc:  # the agent's next model call ends it with the customer message
+            return f"stopped: {exc.reason.value}"
+
+    setattr(guarded, _MARK, True)
+    return guarded
+
+
+def _atool_runner(name: str, fn: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
+    async def guarded(**kwargs: Any) -> Any:
+        run = _current()
+        try:
+            return await run.acall_tool(name, fn, kwargs, **options)
+        except ToolError as exc:
+            return exc.model_message
+        except Stopped as exc:
+            return f"stopped: {exc.reason.value}"
+
+    setattr(guarded, _MARK, True)
+    return guarded
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)  # past pydantic's checks: an instance attribute
+
+
+def _unset(obj: Any, name: str) -> None:
+    obj.__dict__.pop(name, None)
+
+
+class TetherCrew:
+    """tether's guards for a CrewAI crew: ``TetherCrew(guard, side_effects=[...]).kickoff(crew)``.
+
+    ``side_effects`` names the non-idempotent tools (a mapping of tool name to its
+    ``lookup``, or an iterable of names): they run at most once per request through the
+    guard's ledger, whatever CrewAI retries. ``key`` names the request a kickoff serves
+    (``guard.start(key=)``): a string, or a function of the crew and the inputs; default:
+    the crew (``crewai:<crew.id>``), so a crew kicked off again, or a Flow step that runs
+    the same crew again, pays nothing twice; pass your own request id when one Crew object
+    serves many requests. ``hand_over``, ``timeouts``, ``requires_approval``, ``compensate``,
+    ``labels`` and ``volatile`` (by tool name) are the options of ``run.call_tool``;
+    ``scopes`` names the budget scopes each kickoff's run spends in.
+    """
+
+    def __init__(
+        self,
+        guard: Guard,
+        side_effects: SideEffects = None,
+        *,
+        key: str | Callable[[Any, Mapping[str, Any] | None], str | None] | None = None,
+        scopes: Sequence[str] | None = None,
+        **rules: Unpack[ToolOptions],
+    ) -> None:
+        if not isinstance(guard, Guard):
+            raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+        if key is not None and not callable(key) and (not isinstance(key, str) or not key.strip()):
+            raise ValueError(f"key must be a request id (str), a function, or None, got {key!r}")
+        self.guard = guard
+        self.key = key
+        #: the budget scopes each kickoff's run spends in (``guard.start(scopes=...)``)
+        self.scopes = scopes
+        self.rules = ToolRules(side_effects, **rules)
+        require_a_place_to_wait(guard, self.rules.needing_approval())
+        self.side_effects = self.rules.side_effects
+        #: the outcome of the kickoff that ended last
+        self.last_outcome: Outcome | None = None
+        #: the CrewOutput of the kickoff that ended last (None when it raised)
+        self.last_output: Any = None
+
+    def _key(self, crew: Any, inputs: Mapping[str, Any] | None) -> str:
+        if callable(self.key):
+            key = self.key(crew, inputs)
+            if key is not None and (not isinstance(key, str) or not key.strip()):
+                raise ValueError(f"key(crew, inputs) must return a request id, got {key!r}")
+            if key is not None:
+                return key
+        elif isinstance(self.key, str):
+            return self.key
+        return f"crewai:{crew.id}"
+
+    def _start(self, crew: Any, inputs: Mapping[str, Any] | None) -> Run:
+        tasks = list(getattr(crew, "tasks", None) or ())
+        first = str(getattr(tasks[0], "description", "")) if tasks else ""
+        run = self.guard.start(task=first[:200], key=self._key(crew, inputs), scopes=self.scopes)
+        run.__enter__()
+        return run
+
+    @contextmanager
+    def _guarding(self, crew: Any) -> Iterator[None]:
+        """The crew's LLMs and tools answering through the run, for the kickoff's time."""
+        llms: list[Any] = []
+        tools: list[tuple[Any, tuple[str, Any]]] = []
+        try:
+            for agent in crew.agents:
+                llm = getattr(agent, "llm", None)
+                if llm is not None and not isinstance(llm, str) and "call" not in llm.__dict__:
+                    guarded = _GuardedLLM(llm)
+                    _set(llm, "call", guarded.guarded_call)
+                    _set(llm, "acall", guarded.guarded_acall)
+                    llms.append(llm)
+            holders = [*crew.agents, *crew.tasks]
+            for tool in {
+                id(t): t for h in holders for t in getattr(h, "tools", None) or ()
+            }.values():
+                if "_run" in tool.__dict__ or getattr(tool.__dict__.get("func"), _MARK, False):
+                    continue  # already guarded (one tool object in two agents)
+                name = str(tool.name)
+                options = self.rules.options(name)
+                func = tool.__dict__.get("func")
+                if callable(func):  # a @tool function: its run, _run and structured form call it
+                    wrap = _atool_runner if inspect.iscoroutinefunction(func) else _tool_runner
+                    _set(tool, "func", wrap(name, func, options))
+                    patched = ("func", func)
+                else:  # a BaseTool subclass: run() calls _run(), arun() calls _arun()
+                    _set(tool, "_run", _tool_runner(name, type(tool)._run.__get__(tool), options))
+                    own_arun = type(tool)._arun.__get__(tool)
+                    _set(tool, "_arun", _atool_runner(name, own_arun, options))
+                    patched = ("_run", None)
+                tools.append((tool, patched))
+            yield
+        finally:
+            for llm in llms:
+                _unset(llm, "call")
+                _unset(llm, "acall")
+            for tool, (name, func) in tools:
+                if name == "func":
+                    _set(tool, "func", func)
+                else:
+                    _unset(tool, "_run")
+                    _unset(tool, "_arun")
+
+    def _end(self, run: Run, output: Any, exc: BaseException | None) -> Outcome:
+        if exc is None and run.stopped is None:
+            run.succeed(getattr(output, "raw", output))
+        run.__exit__(None if exc is None else type(exc), exc, None)
+        self.last_outcome = outcome = run.outcome
+        self.last_output = output
+        return outcome
+
+    def kickoff(self, crew: Any, inputs: Mapping[str, Any] | None = None) -> Outcome:
+        """``crew.kickoff(inputs)`` as one tether run; its outcome (the CrewOutput is
+        ``self.last_output``; when a guard stopped the run, its last task's output is the
+        customer message)."""
+        run = self._start(crew, inputs)
+        token = _RUN.set(run)
+        output: Any = None
+        try:
+            with self._guarding(crew):
+                output = crew.kickoff(inputs=dict(inputs) if inputs is not None else None)
+        except Stopped:
+            pass
+        except BaseException as exc:
+            self._end(run, None, exc)
+            raise
+        finally:
+            _RUN.reset(token)
+        return self._end(run, output, None)
+
+    async def akickoff(self, crew: Any, inputs: Mapping[str, Any] | None = None) -> Outcome:
+        """The async form of :meth:`kickoff` (``crew.akickoff``)."""
+        run = self._start(crew, inputs)
+        token = _RUN.set(run)
+        output: Any = None
+        try:
+            with self._guarding(crew):
+                output = await crew.akickoff(inputs=dict(inputs) if inputs is not None else None)
+        except Stopped:
+            pass
+        except BaseException as exc:
+            self._end(run, None, exc)
+            raise
+        finally:
+            _RUN.reset(token)
+        return self._end(run, output, None)
+
+
+def kickoff(
+    crew: Any,
+    inputs: Mapping[str, Any] | None = None,
+    *,
+    guard: Guard,
+    side_effects: SideEffects = None,
+    key: str | Callable[[Any, Mapping[str, Any] | None], str | None] | None = None,
+    scopes: Sequence[str] | None = None,
+    **rules: Unpack[ToolOptions],
+) -> Outcome:
+    """``crew.kickoff(inputs)`` under ``guard``: see :class:`TetherCrew`."""
+    return TetherCrew(guard, side_effects, key=key, scopes=scopes, **rules).kickoff(crew, inputs)
+
+
+async def akickoff(
+    crew: Any,
+    inputs: Mapping[str, Any] | None = None,
+    *,
+    guard: Guard,
+    side_effects: SideEffects = None,
+    key: str | Callable[[Any, Mapping[str, Any] | None], str | None] | None = None,
+    scopes: Sequence[str] | None = None,
+    **rules: Unpack[ToolOptions],
+) -> Outcome:
+    """``await crew.akickoff(inputs)`` under ``guard``: see :class:`TetherCrew`."""
+    return await TetherCrew(guard, side_effects, key=key, scopes=scopes, **rules).akickoff(
+        crew, inputs
+    )

@@ -1,0 +1,253 @@
+"""CrewAI crews under tether, on the real ``Crew``/``Agent``/``Task`` with CrewAI's own
+OpenAI-compatible ``LLM`` against a scripted loopback server (the model's replies)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("OTEL_SDK_DISABLED", "true")
+
+with warnings.catch_warnings():  # crewai's lazy imports warn on import (ImportWarning)
+    warnings.simplefilter("ignore", ImportWarning)
+    from crewai import LLM, Agent, Crew, Task
+    from crewai.tools import tool
+from scripted_server import Reply, ScriptedServer
+from tether import Budget, Guard, Price, PriceTable, RetryPolicy, StopReason
+from tether.integrations.crewai import TetherCrew, akickoff, kickoff
+
+#: CrewAI's own Agent reads the fields it deprecates (function_calling_llm and others, through
+#: pydantic) on every Agent built: not this code's warnings
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+MODEL = "gpt-6.1-terra"
+PRICES = PriceTable({MODEL: Price(input=2.0, output=8.0, cache_read=0.2)})
+
+
+def completion(text: str | None = None, calls: list[tuple[str, dict[str, Any]]] = ()) -> Reply:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {"name": n, "arguments": json.dumps(a)},
+            }
+            for i, (n, a) in enumerate(calls)
+        ]
+    return Reply(
+        body={
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": MODEL,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}
+            ],
+            "usage": {
+                "prompt_tokens": 1000,
+                "completion_tokens": 100,
+                "total_tokens": 1100,
+                "prompt_tokens_details": {"cached_tokens": 400},
+            },
+        }
+    )
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as s:
+        yield s
+
+
+def script(server: ScriptedServer, replies: Callable[[int], Reply] | list[Reply]) -> None:
+    count = {"i": 0}
+
+    def handler(seen: Any) -> Reply:
+        i = count["i"]
+        count["i"] += 1
+        if callable(replies):
+            return replies(i)
+        return replies[i] if i < len(replies) else completion("done")
+
+    server.handler = handler
+
+
+def model_calls(server: ScriptedServer) -> int:
+    return sum(1 for r in server.requests if r.path.endswith("/chat/completions"))
+
+
+def crew_with(server: ScriptedServer, *tools: Any, **agent: Any) -> Crew:
+    llm = LLM(model=f"openai/{MODEL}", base_url=server.url + "/v1", api_key="k", max_retries=0)
+    clerk = Agent(
+        role="clerk", goal="settle the invoice", backstory="a careful clerk", llm=llm,
+        tools=list(tools), verbose=False, **agent,
+    )  # fmt: skip
+    task = Task(description="settle invoice 99", expected_output="a receipt", agent=clerk)
+    return Crew(agents=[clerk], tasks=[task], verbose=False)
+
+
+def guard(**budget: Any) -> Guard:
+    return Guard(
+        budget=Budget(max_steps=30, **budget), prices=PRICES, retry=RetryPolicy(base=0.001)
+    )
+
+
+def payments() -> tuple[list[dict[str, Any]], Any]:
+    paid: list[dict[str, Any]] = []
+
+    @tool("pay")
+    def pay(invoice: str, amount: int) -> str:
+        """Pay an invoice."""
+        paid.append({"invoice": invoice, "amount": amount})
+        return f"paid {amount} on {invoice}"
+
+    return paid, pay
+
+
+SHELLS: dict[str, Callable[..., Any]] = {
+    "sync": kickoff,
+    "async": lambda *a, **k: asyncio.run(akickoff(*a, **k)),
+}
+PAY = ("pay", {"invoice": "99", "amount": 10})
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_repeated_payment_runs_once_and_the_crew_ends_honestly(
+    server: ScriptedServer, shell: str
+) -> None:
+    """The model pays the same invoice again and again: alone 3 payments, under tether 1."""
+    paid, pay = payments()
+    script(server, [completion(calls=[PAY])] * 3)
+    crew = crew_with(server, pay)
+    alone = crew.kickoff()
+    assert len(paid) == 3
+    assert alone.raw == "done"
+
+    paid.clear()
+    server.requests.clear()
+    script(server, lambda i: completion(calls=[PAY]))
+    outcome = SHELLS[shell](crew_with(server, pay), guard=guard(), side_effects=["pay"])
+    assert len(paid) == 1
+    assert StopReason.REPEATED_ACTION is outcome.stopped_because
+    assert model_calls(server) == 3  # the 4th model call is answered with the customer message
+    assert outcome.usage.model_calls == 3
+
+
+def test_the_stopped_crew_s_task_output_is_the_customer_message(server: ScriptedServer) -> None:
+    """A stop ends the agent in CrewAI's terms: its task's output is the customer message."""
+    _, pay = payments()
+    script(server, lambda i: completion(calls=[PAY]))
+    crewed = TetherCrew(guard(), side_effects=["pay"])
+    outcome = crewed.kickoff(crew_with(server, pay))
+    assert outcome.customer_message == crewed.last_output.raw
+    assert outcome.customer_message == crewed.last_output.tasks_output[-1].raw
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_payment_re_issued_after_a_timeout_executes_once(
+    server: ScriptedServer, shell: str
+) -> None:
+    """The payment commits and its reply is lost; the agent pays again (CrewAI retries the
+    tool and the model re-issues it): alone 2+ payments, under tether 1."""
+    paid: list[int] = []
+
+    @tool("pay")
+    def pay(invoice: str, amount: int) -> str:
+        """Pay an invoice."""
+        paid.append(amount)
+        if len(paid) == 1:
+            raise TimeoutError("read timed out")  # committed at the provider, reply lost
+        return f"paid {amount}"
+
+    script(server, [completion(calls=[PAY]), completion(calls=[PAY]), completion("paid")])
+    crew_with(server, pay).kickoff()
+    alone = len(paid)
+    assert alone >= 2
+
+    paid.clear()
+    script(server, [completion(calls=[PAY]), completion(calls=[PAY]), completion("paid")])
+
+    def lookup(key: str) -> Any:  # the payment provider's own records
+        return {"paid": paid[0]} if paid else None
+
+    outcome = SHELLS[shell](crew_with(server, pay), guard=guard(), side_effects={"pay": lookup})
+    assert paid == [10]
+    assert StopReason.GOAL_REACHED is outcome.stopped_because
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_crew_kicked_off_again_for_the_same_request_pays_once(
+    server: ScriptedServer, shell: str
+) -> None:
+    """The same crew run twice (crewAI #1978): the second kickoff replays the payment."""
+    paid, pay = payments()
+    script(server, lambda i: completion(calls=[PAY]) if i % 2 == 0 else completion("paid"))
+    crew = crew_with(server, pay)
+    g = guard()
+    first = SHELLS[shell](crew, guard=g, side_effects=["pay"])
+    second = SHELLS[shell](crew, guard=g, side_effects=["pay"])
+    assert len(paid) == 1
+    assert StopReason.GOAL_REACHED is first.stopped_because is second.stopped_because
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_cost_budget_counts_crewai_s_usage(server: ScriptedServer, shell: str) -> None:
+    """Each call's usage, as CrewAI's LLM reports it, is priced; the budget stops the crew."""
+    _, pay = payments()
+    script(server, lambda i: completion(calls=[("pay", {"invoice": str(i), "amount": i})]))
+    outcome = SHELLS[shell](crew_with(server, pay), guard=guard(max_cost_usd=0.006))
+    # 600 uncached + 400 cached input, 100 output: $0.0012 + $0.00008 + $0.0008 a call
+    assert pytest.approx(outcome.usage.cost_usd / outcome.usage.model_calls) == 0.00208
+    assert outcome.usage.model_calls == model_calls(server) >= 2
+    assert outcome.usage.cost_usd <= 0.006
+    assert StopReason.MAX_COST is outcome.stopped_because
+
+
+def test_parallel_tool_calls_in_one_reply_pay_once(server: ScriptedServer) -> None:
+    """One reply asking for the same payment three times: one payment."""
+    paid, pay = payments()
+    script(server, [completion(calls=[PAY, PAY, PAY]), completion("paid")])
+    kickoff(crew_with(server, pay), guard=guard(), side_effects=["pay"])
+    assert len(paid) == 1
+
+
+def test_a_payment_needing_approval_waits_for_a_person(server: ScriptedServer) -> None:
+    """``requires_approval``: nothing is paid; the crew ends awaiting approval."""
+    from tether import Records
+
+    paid, pay = payments()
+    script(server, lambda i: completion(calls=[PAY]))
+    g = Guard(budget=Budget(max_steps=30), prices=PRICES, records=Records.memory())
+    outcome = kickoff(
+        crew_with(server, pay), guard=g, side_effects=["pay"], requires_approval={"pay": True}
+    )
+    assert paid == []
+    assert StopReason.AWAITING_APPROVAL is outcome.stopped_because
+
+
+def test_no_run_no_call() -> None:
+    """A guarded tool called outside a kickoff refuses to run unguarded."""
+    from tether import RunDocumentError
+    from tether.integrations.crewai import _tool_runner
+
+    with pytest.raises(RunDocumentError):
+        _tool_runner("pay", lambda **_: None, {})(invoice="1")
+
+
+def test_the_crew_s_objects_are_given_back_unguarded(server: ScriptedServer) -> None:
+    """After the kickoff the agent's LLM and tools are CrewAI's own again."""
+    _paid, pay = payments()
+    func = pay.func
+    script(server, [completion("nothing to do")])
+    crew = crew_with(server, pay)
+    kickoff(crew, guard=guard(), side_effects=["pay"])
+    assert func is pay.func
+    assert "call" not in crew.agents[0].llm.__dict__
