@@ -25,3 +25,24 @@ def test_a_small_live_fleet_stays_under_a_key_it_configured_2x_too_high(redis_ur
     assert title.startswith("fleet-live provider-limits (8 agents in 2 processes")
     assert rows[0][:2] == ["configured-2x-high", "100.0%"]
     assert len(head) == len(rows[0])
+
+
+def test_a_small_live_fleet_stays_under_an_openai_style_key_it_configured_2x_too_low(
+    redis_url: str,
+) -> None:
+    """The same against an OpenAI-style key (RPM and TPM, the x-ratelimit-* headers with
+    reset durations) through the real AsyncOpenAI client, its limits configured 2x too low:
+    no request refused, every agent finishes."""
+    key = Limits(requests=600, tokens=70_000)
+    run = run_live_limits("configured-2x-low", style="openai", agents=8, workers=2, real=key,
+                          redis_url=redis_url)  # fmt: skip
+    assert run["failures"] == []
+    assert run["success"] == 1.0
+    assert run["throttled_per_1000"] <= 1.0
+    assert run["requests"] >= 2 * 8
+    assert 0.0 < run["input_share_of_limit"] <= 1.0
+    assert run["output_share_of_limit"] is None  # one bucket: counted in the share above
+    suite = {"provider-limits": {"agents": 8, "workers": 2, "runs": {"openai / low": run}}}
+    ((_, (head, rows)),) = live_tables(suite).items()
+    assert rows[0][:2] == ["openai / low", "100.0%"]
+    assert rows[0][head.index("OTPM used")] == "-"

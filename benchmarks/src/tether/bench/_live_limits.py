@@ -2,15 +2,22 @@
 Redis, against a loopback model provider that enforces one API key's limits.
 
 The provider (its own process) is :class:`tether.bench._provider.SimulatedProvider`
-behind a small HTTP/1.1 server on 127.0.0.1: requests, input tokens and output tokens
-per minute as token buckets, the ``anthropic-ratelimit-*`` headers on every answer and a
-429 with ``retry-after`` for a request that does not fit; it counts a prompt's tokens
-with a tokenizer of its own per agent (2.6 to 4.6 characters a token). Worker processes
-run the agents as asyncio tasks, each through the real ``anthropic.AsyncAnthropic``
-client over HTTP, guarded by tether with one :class:`tether.TokenBudget` in a
-:class:`~tether.stores.RedisStore` per process (the same key for all), configured with
-the key's limits 2x too high or 2x too low. Everything runs on real time, scaled down
-(a small key, short answers) to finish in well under a minute per configuration.
+behind a small HTTP/1.1 server on 127.0.0.1, in one of two styles:
+
+* ``anthropic``: ``POST /v1/messages``; requests, input tokens and output tokens per
+  minute as token buckets, the ``anthropic-ratelimit-*`` headers on every answer;
+* ``openai``: ``POST /v1/chat/completions``; requests and tokens (input and
+  ``max_tokens`` together) per minute, the ``x-ratelimit-{limit,remaining,reset}-
+  {requests,tokens}`` headers (resets as durations, ``1.5s``, ``6m0s``) on every answer;
+
+and a 429 with ``retry-after`` for a request that does not fit. It counts a prompt's
+tokens with a tokenizer of its own per agent (2.6 to 4.6 characters a token). Worker
+processes run the agents as asyncio tasks, each through the real ``AsyncAnthropic`` or
+``AsyncOpenAI`` client over HTTP, guarded by tether with one :class:`tether.TokenBudget`
+in a :class:`~tether.stores.RedisStore` per process (the same key for all), configured
+with the key's limits right (with a Redis that stalls now and then), 2x too high or 2x too
+low. Everything runs on real time, scaled down (a small key, short answers) to finish in
+about a minute per configuration.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ __all__ = ["LIVE_LIMITS", "LIVE_MISCONFIGS", "message_reply", "run_live_limits"]
 
 #: the key's real limits: RPM, ITPM, OTPM (small, so that a live run binds in seconds)
 LIVE_LIMITS = Limits(requests=600, input=360_000, output=100_000)
+#: the OpenAI-style key's: RPM and TPM (a prompt and its max_tokens from one bucket)
+LIVE_LIMITS_OPENAI = Limits(requests=600, tokens=460_000)
+STYLES = {"anthropic": LIVE_LIMITS, "openai": LIVE_LIMITS_OPENAI}
 #: the configured limits as a share of the real ones; "redis-timeouts": configured right,
 #: the workers' Redis stalls now and then (see _StallingProxy) and they fall back to memory
 LIVE_MISCONFIGS = {"configured-2x-high": 2.0, "configured-2x-low": 0.5, "redis-timeouts": 1.0}
@@ -100,6 +110,7 @@ class _StallingProxy:
 
 
 MODEL = "claude-sonnet-5-5"
+MODELS = {"anthropic": MODEL, "openai": "gpt-6.1-terra"}
 
 
 def _agent(seed: int, key: str) -> dict[str, Any]:
@@ -117,6 +128,28 @@ def _agent(seed: int, key: str) -> dict[str, Any]:
     }
 
 
+def chat_reply(out: int, used_in: int, model: str) -> dict[str, Any]:
+    """A chat completion of ``out`` output tokens (the OpenAI-style loopback provider)."""
+    return {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "r" * (out * 4)},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": used_in,
+            "completion_tokens": out,
+            "total_tokens": used_in + out,
+        },
+    }
+
+
 def message_reply(out: int, used_in: int, model: str = MODEL) -> dict[str, Any]:
     """A Messages API answer of ``out`` output tokens (the scenarios' loopback providers)."""
     return {
@@ -131,10 +164,11 @@ def message_reply(out: int, used_in: int, model: str = MODEL) -> dict[str, Any]:
 
 
 def _provider_main(
-    port_q: Any, result_q: Any, stop: Any, real: Limits, seed: int, start_at: float
+    port_q: Any, result_q: Any, stop: Any, real: Limits, seed: int, start_at: float, style: str
 ) -> None:
-    """The provider: answers ``POST /v1/messages`` on loopback until told to stop."""
-    provider = SimulatedProvider("anthropic", real, start_at)
+    """The provider: answers ``POST /v1/messages`` (``anthropic``) or ``POST
+    /v1/chat/completions`` (``openai``) on loopback until told to stop."""
+    provider = SimulatedProvider(style, real, start_at)
     agents: dict[str, dict[str, Any]] = {}
 
     def answer(status: str, body: dict[str, Any], headers: dict[str, str]) -> bytes:
@@ -157,11 +191,15 @@ def _provider_main(
                 agent = agents.setdefault(key, _agent(seed, key))
                 chars = len(json.dumps([body.get("system"), body["messages"]]))
                 used_in = math.ceil(chars / agent["chars_per_token"])
-                max_out = int(body["max_tokens"])
+                max_out = int(body.get("max_tokens") or body["max_completion_tokens"])
                 ok, headers = provider.admit(time.time(), used_in, max_out)
                 if not ok:
-                    error = {"type": "rate_limit_error", "message": "rate limit exceeded"}
-                    reply = {"type": "error", "error": error}
+                    if style == "anthropic":
+                        error = {"type": "rate_limit_error", "message": "rate limit exceeded"}
+                        reply = {"type": "error", "error": error}
+                    else:
+                        reply = {"error": {"type": "requests", "code": "rate_limit_exceeded",
+                                           "message": "Rate limit reached", "param": None}}  # fmt: skip
                     writer.write(answer("429 Too Many Requests", reply, headers))
                     await writer.drain()
                     continue
@@ -169,7 +207,11 @@ def _provider_main(
                 out = max(1, int(max_out * agent["used"][min(turn, agent["turns"] - 1)]))
                 await asyncio.sleep(0.3 + out / 400.0)  # first token, then 400 tokens a second
                 provider.finish(time.time(), used_in, out, max_out)
-                writer.write(answer("200 OK", message_reply(out, used_in), headers))
+                if style == "anthropic":
+                    done = message_reply(out, used_in)
+                else:
+                    done = chat_reply(out, used_in, MODELS["openai"])
+                writer.write(answer("200 OK", done, headers))
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -201,23 +243,28 @@ def _worker_main(
     start: Any,
     ready_q: Any,
     result_q: Any,
+    style: str = "anthropic",
 ) -> None:
     """One worker process: its agents through the guarded client, one TokenBudget in Redis.
     It says when it is ready (its imports done), then waits for the common start."""
     import logging
 
     import anthropic
+    import openai
 
     from tether import RetryPolicy, TokenBudget
     from tether.integrations import anthropic as tanthropic
+    from tether.integrations import openai as topenai
     from tether.stores.redis._store import RedisStore
 
     logging.getLogger("tether").setLevel(logging.WARNING)
     logging.getLogger("tether").propagate = False
-    logging.getLogger("anthropic").setLevel(logging.ERROR)
-    logging.getLogger("httpx").setLevel(logging.ERROR)
+    for noisy in ("anthropic", "openai", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
     store = RedisStore(redis_url, prefix=prefix)
-    budget = TokenBudget("anthropic", "claude", store=store, **configured.as_budget())
+    family = "claude" if style == "anthropic" else "gpt-"
+    budget = TokenBudget(style, family, store=store, **configured.as_budget())
+    model = MODELS[style]
     fallbacks = [0]  # the times this process's store fell back to memory (a Redis timeout)
 
     class _Count(logging.Handler):
@@ -235,19 +282,29 @@ def _worker_main(
         messages: list[dict[str, Any]] = [{"role": "user", "content": "q" * 400}]
         for turn in range(a["turns"]):
             try:
-                reply = await client.messages.create(
-                    model=MODEL,
-                    max_tokens=a["max_tokens"][turn],
-                    system=a["system"],
-                    messages=messages,
-                    metadata={"user_id": key},
-                )
+                if style == "anthropic":
+                    reply = await client.messages.create(
+                        model=model,
+                        max_tokens=a["max_tokens"][turn],
+                        system=a["system"],
+                        messages=messages,
+                        metadata={"user_id": key},
+                    )
+                    text = reply.content[0].text
+                else:
+                    reply = await client.chat.completions.create(
+                        model=model,
+                        max_tokens=a["max_tokens"][turn],
+                        messages=[{"role": "system", "content": a["system"]}, *messages],
+                        metadata={"user_id": key},
+                    )
+                    text = reply.choices[0].message.content
             except Exception as exc:
                 failed.append(f"{type(exc).__name__}: {exc}"[:200])
                 return
             messages = [
                 *messages,
-                {"role": "assistant", "content": reply.content[0].text},
+                {"role": "assistant", "content": text},
                 {"role": "user", "content": "t" * a["results"][turn]},
             ]
         finished.append(time.time() - start_at)
@@ -257,10 +314,18 @@ def _worker_main(
     start_at = start["at"].value
 
     async def main() -> None:
-        raw = anthropic.AsyncAnthropic(
-            api_key="bench", base_url=f"http://127.0.0.1:{port}", max_retries=0
-        )
-        client = tanthropic.guarded(raw, policy=RetryPolicy(), token_budget=budget)
+        raw: Any
+        client: Any
+        if style == "anthropic":
+            raw = anthropic.AsyncAnthropic(
+                api_key="bench", base_url=f"http://127.0.0.1:{port}", max_retries=0
+            )
+            client = tanthropic.guarded(raw, policy=RetryPolicy(), token_budget=budget)
+        else:
+            raw = openai.AsyncOpenAI(
+                api_key="bench", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0
+            )
+            client = topenai.guarded(raw, policy=RetryPolicy(), token_budget=budget)
         await asyncio.gather(*(agent(k, client) for k in keys))
         await raw.close()
         await store.aclose()
@@ -279,14 +344,17 @@ def _worker_main(
 def run_live_limits(
     misconfig: str,
     *,
+    style: str = "anthropic",
     agents: int = AGENTS,
     workers: int = WORKERS,
-    real: Limits = LIVE_LIMITS,
+    real: Limits | None = None,
     redis_url: str | None = None,
     seed: int = 7,
 ) -> dict[str, Any]:
-    """One live run: ``agents`` agents in ``workers`` processes, the key's limits ``real``,
-    configured per ``misconfig``."""
+    """One live run: ``agents`` agents in ``workers`` processes against a provider of
+    ``style`` (its key's limits ``real``, by default the style's), configured per
+    ``misconfig``."""
+    real = real or STYLES[style]
     url = redis_url or os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
     proxy = None
     if misconfig == "redis-timeouts":
@@ -300,7 +368,9 @@ def run_live_limits(
     ready_q = ctx.Queue()
     start: dict[str, Any] = {"go": ctx.Event(), "at": ctx.Value("d", 0.0)}
     provider = ctx.Process(
-        target=_provider_main, args=(port_q, provider_q, stop, real, seed, time.time()), daemon=True
+        target=_provider_main,
+        args=(port_q, provider_q, stop, real, seed, time.time(), style),
+        daemon=True,
     )
     provider.start()
     port = port_q.get(timeout=30)
@@ -310,7 +380,18 @@ def run_live_limits(
     procs = [
         ctx.Process(
             target=_worker_main,
-            args=(url, prefix, port, keys[i::workers], configured, seed, start, ready_q, worker_q),
+            args=(
+                url,
+                prefix,
+                port,
+                keys[i::workers],
+                configured,
+                seed,
+                start,
+                ready_q,
+                worker_q,
+                style,
+            ),
             daemon=True,
         )
         for i in range(workers)
@@ -345,18 +426,24 @@ def run_live_limits(
     end = start_at + (_quantile(ended, 0.9) if ended else 0.0)
     admitted = stats.requests - stats.throttled
     round_trips = sum(r["round_trips"] for r in results)
+    if style == "anthropic":
+        input_share = share_of_limit(stats, real.input, start_at, end, 1, real.input)
+        output_share: float | None = share_of_limit(
+            stats, real.output, start_at, end, 2, real.output
+        )
+    else:  # one bucket: input tokens as admitted and output tokens as generated, against TPM
+        input_share = share_of_limit(stats, real.tokens, start_at, end, 1, real.tokens)
+        input_share += share_of_limit(stats, real.tokens, start_at, end, 2, real.tokens)
+        output_share = None
     return {
+        "style": style,
         "agents": agents,
         "workers": workers,
         "success": round(len(finished) / agents, 4),
         "requests": stats.requests,
         "throttled_per_1000": round(1000.0 * stats.throttled / max(1, stats.requests), 2),
-        "input_share_of_limit": round(
-            share_of_limit(stats, real.input, start_at, end, 1, real.input), 3
-        ),
-        "output_share_of_limit": round(
-            share_of_limit(stats, real.output, start_at, end, 2, real.output), 3
-        ),
+        "input_share_of_limit": round(input_share, 3),
+        "output_share_of_limit": None if output_share is None else round(output_share, 3),
         "p50_completion_s": round(statistics.median(finished), 1) if finished else None,
         "p95_completion_s": round(_quantile(finished, 0.95), 1) if finished else None,
         "round_trips_per_call": round(round_trips / max(1, admitted), 2),
@@ -371,15 +458,26 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def run_live_limits_suite(seed: int = 7) -> dict[str, Any]:
-    """Both misconfigurations, one after the other."""
-    runs = {m: run_live_limits(m, seed=seed) for m in LIVE_MISCONFIGS}
+    """Every configuration of both styles, one after the other (with the load average
+    before each: the machine's other work)."""
+    runs = {}
+    for style in STYLES:
+        for m in LIVE_MISCONFIGS:
+            load = os.getloadavg()[0]
+            runs[f"{style} / {m}"] = {**run_live_limits(m, style=style, seed=seed), "load": load}
     return {
         "agents": AGENTS,
         "workers": WORKERS,
         "real_limits": {
-            "requests_per_minute": LIVE_LIMITS.requests,
-            "input_tokens_per_minute": LIVE_LIMITS.input,
-            "output_tokens_per_minute": LIVE_LIMITS.output,
+            "anthropic": {
+                "requests_per_minute": LIVE_LIMITS.requests,
+                "input_tokens_per_minute": LIVE_LIMITS.input,
+                "output_tokens_per_minute": LIVE_LIMITS.output,
+            },
+            "openai": {
+                "requests_per_minute": LIVE_LIMITS_OPENAI.requests,
+                "tokens_per_minute": LIVE_LIMITS_OPENAI.tokens,
+            },
         },
         "runs": runs,
     }
