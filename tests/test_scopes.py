@@ -608,6 +608,23 @@ def test_the_tenants_scenario_of_the_bench() -> None:
     assert p["tether"]["paused_runs"] == p["tether"]["resumed_completed"] > 0
 
 
+@pytest.mark.parametrize("scenario", ["tenants-redis", "tenants-postgres"])
+def test_the_tenants_scenario_on_a_fleets_store(scenario: str, redis_url: str, pg_dsn: str) -> None:
+    """The same scenario with the scopes in real Redis or PostgreSQL (the tether policies):
+    the same overspend as in memory, every paused run resumed, and the time per call."""
+    from tether import bench
+
+    fleet = bench.run(["fleet"], scenarios=["tenants", scenario], workers=1)["suites"]["fleet"]
+    here, there = fleet["tenants"]["policies"], fleet[scenario]["policies"]
+    assert set(there) == {"tether", "tether-no-max-tokens"}
+    for policy, cell in there.items():
+        assert cell["store"] == scenario.removeprefix("tenants-")
+        assert cell["max_overspend_usd"] == pytest.approx(here[policy]["max_overspend_usd"])
+        assert cell["paused_runs"] == cell["resumed_completed"] > 0
+        assert cell["other_tenants_runs_completed"] == 1.0
+        assert cell["ms_per_call"] > 0
+
+
 def test_the_agents_sdk_run_passes_its_scopes_through() -> None:
     """openai_agents.run_sync(..., scopes=...): the tenant's spent scope pauses the run
     before the next request (no max_tokens: the reservation holds the prompt alone, so the

@@ -97,12 +97,15 @@ def run(
         )
     if tasks < 1:
         raise ValueError(f"tasks must be >= 1, got {tasks}")
-    valid = list(dict.fromkeys([*SCENARIOS, *FLEET_SCENARIOS, "provider-limits", "tenants"]))
+    tenant_scenarios = ["tenants", "tenants-redis", "tenants-postgres"]
+    valid = list(
+        dict.fromkeys([*SCENARIOS, *FLEET_SCENARIOS, "provider-limits", *tenant_scenarios])
+    )
     bad = [s for s in scenarios or () if s not in valid]
     if bad:
         raise ValueError(
             f"unknown scenario(s) {', '.join(bad)}; agents: {', '.join(SCENARIOS)}; "
-            f"fleet: {', '.join([*FLEET_SCENARIOS, 'provider-limits', 'tenants'])}"
+            f"fleet: {', '.join([*FLEET_SCENARIOS, 'provider-limits', *tenant_scenarios])}"
         )
     if "tau" in suites or "tau-live" in suites:  # before anything runs: a usage error
         from tether.bench._tau import resolve_folder
@@ -145,13 +148,17 @@ def run(
                 cells.setdefault(scenario, {"policies": {}})["policies"][policy] = cell
                 note(f"agents: {scenario} / {policy}", len(agent_jobs))
             out["suites"]["agents"] = {"scenarios": cells}
-        if "fleet" in suites and "tenants" in (scenarios or ()):  # seconds, in this process
-            from tether.bench._tenants import TENANT_POLICIES, run_tenants
+        for name in tenant_scenarios:  # seconds, in this process
+            if "fleet" not in suites or name not in (scenarios or ()):
+                continue
+            from tether.bench._tenants import TENANT_POLICIES, TENANT_STORES, run_tenants
 
-            out["suites"].setdefault("fleet", {"scenarios": {}})["tenants"] = {
-                "policies": {p: run_tenants(p, seed=seed) for p in TENANT_POLICIES}
+            kind = TENANT_STORES[name]
+            policies = [p for p in TENANT_POLICIES if kind == "memory" or p.startswith("tether")]
+            out["suites"].setdefault("fleet", {"scenarios": {}})[name] = {
+                "policies": {p: run_tenants(p, seed=seed, store=kind) for p in policies}
             }
-            note("fleet: tenants", 1)
+            note(f"fleet: {name}", 1)
         if fleet_jobs:
             fleet: dict[str, Any] = {}
             for fut in fleet_futures:

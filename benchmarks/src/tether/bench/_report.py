@@ -99,30 +99,11 @@ def _rows(results: dict[str, Any]) -> dict[str, Table]:
         ]
         title = f"provider-limits ({limits['agents']} agents, limits configured 2x wrong)"
         tables[title] = table(LIMITS, cells)
-    tenants = suites.get("fleet", {}).get("tenants")
-    if tenants:
-        head = ["policy", "low tenants over", "max overspend", "total overspend",
-                "<= 1 call/run", "others completed", "paused -> resumed"]  # fmt: skip
-        rows = []
-        for policy, m in tenants["policies"].items():
-            resumed = (
-                f"{m['paused_runs']} -> {m['resumed_completed']}" if "paused_runs" in m else "-"
-            )
-            rows.append([
-                policy,
-                f"{m['low_tenants_over']}/{m['low_tenants']}",
-                f"${m['max_overspend_usd']:.4f} ({m['max_overspend_pct']:.1f}%)",
-                f"${m['total_overspend_usd']:.4f}",
-                "yes" if m["within_one_call_per_run"] else "no",
-                f"{m['other_tenants_runs_completed']:.0%}",
-                resumed,
-            ])  # fmt: skip
-        any_cell = next(iter(tenants["policies"].values()))
-        title = (
-            f"tenants ({any_cell['tenants']} tenants x {any_cell['runs_per_tenant']} runs, "
-            f"{any_cell['low_tenants']} with ${any_cell['low_limit_usd']:g} limits)"
-        )
-        tables[title] = (head, rows)
+    for scenario in ("tenants", "tenants-redis", "tenants-postgres"):
+        tenants = suites.get("fleet", {}).get(scenario)
+        if tenants:
+            title, rows_of = _tenants(tenants)
+            tables[title] = rows_of
     if "fleet-live" in suites:
         from tether.bench._live_report import live_tables
 
@@ -533,3 +514,31 @@ def _fleet(plt: Any, scenario: str, entry: dict[str, Any], out: Path) -> tuple[s
     fig.savefig(out / name, dpi=110)
     plt.close(fig)
     return f"Offered load over time ({scenario})", name
+
+
+def _tenants(tenants: dict[str, Any]) -> tuple[str, Table]:
+    """The tenants scenario's table (one store's)."""
+    head = ["policy", "low tenants over", "max overspend", "total overspend",
+            "<= 1 call/run", "others completed", "paused -> resumed", "ms / call"]  # fmt: skip
+    rows = []
+    for policy, m in tenants["policies"].items():
+        resumed = f"{m['paused_runs']} -> {m['resumed_completed']}" if "paused_runs" in m else "-"
+        rows.append([
+            policy,
+            f"{m['low_tenants_over']}/{m['low_tenants']}",
+            f"${m['max_overspend_usd']:.4f} ({m['max_overspend_pct']:.1f}%)",
+            f"${m['total_overspend_usd']:.4f}",
+            "yes" if m["within_one_call_per_run"] else "no",
+            f"{m['other_tenants_runs_completed']:.0%}",
+            resumed,
+            f"{m['ms_per_call']:.2f}" if "ms_per_call" in m else "-",
+        ])  # fmt: skip
+    any_cell = next(iter(tenants["policies"].values()))
+    store = any_cell.get("store", "memory")
+    title = (
+        f"tenants ({any_cell['tenants']} tenants x {any_cell['runs_per_tenant']} runs, "
+        f"{any_cell['low_tenants']} with ${any_cell['low_limit_usd']:g} limits"
+        + ("" if store == "memory" else f"; scopes in {store}")
+        + ")"
+    )
+    return title, (head, rows)

@@ -16,19 +16,31 @@ Policies, side by side, each through the real library objects:
 
 Overspend per tenant = its spend past its limit. For ``tether`` the paused runs are then
 resumed after their tenant's limit is raised.
+
+The scopes live in this process's memory (``--scenario tenants``), or in a fleet's store:
+real Redis (``tenants-redis``, ``TETHER_REDIS_URL``) or PostgreSQL through
+``tether.Records.postgres`` (``tenants-postgres``, ``TETHER_PG_DSN``); those two run the
+tether policies (the peers keep no shared state) and time each call's reservation and
+settlement there.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
 import random
-from collections.abc import Generator
+import time
+import uuid
+from collections.abc import Callable, Generator
 from typing import Any
 
 import tether
 from tether.stores import MemoryStore
 
-__all__ = ["TENANT_POLICIES", "run_tenants"]
+__all__ = ["TENANT_POLICIES", "TENANT_STORES", "run_tenants"]
+
+#: where the scopes live, by scenario: this process, or a fleet's store (tether policies)
+TENANT_STORES = {"tenants": "memory", "tenants-redis": "redis", "tenants-postgres": "postgres"}
 
 TENANT_POLICIES = ("tether", "tether-no-max-tokens", "per-run-budget", "after-the-call")
 MODEL = "gpt-4o"
@@ -108,14 +120,59 @@ def _after_the_call(
     done.append(tenant)
 
 
-def run_tenants(policy: str, *, seed: int = 7) -> dict[str, Any]:
+def _store(kind: str) -> tuple[Any, Callable[[], object]]:
+    """The scopes' store of ``kind`` and what removes it afterwards."""
+    if kind == "memory":
+        return MemoryStore(), lambda: None
+    if kind == "redis":
+        from tether.stores.redis._store import RedisStore
+
+        url = os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
+        # the callers' clock (the scenario's virtual one) measures the scopes' windows
+        redis = RedisStore(url, prefix=f"tether-bench-{uuid.uuid4().hex[:8]}", server_time=False)
+
+        def drop_redis() -> None:
+            redis.reset()
+            redis.close()
+
+        return redis, drop_redis
+    if kind == "postgres":
+        dsn = os.environ.get("TETHER_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+        table = f"tether_bench_{uuid.uuid4().hex[:8]}"
+        records = tether.Records.postgres(dsn, table)
+
+        def drop_tables() -> None:
+            import psycopg
+
+            records.close()
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for (name,) in conn.execute(
+                    "SELECT tablename FROM pg_tables WHERE tablename LIKE %s", [table + "%"]
+                ).fetchall():
+                    conn.execute(f"DROP TABLE IF EXISTS {name}")
+
+        return records, drop_tables
+    raise ValueError(f"unknown tenants store {kind!r}; choose from memory, redis, postgres")
+
+
+def run_tenants(policy: str, *, seed: int = 7, store: str = "memory") -> dict[str, Any]:
     """One policy over the scenario: overspend per low-limit tenant, the others' runs
-    completed, and (tether) the paused runs completed after their limits were raised."""
+    completed, and (tether) the paused runs completed after their limits were raised;
+    the scopes in ``store`` (memory, redis or postgres)."""
+    backing, drop = _store(store)
+    try:
+        return _run_tenants(policy, seed, backing, store)
+    finally:
+        drop()
+
+
+def _run_tenants(policy: str, seed: int, backing: Any, store: str) -> dict[str, Any]:
     plan = _plan(seed)
     clock = tether.VirtualClock()
     spent: dict[int, float] = dict.fromkeys(range(TENANTS), 0.0)
     costs: dict[int, list[tether.Run]] = {t: [] for t in range(TENANTS)}
-    scopes = tether.BudgetScopes(MemoryStore(), clock=clock)
+    scopes = tether.BudgetScopes(backing, clock=clock)
+    started = time.perf_counter()
     gens: list[tuple[float, Step]] = []
     done: list[int] = []  # after-the-call: the tenant of each run that made all its calls
     if policy in ("tether", "tether-no-max-tokens"):
@@ -158,6 +215,7 @@ def run_tenants(policy: str, *, seed: int = 7) -> dict[str, Any]:
         if r.outcome.status == "success"
     ) + sum(1 for t in done if _limit(t) == HIGH)
     cell: dict[str, Any] = {
+        "store": store,
         "tenants": TENANTS,
         "runs_per_tenant": RUNS,
         "low_limit_usd": LOW,
@@ -186,4 +244,8 @@ def run_tenants(policy: str, *, seed: int = 7) -> dict[str, Any]:
         _drive(clock, resumed)
         cell["paused_runs"] = waiting
         cell["resumed_completed"] = sum(1 for r in finals if r.outcome.status == "success")
+        made = sum(r.model_calls for rs in costs.values() for r in rs)
+        made += sum(r.model_calls for r in finals)
+        # the whole scenario's time (the agents' own work is on the virtual clock) per call
+        cell["ms_per_call"] = 1000.0 * (time.perf_counter() - started) / max(1, made)
     return cell
