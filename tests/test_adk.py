@@ -447,3 +447,79 @@ def test_a_transient_model_error_is_retried_by_the_run(shell: str) -> None:
     assert (outcome.status, outcome.result) == ("success", "Invoice 99 is paid.")
     assert len(asked) == 2 and outcome.usage.model_calls == 1 and outcome.usage.retries == 1
     assert last_text(events) == "Invoice 99 is paid."
+
+
+def confirmed_refund(answer: bool | None, sync: bool) -> tuple[Any, list[str], Scripted, Any]:
+    """A refund that needs a person's approval, asked through ADK's confirmation; then the
+    ADK user's ``answer`` (None: decided on tether's side, by ``guard.approve``)."""
+    from tether import Checkpoints
+
+    paid: list[str] = []
+
+    def issue_refund(order: str) -> str:
+        """Refund an order."""
+        paid.append(order)
+        return "refunded"
+
+    model = scripted([reply(call("issue_refund", {"order": "A-1"})), reply(text="Refunded A-1.")])
+    tethered = Guard(prices=PRICES, checkpoints=Checkpoints.memory())
+    plugin = TetherPlugin(
+        tethered, side_effects=["issue_refund"], requires_approval={"issue_refund": True}
+    )
+    agent = LlmAgent(name="clerk", model=model, tools=[issue_refund])
+    runner = InMemoryRunner(app=App(name="shop", root_agent=agent, plugins=[plugin]))
+    session = asyncio.run(runner.session_service.create_session(app_name="shop", user_id="u"))
+
+    def send(message: Any) -> list[Any]:
+        if sync:
+            return list(runner.run(user_id="u", session_id=session.id, new_message=message))
+
+        async def read() -> list[Any]:
+            return [e async for e in runner.run_async(user_id="u", session_id=session.id,
+                                                      new_message=message)]  # fmt: skip
+
+        return asyncio.run(read())
+
+    first = send(types.Content(role="user", parts=[types.Part(text="refund A-1")]))
+    paused = plugin.last_outcome
+    assert paused is not None and paused.stopped_because is StopReason.AWAITING_APPROVAL
+    assert paid == [] and model.calls == 1
+    asks = [p.function_call for e in first for p in (e.content.parts if e.content else ())
+            if p.function_call and p.function_call.name == "adk_request_confirmation"]  # fmt: skip
+    assert len(asks) == 1  # ADK's own confirmation request, for tether's approval
+    confirmed = answer
+    if answer is None:  # the operator page (or guard.approve) decided; the app resumes
+        tethered.approve(paused.checkpoint_id, by="alice")
+        confirmed = True
+    response = types.FunctionResponse(id=asks[0].id, name=asks[0].name,
+                                      response={"confirmed": confirmed})  # fmt: skip
+    events = send(types.Content(role="user", parts=[types.Part(function_response=response)]))
+    return plugin, paid, model, (tethered, events)
+
+
+@pytest.mark.parametrize("answer", [True, None])
+@pytest.mark.parametrize("shell", ["async", "sync"])
+def test_a_tether_approval_is_asked_and_answered_through_adks_confirmation(
+    shell: str, answer: bool | None
+) -> None:
+    """requires_approval pauses the run (a checkpoint, a pending approval) and asks ADK's
+    confirmation; the ADK user's "confirmed" (or guard.approve) resumes the paused run: the
+    refund runs once, the approval is used, the model answers."""
+    plugin, paid, model, (tethered, events) = confirmed_refund(answer, shell == "sync")
+    outcome = plugin.last_outcome
+    assert (outcome.status, outcome.result) == ("success", "Refunded A-1.")
+    assert paid == ["A-1"] and model.calls == 2
+    (record,) = tethered.approvals()
+    assert (record.status, record.decided_by) == ("used", "adk:u" if answer else "alice")
+    assert last_text(events) == "Refunded A-1."
+
+
+@pytest.mark.parametrize("shell", ["async", "sync"])
+def test_a_confirmation_declined_in_adk_rejects_the_approval(shell: str) -> None:
+    """The ADK user declines: the approval is rejected, the refund never runs, and the run
+    ends DECLINED."""
+    plugin, paid, _, (tethered, _) = confirmed_refund(False, shell == "sync")
+    assert paid == []
+    (record,) = tethered.approvals()
+    assert record.status == "rejected"
+    assert plugin.last_outcome.stopped_because is StopReason.DECLINED

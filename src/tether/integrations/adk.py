@@ -27,6 +27,7 @@ from typing import Any, Unpack
 
 from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError
 from tether._errors import RunDocumentError, require
+from tether.integrations import _adk_confirm
 from tether.integrations._common import (
     SideEffects,
     ToolOptions,
@@ -243,7 +244,10 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
             return None
         state = ctx.session.state
         doc = state.get(STATE_KEY)
-        if state.get(INVOCATION_KEY) == ctx.invocation_id and doc is not None:
+        paused = _adk_confirm.answered(self.guard, ctx)
+        if paused is not None:  # the ADK user answered a paused run's confirmation
+            run = self.guard.resume(paused)
+        elif state.get(INVOCATION_KEY) == ctx.invocation_id and doc is not None:
             if not isinstance(doc, Mapping):
                 raise RunDocumentError(
                     f"session.state[{STATE_KEY!r}] must be a run document, got "
@@ -263,6 +267,8 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         try:
             context.state[STATE_KEY] = run.snapshot()
             context.state[INVOCATION_KEY] = context.invocation_id
+            if context.state.get(_adk_confirm.AWAITING_KEY) is not None:
+                context.state[_adk_confirm.AWAITING_KEY] = None  # answered: never again
         except (AttributeError, TypeError):  # pragma: no cover - a context without state
             pass
 
@@ -366,6 +372,13 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         held = await _confirmation(tool, tool_args, tool_context)
         if held is not None:  # ADK's own confirmation flow: asked, or refused; nothing ran
             return held
+        if _adk_confirm.refused(tool_context):  # declined in ADK: never run, whatever else
+            if run.stopped is None:
+                try:
+                    run.stop(StopReason.DECLINED, f"{name}: declined in ADK's confirmation")
+                except Stopped:
+                    pass
+            return {"error": _adk_confirm.REFUSED}
 
         async def attempt(**args: Any) -> Any:
             return await tool.run_async(args=args, tool_context=tool_context)
@@ -378,6 +391,8 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         except ToolError as exc:
             return {"error": exc.model_message}
         except Stopped as exc:  # the next model call ends the agent with the customer message
+            if exc.reason is StopReason.AWAITING_APPROVAL:  # ADK's confirmation asks the person
+                return _adk_confirm.ask(run, name, tool_context)
             return {"error": f"stopped: {exc.reason.value}"}
         finally:
             _PARENT.reset(token)
