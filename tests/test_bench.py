@@ -197,7 +197,7 @@ def test_overhead_suite_reports_every_case() -> None:
         "ledger_postgres_new_key": "two_statements",
         "record_model_call_prices_extra": "own_table",
         "import_tether": "tenacity",
-        "langchain_middleware": "langchain_limits",
+        "langchain_middleware": "langchain_middlewares",
     }
     assert set(out) == set(rows) | {"breaker_success_path"}
     assert len(seen) == 6 and all(m.startswith("overhead: ") for m in seen)
@@ -303,16 +303,46 @@ def test_report_plots_show_every_value_with_the_legend_outside_the_data(tmp_path
     assert all((tmp_path / name).stat().st_size > 10_000 for _, name in images)
 
 
+def test_overhead_peers_are_written_as_users_write_them() -> None:
+    """The retry peers are tenacity's @retry decorator (a Retrying copied per call), the
+    tool fails with a builtin error."""
+    from tether.bench import _overhead
+
+    row = _overhead._retry_rows(quick=True)
+    assert row["retry_3_failures_then_success"]["tether"]["error"] == "ConnectionResetError"
+    for case in ("retry_3_failures_then_success", "retry_success_path"):
+        assert row[case]["tenacity"]["written_as"].startswith("@tenacity.retry"), case
+    # the guarded loop's tool is under the decorator: its calls go through a copy each time
+    import tenacity
+
+    copies: list[object] = []
+    real = tenacity.Retrying.copy
+
+    def counted(self: tenacity.Retrying, *args: object, **kwargs: object) -> tenacity.Retrying:
+        copies.append(self)
+        return real(self, *args, **kwargs)
+
+    tenacity.Retrying.copy = counted  # type: ignore[method-assign]
+    try:
+        _overhead._tenacity_loop({"q": "x"}, 3)()
+    finally:
+        tenacity.Retrying.copy = real  # type: ignore[method-assign]
+    assert len(copies) == 3
+
+
 def test_langchain_middleware_row_times_both_middlewares() -> None:
-    """A real create_agent turn under TetherMiddleware, LangChain's limit middlewares and none:
-    every implementation timed, the ratio ours over LangChain's limits from their rounds."""
+    """A real create_agent turn under TetherMiddleware, LangChain's limit and retry middlewares
+    and none: every implementation timed, the ratio ours over LangChain's from their rounds."""
     from tether.bench._overhead import _interleaved, _row
     from tether.bench._scale import langchain_middleware
 
     row = langchain_middleware(_interleaved, _row, quick=True, number=1)
-    assert set(row) == {"tether", "langchain_limits", "none"}
-    ours, theirs = row["tether"], row["langchain_limits"]
-    assert ours["vs"] == "langchain_limits" and ours["per"] == "turn"
+    assert set(row) == {"tether", "langchain_middlewares", "none"}
+    ours, theirs = row["tether"], row["langchain_middlewares"]
+    assert ours["vs"] == "langchain_middlewares" and ours["per"] == "turn"
+    # the peer does what TetherMiddleware does: limits and retries, LangChain's own middlewares
+    assert "ModelRetryMiddleware" in theirs["written_as"]
+    assert "ToolRetryMiddleware" in theirs["written_as"]
     assert ours["ns_per_call"] > 0 and theirs["ns_per_call"] > 0 and row["none"]["ns_per_call"] > 0
     assert ours["ratio_min"] <= ours["ratio"] <= ours["ratio_max"]
     # the ratio of the medians lies within the per-round ratios' spread (min <= it <= max)

@@ -9,7 +9,7 @@ import pytest
 
 from tether.bench import _summary
 from tether.bench._columns import UNDEFINED
-from tether.bench._report import narrow_table
+from tether.bench._report import fit_columns, markdown_tables, narrow_table
 from tether.bench._tau_report import tau_tables
 
 
@@ -73,3 +73,26 @@ def test_the_overhead_line_says_when_the_machine_was_busy(
     (line,) = _summary.summaries({"suites": {"overhead": overhead}})
     assert line.startswith("overhead: 1 of 2 goals hold")
     assert ("the machine was busy: load 1.9 on 2 cores" in line) is busy
+
+
+def test_the_markdown_agents_tables_fit_80_columns() -> None:
+    """The report's agents table (13 columns) is cut into tables of at most 80 characters a
+    line, each keeping scenario and policy, every figure in one of them."""
+    from tether.bench._agents import run_cell
+
+    cells = {
+        scenario: {"policies": {p: run_cell(scenario, p, 5, 7) for p in ("naive", "tether")}}
+        for scenario in ("duplicate-payment", "cost-blowup")
+    }
+    text = markdown_tables({"suites": {"agents": {"scenarios": cells}}})
+    tables = [line for line in text.splitlines() if line.startswith("|")]
+    assert tables and all(len(line) <= 80 for line in tables), max(tables, key=len)
+    heads = [line for line in tables if line.startswith("| scenario | policy |")]
+    assert len(heads) >= 2  # cut, each piece with the row's names
+    named = {h.strip() for line in heads for h in line.strip("|").split("|")}
+    assert {"success", "dup. effects", "cost $", "stopped by"} <= named
+
+
+def test_a_table_that_fits_stays_whole() -> None:
+    head, rows = ["scenario", "policy", "success"], [["outage", "tether", "100%"]]
+    assert fit_columns(head, rows) == [(head, rows)]

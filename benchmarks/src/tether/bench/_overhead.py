@@ -205,14 +205,22 @@ def _tool(**kwargs: Any) -> dict[str, Any]:
     return {"ok": True, "n": kwargs.get("n")}
 
 
+#: the peers as users write them (each row's peer says so in ``written_as``)
+TENACITY_RETRY = "@tenacity.retry(stop=stop_after_attempt, wait=wait_exponential_jitter)"
+TENACITY_LOOP = "@tenacity.retry tool, a step counter, json.dumps + SHA-256 repeat check"
+
+
 def _tenacity_loop(args: dict[str, Any], steps: int) -> Callable[[], Any]:
-    """The loop users write today: tenacity around each tool call, a step counter, and a
+    """The loop users write today: the tool under tenacity's ``@retry`` decorator (which
+    copies its ``Retrying`` on every call, as users' code does), a step counter, and a
     repeat check on json.dumps(sort_keys=True) + SHA-256 of the call."""
     import tenacity
 
-    retrying = tenacity.Retrying(
+    @tenacity.retry(
         stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_exponential_jitter(), reraise=True
     )
+    def lookup(**kwargs: Any) -> dict[str, Any]:
+        return _tool(**kwargs)
 
     def run() -> list[Any]:
         seen: dict[str, int] = {}
@@ -227,7 +235,7 @@ def _tenacity_loop(args: dict[str, Any], steps: int) -> Callable[[], Any]:
             seen[digest] = seen.get(digest, 0) + 1
             if seen[digest] > 2:
                 raise RuntimeError("repeated call")
-            results.append(retrying(_tool, **call))
+            results.append(lookup(**call))
         return results
 
     return run
@@ -304,6 +312,7 @@ def _guarded(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
         reps=reps,
     )
     out["guarded_run_20_steps"] = _row(times, peer="tenacity_loop", goal=3.0, per=20, unit="step")
+    out["guarded_run_20_steps"]["tenacity_loop"]["written_as"] = TENACITY_LOOP
     ends = [p[2] / p[1] for p in phases]
     start = _median([p[0] for p in phases])
     steps_ns = _median([p[1] for p in phases])
@@ -331,6 +340,7 @@ def _guarded(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
     out[f"guarded_run_{steps}_steps"] = _row(
         times, peer="tenacity_loop", goal=2.0, per=steps, unit="step"
     )
+    out[f"guarded_run_{steps}_steps"]["tenacity_loop"]["written_as"] = TENACITY_LOOP
 
     # call_tool alone, in a long open run, against json.dumps + SHA-256 of the same call
     guard = tether.Guard(budget=tether.Budget(max_steps=10**7))
@@ -363,8 +373,10 @@ def _guarded(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def _retry_rows(quick: bool, with_success: bool = True) -> dict[str, dict[str, dict[str, Any]]]:
-    """RetryPolicy against tenacity: 3 failures then success (no sleeping), and the success
-    path (over a bare call)."""
+    """RetryPolicy against tenacity's ``@retry`` decorator as users write it: 3 failures
+    then success (no sleeping), and the success path (over a bare call). The tool fails as
+    users' tools do, with a builtin error (``ConnectionResetError``), not tether's own
+    ``TransientError``."""
     import tenacity
 
     reps = 3 if quick else 7
@@ -373,16 +385,16 @@ def _retry_rows(quick: bool, with_success: bool = True) -> dict[str, dict[str, d
     def flaky() -> int:
         state[0] += 1
         if state[0] % 4:
-            raise tether.TransientError("try again")
+            raise ConnectionResetError(104, "Connection reset by peer")
         return 1
 
     policy = tether.RetryPolicy(max_attempts=4, clock=tether.VirtualClock())
-    retrying = tenacity.Retrying(
+    flaky_retried = tenacity.retry(
         stop=tenacity.stop_after_attempt(4),
         wait=tenacity.wait_exponential_jitter(),
         sleep=lambda s: None,
         reraise=True,
-    )
+    )(flaky)
 
     def ours() -> None:
         state[0] = 0
@@ -390,13 +402,16 @@ def _retry_rows(quick: bool, with_success: bool = True) -> dict[str, dict[str, d
 
     def theirs() -> None:
         state[0] = 0
-        retrying(flaky)
+        flaky_retried()
 
     out: dict[str, dict[str, dict[str, Any]]] = {}
     times = _interleaved(
         {"tether": ours, "tenacity": theirs}, number=200 if quick else 500, reps=reps
     )
-    out["retry_3_failures_then_success"] = _row(times, peer="tenacity", goal=1.0)
+    row = _row(times, peer="tenacity", goal=1.0)
+    row["tether"]["error"] = row["tenacity"]["error"] = "ConnectionResetError"
+    row["tenacity"]["written_as"] = TENACITY_RETRY
+    out["retry_3_failures_then_success"] = row
     if not with_success:
         return out
 
@@ -404,11 +419,11 @@ def _retry_rows(quick: bool, with_success: bool = True) -> dict[str, dict[str, d
         return 1
 
     success = tether.RetryPolicy()
-    plain = tenacity.Retrying(
+    plain = tenacity.retry(
         stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_exponential_jitter()
-    )
+    )(target)
     times = _interleaved(
-        {"bare": target, "tether": lambda: success.call(target), "tenacity": lambda: plain(target)},
+        {"bare": target, "tether": lambda: success.call(target), "tenacity": plain},
         number=2000 if quick else 5000,
         reps=reps,
     )
@@ -419,6 +434,7 @@ def _retry_rows(quick: bool, with_success: bool = True) -> dict[str, dict[str, d
     row = _row({"bare": bare, **over}, peer="tenacity", goal=0.05)
     for k in over:
         row[k]["overhead_over_bare"] = True
+    row["tenacity"]["written_as"] = TENACITY_RETRY
     out["retry_success_path"] = row
     return out
 
@@ -782,7 +798,7 @@ def run_overhead(
     min and max."""
     note = progress or _silent
     total = 6
-    logging.getLogger("tether").setLevel(logging.ERROR)
+    # tether's logger as users have it (not silenced): its retry lines are INFO, off by default
     out: dict[str, dict[str, dict[str, Any]]] = {}
     out.update(_guarded(quick))
     note("overhead: guarded runs against tenacity + a counter", total)

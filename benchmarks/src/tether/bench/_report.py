@@ -192,16 +192,49 @@ def overhead_rows(suite: dict[str, Any]) -> Table:
     return head, rows
 
 
+#: the widest line of a Markdown table in the report (a terminal's 80 columns)
+MARKDOWN_WIDTH = 80
+
+
+def fit_columns(
+    head: list[str], rows: list[list[str]], width: int = MARKDOWN_WIDTH
+) -> list[tuple[list[str], list[list[str]]]]:
+    """The table as one or more tables whose Markdown lines fit ``width``: the first two
+    columns (what a row is: scenario and policy) in each, the other columns packed in order.
+    A table that fits stays whole; a column too wide on its own gets a table of its own."""
+
+    def wide(column: int) -> int:  # "| cell " for the column's widest cell
+        return 3 + max(len(head[column]), *(len(r[column]) for r in rows))
+
+    keys = list(range(min(2, len(head))))
+    base = 1 + sum(wide(c) for c in keys)
+    if base + sum(wide(c) for c in range(len(keys), len(head))) <= width:
+        return [(head, rows)]
+    groups: list[list[int]] = []
+    used = base
+    for column in range(len(keys), len(head)):
+        if groups and used + wide(column) <= width:
+            groups[-1].append(column)
+            used += wide(column)
+        else:
+            groups.append([column])
+            used = base + wide(column)
+    return [([head[c] for c in keys + g], [[r[c] for c in keys + g] for r in rows]) for g in groups]
+
+
 def markdown_tables(results: dict[str, Any]) -> str:
     from tether.bench._summary import summaries
 
     parts = ["### Summary\n", *(f"- {line}" for line in summaries(results)), ""]
-    for title, (head, rows) in _rows(results).items():
-        parts.append(f"### {title}\n")
-        parts.append("| " + " | ".join(head) + " |")
-        parts.append("|" + "|".join("---" for _ in head) + "|")
-        parts.extend("| " + " | ".join(r) + " |" for r in rows)
-        parts.append("")
+    for title, (whole_head, whole_rows) in _rows(results).items():
+        pieces = fit_columns(whole_head, whole_rows)
+        for i, (head, rows) in enumerate(pieces, 1):
+            part = f" ({i} of {len(pieces)}: {', '.join(head[2:])})" if len(pieces) > 1 else ""
+            parts.append(f"### {title}{part}\n")
+            parts.append("| " + " | ".join(head) + " |")
+            parts.append("|" + "|".join("---" for _ in head) + "|")
+            parts.extend("| " + " | ".join(r) + " |" for r in rows)
+            parts.append("")
     return "\n".join(parts)
 
 

@@ -91,14 +91,24 @@ def _turn(agent: Any) -> Callable[[], Any]:
     return turn
 
 
+#: the LangChain peer of TetherMiddleware: LangChain's own middlewares for what it does
+LANGCHAIN_PEER = "ModelCallLimitMiddleware + ToolCallLimitMiddleware + ModelRetryMiddleware + ToolRetryMiddleware"
+
+
 def langchain_middleware(
     interleaved: Interleaved, row_of: Row, quick: bool = False, *, number: int | None = None
 ) -> dict[str, Any]:
     """One agent turn (4 model calls, 3 tool calls) with TetherMiddleware, with LangChain's
-    ModelCallLimitMiddleware + ToolCallLimitMiddleware, and with no middleware: interleaved,
-    ours against LangChain's limits, and each against no middleware."""
+    own middlewares for what it does (ModelCallLimitMiddleware + ToolCallLimitMiddleware, and
+    ModelRetryMiddleware + ToolRetryMiddleware, since TetherMiddleware retries too), and with
+    no middleware: interleaved, ours against LangChain's, and each against no middleware."""
     try:
-        from langchain.agents.middleware import ModelCallLimitMiddleware, ToolCallLimitMiddleware
+        from langchain.agents.middleware import (
+            ModelCallLimitMiddleware,
+            ModelRetryMiddleware,
+            ToolCallLimitMiddleware,
+            ToolRetryMiddleware,
+        )
 
         from tether.integrations.langchain import TetherMiddleware
     except ImportError as exc:
@@ -107,16 +117,24 @@ def langchain_middleware(
     guard = tether.Guard(budget=tether.Budget(max_steps=20), prices=prices)
     impls = {
         "tether": _turn(_agent([TetherMiddleware(guard)])),
-        "langchain_limits": _turn(
-            _agent([ModelCallLimitMiddleware(run_limit=20), ToolCallLimitMiddleware(run_limit=20)])
+        "langchain_middlewares": _turn(
+            _agent(
+                [
+                    ModelCallLimitMiddleware(run_limit=20),
+                    ToolCallLimitMiddleware(run_limit=20),
+                    ModelRetryMiddleware(),
+                    ToolRetryMiddleware(),
+                ]
+            )
         ),
         "none": _turn(_agent([])),
     }
     for turn in impls.values():
         turn()  # compiled, warm, and checked: every turn runs its three tools
     times = interleaved(impls, number=number or (2 if quick else 4), reps=3 if quick else 7)
-    row = row_of(times, peer="langchain_limits", goal=1.25, unit="turn")
-    for name in ("tether", "langchain_limits"):
+    row = row_of(times, peer="langchain_middlewares", goal=1.25, unit="turn")
+    row["langchain_middlewares"]["written_as"] = LANGCHAIN_PEER
+    for name in ("tether", "langchain_middlewares"):
         row[name]["vs_none"] = row_of(times, ours=name, peer="none", goal=None)[name]["ratio"]
     return row
 
