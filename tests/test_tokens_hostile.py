@@ -434,3 +434,33 @@ def test_a_process_that_lost_redis_keeps_the_line_the_fleet_was_promised(
         for s in stores:
             s.close()
         RedisStore(redis_url, prefix=prefix).reset()
+
+
+def test_a_reservation_whose_answer_was_lost_gives_its_tokens_back(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reservation runs in Redis but its answer is lost (a stall past the timeout, the
+    client not retrying): the caller went on without it. When Redis answers again the store
+    gives its 1,000 tokens back (they used to stay taken: nobody was left to settle them)."""
+    import redis
+
+    monkeypatch.setattr(redis_tokens, "MEMBER_EVERY", 0.0, raising=False)
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    proxy, prefix = Proxy(port), f"tether-test-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis(port=proxy.port, socket_timeout=0.2, socket_connect_timeout=0.2,
+                         retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))  # fmt: skip
+    store = RedisStore(client=client, prefix=prefix, server_time=False, reconnect_interval=0.05)
+    try:
+        b = calibrated(store, VirtualClock())
+        hold_replies(proxy, 0.4)
+        with pytest.raises(LimiterTimeout):  # admitted in Redis, its answer lost; refused here
+            b.reserve(estimated_input_tokens=0, max_output_tokens=1_000, max_wait=0.0)
+        assert store.degraded
+        proxy.replies.wait()
+        time.sleep(0.1)
+        b.reserve(estimated_input_tokens=0, max_output_tokens=0)  # it reaches Redis
+        assert not store.degraded
+        assert b.view()["levels"]["tokens"] == pytest.approx(6_000, abs=1.0)
+    finally:
+        store.close()
+        RedisStore(redis_url, prefix=prefix).reset()

@@ -68,6 +68,9 @@ class Tokens:
         self.confirmed: dict[str, tuple[int, list[float]]] = {}
         #: name -> when the shared line ended, as the last answer said (the caller's clock)
         self.line_end: dict[str, float] = {}
+        #: name -> the numbers of reservations whose answers were lost (the caller went on
+        #: without them): told to the store, which gives back those it admitted
+        self.lost: dict[str, dict[int, None]] = {}
 
     def key(self, name: str) -> str:
         return f"{self.conn.prefix}:tokens:{{{name}}}"
@@ -94,11 +97,21 @@ class Tokens:
         # the store no longer knows this process); then its number and the refunds in all
         confirmed = self.confirmed.get(ask.name, (0, [0.0, 0.0, 0.0, 0.0]))[1]
         args[13:17] = [a - c for a, c in zip(asked, confirmed, strict=True)]
-        args += [seq, *asked]
+        with self._lock:
+            lost = list(self.lost.get(ask.name, ()))
+        args += [seq, *asked, " ".join(map(str, lost))]
         r = yield ("tokens", self.key(ask.name), args)
         if r is None:  # Redis is away: this process's memory, with its share of the limits
+            if need is not None:
+                with self._lock:
+                    gone = self.lost.setdefault(ask.name, {})
+                    gone[seq] = None
+                    while len(gone) > 16:  # the store keeps the last 32 admitted
+                        del gone[next(iter(gone))]
             return self._local_exchange(ask)
         with self._lock:
+            for number in lost:
+                self.lost.get(ask.name, {}).pop(number, None)
             self.away.discard(ask.name)
             if seq > self.confirmed.get(ask.name, (0, []))[0]:
                 self.confirmed[ask.name] = (seq, asked)

@@ -25,8 +25,13 @@ __all__ = ["TOKENS"]
 # and changes nothing; an older one changes nothing; a newer one applies the refunds it
 # adds to the kept total. So a refund counts once however often it travels. (A process
 # whose field is gone, unheard of for MEMBER_TTL seconds, applies the refunds of its ask:
-# those since its last answer.)
-TOKENS = """
+# those since its last answer.) ARGV[36]: the numbers of the process's reservations whose
+# answers it never got (it went on without them): the script keeps the needs of the last
+# reservations it admitted per process (field r:<id>) and gives back those it finds there,
+# so a reservation nobody waits for does not hold its tokens; one not found never ran, and
+# will not (its number is below the one this ask leaves).
+TOKENS = (
+    """
 local function fmt(x) return string.format('%.17g', x) end
 local k = KEYS[1]
 local now, mode, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
@@ -65,6 +70,25 @@ if q then
 else
   for i = 1, 4 do refund[i] = tonumber(ARGV[13 + i]) end
 end
+-- the reservations whose answers the process lost: what they took goes back
+local rk = 'r:' .. ARGV[29]
+local held = {}
+for x in string.gmatch(redis.call('HGET', k, rk) or '', '%S+') do held[#held + 1] = x end
+if ARGV[36] ~= '' then
+  local lost = {}
+  for x in string.gmatch(ARGV[36], '%S+') do lost[x] = true end
+  local kept = {}
+  for _, entry in ipairs(held) do
+    local parts = {}
+    for y in string.gmatch(entry, '[^,]+') do parts[#parts + 1] = y end
+    if lost[parts[1]] then
+      for i = 1, 4 do refund[i] = refund[i] + tonumber(parts[1 + i]) end
+    else
+      kept[#kept + 1] = entry
+    end
+  end
+  held = kept
+end
 -- the settlement: refunds, the headers' limits and levels, a pause
 local s = 13
 local seen_at, pause, answered = tonumber(ARGV[s + 13]), tonumber(ARGV[s + 14]), tonumber(ARGV[s + 15])
@@ -95,7 +119,10 @@ if ARGV[30] == '1' then
   for j = 1, #all, 2 do
     if string.sub(all[j], 1, 2) == 'm:' then
       if tonumber(all[j + 1]) >= now - MEMBER_TTL then members = members + 1
-      else redis.call('HDEL', k, all[j], 'q:' .. string.sub(all[j], 3)) end
+      else
+        local id = string.sub(all[j], 3)
+        redis.call('HDEL', k, all[j], 'q:' .. id, 'r:' .. id)
+      end
     end
   end
 end
@@ -111,6 +138,14 @@ local function answer(admitted, wait, retry_in)
   save()
   redis.call('HSET', k, qk, table.concat({ARGV[31], ARGV[32], ARGV[33], ARGV[34], ARGV[35],
                                           admitted, wait, retry_in}, ' '))
+  if admitted == 1 then  -- kept, the last HELD of them, in case its answer is lost
+    local n = {}
+    for i = 1, 4 do n[i] = fmt(math.min(tonumber(ARGV[9 + i]), math.max(cap[i], 0))) end
+    held[#held + 1] = ARGV[31] .. ',' .. table.concat(n, ',')
+    while #held > HELD do table.remove(held, 1) end
+  end
+  if #held > 0 then redis.call('HSET', k, rk, table.concat(held, ' '))
+  else redis.call('HDEL', k, rk) end
   return {admitted, wait, retry_in, members, fmt(math.max(0, t - now))}
 end
 if mode ~= 'reserve' then return answer(0, '0', '0') end
@@ -139,4 +174,7 @@ end
 t = math.max(t, go)
 if known == 0 then probe_until = now + probe_timeout end
 return answer(1, fmt(wait), '0')
-""".replace("PROBE_WAIT", repr(PROBE_WAIT)).replace("MEMBER_TTL", repr(MEMBER_TTL))
+""".replace("PROBE_WAIT", repr(PROBE_WAIT))
+    .replace("MEMBER_TTL", repr(MEMBER_TTL))
+    .replace("HELD", "32")
+)
