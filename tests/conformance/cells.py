@@ -123,11 +123,12 @@ def test_hand_over_to_a_person(adapter: Adapter, tmp_path: Path, shell: Mode) ->
 
 
 @cell(Cell.NESTED)
-def test_a_nested_agent_is_one_run(adapter: Adapter, tmp_path: Path) -> None:
+@SHELLS
+def test_a_nested_agent_is_one_run(adapter: Adapter, tmp_path: Path, shell: Mode) -> None:
     """The framework's handoff or nested agent: the second agent's model turns and tool calls
     count in the same run (the budget holds across both)."""
     world = World([])
-    out = adapter.nested(world, guard(tmp_path, budget=Budget(max_model_calls=3)), "async")
+    out = adapter.nested(world, guard(tmp_path, budget=Budget(max_model_calls=3)), shell)
     assert world.requests == 3 and out.usage.model_calls == 3
     assert out.stopped_because is StopReason.MAX_MODEL_CALLS
 

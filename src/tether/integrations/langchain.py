@@ -19,6 +19,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Annotated, Any, NotRequired, Unpack, cast
 
@@ -129,6 +130,23 @@ class _Hold:
     def __init__(self, run: Run) -> None:
         self.run = run
         self.done = False
+
+
+#: the run of the tool call being made now: an agent run inside it (a sub-agent that a tool
+#: runs, with its own middleware) joins that run instead of starting one
+_CALLER: ContextVar[Run | None] = ContextVar("tether_langchain_caller", default=None)
+
+
+def _joined() -> _Hold | None:
+    """A hold of the caller's run when this hook runs inside a guarded tool call (a
+    sub-agent): its model turns and tool calls count there, under its budgets; the caller's
+    agent ends it. Never let go through the middleware's own bookkeeping (``done``)."""
+    run = _CALLER.get()
+    if run is None:
+        return None
+    hold = _Hold(run)
+    hold.done = True
+    return hold
 
 
 class TetherFields(TypedDict, total=False):
@@ -373,6 +391,10 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
                 held.last = (doc.get("run_id"), *_progress(doc))
         return doc
 
+    def _doc(self, hold: _Hold) -> _Doc | None:
+        """:meth:`_put`, or None for a joined run (its document is the caller's)."""
+        return None if _CALLER.get() is hold.run else self._put(hold)
+
     def _let_go(self, hold: _Hold) -> None:
         """Let go of a hold without a snapshot (the run ended, or the hook failed: the state
         keeps the snapshot it had, and the next hook rebuilds the run from it)."""
@@ -404,6 +426,8 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         return key
 
     def before_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
+        if _CALLER.get() is not None:  # a sub-agent inside a guarded tool call: it joins
+            return {"tether_run": None, "tether_resume": None, "tether_ended": None}
         task = ""
         for message in state.get("messages", []):
             if getattr(message, "type", "") == "human":
@@ -423,6 +447,12 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
 
     @hook_config(can_jump_to=["end"])
     def before_model(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
+        caller = _CALLER.get()
+        if caller is not None:  # the caller's run decides; its agent ends it
+            if caller.stopped is None and caller.proceed():
+                return None
+            reason = caller.stopped.value if caller.stopped is not None else "stopped"
+            return {"jump_to": "end", "messages": [AIMessage(content=f"stopped: {reason}")]}
         hold = self._must_take(state)
         try:
             run = hold.run
@@ -437,7 +467,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         return self.before_model(state, runtime)
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        hold = self._must_take(request.state)
+        hold = _joined() or self._must_take(request.state)
         try:
             run = hold.run
             chain = self._chain(request)
@@ -446,7 +476,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
                 try:  # the guard's token budget may make the call wait for its place
                     turn = run.model_turn(**self._model_call(asked)).open()
                 except Stopped:  # a wait past the run's time: stopped before the request
-                    return _no_reply(self._put(hold))
+                    return _no_reply(self._doc(hold))
                 try:
                     response = turn.call(handler, asked, policy=policy, breaker_wait=last)
                 except Exception as exc:
@@ -457,13 +487,13 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
                     turn.gave_way(exc)
                     raise
                 self._count(turn, response)
-                return _with_run(response, self._put(hold))
+                return _with_run(response, self._doc(hold))
             raise AssertionError("unreachable: the last model answers or fails")  # pragma: no cover
         finally:
             self._let_go(hold)
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        hold = self._must_take(request.state)
+        hold = _joined() or self._must_take(request.state)
         try:
             run = hold.run
             chain = self._chain(request)
@@ -472,7 +502,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
                 try:  # the token budget's wait sleeps on the event loop
                     turn = await run.amodel_turn(**self._model_call(asked)).aopen()
                 except Stopped:
-                    return _no_reply(self._put(hold))
+                    return _no_reply(self._doc(hold))
                 try:
                     response = await turn.acall(handler, asked, policy=policy, breaker_wait=last)
                 except Exception as exc:
@@ -483,7 +513,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
                     turn.gave_way(exc)
                     raise
                 self._count(turn, response)
-                return _with_run(response, self._put(hold))
+                return _with_run(response, self._doc(hold))
             raise AssertionError("unreachable: the last model answers or fails")  # pragma: no cover
         finally:
             self._let_go(hold)
@@ -521,9 +551,10 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         once the run is ended and filed, as a plain program would raise it."""
         turn.fail(exc)
         if programming_error(exc):
-            self._finish(hold.run, state)
+            if _CALLER.get() is None:  # a joined run is the caller's to end
+                self._finish(hold.run, state)
             raise exc
-        return _no_reply(self._put(hold))
+        return _no_reply(self._doc(hold))
 
     def _count(self, turn: ModelTurn, response: Any) -> None:
         """Each AI message of the reply counted in the turn (none: an unmeasured call)."""
@@ -539,6 +570,8 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             turn.record(unmeasured=True)
 
     def after_agent(self, state: TetherState, runtime: Any) -> dict[str, Any] | None:
+        if _CALLER.get() is not None:  # a joined run goes on in the caller's agent
+            return None
         if state.get("tether_run") is None and isinstance(state.get("tether_ended"), Mapping):
             return None  # a guard ended the turn already (its outcome is in the update)
         hold = self._must_take(state)
@@ -587,26 +620,39 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     # --- tools ----------------------------------------------------------------------
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        hold = self._must_take(request.state)
+        joined = _joined()
+        hold = joined or self._must_take(request.state)
         try:
-            return _and_run(self._tools.call(hold.run, request, handler), self._put(hold))
+            token = _CALLER.set(hold.run)  # an agent the tool runs joins this run
+            try:
+                reply = self._tools.call(hold.run, request, handler)
+            finally:
+                _CALLER.reset(token)
+            return _and_run(reply, self._doc(hold))
         except _signals():  # LangGraph's control flow (interrupt()): the run goes on
             raise
         except Exception as exc:
-            self._raised(hold.run, request.state, exc)
+            if joined is None:
+                self._raised(hold.run, request.state, exc)
             raise
         finally:
             self._let_go(hold)
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        hold = self._must_take(request.state)
+        joined = _joined()
+        hold = joined or self._must_take(request.state)
         try:
-            reply = await self._tools.acall(hold.run, request, handler)
-            return _and_run(reply, self._put(hold))
+            token = _CALLER.set(hold.run)  # an agent the tool runs joins this run
+            try:
+                reply = await self._tools.acall(hold.run, request, handler)
+            finally:
+                _CALLER.reset(token)
+            return _and_run(reply, self._doc(hold))
         except _signals():  # LangGraph's control flow (interrupt()): the run goes on
             raise
         except Exception as exc:
-            self._raised(hold.run, request.state, exc)
+            if joined is None:
+                self._raised(hold.run, request.state, exc)
             raise
         finally:
             self._let_go(hold)
@@ -720,7 +766,7 @@ def _max_output(request: Any) -> int:
     return DEFAULT_MAX_OUTPUT
 
 
-def _no_reply(doc: Mapping[str, Any]) -> Any:
+def _no_reply(doc: Mapping[str, Any] | None) -> Any:
     """The model was not called or failed for good (the run stopped): an empty reply, after
     which the agent ends with the customer message."""
     from langchain.agents.middleware.types import ModelResponse
@@ -728,8 +774,9 @@ def _no_reply(doc: Mapping[str, Any]) -> Any:
     return _with_run(ModelResponse(result=[AIMessage(content="")]), doc)
 
 
-def _with_run(response: Any, doc: Mapping[str, Any]) -> Any:
-    """The model's response, and the run as it stands (``doc``), for the checkpoint."""
+def _with_run(response: Any, doc: Mapping[str, Any] | None) -> Any:
+    """The model's response, and the run as it stands (``doc``, for the checkpoint; None
+    for a sub-agent that joined its caller's run)."""
     from langchain.agents.middleware.types import ExtendedModelResponse
     from langgraph.types import Command
 
@@ -747,7 +794,7 @@ def _with_run(response: Any, doc: Mapping[str, Any]) -> Any:
     return ExtendedModelResponse(model_response=response, command=Command(update=update))
 
 
-def _and_run(reply: Any, doc: Mapping[str, Any]) -> list[Any]:
+def _and_run(reply: Any, doc: Mapping[str, Any] | None) -> list[Any]:
     """The tool's reply as it is, and the run as it stands (``doc``: a state update of its
     own)."""
     from langgraph.types import Command

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
-from conformance.suite import INPUT_TOKENS, OUTPUT_TOKENS, Adapter, Cell, Mode, Turn, World, ask
+from conformance.suite import INPUT_TOKENS, OUTPUT_TOKENS, Adapter, Mode, Turn, World, ask
 from tether import Guard
 
 _ids = itertools.count()
@@ -71,12 +71,6 @@ class Middleware(Adapter):
     id = "langchain"
     name = "LangChain `create_agent` + `TetherMiddleware`"
 
-    not_applicable: ClassVar[dict[Cell, str]] = {
-        Cell.NESTED: "not built: create_agent has no handoff, and a sub-agent that a tool "
-        "runs (its own create_agent and middleware) starts a run of its own, so its model "
-        "calls are not counted in the caller's budget (PydanticAI's Delegate joins them)",
-    }
-
     reasks_after_resume = True  # the approved call runs when the model asks for it again
     raises_tool_errors = True  # ToolNode's default handle_tool_errors raises it
 
@@ -87,6 +81,31 @@ class Middleware(Adapter):
 
         return create_agent(model(world), tools=tools(world, asynchronous),
                             middleware=[TetherMiddleware(guard, **rules)])  # fmt: skip
+
+    def nested(self, world: World, guard: Guard, mode: Mode) -> Any:
+        """A sub-agent that a tool runs (LangChain's subagents: create_agent has no handoff),
+        built with its own middleware on the same guard: it joins the caller's run."""
+        from langchain.agents import create_agent
+        from langchain_core.tools import StructuredTool
+
+        from tether.integrations.langchain import TetherMiddleware
+
+        inner = self.agent(world, guard, mode == "async")
+
+        def ask_refunds(question: str) -> str:
+            """Ask the refunds agent."""
+            return str(inner.invoke({"messages": [("user", question)]})["messages"][-1].content)
+
+        async def aask_refunds(question: str) -> str:
+            """Ask the refunds agent."""
+            state = await inner.ainvoke({"messages": [("user", question)]})
+            return str(state["messages"][-1].content)
+
+        tool = StructuredTool.from_function(ask_refunds, coroutine=aask_refunds)
+        outer = create_agent(model(world), tools=[tool], middleware=[TetherMiddleware(guard)])
+        world.turns = [ask(("ask_refunds", {"question": "refund A-1"})),
+                       *[ask(("search", {"q": f"A-{i}"})) for i in range(10)]]  # fmt: skip
+        return drive(outer, {"messages": [("user", "refund A-1")]}, mode)["tether_outcome"]
 
     def run(self, world: World, guard: Guard, mode: Mode, **rules: Any) -> Any:
         agent = self.agent(world, guard, mode == "async", **rules)
