@@ -34,7 +34,17 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Unpack
 
-from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError, UnknownModelError
+from tether import (
+    Guard,
+    ModelTurn,
+    Outcome,
+    RequestUsage,
+    Run,
+    Stopped,
+    StopReason,
+    ToolError,
+    UnknownModelError,
+)
 from tether._errors import Picklable, require
 from tether.classification._classify import programming_error
 from tether.guards._tokens import estimate_tokens
@@ -113,6 +123,7 @@ class _Live:
         "retries",
         "rules",
         "run",
+        "turns",
         "usage",
     )
 
@@ -127,6 +138,7 @@ class _Live:
         # the breaker asked before the attempt in flight, and its permit
         self.permit: tuple[Any, str] | None = None
         self.retries = ModelRetries(policy, run)
+        self.turns: list[ModelTurn] = []  # the model turns of the requests in flight
         self.raised: list[BaseException] = []  # what the tools raised themselves
         # PydanticAI's RunUsage of the run (a delegate with usage=ctx.usage adds to it), its
         # totals when the run began, and what tether counted of it: (requests, in, out)
@@ -337,12 +349,23 @@ class TetherCapability(AbstractCapability[Any]):
             self._finish(str(ctx.run_id), run, self._messages(ctx))
             raise error
         elif programming_error(error):  # a bug (a bad call...): raised as it is, the run filed
-            run.model_call_failed(error)
+            self._turn_failed(ctx, run, error)
             self._finish(str(ctx.run_id), run, self._messages(ctx))
             raise error
         else:  # the model failed after its retries, or misbehaved
-            run.model_call_failed(error)
+            self._turn_failed(ctx, run, error)
         raise RunStopped(self._finish(str(ctx.run_id), run, self._messages(ctx))) from None
+
+    def _turn_failed(self, ctx: Any, run: Run, error: BaseException) -> None:
+        """The run stops for a model request that failed after its retries: through the
+        request's model turn (a failure outside one: the run's own stop for it)."""
+        live = self._state(ctx)
+        turns = live.turns if live is not None else []
+        if turns:
+            turns.pop(0).fail(error)
+            turns.clear()
+        else:
+            run.model_call_failed(error)
 
     def _messages(self, ctx: Any) -> list[Any]:
         live = self._state(ctx)
@@ -375,16 +398,23 @@ class TetherCapability(AbstractCapability[Any]):
             raise Stopped(run.stopped, run.stop_detail)
         model = request_context.model
         if free_test_model(model):  # no provider: no price, no place in a token budget
-            await run.abegin_model_call()
+            turn = run.amodel_turn()
         else:  # the request's place in the guard's token budget (a retry has it already)
             first = request_context.attempt <= 1
-            await run.abegin_model_call(
-                model=str(getattr(model, "model_name", "") or ""),
+            turn = run.amodel_turn(
+                str(getattr(model, "model_name", "") or ""),
                 provider=_provider(model),
-                estimated_input_tokens=_estimate(request_context) if first else None,
-                max_output_tokens=_max_output(request_context),
+                estimate=_estimate(request_context) if first else None,
+                max_output=_max_output(request_context),
             )
-        return await handler(request_context)
+        live.turns.append(await turn.aopen())
+        try:
+            return await handler(request_context)
+        except BaseException as exc:  # this attempt has no reply: its reservations go back
+            if turn in live.turns:
+                live.turns.remove(turn)
+                turn.gave_way(exc)
+            raise
 
     async def prepare_model_request(self, ctx: Any, request_context: Any) -> Any:
         """Each attempt asks the provider's breaker first (waiting for its next probe when
@@ -417,13 +447,16 @@ class TetherCapability(AbstractCapability[Any]):
         live.counted[2] += int(usage.output_tokens)
         cache_read, cache_write = int(usage.cache_read_tokens), int(usage.cache_write_tokens)
         model = response.model_name or str(getattr(request_context.model, "model_name", ""))
-        live.run.record_model_call(
-            model=model,
+        turn = live.turns.pop(0) if live.turns else live.run.model_turn(model)
+        turn.record(
+            RequestUsage(
+                input_tokens=max(0, int(usage.input_tokens) - cache_read - cache_write),
+                output_tokens=int(usage.output_tokens),
+                cache_write_tokens=cache_write,
+                cache_read_tokens=cache_read,
+                model=model,
+            ),
             provider=response.provider_name or _provider(request_context.model),
-            input_tokens=max(0, int(usage.input_tokens) - cache_read - cache_write),
-            output_tokens=int(usage.output_tokens),
-            cache_read_tokens=cache_read,
-            cache_write_tokens=cache_write,
             unmeasured=bool(getattr(usage, "unmeasured_requests", 0)),
             cost_usd=0.0 if free_test_model(request_context.model) else None,
         )
