@@ -18,7 +18,7 @@ BENCH = ROOT / "benchmarks" / "src" / "tether"
 LAYERS = [
     ["tether._errors", "tether.redaction", "tether._version"],
     ["tether.clock"],
-    ["tether.classification", "tether.backoff"],
+    ["tether.classification", "tether.backoff", "tether.providers"],
     ["tether.telemetry", "tether.stores"],
     ["tether.guards"],
     ["tether.retries"],

@@ -82,6 +82,7 @@ if TYPE_CHECKING:
     from tether.guards._budget import RetryBudget
     from tether.guards._limiter import AdaptiveLimiter
     from tether.guards._tokens import TokenBudget
+    from tether.providers._usage import RequestUsage
     from tether.records._approvals import ApprovalError, ApprovalRecord
     from tether.records._collections import (
         CheckpointError,
@@ -110,7 +111,6 @@ if TYPE_CHECKING:
     from tether.run._scopes import BudgetScopes
     from tether.run._tool import Tool
     from tether.run._turn import ModelTurn
-    from tether.run._usage import RequestUsage
 
 #: public name -> the module it is imported from on first use
 _LAZY: dict[str, str] = {
@@ -148,7 +148,7 @@ _LAZY: dict[str, str] = {
     "PriceTable": "tether.run._pricing",
     "Records": "tether.records._records",
     "RedactedArguments": "tether.records._collections",
-    "RequestUsage": "tether.run._usage",
+    "RequestUsage": "tether.providers._usage",
     "RetryBudget": "tether.guards._budget",
     "Run": "tether.run._run",
     "StopReason": "tether.run._outcome",

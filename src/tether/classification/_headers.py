@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tether.providers import anthropic, openai_chat
+
 __all__ = [
     "RESET_HEADERS",
     "RETRY_AFTER_CEILING",
@@ -108,43 +110,21 @@ def _parse_reset(value: str, now_wall: float) -> float | None:
         return None
 
 
+_A, _O = anthropic.RATE_HEADERS, openai_chat.RATE_HEADERS
+
+
+def _rrl(names: tuple[str, str, str]) -> tuple[str, str, str]:
+    """A provider profile's (limit, remaining, reset) as (reset, remaining, limit)."""
+    return names[2], names[1], names[0]
+
+
 #: the rate-limit buckets a provider's headers describe: per bucket, its headers as
 #: (reset, remaining, limit), one triple per provider shape
 BUCKET_HEADERS: dict[str, tuple[tuple[str, str, str], ...]] = {
-    "requests": (
-        (
-            "anthropic-ratelimit-requests-reset",
-            "anthropic-ratelimit-requests-remaining",
-            "anthropic-ratelimit-requests-limit",
-        ),
-        (
-            "x-ratelimit-reset-requests",
-            "x-ratelimit-remaining-requests",
-            "x-ratelimit-limit-requests",
-        ),
-    ),
-    "tokens": (
-        (
-            "anthropic-ratelimit-tokens-reset",
-            "anthropic-ratelimit-tokens-remaining",
-            "anthropic-ratelimit-tokens-limit",
-        ),
-        ("x-ratelimit-reset-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-limit-tokens"),
-    ),
-    "input": (
-        (
-            "anthropic-ratelimit-input-tokens-reset",
-            "anthropic-ratelimit-input-tokens-remaining",
-            "anthropic-ratelimit-input-tokens-limit",
-        ),
-    ),
-    "output": (
-        (
-            "anthropic-ratelimit-output-tokens-reset",
-            "anthropic-ratelimit-output-tokens-remaining",
-            "anthropic-ratelimit-output-tokens-limit",
-        ),
-    ),
+    "requests": (_rrl(_A["requests"]), _rrl(_O["requests"])),
+    "tokens": (_rrl(_A["tokens"]), _rrl(_O["tokens"])),
+    "input": (_rrl(_A["input-tokens"]),),
+    "output": (_rrl(_A["output-tokens"]),),
     "any": (  # one limit per key: IETF RateLimit, GitHub, Twitter
         ("ratelimit-reset", "ratelimit-remaining", "ratelimit-limit"),
         ("x-ratelimit-reset", "x-ratelimit-remaining", "x-ratelimit-limit"),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import re
 
+from tether.providers import anthropic, openai_chat
+
 __all__ = [
     "CANCELLATION",
     "GRPC_PERMANENT",
@@ -45,26 +47,17 @@ UNSENT_ERRNOS = frozenset(
     {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTDOWN}
 )
 
-QUOTA_CODES = frozenset(
-    {
-        # OpenAI
-        "insufficient_quota",
-        "credit_balance_exhausted",
-        "organization_spend_limit_exceeded",
-        "project_spend_limit_exceeded",
-        "organization_usage_limit_exceeded",
-        "billing_hard_limit_reached",
-        "billing_not_active",
-        # Anthropic (error.type, and error.details.error_code)
-        "billing_error",
-        "enforced_spend_limit_reached",
-        "contract_spend_limit_reached",
-        "linked_organization_spend_limit_reached",
-        # AWS, Google
-        "LimitExceededException",
-        "ServiceQuotaExceededException",
-        "QUOTA_EXCEEDED",
-    }
+QUOTA_CODES = (
+    anthropic.QUOTA_CODES
+    | openai_chat.QUOTA_CODES
+    | frozenset(
+        {
+            # AWS, Google
+            "LimitExceededException",
+            "ServiceQuotaExceededException",
+            "QUOTA_EXCEEDED",
+        }
+    )
 )
 RATE_CODES = frozenset(
     {

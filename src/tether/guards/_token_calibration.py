@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tether.classification._headers import _header, _parse_reset, retry_after_from_headers
+from tether.providers import anthropic, openai_chat
 from tether.stores._tokens import Settlement
 
 if TYPE_CHECKING:
@@ -31,35 +32,14 @@ __all__ = [
     "settlement_of",
 ]
 
-#: header names per bucket (requests, input, output, tokens): limit, remaining, reset
+#: header names per bucket (requests, input, output, tokens): limit, remaining, reset, from
+#: the provider profiles (Anthropic's "tokens" bucket is the stricter of its input and output)
+_A, _O = anthropic.RATE_HEADERS, openai_chat.RATE_HEADERS
 _HEADERS = (
-    [
-        (
-            "anthropic-ratelimit-requests-limit",
-            "anthropic-ratelimit-requests-remaining",
-            "anthropic-ratelimit-requests-reset",
-        ),
-        (
-            "x-ratelimit-limit-requests",
-            "x-ratelimit-remaining-requests",
-            "x-ratelimit-reset-requests",
-        ),
-    ],
-    [
-        (
-            "anthropic-ratelimit-input-tokens-limit",
-            "anthropic-ratelimit-input-tokens-remaining",
-            "anthropic-ratelimit-input-tokens-reset",
-        )
-    ],
-    [
-        (
-            "anthropic-ratelimit-output-tokens-limit",
-            "anthropic-ratelimit-output-tokens-remaining",
-            "anthropic-ratelimit-output-tokens-reset",
-        )
-    ],
-    [("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")],
+    [_A["requests"], _O["requests"]],
+    [_A["input-tokens"]],
+    [_A["output-tokens"]],
+    [_O["tokens"]],
 )
 
 

@@ -30,6 +30,7 @@ from tether.guards._token_calibration import (
     settlement_of,
 )
 from tether.guards._token_line import Line, Outbox, Plan, adrive, drive
+from tether.providers import provider_of
 from tether.stores._base import bind_name
 from tether.stores._memory import default_store
 from tether.stores._tokens import TokenConfig, token_ops
@@ -355,15 +356,6 @@ def pick(budgets: tuple[TokenBudget, ...], provider: str, model: str) -> TokenBu
     """The budget that counts ``model`` at ``provider``: the longest family that matches."""
     found = [b for b in budgets if b.covers(provider, model)]
     return max(found, key=lambda b: len(b.family)) if found else None
-
-
-def provider_of(model: str) -> str | None:
-    """The provider a model name says, when it says one."""
-    if model.startswith("claude"):
-        return "anthropic"
-    if model.startswith(("gpt-", "o1", "o3", "o4", "chatgpt")):
-        return "openai"
-    return None
 
 
 def budget_for(

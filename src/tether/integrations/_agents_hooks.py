@@ -17,7 +17,7 @@ from typing import Any
 from tether import ModelTurn, RequestUsage, Run, Stopped, StopReason
 from tether._errors import Picklable, require
 from tether.guards._tokens import estimate_tokens
-from tether.integrations._usage import openai_responses_usage
+from tether.providers import openai_responses
 
 require("agents", "openai-agents")
 
@@ -110,7 +110,7 @@ class TetherHooks(RunHooks[Any]):
         self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse
     ) -> None:
         turn = self.answered() or self.run.model_turn(self.model or model_name(agent))
-        turn.record(openai_responses_usage(response) or RequestUsage())
+        turn.record(openai_responses.usage(response) or RequestUsage())
 
     def answered(self) -> ModelTurn | None:
         """A request of this run got its answer, or failed for good: no longer in flight;

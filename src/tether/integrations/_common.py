@@ -27,7 +27,7 @@ from tether.integrations._fallbacks import acall_chain, call_chain, candidates, 
 from tether.integrations._tokens import TokenGate, gate_for
 from tether.integrations._tool_options import SideEffects, ToolOptions
 from tether.integrations._translate import translation
-from tether.integrations._usage import RequestUsage, UsageReader, stream_usage
+from tether.providers._usage import RequestUsage, UsageReader, stream_usage
 from tether.retries._policy import RetryPolicy
 
 __all__ = [

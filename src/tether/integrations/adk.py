@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Unpack
 
-from tether import Guard, Outcome, Run, Stopped, StopReason, ToolError
+from tether import Guard, ModelTurn, Outcome, Run, Stopped, StopReason, ToolError
 from tether._errors import RunDocumentError, require
 from tether.integrations import _adk_confirm
 from tether.integrations._common import (
@@ -34,6 +34,7 @@ from tether.integrations._common import (
     ToolRules,
     require_a_place_to_wait,
 )
+from tether.providers import google
 
 require("google.adk", "adk")
 
@@ -59,12 +60,13 @@ _PARENT: contextvars.ContextVar[Run | None] = contextvars.ContextVar("tether_adk
 class _Live:
     """An invocation's run in this process: its own, or its parent's (an ``AgentTool``)."""
 
-    __slots__ = ("answer", "owned", "run")
+    __slots__ = ("answer", "owned", "run", "turn")
 
     def __init__(self, run: Run, owned: bool) -> None:
         self.run = run
         self.owned = owned
         self.answer = ""  # the last model text: the run's result when it succeeds
+        self.turn: ModelTurn | None = None  # the model turn of the request in flight
 
 
 def _text(content: Any) -> str:
@@ -307,13 +309,16 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
                 return _stop_reply(run)
         if not run.proceed():
             return _stop_reply(run)
+        turn = run.amodel_turn(
+            _model_name(llm_request, callback_context), max_output=_max_output(llm_request)
+        )
         try:
-            await run.abegin_model_call(
-                model=_model_name(llm_request, callback_context),
-                max_output_tokens=_max_output(llm_request),
-            )
+            await turn.aopen()
         except Stopped:  # a token budget's wait past the run's time
             return _stop_reply(run)
+        live = self._live.get(callback_context.invocation_id)
+        if live is not None:
+            live.turn = turn
         self._keep(callback_context, run)
         return None
 
@@ -328,18 +333,12 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
             return None
         run = live.run
         model = str(llm_response.model_version or _model_name(None, callback_context))
-        usage = llm_response.usage_metadata
+        turn, live.turn = live.turn or run.model_turn(model), None
+        usage = google.usage(llm_response)
         if usage is None:
-            run.record_model_call(model=model, unmeasured=True)
+            turn.record(model=model, unmeasured=True)
         else:
-            cached = usage.cached_content_token_count or 0
-            run.record_model_call(
-                model=model,
-                input_tokens=max(0, (usage.prompt_token_count or 0) - cached),
-                output_tokens=(usage.candidates_token_count or 0)
-                + (usage.thoughts_token_count or 0),
-                cache_read_tokens=cached,
-            )
+            turn.record(usage, model=model)
         text = _text(llm_response.content)
         if text:
             live.answer = text
@@ -350,16 +349,22 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         self, *, callback_context: Any, llm_request: Any, error: Exception
     ) -> LlmResponse | None:
         run = self._run(callback_context.invocation_id)
+        live = self._live.get(callback_context.invocation_id)
+        turn = (live.turn if live is not None else None) or run.model_turn()
         if isinstance(error, Stopped):
+            turn.gave_way(error)
             return _stop_reply(run)
         try:  # one retry layer: tether's policy, within the run's time (ADK has none of its own)
-            return await run.aretry_model_call(
-                self._policy, _again(error, callback_context, llm_request)
+            return await turn.acall(
+                _again(error, callback_context, llm_request), policy=self._policy
             )
-        except Stopped:
+        except Stopped as exc:
+            turn.gave_way(exc)
             return _stop_reply(run)
         except Exception as exc:
-            run.model_call_failed(exc)  # the run stops with the failure's reason
+            if live is not None:
+                live.turn = None
+            turn.fail(exc)  # the run stops with the failure's reason
             return _stop_reply(run)
 
     # --- tools ----------------------------------------------------------------------

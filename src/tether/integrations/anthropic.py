@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 from tether import Run, StopReason, Tool
 from tether.integrations._common import Guarded, guarding
 from tether.integrations._loop import AgentCall, Provider, ToolUse, Turns, agent_call, agent_shells
-from tether.integrations._usage import UsageReader, anthropic_usage
+from tether.providers import anthropic as profile
+from tether.providers._usage import UsageReader
 
 __all__ = ["GuardedAnthropic", "Tool", "arun_agent", "guarded", "run_agent"]
 
@@ -23,7 +24,7 @@ class GuardedAnthropic(Guarded):
     provider = "anthropic"
     chat_endpoint = "messages.create"
     namespaces: ClassVar[dict[str, dict[str, UsageReader]]] = {
-        "messages": {"create": anthropic_usage}
+        "messages": {"create": profile.usage}
     }
 
 

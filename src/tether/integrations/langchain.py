@@ -30,7 +30,6 @@ from tether import (
     Guard,
     ModelTurn,
     Outcome,
-    RequestUsage,
     Run,
     Stopped,
     StopReason,
@@ -48,6 +47,7 @@ from tether.integrations._common import (
 )
 from tether.integrations._fallbacks import gives_way
 from tether.integrations._tokens import DEFAULT_MAX_OUTPUT
+from tether.providers import langchain as langchain_profile
 from tether.retries._policy import RetryPolicy
 
 require("langchain", "langchain")
@@ -194,18 +194,7 @@ def _summary(outcome: Outcome) -> dict[str, Any]:
     }
 
 
-def _usage(message: Any) -> RequestUsage:
-    """A LangChain AI message's ``usage_metadata``: its ``input_tokens`` hold the cached ones."""
-    meta = getattr(message, "usage_metadata", None) or {}
-    details = meta.get("input_token_details") or {}
-    cache_read = int(details.get("cache_read") or 0)
-    cache_write = int(details.get("cache_creation") or 0)
-    return RequestUsage(
-        input_tokens=max(0, int(meta.get("input_tokens") or 0) - cache_read - cache_write),
-        output_tokens=int(meta.get("output_tokens") or 0),
-        cache_write_tokens=cache_write,
-        cache_read_tokens=cache_read,
-    )
+_usage = langchain_profile.usage
 
 
 def _model_name(model: Any) -> str:

@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 from tether import Run, StopReason, Tool
 from tether.integrations._common import Guarded, guarding
 from tether.integrations._loop import AgentCall, Provider, ToolUse, Turns, agent_call, agent_shells
-from tether.integrations._usage import UsageReader, openai_chat_usage, openai_responses_usage
+from tether.providers import openai_chat, openai_responses
+from tether.providers._usage import UsageReader
 
 __all__ = ["GuardedOpenAI", "Tool", "arun_agent", "guarded", "run_agent"]
 
@@ -22,8 +23,8 @@ class GuardedOpenAI(Guarded):
     provider = "openai"
     chat_endpoint = "chat.completions.create"
     namespaces: ClassVar[dict[str, dict[str, UsageReader]]] = {
-        "chat.completions": {"create": openai_chat_usage},
-        "responses": {"create": openai_responses_usage},
+        "chat.completions": {"create": openai_chat.usage},
+        "responses": {"create": openai_responses.usage},
     }
 
 

@@ -20,7 +20,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Unpack
 
-from tether import Guard, Outcome, Run, Stopped, ToolError
+from tether import Guard, ModelTurn, Outcome, Run, Stopped, ToolError
 from tether._errors import RunDocumentError, require
 from tether.integrations._common import (
     ModelRetries,
@@ -29,6 +29,7 @@ from tether.integrations._common import (
     ToolRules,
     require_a_place_to_wait,
 )
+from tether.providers import bedrock
 
 require("strands", "strands")
 
@@ -56,6 +57,8 @@ _CANCELLED = "tether_cancelled_model_call"
 _ATTEMPT, _RETRIES = "tether_model_attempt", "tether_model_retries"
 #: set while a failed model call is being retried (the next model call is the same step)
 _RETRYING = "tether_retrying_model_call"
+#: invocation_state's key of the model turn of the request in flight
+_TURN = "tether_model_turn"
 
 
 def _text(message: Any) -> str:
@@ -224,7 +227,7 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
         again = state.pop(_RETRYING, False)  # a retry of the step's call: the same step
         if run.stopped is None and (again or run.proceed()):
             try:
-                run.begin_model_call(model=_model_name(event.agent))
+                state[_TURN] = run.model_turn(_model_name(event.agent)).open()
                 return
             except Stopped:
                 pass
@@ -234,30 +237,21 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
     async def _after_model(self, event: Any) -> None:
         state = event.invocation_state
         run = self._run(state)
+        turn = state.pop(_TURN, None) or run.model_turn(_model_name(event.agent))
         if state.get(_CANCELLED) or event.stop_response is None:
             if event.exception is not None and not state.get(_CANCELLED):
-                if await self._retry(event, run):
+                if await self._retry(event, run, turn):
                     return
-                run.model_call_failed(event.exception)  # classified; Strands raises it on
+                turn.fail(event.exception)  # classified; Strands raises it on
             return
         state.pop(_ATTEMPT, None)
-        message = event.stop_response.message
-        usage = (
-            (message.get("metadata") or {}).get("usage") if isinstance(message, Mapping) else None
-        )
-        model = _model_name(event.agent)
-        if not usage:
-            run.record_model_call(model=model, unmeasured=True)
+        usage = bedrock.usage(event.stop_response.message)
+        if usage is None:
+            turn.record(unmeasured=True)
         else:
-            run.record_model_call(
-                model=model,
-                input_tokens=int(usage.get("inputTokens") or 0),
-                output_tokens=int(usage.get("outputTokens") or 0),
-                cache_read_tokens=int(usage.get("cacheReadInputTokens") or 0),
-                cache_write_tokens=int(usage.get("cacheWriteInputTokens") or 0),
-            )
+            turn.record(usage)
 
-    async def _retry(self, event: Any, run: Run) -> bool:
+    async def _retry(self, event: Any, run: Run, turn: ModelTurn) -> bool:
         """Whether the failed model call is tried again: tether's policy decides (the
         failure's classification, its two-tier backoff and ``Retry-After``, its attempts,
         the run's time left), waits, and asks Strands for the retry (``event.retry``), so
@@ -273,7 +267,7 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
         delay = retries.wait(classify(event.exception), attempt)
         if delay is None:
             return False
-        run.model_call_gave_way(event.exception)  # its reservation back: the retry reserves
+        turn.gave_way(event.exception)  # its reservation back: the retry reserves
         await self.guard.clock.asleep(delay)
         state[_RETRYING] = True
         event.retry = True

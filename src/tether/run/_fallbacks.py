@@ -17,10 +17,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from tether.providers import anthropic, openai_chat
+
 __all__ = ["PROVIDERS", "Fallback", "is_chat_model"]
 
 #: the providers whose requests tether builds (and can translate between, in ``run_agent``)
-PROVIDERS = ("anthropic", "openai")
+PROVIDERS = (anthropic.NAME, openai_chat.NAME)
 
 
 @dataclass(frozen=True, slots=True)

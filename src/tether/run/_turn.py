@@ -11,7 +11,7 @@ request, in the shape of stamina's ``retry_context``:
 * :meth:`ModelTurn.call` (``acall``): the request, an open provider breaker waited out as
   the run's time allows, the attempts under a retry policy within the run's time left,
   the retries counted;
-* :meth:`ModelTurn.record`: the reply's usage (a :class:`~tether.run._usage.RequestUsage`
+* :meth:`ModelTurn.record`: the reply's usage (a :class:`tether.RequestUsage`
   or its counts), priced and counted, the reservations settled;
 * on exit: a failure stops the run with the reason its classification gives (raised as
   :class:`tether.Stopped` from the failure; a programming error and a warning raised as an
@@ -36,9 +36,9 @@ from tether.run._outcome import Stopped
 from tether.run._pricing import UnknownModelError
 
 if TYPE_CHECKING:
+    from tether.providers._usage import RequestUsage
     from tether.retries._policy import RetryPolicy
     from tether.run._runstate import RunState
-    from tether.run._usage import RequestUsage
 
 T = TypeVar("T")
 

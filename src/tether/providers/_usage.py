@@ -1,12 +1,14 @@
-"""The usage of one model request: a frozen value, made by one converter per provider's
-reply shape (``tether.providers``), counted by the run (:meth:`tether.Run.model_turn`)."""
+"""The usage of one model request: a frozen value, made by one converter per provider
+profile (``usage(reply)`` in each module of :mod:`tether.providers`), counted by the run
+(:meth:`tether.Run.model_turn`), streamed or not."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RequestUsage"]
+__all__ = ["RequestUsage", "UsageReader", "count", "model_of", "stream_usage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,3 +49,32 @@ class RequestUsage:
             "cache_read_tokens": self.cache_read_tokens,
             "model": self.model,
         }
+
+
+#: reads a reply object (a message, a completion, a response, a stream chunk) -> its usage
+UsageReader = Callable[[Any], "RequestUsage | None"]
+
+
+def count(obj: Any, name: str) -> int:
+    """A token count of a usage object or mapping: a positive int, else 0."""
+    if obj is None:
+        return 0
+    value = obj.get(name, 0) if isinstance(obj, dict) else getattr(obj, name, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def model_of(reply: Any, name: str = "model") -> str:
+    """The model a reply names (its ``model`` attribute), else ""."""
+    model = getattr(reply, name, "")
+    return model if isinstance(model, str) else ""
+
+
+def stream_usage(read: UsageReader, event: Any) -> RequestUsage | None:
+    """The usage one stream event reports, read as its reply shape is: Anthropic's
+    ``message_start`` carries the message, the Responses API's ``response.completed`` the
+    response, OpenAI's chat chunks and Anthropic's ``message_delta`` their own ``usage``."""
+    for name in ("message", "response"):
+        inner = getattr(event, name, None)
+        if inner is not None and not isinstance(inner, str | bytes):
+            return read(inner)
+    return read(event)
