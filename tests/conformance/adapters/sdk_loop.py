@@ -22,8 +22,8 @@ from scripted_server import Reply, ScriptedServer
 from tether import Guard, Tool
 
 NO_STREAM = (
-    "run_agent has no streaming entry point: it reads whole replies (a guarded client's "
-    "streams are counted alike: tests/test_usage_streams.py)"
+    "run_agent has no streaming entry point: it reads whole replies (streamed replies of a "
+    "guarded client are counted alike: the guarded client's row)"
 )
 NO_NESTING = "run_agent is one model's loop: the SDKs have no handoff or nested agent"
 
