@@ -11,6 +11,7 @@ FRAMEWORKS := .venv-frameworks
 FW_STAMP := $(FRAMEWORKS)/.installed
 FW_CONSTRAINTS := constraints-frameworks.txt
 FW_TESTS := tests/test_adk.py tests/test_strands.py tests/test_pickle.py tests/conformance/test_frameworks.py \
+	tests/test_tau_frameworks.py \
 	"tests/test_docs.py::test_examples_run[adk.md]" "tests/test_docs.py::test_examples_run[strands.md]"
 # the benchmark: the tether-bench distribution (package tether.bench), installed editable beside
 # the library so `make test` (tests/test_bench*.py) and `make bench` run this checkout's copy
@@ -22,7 +23,7 @@ CREW_STAMP := $(CREW)/.installed
 CREW_CONSTRAINTS := constraints-crewai.txt
 CREW_TESTS := tests/test_crewai.py "tests/test_docs.py::test_examples_run[crewai.md]"
 FW_OUT := --ignore=tests/test_adk.py --ignore=tests/test_strands.py \
-	--ignore=tests/conformance/test_frameworks.py \
+	--ignore=tests/conformance/test_frameworks.py --ignore=tests/test_tau_frameworks.py \
 	--ignore=tests/test_crewai.py --ignore=tests/test_litellm.py \
 	--deselect "tests/test_docs.py::test_examples_run[adk.md]" \
 	--deselect "tests/test_docs.py::test_examples_run[strands.md]" \

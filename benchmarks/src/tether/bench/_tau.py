@@ -211,7 +211,8 @@ def _loaded(folder: str) -> TauData:
 
 def _quiet() -> None:
     logging.getLogger("tether").setLevel(logging.CRITICAL)
-    for name in ("httpx", "httpx2", "openai", "anthropic", "openai.agents", "pydantic_ai"):
+    for name in ("httpx", "httpx2", "openai", "anthropic", "openai.agents", "pydantic_ai",
+                 "google_adk", "strands"):  # fmt: skip
         logging.getLogger(name).setLevel(logging.CRITICAL)
     warnings.simplefilter("ignore")
 
@@ -251,12 +252,12 @@ def run_tau(
     progress: Callable[[str, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the suite; ``suites.tau`` of the bench's JSON."""
-    from tether.bench._tau_policies import DEFAULT_POLICIES, POLICIES
+    from tether.bench._tau_policies import DEFAULT_POLICIES, POLICIES, installed
 
     folder = resolve_folder(folder)
     names = list(policies or DEFAULT_POLICIES)
     if "all" in names:
-        names = list(dict.fromkeys([*POLICIES, *(p for p in names if p != "all")]))
+        names = list(dict.fromkeys([*installed(), *(p for p in names if p != "all")]))
     unknown = [p for p in names if p not in POLICIES]
     if unknown:
         raise ValueError(

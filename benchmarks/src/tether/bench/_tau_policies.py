@@ -49,6 +49,7 @@ __all__ = [
     "MAX_TURNS",
     "POLICIES",
     "Ending",
+    "installed",
     "run_policy",
 ]
 
@@ -409,7 +410,18 @@ POLICIES: dict[str, Runner] = {
     "tether-no-lookup": lambda e: _tether_anthropic(e, None),
     "tether-blind-lookup": lambda e: _tether_anthropic(e, BLIND_LOOKUPS),
     "tether-5-attempts": lambda e: _tether_anthropic(e, LOOKUPS, attempts=5),
+    "adk": _virtual(lambda e: _frameworks().adk(e, tethered=False)),
+    "tether-adk": _virtual(lambda e: _frameworks().adk(e, tethered=True)),
+    "strands": _virtual(lambda e: _frameworks().strands(e, tethered=False)),
+    "tether-strands": _virtual(lambda e: _frameworks().strands(e, tethered=True)),
 }
+
+
+def _frameworks() -> Any:
+    """Google ADK's and Strands' policies (run where they are installed: .venv-frameworks)."""
+    from tether.bench import _tau_frameworks
+
+    return _tau_frameworks
 
 
 #: What ``--suite tau`` runs unless told: the loops and frameworks, and tether's loop and
@@ -418,8 +430,37 @@ POLICIES: dict[str, Runner] = {
 #: default ``RetryPolicy(max_attempts=5)``), and ``tether-openai``, whose figures are
 #: ``tether``'s (the same loop and decisions, async) at three times the cost, spent building
 #: the OpenAI SDK's requests.
-EXTRA_POLICIES = ("tether-no-lookup", "tether-blind-lookup", "tether-5-attempts", "tether-openai")
+#: ``adk``, ``tether-adk``, ``strands`` and ``tether-strands`` run where those frameworks are
+#: installed (``.venv-frameworks``), so only when named.
+EXTRA_POLICIES = (
+    "tether-no-lookup",
+    "tether-blind-lookup",
+    "tether-5-attempts",
+    "tether-openai",
+    "adk",
+    "tether-adk",
+    "strands",
+    "tether-strands",
+)
 DEFAULT_POLICIES = tuple(p for p in POLICIES if p not in EXTRA_POLICIES)
+
+
+#: the package each framework policy needs (``all`` takes a policy whose package is installed)
+_NEEDS = {"adk": "google.adk", "tether-adk": "google.adk", "strands": "strands",
+          "tether-strands": "strands"}  # fmt: skip
+
+
+def installed() -> list[str]:
+    """Every policy this environment can run (``--tau-policy all``)."""
+    import importlib.util
+
+    def can(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(_NEEDS[name]) is not None
+        except ModuleNotFoundError:
+            return False
+
+    return [p for p in POLICIES if p not in _NEEDS or can(p)]
 
 
 def run_policy(policy: str, episode: Episode) -> Ending:
