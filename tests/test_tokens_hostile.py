@@ -316,7 +316,7 @@ def test_processes_that_lost_redis_admit_their_share_not_a_bucket_each(
         # the processes do not know the shared levels: they start empty, no burst ...
         assert [take_all_settled(b, 100) for b in budgets] == [0, 0, 0, 0]
         assert all(s.degraded for s in stores)
-        clock.advance(60.0)  # ... and a minute of refill gives each its quarter
+        clock.advance(65.0)  # ... and after the grace, a minute of refill gives each a quarter
         taken = [take_all_settled(b, 100) for b in budgets]
         assert sum(taken) <= 6_000 + 4 * 100
         assert all(1_400 <= t <= 1_600 for t in taken), taken
@@ -463,4 +463,34 @@ def test_a_reservation_whose_answer_was_lost_gives_its_tokens_back(
         assert b.view()["levels"]["tokens"] == pytest.approx(6_000, abs=1.0)
     finally:
         store.close()
+        RedisStore(redis_url, prefix=prefix).reset()
+
+
+def test_a_process_on_a_short_blip_admits_nothing_from_its_memory(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One process of two loses Redis for 2 s: it admits nothing from its memory meanwhile,
+    its callers wait (it used to admit its half of the refill there, on top of what the
+    other process, still reaching Redis, admitted from the shared buckets: a burst the
+    provider refuses); after AWAY_GRACE it admits its share of the refill from then on."""
+    monkeypatch.setattr(redis_tokens, "MEMBER_EVERY", 0.0, raising=False)
+    proxy, prefix, (mine_store,) = stalling_stores(redis_url, 1)
+    theirs_store = RedisStore(redis_url, prefix=prefix, server_time=False)
+    clock = VirtualClock()
+    try:
+        mine, theirs = calibrated(mine_store, clock), openai_budget(theirs_store, clock)
+        theirs.settle(theirs.reserve(estimated_input_tokens=0, max_output_tokens=0),
+                      input_tokens=0, output_tokens=0, status=200)  # fmt: skip
+        take_all_settled(theirs, 1_000)  # the shared bucket is spent
+        mine.flush()
+        mine.reserve(estimated_input_tokens=0, max_output_tokens=0)  # mine hears of theirs
+        proxy.cut()
+        assert take_all_settled(mine, 50) == 0
+        clock.advance(2.0)
+        assert take_all_settled(mine, 50) == 0  # a blip: nothing from its memory
+        clock.advance(redis_tokens.AWAY_GRACE)  # 2 s past the grace: its half of 2 s of refill
+        assert 50 <= take_all_settled(mine, 50) <= 150
+    finally:
+        mine_store.close()
+        theirs_store.close()
         RedisStore(redis_url, prefix=prefix).reset()

@@ -11,8 +11,10 @@ warning, as for its other guards) and Redis is used again once it answers. The f
 holds this process's share of each limit, not the whole: every ``MEMBER_EVERY`` seconds a
 process's call also says it is here and asks how many processes used the name within
 ``MEMBER_TTL`` seconds, and while Redis is away it admits 1/that many of each limit (the
-whole, until it has heard a count). Its buckets start empty when Redis goes away (it does
-not know the shared levels): it admits its share of the refill, never a burst. What it
+whole, until it has heard a count). For ``AWAY_GRACE`` seconds it admits nothing (a blip
+ends sooner: its callers wait for Redis rather than admit what the processes still reaching
+it admit too); its buckets start empty then (it does not know the shared levels): it admits
+its share of the refill, never a burst. What it
 takes meanwhile is charged to the shared buckets with its next call that reaches Redis (the
 shared buckets refilled while it was away). So a fleet whose processes all lost Redis
 admits about one limit a minute between them, not a bucket per process at each timeout.
@@ -36,14 +38,25 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from tether.clock import system_clock
-from tether.stores._tokens import MEMBER_EVERY, Settlement, TokenConfig, tokens_view
+from tether.stores._tokens import (
+    MEMBER_EVERY,
+    PROBE_WAIT,
+    Settlement,
+    TokenConfig,
+    tokens_view,
+)
 from tether.stores.redis._tokens_lua import TOKENS
 
 if TYPE_CHECKING:
     from tether.stores._tokens import Answer, MemoryTokens, TokenAsk
     from tether.stores.redis._connection import Connection, Plan
 
-__all__ = ["TOKENS", "Tokens"]
+__all__ = ["AWAY_GRACE", "TOKENS", "Tokens"]
+
+#: for this long after Redis went away (on the budget's clock) a process admits nothing from
+#: its memory, its callers wait: a blip (a stall, a failover) is over before, and what the
+#: process would admit alone meanwhile, the processes that still reach Redis admit as well
+AWAY_GRACE = 5.0
 
 
 def _s(value: Any) -> str:
@@ -58,7 +71,8 @@ class Tokens:
         self.member = secrets.token_hex(8)  # this process (this store) among the name's users
         #: name -> (this process's share of the limits, when the store last said it)
         self.shares: dict[str, tuple[float, float]] = {}
-        self.away: set[str] = set()  # the names held in this process's memory now
+        #: the names held in this process's memory now, and since when (the ask's clock)
+        self.away: dict[str, float] = {}
         self._lock = threading.Lock()
         self._seq = itertools.count(1)
         #: name -> the refunds this process asked the shared buckets for, in all, less what
@@ -112,7 +126,7 @@ class Tokens:
         with self._lock:
             for number in lost:
                 self.lost.get(ask.name, {}).pop(number, None)
-            self.away.discard(ask.name)
+            self.away.pop(ask.name, None)
             if seq > self.confirmed.get(ask.name, (0, []))[0]:
                 self.confirmed[ask.name] = (seq, asked)
             if len(r) > 4:
@@ -137,11 +151,19 @@ class Tokens:
         shared buckets later."""
         local = self.local(ask)
         with self._lock:
-            if ask.name not in self.away:
-                self.away.add(ask.name)
-                # empty when the shared line ends: the calls it admitted go out until then
-                start = max(ask.now, self.line_end.get(ask.name, ask.now))
+            since = self.away.get(ask.name)
+            if since is None:
+                since = self.away[ask.name] = ask.now
+                # empty when the grace ends, or the shared line (the calls it admitted go
+                # out until then), whichever is later: no burst, and nothing promised twice
+                start = max(ask.now + AWAY_GRACE, self.line_end.get(ask.name, ask.now))
                 self.fallback.start_empty(ask.name, start, local.cfg)
+        grace = since + AWAY_GRACE - ask.now
+        if ask.need is not None and grace > 0:
+            # a blip, maybe: what the ask carries is kept here, nothing admitted yet; its
+            # callers wait (-1: as for a probe) and ask again soon
+            self.fallback.exchange(dataclasses.replace(local, need=None))
+            return False, -1.0, max(0.05, min(PROBE_WAIT, grace))
         answer = self.fallback.exchange(local)
         if answer[0] and ask.need is not None:
             # taken here: charged to the shared buckets with the next ask that reaches them
