@@ -193,3 +193,30 @@ def test_volatile_paths_reach_the_intent_key_in_a_pydantic_agent() -> None:
     out = asyncio.run(ta_pydantic.run(agent, "refund A-1", guard=Guard(), side_effects=["refund"],
                                       volatile={"refund": ["meta.nonce"]}))  # fmt: skip
     assert out.status == "success" and refunds == ["A-1"]
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["anthropic", "openai", "langchain", "langgraph", "openai_agents", "pydantic_ai", "mcp",
+     "dbos", "temporal"],
+)  # fmt: skip
+def test_no_entry_point_declares_the_options_again(module: str) -> None:
+    """A public entry point takes the per-tool option maps through ``**Unpack[ToolOptions]``,
+    never as parameters of its own (GraphGuard, tool_wrapper, atool_wrapper, guard_tools,
+    ToolGuard and TetherMiddleware declared them: 6 → 0); ``tether.Tool`` is one tool's."""
+    import importlib
+    import inspect
+
+    mod = importlib.import_module(f"tether.integrations.{module}")
+    own = []
+    for name in mod.__all__:
+        fn = getattr(mod, name)
+        if fn is tether.Tool or not callable(fn):
+            continue
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # pragma: no cover - a builtin
+            continue
+        own += [f"{name}({p.name})" for p in params
+                if p.name in ToolOptions.__optional_keys__ and p.kind is not p.VAR_KEYWORD]  # fmt: skip
+    assert own == []
