@@ -77,3 +77,41 @@ def test_import_tether_loads_no_store() -> None:
     probe += "print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert [m for m in json.loads(out.stdout) if m.startswith("tether.stores")] == []
+
+
+#: what the first run (import, start a run, one call_tool, its end) leaves unloaded until a
+#: feature needs it: ids from os.urandom (uuid imports platform), a tagged type's module
+#: when a value of it is met, hmac with a signing key, genai-prices' look-up with the first
+#: priced call, and the records' queries with records
+FIRST_RUN_LAZY = [
+    "uuid",
+    "platform",
+    "decimal",
+    "hmac",
+    "secrets",
+    "base64",
+    "importlib.util",
+    "tether.records._records",
+    "tether.records._runs",
+]
+
+
+def test_the_first_run_loads_what_it_uses() -> None:
+    """A first guarded run on the defaults loads none of FIRST_RUN_LAZY; each loads with its
+    feature (the probe can fail)."""
+    code = (
+        "import tether\nrun = tether.Guard().start(task='first')\n"
+        "run.call_tool('lookup', lambda order: {'order': order}, {'order': 'A1'})\n"
+        "run.succeed('done')\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert [m for m in FIRST_RUN_LAZY if m in json.loads(out.stdout)] == []
+    code = (
+        "import tether, uuid, decimal\nrun = tether.Guard(signing_key='k').start(task='t')\n"
+        "a = {'id': uuid.UUID(int=1), 'amount': decimal.Decimal('1.50'), 'b': b'x'}\n"
+        "print(tether.canonical_json(a))\n"
+        "print(tether.PriceTable().source in ('genai-prices', 'tether'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert '"$uuid":"00000000-0000-0000-0000-000000000001"' in out.stdout
+    assert '"$dec":"1.5"' in out.stdout and '"$bytes":"eA=="' in out.stdout

@@ -21,12 +21,11 @@ reads them back.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import dataclasses
-import datetime as _dt
-import decimal
-import uuid
+import sys
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 __all__ = [
@@ -66,14 +65,44 @@ def _hashable(key: Any) -> Any:
     return tuple(key) if isinstance(key, list) else key
 
 
-#: tag -> how its value is read back (the result codec's replay)
+def _loaded(*names: str) -> ModuleType | None:
+    """The first of these modules already imported, else None. A value of the types a tag
+    stands for (datetime, Decimal, UUID) cannot exist before its module is imported, so
+    :func:`tag` asks only the loaded ones: a run that never meets them never imports them."""
+    for name in names:
+        found = sys.modules.get(name)
+        if found is not None:
+            return found
+    return None
+
+
+def _datetime() -> Any:
+    import datetime
+
+    return datetime
+
+
+def _decimal(text: str) -> Any:
+    import decimal
+
+    return decimal.Decimal(text)
+
+
+def _uuid(text: str) -> Any:
+    import uuid
+
+    return uuid.UUID(text)
+
+
+#: tag -> how its value is read back (the result codec's replay); a decoder imports its
+#: type's module when a value of it is read
 DECODERS: dict[str, Callable[[Any], Any]] = {
-    Tag.DEC: decimal.Decimal,
-    Tag.DT: _dt.datetime.fromisoformat,
-    Tag.DATE: _dt.date.fromisoformat,
-    Tag.TIME: _dt.time.fromisoformat,
-    Tag.UUID: uuid.UUID,
-    Tag.BYTES: lambda text: base64.b64decode(text.encode("ascii")),
+    Tag.DEC: _decimal,
+    Tag.DT: lambda text: _datetime().datetime.fromisoformat(text),
+    Tag.DATE: lambda text: _datetime().date.fromisoformat(text),
+    Tag.TIME: lambda text: _datetime().time.fromisoformat(text),
+    Tag.UUID: _uuid,
+    Tag.BYTES: lambda text: binascii.a2b_base64(text.encode("ascii")),  # as base64.b64decode
     Tag.TUPLE: tuple,
     Tag.SET: set,
     Tag.FROZENSET: frozenset,
@@ -120,22 +149,26 @@ def tag(obj: Any, *, canonical: bool) -> dict[str, Any] | None:
     or None for anything else; ``canonical`` normalises (module docstring).
 
     Raises ValueError for a NaN or infinite Decimal when ``canonical``."""
-    if isinstance(obj, _dt.datetime):
-        if canonical and obj.tzinfo is not None:
-            obj = obj.astimezone(_dt.UTC)
-        return {Tag.DT: obj.isoformat()}
-    if isinstance(obj, _dt.date):
-        return {Tag.DATE: obj.isoformat()}
-    if isinstance(obj, _dt.time):
-        return {Tag.TIME: obj.isoformat()}
-    if isinstance(obj, decimal.Decimal):
+    if isinstance(obj, bytes | bytearray | memoryview):  # as base64.b64encode
+        return {Tag.BYTES: binascii.b2a_base64(bytes(obj), newline=False).decode("ascii")}
+    dt = _loaded("datetime", "_datetime")
+    if dt is not None:
+        if isinstance(obj, dt.datetime):
+            if canonical and obj.tzinfo is not None:
+                obj = obj.astimezone(dt.timezone.utc)
+            return {Tag.DT: obj.isoformat()}
+        if isinstance(obj, dt.date):
+            return {Tag.DATE: obj.isoformat()}
+        if isinstance(obj, dt.time):
+            return {Tag.TIME: obj.isoformat()}
+    dec = _loaded("decimal", "_decimal")
+    if dec is not None and isinstance(obj, dec.Decimal):
         if not canonical:
             return {Tag.DEC: str(obj)}
         if not obj.is_finite():
             raise ValueError("NaN and infinite Decimals are not allowed")
         return {Tag.DEC: str(obj.normalize())}
-    if isinstance(obj, uuid.UUID):
+    ids = _loaded("uuid")
+    if ids is not None and isinstance(obj, ids.UUID):
         return {Tag.UUID: str(obj)}
-    if isinstance(obj, bytes | bytearray | memoryview):
-        return {Tag.BYTES: base64.b64encode(bytes(obj)).decode("ascii")}
     return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-import uuid
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -189,7 +189,7 @@ class _Wrap:
                 ignore=_CALL_VOLATILE,
             )
         else:
-            key = uuid.uuid4().hex
+            key = os.urandom(16).hex()
         send_kwargs = dict(kwargs)
         self.connector.inject(fn, args, send_kwargs, key)
         policy = self.policy.replace(name=f"{self.connector.name}:{path}")

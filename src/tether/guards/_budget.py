@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import os
 from typing import TYPE_CHECKING
 
 from tether.stores._base import async_ops, bind_name
@@ -69,7 +69,7 @@ class RetryBudget:
         if not name or not isinstance(name, str):
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         # an unnamed budget's pot is its own (its name says so in logs and in the store)
-        self.name = f"unnamed-{uuid.uuid4().hex[:12]}" if name is UNNAMED else str(name)
+        self.name = f"unnamed-{os.urandom(16).hex()[:12]}" if name is UNNAMED else str(name)
         self.capacity = float(capacity)
         self.retry_cost = float(retry_cost)
         self.timeout_cost = float(timeout_cost)

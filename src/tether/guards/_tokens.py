@@ -16,7 +16,7 @@ what it tells the store (:mod:`tether.guards._token_line`).
 from __future__ import annotations
 
 import math
-import secrets
+import os
 import threading
 from typing import TYPE_CHECKING, Any, cast
 
@@ -300,7 +300,7 @@ class Tickets:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._mark = secrets.token_hex(8)
+        self._mark = os.urandom(8).hex()
         self._issued = 0
         self._open: dict[int, None] = {}
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import os
 import re
-import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -116,7 +116,7 @@ class Checkpoints(_Collection):
     kind = DocKind.CHECKPOINT
 
     def save(self, doc: dict[str, Any], created_at: float) -> str:
-        checkpoint_id = f"ckpt_{uuid.uuid4().hex[:20]}"
+        checkpoint_id = f"ckpt_{os.urandom(16).hex()[:20]}"
         self.store.put(
             self.kind,
             checkpoint_id,
@@ -297,7 +297,7 @@ class DeadLetters(_Collection):
         letter_id = (
             f"dl_{hashlib.sha256(key.encode()).hexdigest()[:20]}"
             if key
-            else f"dl_{uuid.uuid4().hex[:20]}"
+            else f"dl_{os.urandom(16).hex()[:20]}"
         )
         if key:
             found = self.store.get(self.kind, letter_id)
@@ -373,7 +373,7 @@ class DeadLetters(_Collection):
             extra["redacted"] = list(letter.redacted)
         ledger = ledger or self._replay_ledger()
         base = f"dead-letter:{letter.key or letter.id}"
-        key = f"{base}:forced:{uuid.uuid4().hex}" if force else _next_replay(ledger, base)
+        key = f"{base}:forced:{os.urandom(16).hex()}" if force else _next_replay(ledger, base)
 
         def call() -> Any:
             if isinstance(letter.args, dict):

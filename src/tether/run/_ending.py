@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import uuid
+import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from tether import telemetry
 from tether.effects._canonical import jsonable
-from tether.records._runs import portable
 from tether.redaction._redact import redact, redact_conversation, redacted_entries
 from tether.run._document import Form, effects_doc, read, write
 from tether.run._handoff import SOME_STEP, HandoffRecord, _Delivery
@@ -137,6 +136,8 @@ class Ending:
                 "scopes": list(self.s.scopes),
             }
             if self.s.messages is not None:  # a worker in another process resumes the conversation
+                from tether.records._runs import portable  # a run with messages only
+
                 doc["messages"] = redact(portable(self.s.messages))
             try:
                 doc = write(doc, Form.CHECKPOINT, self.s.guard.signing_keys)
@@ -150,7 +151,7 @@ class Ending:
                 issues.append(f"checkpoint failed: {type(exc).__name__}")
         if status == "escalated" and handoff is None:
             handoff = HandoffRecord(
-                f"ho_{uuid.uuid4().hex[:20]}",
+                f"ho_{os.urandom(16).hex()[:20]}",
                 self.s.run_id,
                 task,
                 reason,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import uuid
+import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -15,7 +15,6 @@ from tether.guards._breaker import CircuitBreaker
 from tether.guards._tokens import TokenBudget, budgets_for
 from tether.records._approvals import APPROVED, REJECTED, ApprovalError, ApprovalRecord, Approvals
 from tether.records._collections import Checkpoints, DeadLetters, check_run_id
-from tether.records._records import Records
 from tether.redaction._redact import redact
 from tether.retries._policy import RetryPolicy
 from tether.run._budget import Budget
@@ -30,6 +29,7 @@ from tether.run._scopes import BudgetScopes, scope_names
 from tether.run._signing import signing_keys
 
 if TYPE_CHECKING:
+    from tether.records._records import Records
     from tether.run._run import Run
     from tether.stores._base import Store
 
@@ -89,7 +89,10 @@ class Guard:
         _expect("escalation", escalation, Escalation, "tether.Escalation(...)")
         _expect("prices", prices, PriceTable, "tether.PriceTable({...})")
         _expect("messages", messages, CustomerMessages, "tether.CustomerMessages(...)")
-        _expect("records", records, Records, "tether.Records.sqlite(path)")
+        if records is not None:  # the records' modules load when records are given
+            from tether.records._records import Records
+
+            _expect("records", records, Records, "tether.Records.sqlite(path)")
         _expect("scopes", scopes, BudgetScopes, "tether.BudgetScopes(store)")
         self.scopes = scopes  #: budgets that span runs (a tenant's): guard.start(scopes=...)
         if records is not None:  # one database for the run's records, unless told otherwise
@@ -244,7 +247,7 @@ class Guard:
         if key is not None and (not isinstance(key, str) or not key.strip()):
             raise ValueError(f"key must be a non-empty string (a request id) or None, got {key!r}")
         names = scope_names(scopes, self.scopes)
-        run_id = check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex[:16]}"
+        run_id = check_run_id(run_id) if run_id is not None else f"run_{os.urandom(16).hex()[:16]}"
         run = Run(self, task, run_id, key=key, request=request_of(key, run_id))
         run._state.scopes = names
         return run

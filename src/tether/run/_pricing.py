@@ -246,16 +246,23 @@ class PriceTable:
                 raise TypeError(f"prices[{name!r}] must be a tether.Price, got {price!r}")
         self.prices = dict(prices or {})
         self.unknown = unknown
-        if source == "auto":
-            import importlib.util
-
-            found = importlib.util.find_spec("genai_prices") is not None
-        else:
-            found = False
-        self.source = "genai-prices" if found else "tether"
+        #: "genai-prices" or "tether"; with source="auto", looked up on first use (a guard's
+        #: default table costs nothing until a model call is priced)
+        self._source: str | None = None if source == "auto" else "tether"
         self._genai: Any = None  # the module, imported on the first lookup
         self._cache: dict[tuple[str, str | None], _Found] = {}
         self._snapshot: Any = None
+
+    @property
+    def source(self) -> str:
+        """Where the prices not given come from: ``"genai-prices"`` when it is installed and
+        the table was made with ``source="auto"``, else ``"tether"``."""
+        if self._source is None:
+            import importlib.util
+
+            found = importlib.util.find_spec("genai_prices") is not None
+            self._source = "genai-prices" if found else "tether"
+        return self._source
 
     def __repr__(self) -> str:
         return f"PriceTable({len(self.prices)} own prices, source={self.source!r}, unknown={self.unknown!r})"

@@ -10,7 +10,6 @@ a key, a document that is unsigned, altered or forged is refused
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import os
 from collections.abc import Mapping
@@ -70,6 +69,8 @@ def _canonical(doc: Mapping[str, Any], bound: str) -> bytes:
 
 def sign(doc: Mapping[str, Any], keys: tuple[bytes, ...], bound: str = "") -> str:
     """The signature of ``doc`` with the first of ``keys``."""
+    import hmac  # only a guard with a signing key signs
+
     return _SCHEME + hmac.new(keys[0], _canonical(doc, bound), hashlib.sha256).hexdigest()
 
 
@@ -85,6 +86,8 @@ def verify(doc: Mapping[str, Any], keys: tuple[bytes, ...], bound: str = "") -> 
             f"${ENV}): refused; nothing ran (a document written before the key was set, or "
             "by a deployment without it, cannot be continued)"
         )
+    import hmac  # only a guard with a signing key checks
+
     text = _canonical(doc, bound)
     for key in keys:
         mine = _SCHEME + hmac.new(key, text, hashlib.sha256).hexdigest()
