@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from conformance.adapters.adk import ADK
-from conformance.adapters.guarded_client import GuardedClient
+from conformance.adapters.guarded_client import GuardedClaude, GuardedClient
 from conformance.adapters.langchain import Graph, Middleware
 from conformance.adapters.openai_agents import AgentsSDK
 from conformance.adapters.pydantic_ai import PydanticAI
@@ -16,6 +16,7 @@ ADAPTERS: list[Adapter] = [
     AnthropicLoop(),
     OpenAILoop(),
     GuardedClient(),
+    GuardedClaude(),
     AgentsSDK(),
     Middleware(),
     Graph(),

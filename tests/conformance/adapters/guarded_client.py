@@ -9,7 +9,7 @@ import asyncio
 import json
 from typing import Any, ClassVar
 
-from conformance.adapters.sdk_loop import OpenAILoop
+from conformance.adapters.sdk_loop import AnthropicLoop, OpenAILoop
 from conformance.adapters.sdk_loop import answer as answered
 from conformance.suite import (
     INPUT_TOKENS,
@@ -46,6 +46,32 @@ def _sse(turn: Turn) -> bytes:
     return (
         b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
     )
+
+
+def _claude_sse(turn: Turn) -> bytes:
+    """The reply as Anthropic streams it: message_start (input tokens), the blocks, then
+    message_delta with the output tokens."""
+    whole = AnthropicLoop().reply(turn)
+    start = {**whole, "content": [], "stop_reason": None,
+             "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": 1}}  # fmt: skip
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
+    for i, block in enumerate(whole["content"]):
+        if block["type"] == "text":
+            opened, delta = (
+                {"type": "text", "text": ""},
+                {"type": "text_delta", "text": block["text"]},
+            )
+        else:
+            opened = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        events += [{"type": "content_block_start", "index": i, "content_block": opened},
+                   {"type": "content_block_delta", "index": i, "delta": delta},
+                   {"type": "content_block_stop", "index": i}]  # fmt: skip
+    events += [{"type": "message_delta", "delta": {"stop_reason": whole["stop_reason"],
+                                                   "stop_sequence": None},
+                "usage": {"output_tokens": OUTPUT_TOKENS}},
+               {"type": "message_stop"}]  # fmt: skip
+    return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
 
 
 class _Loop:
@@ -97,6 +123,9 @@ class _Loop:
     def told(self, call: dict[str, Any], result: Any) -> None:
         self.messages.append({"role": "tool", "tool_call_id": call["id"], "content": str(result)})
 
+    def create(self, client: Any) -> Any:
+        return client.chat.completions.create
+
     def options(self, tool: Tool) -> dict[str, Any]:
         return {"idempotent": tool.idempotent, "requires_approval": tool.requires_approval,
                 "hands_over": tool.hands_over}  # fmt: skip
@@ -105,10 +134,10 @@ class _Loop:
         while run.proceed():
             if stream:
                 said: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": []}
-                for chunk in client.chat.completions.create(**self.ask(True)):
+                for chunk in self.create(client)(**self.ask(True)):
                     self.add(said, chunk)
             else:
-                said = self.read(client.chat.completions.create(**self.ask(False)))
+                said = self.read(self.create(client)(**self.ask(False)))
             if self.answered(run, said):
                 return
             for call in said["tool_calls"]:
@@ -124,10 +153,10 @@ class _Loop:
         while run.proceed():
             if stream:
                 said: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": []}
-                async for chunk in await client.chat.completions.create(**self.ask(True)):
+                async for chunk in await self.create(client)(**self.ask(True)):
                     self.add(said, chunk)
             else:
-                said = self.read(await client.chat.completions.create(**self.ask(False)))
+                said = self.read(await self.create(client)(**self.ask(False)))
             if self.answered(run, said):
                 return
 
@@ -147,6 +176,61 @@ class _Loop:
                 self.told(call, result)
 
 
+class _ClaudeLoop(_Loop):
+    """The same loop in Anthropic's message format: content blocks, tool results in a user
+    message; its replies read into the same shape as OpenAI's."""
+
+    def __init__(self, world: World, rules: dict[str, Any], asynchronous: bool) -> None:
+        super().__init__(world, rules, asynchronous)
+        self.schemas = [{"name": t.name, "description": "", "input_schema": t.schema}
+                        for t in self.tools.values()]  # fmt: skip
+
+    def ask(self, stream: bool) -> dict[str, Any]:
+        ask = {"model": "claude-haiku-4-5", "max_tokens": 256, "messages": self.messages,
+               "tools": self.schemas}  # fmt: skip
+        return {**ask, "stream": True} if stream else ask
+
+    @staticmethod
+    def read(reply: Any) -> dict[str, Any]:
+        text = "".join(b.text for b in reply.content if b.type == "text") or None
+        calls = [{"id": b.id, "type": "function",
+                  "function": {"name": b.name, "arguments": json.dumps(b.input)}}
+                 for b in reply.content if b.type == "tool_use"]  # fmt: skip
+        return {"role": "assistant", "content": text, "tool_calls": calls}
+
+    @staticmethod
+    def add(said: dict[str, Any], event: Any) -> None:
+        if event.type == "content_block_start" and event.content_block.type == "tool_use":
+            said["tool_calls"].append({"id": event.content_block.id, "type": "function",
+                                       "function": {"name": event.content_block.name,
+                                                    "arguments": ""}})  # fmt: skip
+        elif event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+            said["tool_calls"][-1]["function"]["arguments"] += event.delta.partial_json
+        elif event.type == "content_block_delta" and event.delta.type == "text_delta":
+            said["content"] = (said["content"] or "") + event.delta.text
+
+    def answered(self, run: Run, said: dict[str, Any]) -> bool:
+        if not said["tool_calls"]:
+            run.succeed(said["content"])
+            return True
+        blocks = [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                   "input": json.loads(c["function"]["arguments"] or "{}")}
+                  for c in said["tool_calls"]]  # fmt: skip
+        self.messages.append({"role": "assistant", "content": blocks})
+        return False
+
+    def told(self, call: dict[str, Any], result: Any) -> None:
+        block = {"type": "tool_result", "tool_use_id": call["id"], "content": str(result)}
+        last = self.messages[-1]
+        if last["role"] == "user" and isinstance(last["content"], list):
+            last["content"].append(block)  # the turn's results, in one message
+        else:
+            self.messages.append({"role": "user", "content": [block]})
+
+    def create(self, client: Any) -> Any:
+        return client.messages.create
+
+
 class GuardedClient(Adapter):
     id = "openai-guarded"
     name = "OpenAI SDK guarded client in your own loop: `openai.guarded(client, run=run)`"
@@ -156,29 +240,41 @@ class GuardedClient(Adapter):
         "nested agent (a second loop under the same run counts in it as any request)",
     }
 
-    def _go(self, world: World, guard: Guard, mode: Mode, rules: dict[str, Any],
-            resume: str | None = None) -> Any:  # fmt: skip
+    def provider(self) -> tuple[Any, Any, Any, Any, type[_Loop]]:
+        """The SDK's sync and async clients, tether's module, the reply maker and the loop."""
         import openai
 
         from tether.integrations import openai as t_openai
 
+        return openai.OpenAI, openai.AsyncOpenAI, t_openai, OpenAILoop().reply, _Loop
+
+    def stream(self, turn: Turn) -> bytes:
+        return _sse(turn)
+
+    def base_url(self, url: str) -> str:
+        return url + "/v1"
+
+    def _go(self, world: World, guard: Guard, mode: Mode, rules: dict[str, Any],
+            resume: str | None = None) -> Any:  # fmt: skip
+        client, aclient, module, reply, kind = self.provider()
         stream = mode == "stream"
 
         def answer(seen: Any) -> Reply:
             if not stream:
-                return answered(world, OpenAILoop().reply)
+                return answered(world, reply)
             try:
-                return Reply(200, raw=_sse(world.next_turn()), content_type="text/event-stream")
+                return Reply(
+                    200, raw=self.stream(world.next_turn()), content_type="text/event-stream"
+                )
             except Overloaded:
                 return Reply(503, {"error": {"type": "overloaded_error", "message": "overloaded"}})
 
-        loop = _Loop(world, rules, mode == "async")
+        loop = kind(world, rules, mode == "async")
         if resume is not None:
             loop.messages = list(self.messages)
-        self.loop = loop
         with ScriptedServer() as server:
             server.handler = answer
-            url = server.url + "/v1"
+            url = self.base_url(server.url)
 
             def start() -> Any:
                 if resume:
@@ -186,13 +282,13 @@ class GuardedClient(Adapter):
                 return guard.start("refund A-1", key=rules.get("key"))
 
             if mode != "async":
-                with openai.OpenAI(api_key="t", base_url=url) as raw, start() as run:
-                    loop.sync(run, t_openai.guarded(raw, run=run), stream)
+                with client(api_key="t", base_url=url) as raw, start() as run:
+                    loop.sync(run, module.guarded(raw, run=run), stream)
             else:
 
                 async def main() -> Run:
-                    async with openai.AsyncOpenAI(api_key="t", base_url=url) as raw, start() as run:
-                        await loop.asynchronous(run, t_openai.guarded(raw, run=run), False)
+                    async with aclient(api_key="t", base_url=url) as raw, start() as run:
+                        await loop.asynchronous(run, module.guarded(raw, run=run), False)
                     return run
 
                 run = asyncio.run(main())
@@ -204,3 +300,27 @@ class GuardedClient(Adapter):
 
     def resume(self, world: World, guard: Guard, paused: Any, mode: Mode, **rules: Any) -> Any:
         return self._go(world, guard, mode, rules, resume=paused.checkpoint_id)
+
+
+class GuardedClaude(GuardedClient):
+    id = "anthropic-guarded"
+    name = "Anthropic SDK guarded client in your own loop: `anthropic.guarded(client, run=run)`"
+
+    def provider(self) -> tuple[Any, Any, Any, Any, type[_Loop]]:
+        import anthropic
+
+        from tether.integrations import anthropic as t_anthropic
+
+        return (
+            anthropic.Anthropic,
+            anthropic.AsyncAnthropic,
+            t_anthropic,
+            AnthropicLoop().reply,
+            _ClaudeLoop,
+        )
+
+    def stream(self, turn: Turn) -> bytes:
+        return _claude_sse(turn)
+
+    def base_url(self, url: str) -> str:
+        return url
