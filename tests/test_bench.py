@@ -166,6 +166,17 @@ def test_bench_without_the_bench_distribution_says_how_to_install_it() -> None:
     assert "pip install -e benchmarks" in out.stderr
 
 
+def test_bench_says_its_progress_off_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    """Piped (make bench in CI or a log), each suite says on stderr when it starts, so a long
+    suite is never silent; the tables stay on stdout."""
+    args = ["bench", "--suite", "agents", "--suite", "fleet", "--tasks", "3"]
+    assert main([*args, "--scenario", "truncated", "--scenario", "outage-5"]) == 0
+    captured = capsys.readouterr()
+    assert "tether bench: agents started" in captured.err
+    assert "tether bench: fleet started" in captured.err
+    assert "started" not in captured.out
+
+
 def test_version_command() -> None:
     """tether --version works from the console script."""
     out = subprocess.run(

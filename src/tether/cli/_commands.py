@@ -262,8 +262,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"tether bench: {exc}", file=sys.stderr)
         return 2
     finally:
-        if progress is not None:
-            progress.close()
+        progress.close()
     elapsed = time.perf_counter() - started
     print_tables(results)
     _print_serve(results["suites"].get("serve"))
@@ -298,9 +297,40 @@ def _print_serve(cells: Any) -> None:
                     print(f"serve {backend} {size} runs  {page}: {figures}")
 
 
+class _Lines:
+    """Progress off a terminal (``make bench`` piped, CI, a log): a line on stderr when a
+    suite starts, then at most one every ``every`` seconds with its count and time, so a
+    long suite is never silent."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.every = every
+        self.started = time.perf_counter()
+        self.seen: dict[str, list[float]] = {}  # suite -> [done, when last said]
+
+    def __call__(self, message: str, total: int) -> None:
+        suite = message.split(":", 1)[0]
+        now = time.perf_counter()
+        state = self.seen.get(suite)
+        if state is None:
+            state = self.seen[suite] = [0, now]
+            print(f"tether bench: {suite} started", file=sys.stderr, flush=True)
+        state[0] += 1
+        if now - state[1] >= self.every:
+            state[1] = now
+            count = f"{state[0]:.0f} of {total}" if total else f"{state[0]:.0f}"
+            print(
+                f"tether bench: {message} ({count}, {now - self.started:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        pass
+
+
 class _Progress:
     """A rich progress bar per suite on a terminal (``progress(message, total)``, where the
-    message starts with ``suite:``); a line per finished suite elsewhere."""
+    message starts with ``suite:``); :class:`_Lines` elsewhere."""
 
     def __init__(self, bar: Any) -> None:
         self.bar = bar
@@ -321,10 +351,10 @@ class _Progress:
             self.bar.stop()
 
 
-def _progress_printer() -> _Progress | None:
-    """A rich progress bar on a terminal; nothing elsewhere."""
+def _progress_printer() -> _Progress | _Lines:
+    """A rich progress bar on a terminal; lines on stderr elsewhere (or without rich)."""
     if not sys.stderr.isatty():
-        return None
+        return _Lines()
     try:
         from rich.console import Console
         from rich.progress import (
@@ -335,7 +365,7 @@ def _progress_printer() -> _Progress | None:
             TimeElapsedColumn,
         )
     except ImportError:
-        return None
+        return _Lines()
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
