@@ -21,7 +21,8 @@ BENCH := benchmarks
 CREW := .venv-crewai
 CREW_STAMP := $(CREW)/.installed
 CREW_CONSTRAINTS := constraints-crewai.txt
-CREW_TESTS := tests/test_crewai.py "tests/test_docs.py::test_examples_run[crewai.md]"
+CREW_TESTS := tests/test_crewai.py tests/test_litellm.py \
+	"tests/test_docs.py::test_examples_run[crewai.md]" "tests/test_docs.py::test_examples_run[litellm.md]"
 FW_OUT := --ignore=tests/test_adk.py --ignore=tests/test_strands.py \
 	--ignore=tests/conformance/test_frameworks.py --ignore=tests/test_tau_frameworks.py \
 	--ignore=tests/test_crewai.py --ignore=tests/test_litellm.py \

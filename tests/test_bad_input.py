@@ -195,7 +195,8 @@ def test_bench_lists_each_scenario_once(capsys: pytest.CaptureFixture[str]) -> N
      ("tether.integrations.dbos", "dbos", "dbos"),
      ("tether.integrations.adk", "google.adk", "adk"),
      ("tether.integrations.strands", "strands", "strands"),
-     ("tether.integrations.crewai", "crewai", "crewai")],
+     ("tether.integrations.crewai", "crewai", "crewai"),
+     ("tether.integrations.litellm", "litellm", "litellm")],
 )  # fmt: skip
 def test_a_missing_extra_names_the_extra_to_install(module: str, missing: str, extra: str) -> None:
     import importlib

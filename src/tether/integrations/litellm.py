@@ -1,0 +1,175 @@
+"""LiteLLM under tether: one retry layer, one limit and one price.
+
+``completion(run, model=..., messages=...)`` / ``acompletion`` call ``litellm.completion``,
+and ``guarded_router(router, run)`` a LiteLLM ``Router``, as one model turn of ``run``
+(``run.model_turn``): the run's checks and the request's worst case priced before it is
+sent, the attempts under tether's retry policy within the run's time, the reply's usage
+read by tether's usage reader (OpenAI's shape, which LiteLLM returns for every provider)
+and priced, and a failure classified (LiteLLM's exceptions carry the provider's status).
+
+**tether is the one retry layer.** Every request goes out with LiteLLM's own retries off
+(``num_retries=0`` and ``max_retries=0``: the Router's loop and the provider SDK's); a
+Router built with ``num_retries`` is switched to 0 for its calls under tether with a
+warning, once per Router. The Router keeps what only it does: choosing a deployment, its
+cooldowns, and its ``fallbacks`` to other model groups; tether's ``Fallback`` is not offered
+here, so the two are never both active.
+
+**One price.** A model the guard prices (``Guard(prices=...)``) costs what tether's table
+says; a model it does not price costs what LiteLLM reports (``response_cost``), so a run
+without a cost budget still counts a cost. Under a cost budget the model must be priced by
+the guard, checked before the request (:class:`tether.UnknownModelError`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from tether import RetryPolicy, Run
+from tether._errors import require
+from tether.integrations._usage import RequestUsage, openai_chat_usage
+
+require("litellm", "litellm")
+
+__all__ = ["GuardedRouter", "acompletion", "completion", "guarded_router", "litellm_usage"]
+
+_log = logging.getLogger("tether")
+
+#: LiteLLM's own retries, off under tether: the Router's loop and the provider SDK's
+_NO_RETRIES = {"num_retries": 0, "max_retries": 0}
+
+
+def litellm_usage(reply: Any) -> RequestUsage | None:
+    """A LiteLLM ``ModelResponse`` (OpenAI's chat shape for every provider): its cached
+    tokens inside ``prompt_tokens``, an Anthropic cache write in
+    ``cache_creation_input_tokens``."""
+    usage = openai_chat_usage(reply)
+    if usage is None:
+        return None
+    written = getattr(getattr(reply, "usage", None), "cache_creation_input_tokens", 0)
+    written = written if isinstance(written, int) and written > 0 else 0
+    return RequestUsage(
+        max(0, usage.input_tokens - written),
+        usage.output_tokens,
+        written,
+        usage.cache_read_tokens,
+        usage.model,
+    )
+
+
+def _bare(model: str) -> str:
+    """``openai/gpt-6.1-terra`` → ``gpt-6.1-terra``: the name the guard's prices know."""
+    return model.rpartition("/")[2]
+
+
+def _max_output(kwargs: Mapping[str, Any]) -> int | None:
+    value = kwargs.get("max_tokens", kwargs.get("max_completion_tokens"))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _response_cost(reply: Any) -> float | None:
+    hidden = getattr(reply, "_hidden_params", None)
+    cost = hidden.get("response_cost") if isinstance(hidden, Mapping) else None
+    return float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None
+
+
+def _record(run: Run, turn: Any, model: str, reply: Any) -> None:
+    usage = litellm_usage(reply)
+    if usage is None or not usage.counted:
+        turn.record(unmeasured=True)
+        return
+    usage = RequestUsage(
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cache_write_tokens,
+        usage.cache_read_tokens,
+        model,  # the guard's name for it (the reply names the provider's deployment)
+    )
+    if run.guard.prices.knows(model):
+        turn.record(usage)
+    else:
+        turn.record(usage, cost_usd=_response_cost(reply))
+
+
+def _policy(run: Run, policy: RetryPolicy | None) -> RetryPolicy:
+    return (policy or RetryPolicy(name="litellm")).replace(clock=run.clock)
+
+
+def _send(run: Run, fn: Any, kwargs: dict[str, Any], policy: RetryPolicy | None) -> Any:
+    if kwargs.get("stream"):
+        raise ValueError(
+            "stream=True is not guarded yet: call completion() without it (the usage of a "
+            "LiteLLM stream comes in its last chunk only with stream_options)"
+        )
+    model = _bare(str(kwargs.get("model") or ""))
+    request = {**kwargs, **_NO_RETRIES}
+    with run.model_turn(model, max_output=_max_output(kwargs)) as turn:
+        reply = turn.call(lambda: fn(**request), policy=_policy(run, policy))
+        _record(run, turn, model, reply)
+    return reply
+
+
+async def _asend(run: Run, fn: Any, kwargs: dict[str, Any], policy: RetryPolicy | None) -> Any:
+    if kwargs.get("stream"):
+        raise ValueError("stream=True is not guarded yet: call acompletion() without it")
+    model = _bare(str(kwargs.get("model") or ""))
+    request = {**kwargs, **_NO_RETRIES}
+    async with run.amodel_turn(model, max_output=_max_output(kwargs)) as turn:
+        reply = await turn.acall(lambda: fn(**request), policy=_policy(run, policy))
+        _record(run, turn, model, reply)
+    return reply
+
+
+def completion(run: Run, /, *, policy: RetryPolicy | None = None, **kwargs: Any) -> Any:
+    """``litellm.completion(**kwargs)`` as one model turn of ``run``, tether's ``policy``
+    the only retry layer (default: ``RetryPolicy(name="litellm")``). Raises
+    :class:`tether.Stopped` when the run stops (a budget before the request, a failure
+    after its attempts)."""
+    import litellm
+
+    return _send(run, litellm.completion, kwargs, policy)
+
+
+async def acompletion(run: Run, /, *, policy: RetryPolicy | None = None, **kwargs: Any) -> Any:
+    """The async form of :func:`completion` (``litellm.acompletion``)."""
+    import litellm
+
+    return await _asend(run, litellm.acompletion, kwargs, policy)
+
+
+class GuardedRouter:
+    """A LiteLLM ``Router`` whose ``completion`` / ``acompletion`` are model turns of a run,
+    with the Router's retries off (see the module's docstring). The model a request names
+    is the Router's model group: the guard prices it under that name (a model group named
+    after its model is priced as that model)."""
+
+    def __init__(self, router: Any, run: Run, policy: RetryPolicy | None = None) -> None:
+        retries = getattr(router, "num_retries", 0) or 0
+        if retries and not getattr(router, "_tether_warned", False):
+            _log.warning(
+                "tether: the LiteLLM Router retries on its own (num_retries=%d); under tether "
+                "its calls go out with num_retries=0 so that retries happen at one layer, "
+                "tether's policy",
+                retries,
+            )
+            try:
+                router._tether_warned = True
+            except AttributeError:  # pragma: no cover - a Router that takes no attribute
+                pass
+        self.router = router
+        self.run = run
+        self.policy = policy
+
+    def completion(self, **kwargs: Any) -> Any:
+        """``router.completion(**kwargs)`` as one model turn of the run."""
+        return _send(self.run, self.router.completion, kwargs, self.policy)
+
+    async def acompletion(self, **kwargs: Any) -> Any:
+        """``await router.acompletion(**kwargs)`` as one model turn of the run."""
+        return await _asend(self.run, self.router.acompletion, kwargs, self.policy)
+
+
+def guarded_router(router: Any, run: Run, policy: RetryPolicy | None = None) -> GuardedRouter:
+    """``router`` (a ``litellm.Router``) under ``run``: see :class:`GuardedRouter`."""
+    return GuardedRouter(router, run, policy)

@@ -1,0 +1,279 @@
+"""LiteLLM under tether: the real ``litellm.completion`` and ``Router`` against a scripted
+loopback OpenAI-compatible provider, whose requests count the attempts."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of the cost map
+
+import litellm
+from litellm import Router
+
+from scripted_server import Reply, ScriptedServer
+from tether import (
+    Budget,
+    Guard,
+    Price,
+    PriceTable,
+    RetryPolicy,
+    Stopped,
+    StopReason,
+    classify,
+)
+from tether.integrations.litellm import (
+    acompletion,
+    completion,
+    guarded_router,
+    litellm_usage,
+)
+
+#: LiteLLM's own types make pydantic warn (TypedDicts with ReadOnly items) on first use: not
+#: this code's warnings
+pytestmark = pytest.mark.filterwarnings("ignore:.*ReadOnly. qualifier:UserWarning")
+
+MODEL = "gpt-6.1-terra"
+PRICES = PriceTable({MODEL: Price(input=2.0, output=8.0, cache_read=0.2)})
+HI = [{"role": "user", "content": "hi"}]
+POLICY = RetryPolicy(max_attempts=4, base=0.001, cap=0.002)
+
+
+def ok(model: str = MODEL) -> Reply:
+    return Reply(
+        body={
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "hello"},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": 1000,
+                "completion_tokens": 100,
+                "total_tokens": 1100,
+                "prompt_tokens_details": {"cached_tokens": 400},
+            },
+        }
+    )
+
+
+def overloaded() -> Reply:
+    return Reply(503, {"error": {"message": "overloaded", "type": "server_error"}})
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _litellm_s_own_loops() -> Iterator[None]:
+    """LiteLLM's sync calls leave an event loop of its own unclosed (its logging worker's):
+    collected here, its ResourceWarning LiteLLM's, not this code's."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as s:
+        yield s
+
+
+def attempts(server: ScriptedServer) -> int:
+    return sum(1 for r in server.requests if r.path.endswith("/chat/completions"))
+
+
+def failing_then_ok(server: ScriptedServer, failures: int) -> None:
+    count = {"i": 0}
+
+    def handler(seen: Any) -> Reply:
+        count["i"] += 1
+        return overloaded() if count["i"] <= failures else ok()
+
+    server.handler = handler
+
+
+def direct(server: ScriptedServer) -> dict[str, Any]:
+    return {"model": f"openai/{MODEL}", "api_base": server.url + "/v1", "api_key": "k"}
+
+
+def router(server: ScriptedServer, **options: Any) -> Any:
+    deployment = {"model_name": MODEL, "litellm_params": direct(server)}
+    return Router(model_list=[deployment], retry_after=0, **options)
+
+
+def guard(**budget: Any) -> Guard:
+    return Guard(budget=Budget(max_steps=30, **budget), prices=PRICES)
+
+
+CALLS: dict[str, Callable[..., Any]] = {
+    "sync": lambda run, **kw: completion(run, **kw),
+    "async": lambda run, **kw: asyncio.run(acompletion(run, **kw)),
+}
+ROUTED: dict[str, Callable[..., Any]] = {
+    "sync": lambda r, **kw: r.completion(**kw),
+    "async": lambda r, **kw: asyncio.run(r.acompletion(**kw)),
+}
+
+
+@pytest.mark.parametrize("shell", CALLS)
+def test_completion_is_one_turn_with_its_usage_priced(server: ScriptedServer, shell: str) -> None:
+    """One reply: one model call, 600 uncached + 400 cached input tokens, tether's price."""
+    server.handler = lambda seen: ok()
+    with guard().start("hi") as run:
+        reply = CALLS[shell](run, messages=HI, policy=POLICY, **direct(server))
+    assert reply.choices[0].message.content == "hello"
+    usage = run.outcome.usage
+    assert (usage.model_calls, usage.input_tokens, usage.cache_read_tokens) == (1, 600, 400)
+    assert usage.cost_usd == pytest.approx((600 * 2.0 + 400 * 0.2 + 100 * 8.0) / 1e6)
+
+
+@pytest.mark.parametrize("shell", CALLS)
+def test_litellm_alone_retries_and_tether_retries_once(server: ScriptedServer, shell: str) -> None:
+    """503 always: LiteLLM alone makes 3 attempts (its SDK's retries); tether's policy
+    around it alone would make 4 x 3; under the adapter, 4 (one layer)."""
+    server.handler = lambda seen: overloaded()
+    with pytest.raises(litellm.ServiceUnavailableError):
+        litellm.completion(messages=HI, **direct(server))
+    alone = attempts(server)
+    assert alone == 3
+
+    server.requests.clear()
+    with pytest.raises(litellm.ServiceUnavailableError):
+        POLICY.call(lambda: litellm.completion(messages=HI, **direct(server)))
+    assert attempts(server) == 4 * alone  # two retry layers
+
+    server.requests.clear()
+    with guard().start("hi") as run, pytest.raises(Stopped):
+        CALLS[shell](run, messages=HI, policy=POLICY, **direct(server))
+    assert attempts(server) == 4
+    assert run.outcome.stopped_because is StopReason.ERROR
+    assert run.outcome.usage.retries == 3
+
+
+def test_a_router_alone_retries_and_under_a_retry_policy_multiplies(
+    server: ScriptedServer,
+) -> None:
+    """A Router with num_retries=1 (its own loop, with its own sleeps): 2 attempts alone;
+    tether's policy around it, unguarded, makes two layers: 4 x 2."""
+    server.handler = lambda seen: overloaded()
+    with pytest.raises(litellm.ServiceUnavailableError):
+        router(server, num_retries=1).completion(model=MODEL, messages=HI)
+    alone = attempts(server)
+    assert alone == 2
+
+    server.requests.clear()
+    r = router(server, num_retries=1)
+    with pytest.raises(litellm.ServiceUnavailableError):
+        POLICY.call(lambda: r.completion(model=MODEL, messages=HI))
+    assert attempts(server) == 4 * alone
+
+
+@pytest.mark.parametrize("shell", ROUTED)
+def test_a_router_under_tether_makes_one_retry_layer(
+    server: ScriptedServer, shell: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Router with num_retries=3 (4 attempts alone) under the adapter: its retries are
+    off (said once per Router) and tether's 4 attempts are all."""
+    server.handler = lambda seen: overloaded()
+    r = router(server, num_retries=3)
+    with caplog.at_level(logging.WARNING, logger="tether"), guard().start("hi") as run:
+        guarded = guarded_router(r, run, POLICY)
+        guarded_router(r, run, POLICY)  # the warning is said once per Router
+        with pytest.raises(Stopped):
+            ROUTED[shell](guarded, model=MODEL, messages=HI)
+    assert attempts(server) == 4
+    assert run.outcome.usage.retries == 3
+    assert sum("num_retries=3" in m for m in caplog.messages) == 1
+
+
+@pytest.mark.parametrize("shell", ROUTED)
+def test_a_router_s_transient_failure_is_retried_by_tether(
+    server: ScriptedServer, shell: str
+) -> None:
+    """Two 503s then a reply: 3 attempts, 2 retries counted, the reply's usage counted once."""
+    failing_then_ok(server, 2)
+    with guard().start("hi") as run:
+        reply = ROUTED[shell](
+            guarded_router(router(server, num_retries=5), run, POLICY), model=MODEL, messages=HI
+        )
+    assert reply.choices[0].message.content == "hello"
+    assert attempts(server) == 3
+    assert (run.outcome.usage.retries, run.outcome.usage.model_calls) == (2, 1)
+
+
+@pytest.mark.parametrize("shell", CALLS)
+def test_the_cost_budget_stops_before_the_request(server: ScriptedServer, shell: str) -> None:
+    """A request whose worst case passes the budget is not sent."""
+    server.handler = lambda seen: ok()
+    with guard(max_cost_usd=0.001).start("hi") as run, pytest.raises(Stopped):
+        CALLS[shell](run, messages=HI, max_tokens=1000, **direct(server))
+    assert attempts(server) == 0
+    assert run.outcome.stopped_because is StopReason.MAX_COST
+
+
+def test_a_model_the_guard_does_not_price_costs_litellm_s_response_cost(
+    server: ScriptedServer,
+) -> None:
+    """No tether price, no cost budget: the cost is LiteLLM's ``response_cost``."""
+    server.handler = lambda seen: ok("gpt-4o")
+    with Guard(budget=Budget(max_steps=5)).start("hi") as run:
+        reply = completion(
+            run, messages=HI, model="openai/gpt-4o", api_base=server.url + "/v1", api_key="k"
+        )
+    cost = reply._hidden_params["response_cost"]
+    assert cost > 0
+    assert run.outcome.usage.cost_usd == pytest.approx(cost)
+
+
+def test_litellm_s_exceptions_are_classified() -> None:
+    """LiteLLM's exception types carry the provider's status: classified as the status says."""
+
+    def make(cls: Any, **kw: Any) -> Any:
+        return cls(message="x", llm_provider="openai", model=MODEL, **kw)
+
+    assert classify(make(litellm.RateLimitError)).retryable
+    assert classify(make(litellm.ServiceUnavailableError)).retryable
+    assert classify(make(litellm.InternalServerError)).retryable
+    assert not classify(make(litellm.AuthenticationError)).retryable
+    assert not classify(make(litellm.NotFoundError)).retryable
+    assert not classify(make(litellm.ContextWindowExceededError)).retryable
+
+
+def test_the_usage_reader_reads_a_cache_write() -> None:
+    """An Anthropic reply through LiteLLM: the cache write is out of the uncached input."""
+    reply = litellm.ModelResponse(
+        model="claude-sonnet-5-5",
+        usage={
+            "prompt_tokens": 1000,
+            "completion_tokens": 10,
+            "total_tokens": 1010,
+            "cache_creation_input_tokens": 300,
+            "prompt_tokens_details": {"cached_tokens": 200},
+        },
+    )
+    usage = litellm_usage(reply)
+    assert usage is not None
+    assert (usage.input_tokens, usage.cache_write_tokens, usage.cache_read_tokens) == (
+        500,
+        300,
+        200,
+    )
+
+
+def test_a_stream_is_refused_not_sent_unguarded(server: ScriptedServer) -> None:
+    """stream=True is not guarded yet: refused, nothing sent."""
+    with guard().start("hi") as run, pytest.raises(ValueError, match="stream"):
+        completion(run, messages=HI, stream=True, **direct(server))
+    assert attempts(server) == 0
