@@ -96,6 +96,7 @@ def states(shell: str, stuck: bool, reuse: bool, monkeypatch: pytest.MonkeyPatch
         doc = chunk.get("tether_run")
         if isinstance(doc, dict):
             doc = json.loads(json.dumps(doc).replace(doc["run_id"], "<run>"))
+            doc["ledger"] = "<the guard's in-process ledger>"  # each guard has its own
         out.append((doc, [(m.type, m.content) for m in chunk["messages"]]))
     outcome = chunks[-1]["tether_outcome"]
     out.append((outcome.status, outcome.stopped_because, outcome.customer_message))

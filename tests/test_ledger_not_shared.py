@@ -147,3 +147,64 @@ def test_a_langgraph_fork_on_a_shared_ledger_pays_once(tmp_path: Path) -> None:
     )
     assert paid == ["A-1"]
     assert said == []
+
+
+def test_a_langgraph_fork_from_before_the_effect_on_in_process_ledgers_says_so_once() -> None:
+    """The fork is replayed from the checkpoint before the refund: its run document names no
+    effect, so nothing could be seen missing, and the refund ran twice in silence. The
+    document names the in-process ledger it was written on: the second worker is told, once,
+    at the refund (which still runs: that is what the warning says)."""
+    paid, said = _fork_replayed_elsewhere(Guard(), Guard())
+    assert paid == ["A-1", "A-1"]
+    assert len(said) == 1
+    text = str(said[0].message)
+    assert "fork" in text and "refund" in text and "Ledger.postgres" in text
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_a_document_from_before_the_effect_restored_on_another_ledger_says_so(shell: str) -> None:
+    """A snapshot taken before any effect, restored under another guard whose ledger is its
+    own process memory: its first effect says so, once; a read-only call says nothing."""
+    import asyncio
+
+    run = Guard().start("refund A-1")
+    run.proceed()
+    document = run.snapshot()
+    elsewhere = Guard()
+    paid: list[str] = []
+
+    def refund(order: str) -> str:
+        paid.append(order)
+        return "ok"
+
+    async def arefund(order: str) -> str:
+        return refund(order)
+
+    def call(again: tether.Run, args: dict[str, Any], idempotent: bool) -> None:
+        if shell == "sync":
+            again.call_tool("refund", refund, args, idempotent=idempotent)
+        else:
+            asyncio.run(again.acall_tool("refund", arefund, args, idempotent=idempotent))
+
+    again = elsewhere.restore(document)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again.proceed()
+        call(again, {"order": "lookup"}, True)  # not an effect: nothing said
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for order in ("A-1", "A-2"):
+            again.proceed()
+            call(again, {"order": order}, False)
+    said = [w for w in said if issubclass(w.category, tether.LedgerNotShared)]
+    assert "another in-process ledger" in str(said[0].message)
+    assert len(said) == 1 and paid == ["lookup", "A-1", "A-2"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the guard whose ledger wrote it: nothing said
+        same = Guard()
+        mine = same.start("t")
+        mine.proceed()
+        doc = mine.snapshot()
+        restored = same.restore(doc)
+        restored.proceed()
+        restored.call_tool("refund", refund, {"order": "A-3"}, idempotent=False)

@@ -272,9 +272,14 @@ def test_another_conversations_request_is_refused(tmp_path: Path, edit: str) -> 
 @pytest.mark.parametrize("signed", [False, True])
 def test_another_runs_id_does_not_use_its_approval(tmp_path: Path, signed: bool) -> None:
     """A thread's run document edited to another run's id (whose refund a person approved)
-    is refused: the refund does not run on that approval (before: it ran)."""
+    is refused: the refund does not run on that approval (before: it ran). Each turn its
+    own request (``key=`` giving None): the request names the run."""
     guard = Guard(**stores(tmp_path), signing_key=b"k1" if signed else None)
-    rules = {"side_effects": ["refund"], "requires_approval": {"refund": True}}
+    rules = {
+        "side_effects": ["refund"],
+        "requires_approval": {"refund": True},
+        "key": lambda config: None,
+    }
     saver = InMemorySaver()
 
     def agent(replies: list[AIMessage], **options: Any) -> Any:
@@ -301,6 +306,39 @@ def test_another_runs_id_does_not_use_its_approval(tmp_path: Path, signed: bool)
     other.update_state(b, {"tether_run": forged})
     with pytest.raises(tether.RunDocumentError):
         other.invoke(None, b)
+    assert REFUNDS == []
+
+
+def test_another_runs_id_in_the_same_request_finds_no_approval(tmp_path: Path) -> None:
+    """The thread is the request (the default): a document edited to another thread's run
+    id, its request left as it was, finds no approval of that run (an approval is bound to
+    its run's request): the refund waits for a person of its own, never runs on the other's
+    approval."""
+    guard = Guard(**stores(tmp_path))
+    rules = {"side_effects": ["refund"], "requires_approval": {"refund": True}}
+    saver = InMemorySaver()
+
+    def agent(replies: list[AIMessage], **options: Any) -> Any:
+        return create_agent(
+            Model(messages=iter(replies)),
+            tools=[refund],
+            middleware=[TetherMiddleware(guard, **rules)],  # type: ignore[arg-type]
+            checkpointer=saver,
+            **options,
+        )
+
+    a, b = {"configurable": {"thread_id": "run-a"}}, {"configurable": {"thread_id": "run-b"}}
+    asked = agent([ask("refund", {"order": "A-1"}, 0), answer("Waiting.")])
+    waiting = asked.invoke({"messages": [("user", "refund A-1")]}, a)["tether_outcome"]
+    guard.approve(waiting.checkpoint_id, by="alice")
+    other = agent([ask("refund", {"order": "A-1"}, 0), answer("Refunded.")],
+                  interrupt_before=["tools"])  # fmt: skip
+    other.invoke({"messages": [("user", "refund A-1")]}, b)
+    doc = other.get_state(b).values["tether_run"]
+    assert doc["request"] == "key:run-b"
+    other.update_state(b, {"tether_run": {**doc, "run_id": waiting.run_id}})
+    ended = other.invoke(None, b)["tether_outcome"]
+    assert ended.stopped_because is tether.StopReason.AWAITING_APPROVAL
     assert REFUNDS == []
 
 

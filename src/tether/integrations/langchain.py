@@ -220,7 +220,9 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
     ``readOnlyHint``. ``volatile`` maps a tool to the argument paths its model fills anew
     on every call. ``key`` names the request a turn serves, as ``guard.start(key=)``: a
     string, or a function of the invocation's ``RunnableConfig`` (``lambda config:
-    config["configurable"]["ticket"]``); None: every turn is its own request.
+    config["configurable"]["ticket"]``, or ``lambda config: None`` for every turn its own
+    request); None (the default): the LangGraph thread (``thread_id``), so that "try again"
+    in a later turn of the same thread does not pay twice.
     ``fallbacks``: the models a model call goes to, in order, when its own cannot answer
     (its breaker is open, a quota refused it: see :class:`tether.Fallback`); default: the
     guard's. Each is a LangChain chat model (``Fallback.client``) or built by
@@ -405,10 +407,24 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         return held
 
     def _key(self) -> str | None:
-        if self.key is None or isinstance(self.key, str):
+        """The request of this invocation: ``key=`` (a string, or what it makes of the
+        config), else the LangGraph thread (``configurable.thread_id``): a turn that asks
+        again in the same thread ("try again") serves the same request, so its effects are
+        at most once across the thread's turns. Without a thread (no checkpointer), None:
+        the turn is its own request."""
+        if isinstance(self.key, str):
             return self.key
         from langgraph.config import get_config
 
+        if self.key is None:
+            try:
+                configurable = get_config().get("configurable") or {}
+            except RuntimeError:  # called outside a graph's invocation
+                return None
+            thread = configurable.get("thread_id")
+            if isinstance(thread, bool) or not isinstance(thread, str | int):
+                return None
+            return str(thread) if str(thread).strip() else None
         key = self.key(get_config())
         if key is not None and (not isinstance(key, str) or not key.strip()):
             raise ValueError(f"key(config) must return a request id (str) or None, got {key!r}")

@@ -88,9 +88,12 @@ class ApprovalRecord:
         return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
 
 
-def approval_id(run_id: str, key: str) -> str:
-    """One approval per intent per run."""
-    return "apr_" + hashlib.sha256(f"{run_id}\x00{key}".encode()).hexdigest()[:24]
+def approval_id(run_id: str, key: str, request: str | None = None) -> str:
+    """One approval per intent per run, and per request when the run serves one it was
+    given (``key=``, a conversation): a document edited to another run's id, its request
+    left as it was, finds no approval of that run."""
+    bound = run_id if request in (None, f"run:{run_id}") else f"{run_id}\x00{request}"
+    return "apr_" + hashlib.sha256(f"{bound}\x00{key}".encode()).hexdigest()[:24]
 
 
 class Approvals:

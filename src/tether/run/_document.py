@@ -18,14 +18,19 @@ The fields of each form are listed in docs/run.md ("The run document").
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import warnings
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tether._errors import RunDocumentError
+from tether._errors import LedgerNotShared, RunDocumentError
 from tether.effects._canonical import jsonable
 from tether.redaction._redact import redact
 from tether.run._signing import SIGNATURE, sign, verify
+
+if TYPE_CHECKING:
+    from tether.run._runstate import RunState
 
 __all__ = [
     "DOCUMENT_VERSION",
@@ -33,6 +38,10 @@ __all__ = [
     "Form",
     "RunDocumentError",
     "effects_doc",
+    "ledger_identity",
+    "ledger_not_shared",
+    "run_fields",
+    "unseen",
     "check_bound",
     "check_version",
     "migrate",
@@ -66,11 +75,67 @@ def write(body: Mapping[str, Any], form: Form, keys: tuple[bytes, ...]) -> dict[
     return doc
 
 
+def run_fields(s: RunState) -> dict[str, Any]:
+    """What every form of a run's document holds alike: the run, its request, the effects
+    it made (redacted) and what the customer reads for each, and the in-process ledger it
+    ran on (a run read back elsewhere is told its effects there cannot be seen)."""
+    return {
+        "run_id": s.run_id,
+        "key": s.key,
+        "request": s._request,
+        "effects": effects_doc(s._effects),
+        "labels": dict(s._labels),
+        "ledger": ledger_identity(s.guard.ledger),
+    }
+
+
 def effects_doc(effects: Any) -> list[list[Any]]:
     """A run's effects, ``(tool, args, ledger key)``, as a document holds them: the
     arguments redacted, here, once (an effect's arguments say what was done: a run read back
     tells the customer of it, never with a secret in clear)."""
     return [[tool, redact(jsonable(args)), key] for tool, args, key in effects]
+
+
+def ledger_identity(ledger: Any) -> str | None:
+    """What a document names its ledger by: an in-process ledger's identity (a run restored
+    on another one cannot see the effects made on it), None for a shared store."""
+    backend = getattr(ledger, "backend", None)
+    if not getattr(backend, "in_memory", False):
+        return None
+    identity = getattr(backend, "identity", None)
+    return identity if isinstance(identity, str) else None
+
+
+def unseen(ledger: Any, effects: Iterable[tuple[str, Any, str]]) -> str | None:
+    """What :func:`ledger_not_shared` says of a run restored with ``effects`` that the
+    guard's in-process ``ledger`` has no record of (made by another worker, process or
+    guard), or None (a shared store, or every effect seen)."""
+    if ledger_identity(ledger) is None:
+        return None  # a shared store: what it cannot see, nobody made
+    keys = {key: tool for tool, _, key in effects}
+    missing = sorted({tool for key, tool in keys.items() if ledger.get(key) is None})
+    if not missing:
+        return None
+    return (
+        f"was restored in a process whose ledger cannot see the effects it made "
+        f"({', '.join(missing)}): they were made elsewhere (another worker, process or "
+        "Guard). An effect the restored run asks for again will run again"
+    )
+
+
+def ledger_not_shared(warned: set[str], run_id: str, what: str) -> None:
+    """Say once per run (``warned``: the runs told already), loudly, with the fix, that run
+    ``run_id`` ``what``: an ERROR and :class:`tether.LedgerNotShared`."""
+    if run_id in warned:
+        return
+    warned.add(run_id)
+    message = (
+        f"tether: run {run_id} {what}. This guard's ledger is in this process's memory: "
+        "give every worker the same ledger: Guard(ledger=tether.Ledger.postgres(dsn)) or "
+        ".redis(url) (.sqlite(path) on one machine)"
+    )
+    logging.getLogger("tether").error(message)
+    warnings.warn(message, LedgerNotShared, stacklevel=4)
 
 
 def read(doc: Any, form: Form, keys: tuple[bytes, ...], *, bound: bool = True) -> Mapping[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 from tether import telemetry
 from tether.effects._canonical import jsonable
 from tether.redaction._redact import redact, redact_conversation, redacted_entries
-from tether.run._document import Form, effects_doc, read, write
+from tether.run._document import Form, read, run_fields, write
 from tether.run._handoff import SOME_STEP, HandoffRecord, _Delivery
 from tether.run._outcome import (
     Outcome,
@@ -115,9 +115,7 @@ class Ending:
         checkpoint_id = None
         if self.s.guard.checkpoints is not None:
             doc = {
-                "run_id": self.s.run_id,
-                "key": self.s.key,
-                "request": self.s._request,
+                **run_fields(self.s),  # the run, its request, its effects (redacted)
                 "task": task,
                 "status": status,
                 "reason": reason.value,
@@ -128,9 +126,6 @@ class Ending:
                 "open_issues": issues,
                 "omitted": {"partial": omitted, "transcript": self.s.transcript.summary()},
                 "journal": [e.to_doc() for e in self.s._journal],
-                # the effects made: a resumed run tells the customer of them (arguments redacted)
-                "effects": effects_doc(self.s._effects),
-                "labels": dict(self.s._labels),  # what the customer reads for each effect
                 "compensated": list(self.s._compensated),
                 "pending": pending,
                 "scopes": list(self.s.scopes),
@@ -296,9 +291,7 @@ class Ending:
             return
         usage = outcome.usage
         body = {
-            "run_id": self.s.run_id,
-            "key": self.s.key,
-            "request": self.s._request,
+            **run_fields(self.s),
             "task": task,
             "status": outcome.status,
             "reason": outcome.stopped_because.value,
@@ -317,8 +310,6 @@ class Ending:
             "handoff_id": getattr(outcome.handoff, "id", None),
             "compensated": list(outcome.compensated),
             "pending_approval": outcome.pending_approval,
-            "effects": effects_doc(self.s._effects),
-            "labels": dict(self.s._labels),
             "ended_at": self.s.clock.wall(),
         }
         try:

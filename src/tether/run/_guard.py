@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from tether._errors import LedgerNotShared
 from tether.clock import Clock, system_clock
 from tether.effects._ledger import Ledger
 from tether.guards._breaker import CircuitBreaker
@@ -320,29 +318,19 @@ class Guard:
 
     def _check_ledger_sees(self, run: Run) -> None:
         """A run restored in a process whose ledger is this process's memory, while it made
-        effects this ledger has no record of (made by another worker, another process or
-        another guard): say so, once per run, loudly, with the fix. The restored run would
-        run such an effect again if it asked for it (a LangGraph fork replayed on another
-        worker: 2 refunds)."""
-        from tether.stores._ledger_memory import MemoryLedgerBackend
+        effects this ledger has no record of: say so, once per run, loudly, with the fix
+        (an effect asked again would run again: a fork replayed on another worker)."""
+        from tether.run._document import unseen
 
-        if not isinstance(self.ledger.backend, MemoryLedgerBackend):
-            return  # a shared store: what it cannot see, nobody made
-        keys = {key: tool for tool, _, key in run._state._effects}
-        unseen = sorted({tool for key, tool in keys.items() if self.ledger.get(key) is None})
-        if not unseen or run.run_id in self._unseen_warned:
-            return
-        self._unseen_warned.add(run.run_id)
-        message = (
-            f"tether: run {run.run_id} was restored in a process whose ledger cannot see the "
-            f"effects it made ({', '.join(unseen)}): this guard's ledger is in this process's "
-            "memory, and they were made elsewhere (another worker, process or Guard). An "
-            "effect the restored run asks for again will run again. Give every worker the "
-            "same ledger: Guard(ledger=tether.Ledger.postgres(dsn)) or .redis(url) "
-            "(.sqlite(path) on one machine)"
-        )
-        _log.error(message)
-        warnings.warn(message, LedgerNotShared, stacklevel=3)
+        what = unseen(self.ledger, run._state._effects)
+        if what is not None:
+            self._ledger_not_shared(run.run_id, what)
+
+    def _ledger_not_shared(self, run_id: str, what: str) -> None:
+        """Say once per run that run ``run_id`` ``what`` (``_document.ledger_not_shared``)."""
+        from tether.run._document import ledger_not_shared
+
+        ledger_not_shared(self._unseen_warned, run_id, what)
 
 
 def request_of(key: str | None, run_id: str) -> str:

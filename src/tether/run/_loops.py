@@ -10,6 +10,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from tether.run._outcome import StopReason
 
@@ -125,6 +126,14 @@ class LoopState:
         # the calls checked and not ended yet, by action: parallel calls of one model turn
         # (identical ones started together) count as repeats before any of them completes
         self._flying: dict[str, int] = {}
+
+    def load(self, saved: Mapping[str, Any]) -> None:
+        """Take the detectors' state a run document kept (``loops``)."""
+        self._recent = deque(str(a) for a in saved.get("recent") or ())
+        self._counts = Counter({str(k): int(v) for k, v in (saved.get("counts") or {}).items()})
+        self._allowed = Counter({str(k): int(v) for k, v in (saved.get("allowed") or {}).items()})
+        self._seq = deque((str(a) for a in saved.get("seq") or ()), maxlen=self._seq.maxlen)
+        self._states = OrderedDict((str(k), int(v)) for k, v in saved.get("states") or ())
 
     def check_action(
         self, tool: str, action: str, step: int, cap: int | None = None

@@ -7,10 +7,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether._errors import RunDocumentError
 from tether.records._collections import CheckpointError, check_run_id
-from tether.run._document import Form, read
-from tether.run._governance import JournalEntry
-from tether.run._outcome import StopReason, Usage
-from tether.run._runstate import HasState
+from tether.run._document import Form, ledger_identity, read
+from tether.run._outcome import Usage
+from tether.run._runstate import HasState, load_checkpoint
 
 if TYPE_CHECKING:
     from tether.run._settings import RunSettings
@@ -69,18 +68,11 @@ def resume(
         by_tool = info.get("by_tool")
         if isinstance(by_tool, Mapping):
             tail.by_tool.update({str(k): int(v) for k, v in by_tool.items() if isinstance(v, int)})
-    s._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
-    # a checkpoint written before it kept its effects has none: its run says what it made since
-    s._effects = [(str(t), a, str(k)) for t, a, k in doc.get("effects") or ()]
-    labels = doc.get("labels")
-    s._labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
     s.models = [str(m) for m in doc.get("models") or ()]  # the models that answered so far
     s.scopes = tuple(str(n) for n in doc.get("scopes") or ())  # its budget scopes
-    s._resumed_from = str(doc.get("id") or checkpoint_id)
-    try:
-        s._resumed_stop = (StopReason(doc.get("reason")), str(doc.get("detail") or ""))
-    except ValueError:
-        s._resumed_stop = None
+    written, mine = doc.get("ledger"), ledger_identity(guard.ledger)
+    on = written if isinstance(written, str) and mine not in (None, written) else None
+    load_checkpoint(s, doc, str(doc.get("id") or checkpoint_id), on)
     return run, ended
 
 

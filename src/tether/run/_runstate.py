@@ -25,7 +25,16 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["RECOVERY_COOLDOWNS", "HasState", "RunState", "Tail"]
+__all__ = [
+    "RECOVERY_COOLDOWNS",
+    "HasState",
+    "RunState",
+    "Tail",
+    "continue_here",
+    "load_checkpoint",
+    "load_document",
+    "note_effect",
+]
 
 #: How long one call may wait for an open breaker's probes, in breaker cooldowns (the
 #: probes follow the dependency, so a short outage costs a short wait).
@@ -158,6 +167,9 @@ class RunState:
         self.partial = Tail(guard.keep_last)
         self.transcript = Tail(guard.keep_last)
         self._effects: list[tuple[str, Any, str]] = []  # (tool, args, ledger key)
+        #: restored from a document written on another in-process ledger: its identity (an
+        #: effect asked for here may have been made there: tether.LedgerNotShared, once)
+        self._written_on: str | None = None
         self._labels: dict[str, str] = {}  # what the customer reads for a tool's effect
         #: the field of a tool's result (or a function of it) that is its effect's reference
         self._references: dict[str, Any] = {}
@@ -387,3 +399,111 @@ class HasState(Protocol):
     """What owns a run's state (a :class:`tether.Run`), for the modules that rebuild one."""
 
     _state: RunState
+
+
+# --- a run read back from its document: the state takes what it says (its own module) ----
+
+
+def load_document(
+    s: RunState, doc: Mapping[str, Any], max_steps: int | None, written_on: str | None
+) -> None:
+    """Take what a run document (a snapshot, read and checked by ``_snapshot``) says of
+    the run beyond its counts; ``max_steps``: the limit the guard allows it (never the
+    document's), ``written_on``: the other in-process ledger it was written on."""
+    s._error = doc.get("error") if isinstance(doc.get("error"), str) else None
+    s._checked_models = {str(m) for m in doc.get("checked_models") or ()}
+    s.models = [str(m) for m in doc.get("models") or ()]
+    s._last_costs = [float(c) for c in doc.get("last_costs") or ()]
+    s._last_tokens = int(doc.get("last_tokens") or 0)
+    s._max_steps = max_steps
+    s._written_on = written_on
+    if not isinstance(doc.get("labels") or {}, Mapping):
+        raise TypeError(f"labels must be a mapping, got {type(doc.get('labels')).__name__}")
+    _load_effects(s, doc)
+    s._failed_effects = {str(k): str(v) for k, v in (doc.get("failed_effects") or {}).items()}
+    s._declined = {str(k): [str(v) for v in tw] for k, tw in (doc.get("declined") or {}).items()}
+    s._tool_counts = Counter({str(k): int(v) for k, v in (doc.get("tool_counts") or {}).items()})
+    s._compensated = list(doc.get("compensated") or ())
+    pending = doc.get("pending")
+    s._pending = ApprovalRecord.from_doc(dict(pending)) if isinstance(pending, Mapping) else None
+    s._unconfirmed = [str(t) for t in doc.get("unconfirmed") or ()]
+    s._failures = Counter(
+        {(str(a), str(b), str(c)): int(n) for a, b, c, n in doc.get("failures") or ()}
+    )
+    s._results = OrderedDict((str(r), None) for r in doc.get("results") or ())
+    s._no_progress = int(doc.get("no_progress") or 0)
+    s._step_progress = bool(doc.get("step_progress"))
+    s._step_counted = bool(doc.get("step_counted"))
+    s._step_calls = int(doc.get("step_calls") or 0)
+    stop = doc.get("stop")
+    if stop:
+        s._stop = (StopReason(stop[0]), str(stop[1]))
+    s._escalate = bool(doc.get("escalate"))
+    s._result = doc.get("result")
+    s._issues = [str(i) for i in doc.get("issues") or ()]
+    resumed = doc.get("resumed_from")
+    s._resumed_from = resumed if isinstance(resumed, str) else None
+    s._began = bool(doc.get("began"))
+    resumed_stop = doc.get("resumed_stop")
+    if resumed_stop:
+        s._resumed_stop = (StopReason(resumed_stop[0]), str(resumed_stop[1]))
+    s._loops.load(doc.get("loops") or {})
+
+
+def load_checkpoint(
+    s: RunState, doc: Mapping[str, Any], resumed_from: str, written_on: str | None
+) -> None:
+    """Take what a checkpoint (read and checked by ``_resume``) says of the run beyond
+    its counts and calls: its effects, their labels, its journal, how it had stopped."""
+    _load_effects(s, doc)
+    s._written_on = written_on
+    s._resumed_from = resumed_from
+    try:
+        s._resumed_stop = (StopReason(doc.get("reason")), str(doc.get("detail") or ""))
+    except ValueError:
+        s._resumed_stop = None
+
+
+def _load_effects(s: RunState, doc: Mapping[str, Any]) -> None:
+    """The effects made, what the customer reads for each, the compensable calls (a
+    document written before it kept its effects has none: the run says what it makes)."""
+    s._effects = [(str(t), a, str(k)) for t, a, k in doc.get("effects") or ()]
+    labels = doc.get("labels")
+    s._labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
+    s._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
+
+
+def continue_here(s: RunState, elapsed: float) -> None:
+    """Go on in this process as a run restored from its own snapshot would: the clock
+    from ``elapsed`` (time outside a framework's hooks is not the run's), and anew what a
+    restore makes anew (token reservations, tools' health, the hung-thread base, spans,
+    records filed)."""
+    s._started = s.clock.now()
+    s._elapsed_before = elapsed
+    s._hung_base = hung_threads()
+    s._tokens = RunTokens(s)
+    s._health = {}
+    s._case_filed = False
+    s._span_cm = None
+    s._filed = set()
+    s._step_span = None
+
+
+def note_effect(s: RunState, tool: str, args: Any, key: str) -> None:
+    """Note an effect the run asks for (its outcome states what the ledger says was done).
+    A run restored from a document written on another in-process ledger says, once, that
+    the effect may have been made there."""
+    if s._written_on is not None:
+        s.guard._ledger_not_shared(s.run_id, _elsewhere(tool))
+    s._effects.append((tool, args, key))
+
+
+def _elsewhere(tool: str) -> str:
+    """What ``_document.ledger_not_shared`` says of a run restored from a document written on
+    another in-process ledger, at its first effect (``tool``)."""
+    return (
+        f"was restored from a document written on another in-process ledger and now asks "
+        f"for an effect ({tool}) that this ledger has no record of: if the run made it there "
+        "after that document (a LangGraph fork replayed from before the effect, a thread "
+        "picked up by another worker), it runs again"
+    )

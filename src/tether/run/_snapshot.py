@@ -10,28 +10,24 @@ the run stays in memory between the two.
 from __future__ import annotations
 
 import math
-from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether._errors import RunDocumentError
-from tether.clock import hung_threads
 from tether.effects._canonical import jsonable
-from tether.records._approvals import ApprovalRecord
 from tether.redaction._redact import PlainEntry, RecordedEntry, redact
 from tether.run._document import (
     DOCUMENT_VERSION,
     Form,
     check_version,
-    effects_doc,
+    ledger_identity,
     read,
+    run_fields,
     write,
 )
-from tether.run._governance import JournalEntry
-from tether.run._outcome import StopReason, Usage
-from tether.run._runstate import HasState, RunState, Tail
-from tether.run._tokens import RunTokens
+from tether.run._outcome import Usage
+from tether.run._runstate import HasState, RunState, Tail, continue_here, load_document
 
 if TYPE_CHECKING:
     from tether.run._settings import RunSettings
@@ -117,10 +113,8 @@ def _document(run: RunState) -> dict[str, Any]:
     loops = run._loops
     stop = run._stop
     return {
-        "run_id": run.run_id,
+        **run_fields(run),  # the run, its request, its effects (redacted), its ledger
         "task": run.task,
-        "key": run.key,
-        "request": run._request,
         "scopes": list(run.scopes),
         "elapsed": run.elapsed,
         "cost_usd": run.cost_usd,
@@ -134,8 +128,6 @@ def _document(run: RunState) -> dict[str, Any]:
         "partial": _tail(run.partial),
         "transcript": _tail(run.transcript),
         # an effect's arguments say what was done (the customer is told); redacted here, once
-        "effects": effects_doc(run._effects),
-        "labels": dict(run._labels),
         "failed_effects": dict(run._failed_effects),
         "declined": dict(run._declined),
         "tool_counts": dict(run._tool_counts),
@@ -234,49 +226,16 @@ def _rebuild(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R])
     s.scopes = tuple(str(n) for n in doc.get("scopes") or ())
     s.partial = _untail(guard.keep_last, doc.get("partial"))
     s.transcript = _untail(guard.keep_last, doc.get("transcript"))
-    s._error = doc.get("error") if isinstance(doc.get("error"), str) else None
-    s._checked_models = {str(m) for m in doc.get("checked_models") or ()}
-    s.models = [str(m) for m in doc.get("models") or ()]
-    s._last_costs = [float(c) for c in doc.get("last_costs") or ()]
-    s._last_tokens = int(doc.get("last_tokens") or 0)
-    s._max_steps = _max_steps(guard, doc.get("max_steps"), s.steps)
-    s._effects = [(str(t), a, str(k)) for t, a, k in doc.get("effects") or ()]
-    s._labels = {str(k): str(v) for k, v in (doc.get("labels") or {}).items()}
-    s._failed_effects = {str(k): str(v) for k, v in (doc.get("failed_effects") or {}).items()}
-    s._declined = {str(k): [str(v) for v in tw] for k, tw in (doc.get("declined") or {}).items()}
-    s._tool_counts = Counter({str(k): int(v) for k, v in (doc.get("tool_counts") or {}).items()})
-    s._journal = [JournalEntry.from_doc(e) for e in doc.get("journal") or ()]
-    s._compensated = list(doc.get("compensated") or ())
-    pending = doc.get("pending")
-    s._pending = ApprovalRecord.from_doc(dict(pending)) if isinstance(pending, Mapping) else None
-    s._unconfirmed = [str(t) for t in doc.get("unconfirmed") or ()]
-    s._failures = Counter(
-        {(str(a), str(b), str(c)): int(n) for a, b, c, n in doc.get("failures") or ()}
-    )
-    s._results = OrderedDict((str(r), None) for r in doc.get("results") or ())
-    s._no_progress = int(doc.get("no_progress") or 0)
-    s._step_progress = bool(doc.get("step_progress"))
-    s._step_counted = bool(doc.get("step_counted"))
-    s._step_calls = int(doc.get("step_calls") or 0)
-    stop = doc.get("stop")
-    if stop:
-        s._stop = (StopReason(stop[0]), str(stop[1]))
-    s._escalate = bool(doc.get("escalate"))
-    s._result = doc.get("result")
-    s._issues = [str(i) for i in doc.get("issues") or ()]
-    resumed = doc.get("resumed_from")
-    s._resumed_from = resumed if isinstance(resumed, str) else None
-    s._began = bool(doc.get("began"))
-    resumed_stop = doc.get("resumed_stop")
-    if resumed_stop:
-        s._resumed_stop = (StopReason(resumed_stop[0]), str(resumed_stop[1]))
-    loops, saved = s._loops, doc.get("loops") or {}
-    loops._recent = deque(str(a) for a in saved.get("recent") or ())
-    loops._counts = Counter({str(k): int(v) for k, v in (saved.get("counts") or {}).items()})
-    loops._allowed = Counter({str(k): int(v) for k, v in (saved.get("allowed") or {}).items()})
-    loops._seq = deque((str(a) for a in saved.get("seq") or ()), maxlen=loops._seq.maxlen)
-    loops._states = OrderedDict((str(k), int(v)) for k, v in saved.get("states") or ())
+    load_document(s, doc, _max_steps(guard, doc.get("max_steps"), s.steps), _written_on(guard, doc))
     return run
+
+
+def _written_on(guard: RunSettings, doc: Mapping[str, Any]) -> str | None:
+    """The in-process ledger ``doc`` was written on, when it is not ``guard``'s own (which
+    is in-process too): the run's effects made there since (a fork replayed from before
+    them) are not seen here. None when the ledgers are one, or either is shared."""
+    written, mine = doc.get("ledger"), ledger_identity(guard.ledger)
+    return written if isinstance(written, str) and mine is not None and written != mine else None
 
 
 def _rebuilt_as_is(s: RunState) -> bool:
@@ -375,13 +334,5 @@ def _settle(s: RunState, guard: RunSettings, doc: Mapping[str, Any]) -> bool:
             if type(entry) is not PlainEntry:  # a new entry: the snapshot's JSON of it
                 e = entries[i]
                 tail[i] = PlainEntry(e) if isinstance(e, Mapping) else e
-    s._started = s.clock.now()
-    s._elapsed_before = float(elapsed)
-    s._hung_base = hung_threads()
-    s._tokens = RunTokens(s)
-    s._health = {}
-    s._case_filed = False
-    s._span_cm = None
-    s._filed = set()
-    s._step_span = None
+    continue_here(s, float(elapsed))
     return True

@@ -28,7 +28,7 @@ from tether.run._governance import JournalEntry
 from tether.run._health import ToolUnresponsive
 from tether.run._hung import HungTools
 from tether.run._outcome import Stopped, StopReason, ToolError
-from tether.run._runstate import RunState
+from tether.run._runstate import RunState, note_effect
 from tether.run._toolkit import (
     QUOTA_REACHED,
     REJECTED,
@@ -181,7 +181,7 @@ class ToolDecisions:
     def _effect_key(self, call: _Call) -> str:
         """The ledger key of a non-idempotent call, noted so that the outcome can state
         what the ledger says was done."""
-        self.s._effects.append((call.name, call.args, call.key))
+        note_effect(self.s, call.name, call.args, call.key)
         return call.key
 
     def _after_success(

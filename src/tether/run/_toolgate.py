@@ -80,7 +80,7 @@ class ToolGate:
         approvals = self.s.guard._approvals()
         try:
             record_id, record = _current_approval(
-                approvals, approval_id(self.s.run_id, call.action)
+                approvals, approval_id(self.s.run_id, call.action, self.s._request)
             )
             approved = record is not None and record.status == gov.APPROVED
             known = None if approved else self.s.guard.ledger.get(call.key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -39,6 +40,9 @@ class MemoryLedgerBackend:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: dict[str, Record] = {}
+        #: names this ledger in the run documents written on it: a run restored on another
+        #: in-process ledger is told its effects may be made again (tether.LedgerNotShared)
+        self.identity = os.urandom(16).hex()
         self._epoch = system_clock.wall() - system_clock.now()
 
     def _time(self, now: float | None) -> float:
