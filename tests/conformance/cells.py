@@ -77,11 +77,13 @@ def test_streaming(adapter: Adapter, tmp_path: Path) -> None:
 
 
 @cell(Cell.PARALLEL)
-def test_parallel_tool_calls_hold_the_cap(adapter: Adapter, tmp_path: Path) -> None:
+@SHELLS
+def test_parallel_tool_calls_hold_the_cap(adapter: Adapter, tmp_path: Path, shell: Mode) -> None:
     """One turn asks for 6 searches at once under ``max_tool_calls=3``: 3 run, 3 are counted,
-    the run stops MAX_TOOL_CALLS (async tools, so the calls really interleave)."""
+    the run stops MAX_TOOL_CALLS (async tools yield, so the calls really interleave; a sync
+    framework may run them in threads)."""
     world = World([ask(*[("search", {"q": f"A-{i}"}) for i in range(6)]), "Found them."])
-    out = adapter.run(world, guard(tmp_path, budget=Budget(max_tool_calls=3)), "async")
+    out = adapter.run(world, guard(tmp_path, budget=Budget(max_tool_calls=3)), shell)
     assert world.ran["search"] == 3
     assert out.usage.tool_calls == 3
     assert out.stopped_because is StopReason.MAX_TOOL_CALLS
