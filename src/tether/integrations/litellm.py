@@ -28,7 +28,8 @@ from typing import Any
 
 from tether import RetryPolicy, Run
 from tether._errors import require
-from tether.integrations._usage import RequestUsage, openai_chat_usage
+from tether.providers._usage import RequestUsage
+from tether.providers.openai_chat import usage as openai_chat_usage
 
 require("litellm", "litellm")
 
