@@ -22,6 +22,7 @@ from tether.records._collections import (
     OnDocuments,
 )
 from tether.records._decisions import DECISION_LEASE, Decision, Decisions
+from tether.records._incidents import Incidents
 from tether.records._retention import Pruned, prune
 from tether.records._runs import DAY, Overview, RunPage, Runs, Tables, portable
 from tether.stores._documents import DocKind, PostgresDocuments, SqliteDocuments
@@ -77,6 +78,8 @@ class Records(OnDocuments):
         self.approvals = Approvals(store)
         self.handoffs = Handoffs(store)
         self.dead_letters = DeadLetters(store)
+        #: each dependency's open incident: the runs one outage stopped, one case
+        self.incidents = Incidents(store, self.tables)
         self._ledgers: list[Ledger] = []
         self._decisions = Decisions(store, self.tables, self._docs)
         self._scopes: SqlScopes | None = None

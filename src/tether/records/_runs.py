@@ -61,6 +61,11 @@ class Tables:
         return ("tether_ledger",)
 
     @property
+    def incidents(self) -> str:
+        """The table of each dependency's open incident (records/_incidents.py)."""
+        return self.runs.removesuffix("runs") + "incidents"
+
+    @property
     def sql(self) -> Dialect:
         """The dialect's differences (stores/_sql.py)."""
         return DIALECTS[self.dialect]
@@ -100,6 +105,11 @@ class Tables:
             f"run_id TEXT NOT NULL, worker TEXT NOT NULL, taken_at {real} NOT NULL, "
             f"lease_until {real} NOT NULL, done_at {real})",
             f"CREATE INDEX IF NOT EXISTS {self.decisions}_by_run ON {self.decisions} (run_id)",
+            # one row per dependency: the case of its open incident (the runs an outage stopped)
+            f"CREATE TABLE IF NOT EXISTS {self.incidents} (dependency TEXT PRIMARY KEY, "
+            f"handoff_id TEXT NOT NULL, opened_at {real} NOT NULL, last_at {real} NOT NULL, "
+            "runs INTEGER NOT NULL)",
+            f"CREATE INDEX IF NOT EXISTS {self.runs}_by_case ON {self.runs} (handoff_id)",
             # the inbox and the workers ask for approvals and cases by state
             f"CREATE INDEX IF NOT EXISTS {self.docs}_approval_state ON {self.docs} "
             f"({self.field('status')}, created_at) WHERE kind = '{DocKind.APPROVAL}'",

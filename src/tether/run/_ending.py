@@ -6,11 +6,11 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether import telemetry
 from tether.effects._canonical import jsonable
-from tether.redaction._redact import redact, redact_conversation, redacted_entries
+from tether.redaction._redact import redact, redact_conversation, redact_text, redacted_entries
 from tether.run._document import Form, read, run_fields, write
 from tether.run._handoff import SOME_STEP, HandoffRecord, _Delivery
 from tether.run._outcome import (
@@ -22,6 +22,9 @@ from tether.run._outcome import (
     deferred_partial,
 )
 from tether.run._runstate import RunState
+
+if TYPE_CHECKING:
+    from tether.records._records import Records
 
 __all__ = ["Ending"]
 
@@ -157,9 +160,14 @@ class Ending:
                 message,
                 self.s.clock.wall(),
             )
+            records = self.s.guard.records
+            into_records = records is not None
+            if records is not None and self.s._outage is not None:  # one case per outage
+                handoff = self._join_incident(records, handoff, issues)
+                into_records = False
             for sink in (
                 esc.sink if esc is not None else None,
-                self.s.guard.records.handoffs if self.s.guard.records is not None else None,
+                records.handoffs if records is not None and into_records else None,
             ):
                 delivery = _Delivery(sink)
                 self.s._case_filed = delivery.deliver(handoff) or self.s._case_filed
@@ -205,6 +213,39 @@ class Ending:
             except Exception:
                 _log.exception("tether: on_stop hook raised; ignored")
         return self.s._outcome
+
+    def _join_incident(
+        self, records: Records, handoff: HandoffRecord, issues: list[str]
+    ) -> HandoffRecord:
+        """File a run that an outage stopped under that outage's incident: the open case of
+        its dependency, or a new one when there is none (records/_incidents.py); the
+        handoff, named by that case's id."""
+        from tether.records._collections import CaseState  # loaded by an outage's run only
+
+        assert self.s._outage is not None
+        dependency = str(redact_text(self.s._outage))
+
+        def new_case() -> dict[str, Any]:
+            doc = handoff.to_doc()
+            doc.update(state=CaseState.OPEN, incident={"dependency": dependency})
+            return doc
+
+        try:
+            case_id, opened = records.incidents.join(dependency, handoff.at, new_case)
+        except Exception as exc:  # a failing store never loses the outcome
+            _log.error(
+                "tether: run %s: its incident could not be filed: %s",
+                self.s.run_id,
+                redact(str(exc)),
+            )
+            issues.append(f"incident filing failed: {type(exc).__name__}")
+            return handoff
+        self.s._case_filed = True
+        if not opened:
+            _log.info(
+                "tether: run %s joins the open incident %s (%s)", self.s.run_id, case_id, dependency
+            )
+        return replace(handoff, id=case_id)
 
     def _ended_as(self, record: Mapping[str, Any]) -> None:
         """This run was resumed from a checkpoint it has moved past (a redelivered job, a
@@ -338,6 +379,8 @@ def _said(reason: StopReason, status: str) -> str:
     own = meaning.status
     if own is None:  # decided by what was done: its message when nothing else was
         own = Status.FAILED
+        if meaning.person and status == Status.ESCALATED:  # and when a person has it
+            return meaning.message
     return meaning.message if status == own else status
 
 

@@ -35,6 +35,10 @@ __all__ = ["Budget", "Guard", "request_of"]
 
 _log = logging.getLogger("tether")
 
+#: ``Guard(outage_wait=...)``'s default: a chat customer waits at most this many seconds
+#: for a provider that is down before the run ends with an honest message
+OUTAGE_WAIT = 10.0
+
 
 class Guard:
     """The guards around an agent's loop; ``guard.start(task)`` opens one run.
@@ -63,6 +67,7 @@ class Guard:
         store: Store | None = None,
         breaker_threshold: int | None = None,
         wait_for_recovery: bool = True,
+        outage_wait: float | None = OUTAGE_WAIT,
         breaker_cooldown: float = 30.0,
         on_hung_tool: HungToolMode = "hand_over",
         describe_effect: Callable[[str, Any, Any], str | None] | None = None,
@@ -143,6 +148,17 @@ class Guard:
         # one unlucky call's retries alone never trip a tool's breaker
         self.breaker_threshold = breaker_threshold or max(5, 2 * self.retry.max_attempts)
         self.wait_for_recovery = wait_for_recovery
+        if outage_wait is not None and (
+            isinstance(outage_wait, bool)
+            or not isinstance(outage_wait, int | float)
+            or outage_wait < 0
+        ):
+            raise ValueError(f"outage_wait must be a number >= 0 or None, got {outage_wait!r}")
+        #: the longest a run waits, in all, for a dependency that is down (its breaker
+        #: open: the model provider, a tool's service) before it ends CIRCUIT_OPEN with an
+        #: honest message and joins that outage's incident (one case); only a run with a
+        #: time budget waits. None: as the time budget allows, three breaker cooldowns a call
+        self.outage_wait = None if outage_wait is None else float(outage_wait)
         if on_hung_tool not in HUNG_TOOL_MODES:
             raise ValueError(
                 f"on_hung_tool must be one of {', '.join(map(repr, HUNG_TOOL_MODES))}, "

@@ -161,6 +161,11 @@ class CustomerMessages:
     declined: str = (
         "This was not done: it was declined.{done} Reply here if anything should change."
     )
+    outage: str = (
+        "We're having trouble reaching one of our systems right now, so we could not finish "
+        "this.{done} A member of our team has your case and will get back to you here; you can "
+        "also try again in a few minutes."
+    )
     escalated_no_case: str = (
         "We could not finish this for you automatically.{done} Please try again later."
     )
@@ -174,6 +179,10 @@ class CustomerMessages:
     unconfirmed_no_case: str = (
         "We could not confirm whether every step of your request went through.{done} Please "
         "do not repeat it yet: check first whether it went through, so that nothing is done twice."
+    )
+    outage_no_case: str = (
+        "We're having trouble reaching one of our systems right now, so we could not finish "
+        "this.{done} Please try again in a few minutes."
     )
     done_prefix: str = " Done: "
     undone_prefix: str = " Undone: "
@@ -204,14 +213,18 @@ class CustomerMessages:
             status = "partial"
         elif status == "partial" and not facts:  # "part of this" only when a part was done
             status = "failed"
-        if not case_filed and status in ("escalated", "partial", "unconfirmed", "handed_over"):
+        if not case_filed and status in _PROMISES:
             status = f"{status}_no_case"
         template = getattr(self, status, self.failed)
         return str(template).format(done=done)
 
 
 #: the endings whose message gives way to "unconfirmed" when an effect's outcome is unknown
-_UNCONFIRMABLE = frozenset({"failed", "partial", "escalated", "refused", "handed_over", "declined"})
+_UNCONFIRMABLE = frozenset(
+    {"failed", "partial", "escalated", "refused", "handed_over", "declined", "outage"}
+)
+#: the messages that promise a person: their ``*_no_case`` form when no case was filed
+_PROMISES = frozenset({"escalated", "partial", "unconfirmed", "handed_over", "outage"})
 
 
 @dataclass

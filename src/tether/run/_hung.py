@@ -93,4 +93,5 @@ class HungTools:
         self.s._escalate = True
         if exc.hanging >= UNRESPONSIVE_AFTER:  # it holds worker threads
             return self.s._halt(StopReason.HUNG_TOOLS, str(exc))
-        return self.s._halt(StopReason.CIRCUIT_OPEN, f"{exc}, and its circuit is open")
+        breaker = self.s.guard.breaker(call.name).name
+        return self.s.outage(breaker, f"{exc}, and its circuit is open")

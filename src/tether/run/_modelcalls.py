@@ -195,7 +195,7 @@ class ModelCalls:
         if isinstance(exc, DeadlineExceeded) and self.s.budget.max_seconds is not None:
             return self.s._halt(StopReason.TIMEOUT, "the time budget ran out waiting for the model")
         if isinstance(exc, CircuitOpenError):
-            return self.s._halt(StopReason.CIRCUIT_OPEN, f"the model provider is down ({exc})")
+            return self.s.outage(exc.name, f"the model provider is down ({exc})")
         verdict = classify(exc)
         reason = StopReason.ERROR if verdict.retryable else StopReason.PERMANENT_ERROR
         return self.s._halt(reason, f"model call failed: {verdict.reason}")

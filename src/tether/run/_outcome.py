@@ -162,7 +162,8 @@ MEANINGS: dict[StopReason, Meaning] = {
     StopReason.PERMANENT_ERROR: Meaning(Status.FAILED, person=True),
     StopReason.ERROR: Meaning(Status.FAILED),
     StopReason.FAILED: Meaning(Status.FAILED),
-    StopReason.CIRCUIT_OPEN: Meaning(person=True),
+    # a dependency is down: its own words, whether a person has the case or not
+    StopReason.CIRCUIT_OPEN: Meaning(person=True, message="outage"),
     StopReason.IDENTICAL_FAILURES: Meaning(person=True),
     StopReason.UNKNOWN_OUTCOME: Meaning(person=True),
     StopReason.HUNG_TOOLS: Meaning(person=True),

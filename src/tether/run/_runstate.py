@@ -192,6 +192,10 @@ class RunState:
         self._stop: tuple[StopReason, str] | None = None
         self._escalate = False
         self._case_filed = False  # the run's handoff reached a sink or the records
+        #: the dependency whose outage (its breaker open) stopped the run, e.g.
+        #: "anthropic:https://api.anthropic.com": its case is that outage's incident
+        self._outage: str | None = None
+        self._recovery_waited = 0.0  # seconds this run waited for open breakers' probes
         self._result: Any = None
         self._outcome: Outcome | None = None
         self._issues: list[str] = []
@@ -325,15 +329,21 @@ class RunState:
     ) -> float | None:
         """How long to wait for the next probe of the open breaker ``exc`` names, or None
         when the run may not wait: the guard does not wait for recovery, the run has no
-        time budget, this call already waited ``RECOVERY_COOLDOWNS`` breaker cooldowns, or
-        the wait and then an attempt of ``timeout`` would not fit in the time left (so a
-        wait never outlasts the run's budget)."""
+        time budget, the wait would pass the guard's ``outage_wait`` (seconds for the whole
+        run, default 10: a customer in a chat is not kept waiting; ``outage_wait=None``:
+        ``RECOVERY_COOLDOWNS`` breaker cooldowns per call), or the wait and then an attempt
+        of ``timeout`` would not fit in the time left (so a wait never outlasts the run's
+        budget). ``waited``: what this call has waited so far."""
         left = self.time_left()
         wait = exc.retry_in + 0.05
+        bound = self.guard.outage_wait
+        so_far = waited if bound is None else max(waited, self._recovery_waited)
+        if bound is None:
+            bound = RECOVERY_COOLDOWNS * self.guard.breaker_cooldown
         if (
             not self.guard.wait_for_recovery
             or left is None
-            or waited + wait > RECOVERY_COOLDOWNS * self.guard.breaker_cooldown
+            or so_far + wait > bound
             or wait + (timeout or 0.0) >= left
         ):
             return None
@@ -353,6 +363,7 @@ class RunState:
                     raise
                 self.clock.sleep(wait)
                 waited += wait
+                self._recovery_waited += wait
 
     async def athrough_breaker(
         self, fn: Callable[[], Awaitable[T]], *, timeout: float | None = None
@@ -368,6 +379,15 @@ class RunState:
                     raise
                 await self.clock.asleep(wait)
                 waited += wait
+                self._recovery_waited += wait
+
+    def outage(self, dependency: str, detail: str) -> Stopped:
+        """Stop the run ``CIRCUIT_OPEN``: ``dependency`` is down (its breaker open) and
+        the run may wait no longer; the ending files the run under that outage's incident
+        (one case for every run it stops). Returns the Stopped to raise."""
+        if self._stop is None:
+            self._outage = dependency
+        return self._halt(StopReason.CIRCUIT_OPEN, detail)
 
     def _halt(self, reason: StopReason, detail: str = "") -> Stopped:
         """Record that the run stops for ``reason`` without raising; returns the

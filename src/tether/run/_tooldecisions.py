@@ -244,9 +244,7 @@ class ToolDecisions:
         if isinstance(exc, ToolUnresponsive):
             return self.hung._not_answering(call, exc)
         if isinstance(exc, CircuitOpenError):
-            return self.s._halt(
-                StopReason.CIRCUIT_OPEN, f"{call.name}: its dependency is down (circuit open)"
-            )
+            return self.s.outage(exc.name, f"{call.name}: its dependency is down (circuit open)")
         if isinstance(exc, EffectInProgress):  # one request, two runs: the other one has it
             self.s._issues.append(
                 f"{call.name} is being done by another worker of this request (it holds the "
