@@ -23,9 +23,11 @@ import json
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
+from tether.bench._tau_common import CRASH_TEXT, MAX_TURNS, PROMPT, SYSTEM, Ending
+from tether.bench._tau_common import guard_of as _guard
+from tether.bench._tau_common import told as _told
 from tether.bench._tau_formats import _anthropic_exception, _text, _usage
 from tether.bench._tau_model import Call
-from tether.bench._tau_policies import CRASH_TEXT, MAX_TURNS, PROMPT, SYSTEM, Ending, _guard, _told
 from tether.bench._tau_tools import ASYNC, LOOKUPS
 from tether.bench._tau_world import MODEL, current
 

@@ -26,10 +26,19 @@ An exception that escapes an agent is what the application shows as an error
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 import tether
+from tether.bench._tau_common import (
+    ATTEMPTS,
+    CRASH_TEXT,
+    MAX_TURNS,
+    PROMPT,
+    SYSTEM,
+    Ending,
+)
+from tether.bench._tau_common import guard_of as _guard
+from tether.bench._tau_common import told as _told
 from tether.bench._tau_domain import WRITES
 from tether.bench._tau_formats import (
     agents_model,
@@ -38,8 +47,8 @@ from tether.bench._tau_formats import (
     openai_transport,
     pydantic_model,
 )
-from tether.bench._tau_tools import ASYNC, BLIND_LOOKUPS, LOOKUPS, SYNC, describe_effect
-from tether.bench._tau_world import MODEL, PRICE, Episode
+from tether.bench._tau_tools import ASYNC, BLIND_LOOKUPS, LOOKUPS, SYNC
+from tether.bench._tau_world import MODEL, Episode
 from tether.bench._vloop import run_virtual
 
 __all__ = [
@@ -52,21 +61,6 @@ __all__ = [
     "installed",
     "run_policy",
 ]
-
-MAX_TURNS = 40
-ATTEMPTS = 8
-PRICES = tether.PriceTable({MODEL: PRICE})
-CRASH_TEXT = "Sorry, something went wrong on our side. Please try again."
-PROMPT = "Hi, I need help with my orders."
-SYSTEM = "You are a retail customer service agent. Follow the retail policy."
-
-
-@dataclass(frozen=True, slots=True)
-class Ending:
-    """What the customer was told, and how the run ended."""
-
-    text: str
-    how: str  # "answer", "crash", or the tether outcome's status
 
 
 # --- the loop people write by hand ---------------------------------------------------------
@@ -178,20 +172,6 @@ def _tether_tools(lookups: dict[str, Any] | None, sync: bool = False) -> list[te
     return _TOOLS[key]
 
 
-def _guard(episode: Episode, attempts: int = ATTEMPTS) -> tether.Guard:
-    """What a user sets: the turn cap, the clock, how effects are told to the customer; a
-    store of this episode's own (episodes are separate timelines, not one fleet), and a
-    seed for the jitter (the bench is deterministic)."""
-    return tether.Guard(
-        budget=tether.Budget(max_steps=MAX_TURNS),
-        clock=episode.clock,
-        prices=PRICES,
-        retry=tether.RetryPolicy(max_attempts=attempts, seed=episode.rng_seed),
-        store=tether.stores.MemoryStore(),
-        describe_effect=describe_effect,
-    )
-
-
 def _model_policy(
     provider: str, base_url: str, episode: Episode, attempts: int = ATTEMPTS
 ) -> tether.RetryPolicy:
@@ -200,12 +180,6 @@ def _model_policy(
     return tether.RetryPolicy(
         name=provider, max_attempts=attempts, seed=episode.rng_seed, breaker=breaker
     )
-
-
-def _told(outcome: tether.Outcome) -> Ending:
-    if outcome.status == "success":
-        return Ending(str(outcome.result or ""), "success")
-    return Ending(outcome.customer_message, f"{outcome.status}:{outcome.stopped_because.name}")
 
 
 def _tether_anthropic(
