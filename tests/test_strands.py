@@ -291,3 +291,66 @@ def test_a_transient_model_error_is_retried_by_the_run(shell: str) -> None:
     assert model.calls == 2 and outcome.usage.model_calls == 1 and outcome.usage.retries == 1
     assert outcome.usage.steps == 1
     assert answer_text(result) == "Invoice 99 is paid."
+
+
+def interrupted_refund(answer: Any, shell: str) -> tuple[TetherHooks, list[str], Any, Any]:
+    """A refund that needs a person's approval, asked as a Strands interrupt; then the
+    person's ``answer`` (None: decided on tether's side, by ``guard.approve``)."""
+    from tether import Checkpoints
+
+    paid: list[str] = []
+
+    @tool
+    def issue_refund(order: str) -> str:
+        """Refund an order."""
+        paid.append(order)
+        return "refunded"
+
+    model = Scripted(lambda i: [use("issue_refund", {"order": "A-1"}, i)] if i == 0
+                     else [text("Refunded A-1.")])  # fmt: skip
+    tethered = Guard(prices=PRICES, checkpoints=Checkpoints.memory())
+    hooks = TetherHooks(
+        tethered, side_effects=["issue_refund"], requires_approval={"issue_refund": True}
+    )
+    agent = Agent(model=model, tools=[issue_refund], hooks=[hooks], callback_handler=None)
+    first = SHELLS[shell](agent, "refund A-1")
+    paused = hooks.last_outcome
+    assert first.stop_reason == "interrupt" and paid == [] and model.calls == 1
+    assert paused is not None and paused.stopped_because is StopReason.AWAITING_APPROVAL
+    (interrupt,) = first.interrupts
+    assert interrupt.name == "tether_approval"
+    assert interrupt.reason["checkpoint_id"] == paused.checkpoint_id
+    if answer is None:  # the operator page (or guard.approve) decided; the app resumes
+        tethered.approve(paused.checkpoint_id, by="alice")
+        answer = "approve"
+    reply = [{"interruptResponse": {"interruptId": interrupt.id, "response": answer}}]
+    result = SHELLS[shell](agent, reply)  # type: ignore[arg-type]
+    return hooks, paid, tethered, result
+
+
+@pytest.mark.parametrize("answer", [{"approved": True}, None])
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_tether_approval_is_a_strands_interrupt(shell: str, answer: Any) -> None:
+    """requires_approval pauses the run (a checkpoint, a pending approval) and interrupts the
+    agent; the interrupt's response (or guard.approve) resumes the paused run: the refund runs
+    once, the approval is used, the model answers."""
+    hooks, paid, tethered, result = interrupted_refund(answer, shell)
+    outcome = hooks.last_outcome
+    assert outcome is not None
+    assert (outcome.status, outcome.result) == ("success", "Refunded A-1.")
+    assert paid == ["A-1"]
+    (record,) = tethered.approvals()
+    assert (record.status, record.decided_by) == ("used", "strands" if answer else "alice")
+    assert answer_text(result) == "Refunded A-1."
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_an_interrupt_declined_rejects_the_approval(shell: str) -> None:
+    """The person declines: the approval is rejected, the refund never runs, the run ends
+    DECLINED."""
+    hooks, paid, tethered, _ = interrupted_refund({"approved": False}, shell)
+    assert paid == []
+    (record,) = tethered.approvals()
+    assert record.status == "rejected"
+    assert hooks.last_outcome is not None
+    assert hooks.last_outcome.stopped_because is StopReason.DECLINED

@@ -22,6 +22,7 @@ from typing import Any, Unpack
 
 from tether import Guard, ModelTurn, Outcome, Run, Stopped, ToolError
 from tether._errors import RunDocumentError, require
+from tether.integrations import _strands_interrupts
 from tether.integrations._common import (
     ModelRetries,
     SideEffects,
@@ -216,7 +217,9 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
     def _begin(self, event: Any) -> None:
         state = event.invocation_state
         messages = event.messages if event.messages is not None else event.agent.messages
-        run = self.guard.start(task=_task(messages), key=self._key(state), scopes=self.scopes)
+        run = _strands_interrupts.resumed(self.guard, event.agent)  # an answered interrupt
+        if run is None:
+            run = self.guard.start(task=_task(messages), key=self._key(state), scopes=self.scopes)
         run.__enter__()
         state[RUN_KEY] = run
         state.pop(_CANCELLED, None)
@@ -273,12 +276,15 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
         event.retry = True
         return True
 
-    def _before_tool(self, event: Any) -> None:
+    async def _before_tool(self, event: Any) -> None:
         run = self._run(event.invocation_state)
+        tool = event.selected_tool
+        if run.stopped is None and tool is not None:  # a call that needs approval interrupts
+            name = str(tool.tool_name)
+            await _strands_interrupts.ask(event, run, name, self.rules.options(name))
         if run.stopped is not None:  # the batch's AfterToolsEvent ends the loop
             event.cancel_tool = f"stopped: {run.stopped.value}"
             return
-        tool = event.selected_tool
         if tool is None:  # a tool the model named that does not exist: Strands answers it
             return
         options = self.rules.options(str(tool.tool_name))

@@ -61,15 +61,13 @@ class Strands(Adapter):
     name = "Strands Agents: `TetherHooks` (`Agent(hooks=[...])`)"
     venv = "frameworks"
     not_applicable = {
-        Cell.PAUSE_RESUME: (
-            "not built yet (#42): a Strands invocation paused for a tether approval cannot be "
-            "resumed from its checkpoint (Strands interrupts are not yet tether approvals)"
-        ),
         Cell.NESTED: (
             "not built yet (#42): a Strands agent run inside a tool is an invocation of its "
             "own, with a run of its own (give it its own hooks); it is not counted in the caller's"
         ),
     }
+    #: each paused run's agent and interrupt (Strands resumes the agent that was interrupted)
+    paused: dict[str, tuple[Any, Any]] = {}
 
     def agent(self, world: World, asynchronous: bool, hooks: list[Any]) -> Any:
         from strands import Agent, tool
@@ -77,22 +75,43 @@ class Strands(Adapter):
         tools = [tool(fn) for fn in world.tools(asynchronous)]
         return Agent(model=_model(world), tools=tools, hooks=hooks, callback_handler=None)
 
-    def _go(self, agent: Any, mode: Mode) -> None:
+    def _go(self, agent: Any, mode: Mode, prompt: Any = "refund A-1") -> Any:
         if mode == "sync":
-            agent("refund A-1")
-        elif mode == "async":
-            asyncio.run(agent.invoke_async("refund A-1"))
-        else:
+            return agent(prompt)
+        if mode == "async":
+            return asyncio.run(agent.invoke_async(prompt))
 
-            async def read() -> None:
-                async for _ in agent.stream_async("refund A-1"):
-                    pass
+        async def read() -> Any:
+            result = None
+            async for event in agent.stream_async(prompt):
+                result = event.get("result", result)
+            return result
 
-            asyncio.run(read())
+        return asyncio.run(read())
 
     def run(self, world: World, guard: Guard, mode: Mode, **rules: Any) -> Any:
         from tether.integrations.strands import TetherHooks
 
         hooks = TetherHooks(guard, **rules)
-        self._go(self.agent(world, mode != "sync", [hooks]), mode)
+        agent = self.agent(world, mode != "sync", [hooks])
+        result = self._go(agent, mode)
+        outcome = hooks.last_outcome
+        if outcome is not None and outcome.checkpoint_id and result.interrupts:
+            self.paused[outcome.checkpoint_id] = (agent, result.interrupts[0])
+        return outcome
+
+    def resume(self, world: World, guard: Guard, paused: Any, mode: Mode, **rules: Any) -> Any:
+        """The interrupted agent, rebuilt as a session manager restores it (messages, state,
+        interrupt state) under hooks on ``guard``, which decided the approval already (that
+        decision stands), answered (``interruptResponse``)."""
+        from tether.integrations.strands import TetherHooks
+
+        interrupted, interrupt = self.paused.pop(paused.checkpoint_id)
+        hooks = TetherHooks(guard, **rules)
+        agent = self.agent(world, mode != "sync", [hooks])  # the resuming process's agent,
+        agent.messages = interrupted.messages  # with what a session manager restores of it
+        agent.state = interrupted.state
+        agent._interrupt_state = interrupted._interrupt_state
+        reply = [{"interruptResponse": {"interruptId": interrupt.id, "response": "approve"}}]
+        self._go(agent, mode, reply)
         return hooks.last_outcome
