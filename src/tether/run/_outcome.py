@@ -59,6 +59,11 @@ class StopReason(enum.Enum):
         """What this reason means for the run's ending (:data:`MEANINGS`)."""
         return MEANINGS[self]
 
+    @property
+    def family(self) -> Family:
+        """The kind of stop: a loop, a budget, a failure, a person, a wait, done."""
+        return MEANINGS[self].family
+
 
 class Stopped(TetherError):
     """A guard stopped the run; the with-block of ``guard.start()`` swallows it."""
@@ -133,6 +138,18 @@ class Status(enum.StrEnum):
 STATUSES: tuple[Status, ...] = tuple(Status)
 
 
+class Family(enum.StrEnum):
+    """The kind of stop a reason is (``StopReason.X.family``): what telemetry and the
+    operator group stops by."""
+
+    DONE = "done"  # the agent's own ending: an answer, a failure it said
+    LOOP = "loop"  # a loop detector: the same action, sequence or state again, no progress
+    BUDGET = "budget"  # a run budget spent: steps, calls, tokens, money, time
+    FAILURE = "failure"  # a dependency or a tool failed
+    PERSON = "person"  # a person decides: a hand-over, a refusal, an escalation
+    WAIT = "wait"  # the run waits and goes on later: an approval, a scope, another worker
+
+
 @dataclass(frozen=True, slots=True)
 class Meaning:
     """What a stop reason means for the run's ending, in one place (:data:`MEANINGS`).
@@ -143,34 +160,50 @@ class Meaning:
     run is handed over when the guard keeps cases). ``final``: a decision that stands (a
     person's "no"): never handed over for having stopped short. ``message``: the
     :class:`tether.CustomerMessages` field the customer reads when the run ends with
-    ``status`` (None: the status's own).
+    ``status`` (None: the status's own). ``family``: the kind of stop (:class:`Family`).
     """
 
     status: Status | None = None
     person: bool = False
     final: bool = False
     message: str | None = None
+    family: Family = Family.FAILURE
 
 
 #: Every stop reason's meaning: status, whether a person is needed, the customer message.
+_LOOP, _BUDGET = Meaning(family=Family.LOOP), Meaning(family=Family.BUDGET)
 MEANINGS: dict[StopReason, Meaning] = {
-    **{reason: Meaning() for reason in StopReason},
-    StopReason.GOAL_REACHED: Meaning(Status.SUCCESS),
-    StopReason.AWAITING_APPROVAL: Meaning(Status.AWAITING_APPROVAL),
-    StopReason.BUDGET_REACHED: Meaning(Status.PAUSED),  # the run goes on once a scope has room
-    StopReason.IN_PROGRESS: Meaning(Status.PARTIAL, message="in_progress"),
+    StopReason.GOAL_REACHED: Meaning(Status.SUCCESS, family=Family.DONE),
+    StopReason.REPEATED_ACTION: _LOOP,
+    StopReason.REPEATED_SEQUENCE: _LOOP,
+    StopReason.STATE_CYCLE: _LOOP,
+    StopReason.NO_PROGRESS: _LOOP,
+    StopReason.MAX_STEPS: _BUDGET,
+    StopReason.MAX_MODEL_CALLS: _BUDGET,
+    StopReason.MAX_TOOL_CALLS: _BUDGET,
+    StopReason.MAX_TOKENS: _BUDGET,
+    StopReason.MAX_COST: _BUDGET,
+    StopReason.TIMEOUT: _BUDGET,
+    StopReason.IDENTICAL_FAILURES: Meaning(person=True),
     StopReason.PERMANENT_ERROR: Meaning(Status.FAILED, person=True),
-    StopReason.ERROR: Meaning(Status.FAILED),
-    StopReason.FAILED: Meaning(Status.FAILED),
     # a dependency is down: its own words, whether a person has the case or not
     StopReason.CIRCUIT_OPEN: Meaning(person=True, message="outage"),
-    StopReason.IDENTICAL_FAILURES: Meaning(person=True),
     StopReason.UNKNOWN_OUTCOME: Meaning(person=True),
     StopReason.HUNG_TOOLS: Meaning(person=True),
-    StopReason.REFUSED: Meaning(message="refused"),
-    StopReason.ESCALATED: Meaning(Status.ESCALATED, person=True),
-    StopReason.HANDED_OVER: Meaning(Status.ESCALATED, person=True, message="handed_over"),
-    StopReason.DECLINED: Meaning(final=True, message="declined"),
+    StopReason.TRUNCATED: Meaning(),
+    StopReason.REFUSED: Meaning(message="refused", family=Family.PERSON),
+    StopReason.ESCALATED: Meaning(Status.ESCALATED, person=True, family=Family.PERSON),
+    StopReason.NO_RESULT: Meaning(family=Family.DONE),
+    StopReason.ERROR: Meaning(Status.FAILED),
+    StopReason.FAILED: Meaning(Status.FAILED, family=Family.DONE),
+    StopReason.AWAITING_APPROVAL: Meaning(Status.AWAITING_APPROVAL, family=Family.WAIT),
+    # the run goes on once a scope has room
+    StopReason.BUDGET_REACHED: Meaning(Status.PAUSED, family=Family.WAIT),
+    StopReason.IN_PROGRESS: Meaning(Status.PARTIAL, message="in_progress", family=Family.WAIT),
+    StopReason.DECLINED: Meaning(final=True, message="declined", family=Family.PERSON),
+    StopReason.HANDED_OVER: Meaning(
+        Status.ESCALATED, person=True, message="handed_over", family=Family.PERSON
+    ),
 }
 
 

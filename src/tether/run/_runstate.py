@@ -17,13 +17,16 @@ from tether.redaction._redact import PlainEntry, RecordedEntry
 from tether.run._governance import JournalEntry
 from tether.run._health import ToolHealth
 from tether.run._loops import LoopState
-from tether.run._outcome import Outcome, Stopped, StopReason, Usage
+from tether.run._outcome import Family, Outcome, Stopped, StopReason, Usage
 from tether.run._tokens import RunTokens, urgency
 
 if TYPE_CHECKING:
     from tether.run._settings import RunSettings
 
 T = TypeVar("T")
+
+#: the telemetry event a stop of a family adds
+_FAMILY_EVENTS = {Family.LOOP: "tether.loop_detected", Family.BUDGET: "tether.budget_exhausted"}
 
 __all__ = [
     "RECOVERY_COOLDOWNS",
@@ -398,17 +401,9 @@ class RunState:
             _log.info(
                 "run %s stops: %s%s", self.run_id, reason.value, f" ({detail})" if detail else ""
             )
-            if reason in (
-                StopReason.REPEATED_ACTION,
-                StopReason.REPEATED_SEQUENCE,
-                StopReason.STATE_CYCLE,
-                StopReason.NO_PROGRESS,
-            ):
-                telemetry.add_event("tether.loop_detected", **{"tether.stop_reason": reason.value})
-            elif reason.name.startswith("MAX_") or reason is StopReason.TIMEOUT:
-                telemetry.add_event(
-                    "tether.budget_exhausted", **{"tether.stop_reason": reason.value}
-                )
+            event = _FAMILY_EVENTS.get(reason.family)
+            if event is not None:
+                telemetry.add_event(event, **{"tether.stop_reason": reason.value})
         reason, detail = self._stop
         return Stopped(reason, detail)
 

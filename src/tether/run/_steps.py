@@ -10,6 +10,7 @@ from tether import telemetry
 from tether.effects._canonical import canonical_json
 from tether.run._outcome import StopReason
 from tether.run._runstate import RunState
+from tether.run._stops import STEP_CHECKS, first_stop
 
 __all__ = ["Steps"]
 
@@ -28,7 +29,7 @@ class Steps:
         s._began = True
         if s.steps and not self._end_step():
             return False
-        reason = self._budget_stop()
+        reason = first_stop(s, STEP_CHECKS)  # every budget, as data (run/_stops.py)
         if reason is not None:
             s._halt(*reason)
             return False
@@ -65,48 +66,6 @@ class Steps:
     def _step_exempt(self) -> bool:
         """A step whose only tool calls were allowed repeats (polling) is not judged."""
         return self.s._step_calls > 0 and not self.s._step_counted
-
-    def _budget_stop(self) -> tuple[StopReason, str] | None:
-        s, b = self.s, self.s.budget
-        if s._max_steps is not None and s.steps >= s._max_steps:
-            return StopReason.MAX_STEPS, f"max steps ({s._max_steps}) reached"
-        if b.max_seconds is not None and s.elapsed >= b.max_seconds:
-            return (
-                StopReason.TIMEOUT,
-                f"time budget ({b.max_seconds:g} s) exceeded at step {s.steps}",
-            )
-        if b.max_model_calls is not None and s.model_calls >= b.max_model_calls:
-            return StopReason.MAX_MODEL_CALLS, f"max model calls ({b.max_model_calls}) reached"
-        if b.max_tokens is not None and (used := s.total_tokens) + s._last_tokens > b.max_tokens:
-            return StopReason.MAX_TOKENS, (
-                f"{used} tokens used; the next model call (about {s._last_tokens}) "
-                f"would pass the budget of {b.max_tokens}"
-            )
-        if b.max_input_tokens is not None and s.input_tokens >= b.max_input_tokens:
-            return StopReason.MAX_TOKENS, f"max_input_tokens ({b.max_input_tokens}) reached"
-        if b.max_output_tokens is not None and s.output_tokens >= b.max_output_tokens:
-            return StopReason.MAX_TOKENS, f"max_output_tokens ({b.max_output_tokens}) reached"
-        if b.max_cost_usd is not None:
-            nxt = self._next_cost()
-            if s.cost_usd + nxt > b.max_cost_usd:
-                return StopReason.MAX_COST, (
-                    f"${s.cost_usd:.4f} spent; the next model call (about ${nxt:.4f}) would pass "
-                    f"the budget of ${b.max_cost_usd:.4f}"
-                )
-        esc = s.guard.escalation
-        if esc is not None and esc.max_steps is not None and s.steps >= esc.max_steps:
-            s._escalate = True
-            return StopReason.ESCALATED, f"step count passed {esc.max_steps}"
-        return None
-
-    def _next_cost(self) -> float:
-        """The next model call's cost, extrapolated from the last two (costs tend to grow)."""
-        costs = self.s._last_costs
-        if not costs:
-            return 0.0
-        last = costs[-1]
-        prev = costs[-2] if len(costs) > 1 else last
-        return max(last, last + (last - prev))
 
     def progress(self, note: str = "") -> None:
         """Say that this step made progress (a new fact, a finished sub-goal)."""

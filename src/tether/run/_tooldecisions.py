@@ -29,6 +29,7 @@ from tether.run._health import ToolUnresponsive
 from tether.run._hung import HungTools
 from tether.run._outcome import Stopped, StopReason, ToolError
 from tether.run._runstate import RunState, note_effect
+from tether.run._stops import TOOL_CHECKS, first_stop
 from tether.run._toolkit import (
     QUOTA_REACHED,
     REJECTED,
@@ -67,8 +68,8 @@ class ToolDecisions:
             raise s._halt(*s._stop)
         s._began = True
         b = s.budget
-        if b.max_tool_calls is not None and s.tool_calls >= b.max_tool_calls:
-            raise s._halt(StopReason.MAX_TOOL_CALLS, f"max tool calls ({b.max_tool_calls}) reached")
+        if (stop := first_stop(s, TOOL_CHECKS)) is not None:  # the tool-call budgets
+            raise s._halt(*stop)
         # a non-idempotent call's timeout is the ledger's business: the attempt it abandons
         # keeps its claim until it really ends, so that nothing runs it a second time
         effect = not idempotent  # a bool in the key, whatever ``idempotent`` was given as
