@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from google.adk.agents import LlmAgent
 from google.adk.agents.run_config import RunConfig
-from google.adk.apps import App
+from google.adk.apps import App, ResumabilityConfig
 from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_response import LlmResponse
 from google.adk.runners import InMemoryRunner
@@ -449,7 +449,9 @@ def test_a_transient_model_error_is_retried_by_the_run(shell: str) -> None:
     assert last_text(events) == "Invoice 99 is paid."
 
 
-def confirmed_refund(answer: bool | None, sync: bool) -> tuple[Any, list[str], Scripted, Any]:
+def confirmed_refund(
+    answer: bool | None, sync: bool, resumable: bool = False
+) -> tuple[Any, list[str], Scripted, Any]:
     """A refund that needs a person's approval, asked through ADK's confirmation; then the
     ADK user's ``answer`` (None: decided on tether's side, by ``guard.approve``)."""
     from tether import Checkpoints
@@ -467,7 +469,9 @@ def confirmed_refund(answer: bool | None, sync: bool) -> tuple[Any, list[str], S
         tethered, side_effects=["issue_refund"], requires_approval={"issue_refund": True}
     )
     agent = LlmAgent(name="clerk", model=model, tools=[issue_refund])
-    runner = InMemoryRunner(app=App(name="shop", root_agent=agent, plugins=[plugin]))
+    resuming = ResumabilityConfig(is_resumable=True) if resumable else None
+    app = App(name="shop", root_agent=agent, plugins=[plugin], resumability_config=resuming)
+    runner = InMemoryRunner(app=app)
     session = asyncio.run(runner.session_service.create_session(app_name="shop", user_id="u"))
 
     def send(message: Any) -> list[Any]:
@@ -497,15 +501,18 @@ def confirmed_refund(answer: bool | None, sync: bool) -> tuple[Any, list[str], S
     return plugin, paid, model, (tethered, events)
 
 
+@pytest.mark.filterwarnings("ignore:\\[EXPERIMENTAL\\] ResumabilityConfig")  # ADK's own warning
+@pytest.mark.parametrize("resumable", [False, True])
 @pytest.mark.parametrize("answer", [True, None])
 @pytest.mark.parametrize("shell", ["async", "sync"])
 def test_a_tether_approval_is_asked_and_answered_through_adks_confirmation(
-    shell: str, answer: bool | None
+    shell: str, answer: bool | None, resumable: bool
 ) -> None:
     """requires_approval pauses the run (a checkpoint, a pending approval) and asks ADK's
-    confirmation; the ADK user's "confirmed" (or guard.approve) resumes the paused run: the
-    refund runs once, the approval is used, the model answers."""
-    plugin, paid, model, (tethered, events) = confirmed_refund(answer, shell == "sync")
+    confirmation; the ADK user's "confirmed" (or guard.approve) resumes the paused run, in
+    an App with or without ADK's ResumabilityConfig: the refund runs once, the approval is
+    used, the model answers."""
+    plugin, paid, model, (tethered, events) = confirmed_refund(answer, shell == "sync", resumable)
     outcome = plugin.last_outcome
     assert (outcome.status, outcome.result) == ("success", "Refunded A-1.")
     assert paid == ["A-1"] and model.calls == 2
