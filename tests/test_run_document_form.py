@@ -220,3 +220,39 @@ def test_an_altered_record_is_refused_on_resume(tmp_path: Path) -> None:
     with pytest.raises(RunDocumentError, match="signature"):
         g.resume(first)
     records.close()
+
+
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_an_effect_asked_again_is_one_entry_of_every_copy(tmp_path: Path, shell: str) -> None:
+    """An effect's id is its ledger key: asked twice in a run (the second replayed by the
+    ledger), it is one entry of the snapshot, the checkpoint and the record (it was two)."""
+    import asyncio
+
+    made: list[str] = []
+
+    def refund(order: str) -> str:
+        made.append(order)
+        return "ok"
+
+    async def arefund(order: str) -> str:
+        return refund(order)
+
+    g, records = guard(tmp_path)
+    run = g.start(task="refund A-1")
+    with run:
+        for _ in range(2):
+            run.proceed()
+            if shell == "sync":
+                run.call_tool("refund", refund, {"order": "A-1"}, idempotent=False)
+            else:
+                asyncio.run(run.acall_tool("refund", arefund, {"order": "A-1"}, idempotent=False))
+    assert made == ["A-1"]
+    checkpoint_id = run.outcome.checkpoint_id
+    assert checkpoint_id is not None
+    copies = [
+        run.snapshot(),
+        records.checkpoints.load(checkpoint_id),
+        records.runs.get(run.run_id),
+    ]
+    assert [len(doc["effects"]) for doc in copies] == [1, 1, 1]
+    records.close()

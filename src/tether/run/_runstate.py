@@ -505,12 +505,14 @@ def continue_here(s: RunState, elapsed: float) -> None:
 
 
 def note_effect(s: RunState, tool: str, args: Any, key: str) -> None:
-    """Note an effect the run asks for (its outcome states what the ledger says was done).
+    """Note an effect the run asks for (its outcome states what the ledger says was done),
+    once per ledger key: asked again (the ledger replays it), it is the same effect.
     A run restored from a document written on another in-process ledger says, once, that
     the effect may have been made there."""
     if s._written_on is not None:
         s.guard._ledger_not_shared(s.run_id, _elsewhere(tool))
-    s._effects.append((tool, args, key))
+    if all(key != k for _, _, k in s._effects):  # an effect's id is its ledger key: once
+        s._effects.append((tool, args, key))
 
 
 def _elsewhere(tool: str) -> str:
