@@ -251,3 +251,32 @@ def test_the_crew_s_objects_are_given_back_unguarded(server: ScriptedServer) -> 
     kickoff(crew, guard=guard(), side_effects=["pay"])
     assert func is pay.func
     assert "call" not in crew.agents[0].llm.__dict__
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_base_tool_subclass_pays_once(server: ScriptedServer, shell: str) -> None:
+    """A ``BaseTool`` subclass (its own ``_run``), called again and again: alone 3 payments,
+    under tether 1; its ``_run`` is its class's again after the kickoff."""
+    from crewai.tools import BaseTool
+
+    paid: list[int] = []
+
+    class Pay(BaseTool):  # type: ignore[misc]
+        name: str = "pay"
+        description: str = "Pay an invoice."
+
+        def _run(self, invoice: str, amount: int) -> str:
+            paid.append(amount)
+            return f"paid {amount}"
+
+    script(server, [completion(calls=[PAY])] * 3)
+    crew_with(server, Pay()).kickoff()
+    assert len(paid) == 3
+
+    paid.clear()
+    script(server, lambda i: completion(calls=[PAY]))
+    tool = Pay()
+    outcome = SHELLS[shell](crew_with(server, tool), guard=guard(), side_effects=["pay"])
+    assert paid == [10]
+    assert outcome.stopped_because is StopReason.REPEATED_ACTION
+    assert "_run" not in tool.__dict__

@@ -182,6 +182,12 @@ def _atool_runner(name: str, fn: Callable[..., Any], options: dict[str, Any]) ->
     return guarded
 
 
+def _overrides_arun(tool: Any) -> bool:
+    from crewai.tools import BaseTool
+
+    return getattr(type(tool), "_arun", None) is not BaseTool._arun
+
+
 def _set(obj: Any, name: str, value: Any) -> None:
     object.__setattr__(obj, name, value)  # past pydantic's checks: an instance attribute
 
@@ -275,8 +281,9 @@ class TetherCrew:
                     patched = ("func", func)
                 else:  # a BaseTool subclass: run() calls _run(), arun() calls _arun()
                     _set(tool, "_run", _tool_runner(name, type(tool)._run.__get__(tool), options))
-                    own_arun = type(tool)._arun.__get__(tool)
-                    _set(tool, "_arun", _atool_runner(name, own_arun, options))
+                    if _overrides_arun(tool):  # else CrewAI runs it by run(), not arun()
+                        own_arun = type(tool)._arun.__get__(tool)
+                        _set(tool, "_arun", _atool_runner(name, own_arun, options))
                     patched = ("_run", None)
                 tools.append((tool, patched))
             yield
