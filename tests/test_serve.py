@@ -206,11 +206,45 @@ def test_a_rejection_from_the_page_reaches_the_model(world: World) -> None:
 def test_a_dead_letter_is_replayed_at_most_once(world: World) -> None:
     c = client(world)
     path = f"/dead-letters/{world.letter.id}/replay"
-    assert post(c, path).status_code == 303
-    assert post(c, path).status_code == 303  # a second click
+    assert post(c, path, by="dana").status_code == 303
+    assert post(c, path, by="dana").status_code == 303  # a second click
     assert [r["redacted"] for r in world.replayed] == [["args.api_key"]]
     page = c.get(f"/dead-letters/{world.letter.id}").text
     assert "replayed" in page and "The handler returned" in page and "charged" in page
+
+
+def test_a_replay_says_who_ran_it_and_closes_the_runs_case_linked_both_ways(world: World) -> None:
+    """A replay asks who runs it; once its handler ran, the letter says so, and the case of
+    its run is resolved by that person, the letter and the case linking each other (#45)."""
+    with world.guard.start(task="charge card, then a person") as run:
+
+        def charge(customer: str) -> None:
+            raise PermissionError("card declined")
+
+        try:
+            run.call_tool("charge", charge, {"customer": "c_2"}, idempotent=False)
+        except ToolError:
+            pass
+        run.escalate("the card was declined")
+    case = run.outcome.handoff.id
+    letter = next(x for x in world.records.dead_letters.list() if x.run_id == run.outcome.run_id)
+    c = client(world, handler=lambda customer: "charged")
+    path = f"/dead-letters/{letter.id}"
+    page = c.get(path).text
+    assert f'href="/inbox#{case}"' in page and "open" in page
+    assert post(c, path + "/replay").status_code == 400  # nobody named: nothing runs
+    assert world.records.handoffs.get(case)["state"] == "open"
+    assert post(c, path + "/replay", by="dana").status_code == 303
+    page = c.get(path).text
+    assert "replayed</span> by dana" in page and "resolved by dana" in page
+    assert world.records.dead_letters.get(letter.id).replayed_by == "dana"
+    closed = world.records.handoffs.get(case)
+    assert (closed["state"], closed["resolved_by"], closed["dead_letter"]) == (
+        "resolved",
+        "dana",
+        letter.id,
+    )
+    assert f'href="/dead-letters/{letter.id}"' in c.get("/inbox").text
 
 
 def test_a_failed_replay_shows_its_error_and_can_be_replayed_once_fixed(world: World) -> None:
@@ -222,12 +256,12 @@ def test_a_failed_replay_shows_its_error_and_can_be_replayed_once_fixed(world: W
 
     path = f"/dead-letters/{world.letter.id}"
     c = client(world, handler=broken)
-    assert post(c, path + "/replay").status_code == 303 and calls == ["broken"]
+    assert post(c, path + "/replay", by="dana").status_code == 303 and calls == ["broken"]
     page = c.get(path).text
     assert "The handler failed" in page and "the payment service said no" in page
     assert "Replay once" in page  # a failed replay can be replayed again
     fixed = client(world)
-    assert post(fixed, path + "/replay").status_code == 303
+    assert post(fixed, path + "/replay", by="dana").status_code == 303
     assert "The handler returned" in fixed.get(path).text and len(world.replayed) == 1
 
 
@@ -236,12 +270,12 @@ def test_a_handler_that_cannot_fill_redacted_fields_is_refused(world: World) -> 
         world.replayed.append({"customer": customer})
 
     c = client(world, handler=careless)
-    response = post(c, f"/dead-letters/{world.letter.id}/replay")
+    response = post(c, f"/dead-letters/{world.letter.id}/replay", by="dana")
     assert response.status_code == 400 and "redacted" in response.text
     assert world.replayed == []
     no_handler = client(world, handler=None)
     assert "Replay is off" in no_handler.get("/dead-letters").text
-    assert post(no_handler, f"/dead-letters/{world.letter.id}/replay").status_code == 400
+    assert post(no_handler, f"/dead-letters/{world.letter.id}/replay", by="dana").status_code == 400
 
 
 def test_breakers_from_redis_can_be_forced_open_and_closed(world: World, redis_url: str) -> None:
@@ -576,7 +610,9 @@ def test_half_open_connections_never_keep_the_operator_out(world: World, token: 
         worker = threading.Thread(
             target=lambda: replay.setdefault(
                 "response",
-                operator.post(f"/dead-letters/{world.letter.id}/replay", data={"csrf": csrf}),
+                operator.post(
+                    f"/dead-letters/{world.letter.id}/replay", data={"csrf": csrf, "by": "dana"}
+                ),
             ),
             daemon=True,
         )
@@ -647,7 +683,9 @@ def test_a_slow_replay_handler_never_blocks_the_other_requests(world: World) -> 
         answers_while(
             base,
             gate,
-            lambda: c.post(f"/dead-letters/{world.letter.id}/replay", data={"csrf": csrf}),
+            lambda: c.post(
+                f"/dead-letters/{world.letter.id}/replay", data={"csrf": csrf, "by": "dana"}
+            ),
         )
 
 
@@ -668,11 +706,12 @@ def test_a_replay_while_another_runs_says_it_is_being_replayed(world: World) -> 
     ):
         csrf = form_token(c)
         path = f"/dead-letters/{world.letter.id}/replay"
-        first = threading.Thread(target=lambda: c.post(path, data={"csrf": csrf}), daemon=True)
+        form = {"csrf": csrf, "by": "dana"}
+        first = threading.Thread(target=lambda: c.post(path, data=form), daemon=True)
         first.start()
         try:
             assert gate.entered.wait(10)
-            second = c.post(path, data={"csrf": csrf})
+            second = c.post(path, data=form)
         finally:
             gate.release()
             first.join(10)
@@ -887,8 +926,10 @@ def test_every_action_in_a_real_browser(world: World, tmp_path: Path) -> None:
 
         # replay the dead letter; its page shows what the handler returned
         page.goto(live + f"/dead-letters/{world.letter.id}")
+        page.fill("form[action$='/replay'] input[name=by]", "dana")
         page.click("form[action$='/replay'] button")
         expect(page.locator("#replay")).to_contain_text("charged")
+        expect(page.locator("#replayed")).to_contain_text("by dana")
         browser.close()
         assert errors == []
     assert len(world.refunds) == 1 and world.replayed and world.replayed[0]["customer"] == "c_1"

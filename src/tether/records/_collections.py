@@ -224,6 +224,9 @@ class DeadLetter:
     #: how many times the call failed so (re-asks of the same intent join one letter)
     asked: int = 1
     last_at: float | None = None
+    #: who replayed it (the operator page's "by"; "" before a replay, or from the CLI) and when
+    replayed_by: str = ""
+    replayed_at: float | None = None
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -240,11 +243,17 @@ class DeadLetter:
             "key": self.key,
             "asked": self.asked,
             "last_at": self.last_at,
+            "replayed_by": self.replayed_by,
+            "replayed_at": self.replayed_at,
         }
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> DeadLetter:
-        return cls(**{**doc, "redacted": tuple(doc.get("redacted") or ())})
+        known = {k: v for k, v in doc.items() if k in _LETTER_FIELDS}  # a newer writer's too
+        return cls(**{**known, "redacted": tuple(doc.get("redacted") or ())})
+
+
+_LETTER_FIELDS = frozenset(DeadLetter.__dataclass_fields__)
 
 
 class RedactedArguments(TetherError, ValueError):
@@ -347,6 +356,7 @@ class DeadLetters(_Collection):
         force: bool = False,
         ledger: Ledger | None = None,
         lookup: Callable[[str], Any] | None = None,
+        by: str = "",
     ) -> Any:
         """Call ``handler(**args)`` (or ``handler(args)``) at most once per intent.
 
@@ -381,7 +391,17 @@ class DeadLetters(_Collection):
             return handler(letter.args, **extra)
 
         result = ledger.once(key, call, lookup=lookup)
-        done = DeadLetter.from_doc({**letter.to_doc(), "replayed": True})
+        from tether.clock import system_clock
+
+        # who replayed it, when (``by``: the operator page's name; "" from code or the CLI)
+        done = DeadLetter.from_doc(
+            {
+                **letter.to_doc(),
+                "replayed": True,
+                "replayed_by": by.strip()[:100],
+                "replayed_at": system_clock.wall(),
+            }
+        )
         self.store.put(self.kind, letter.id, done.to_doc(), letter.at)
         return result
 
@@ -479,14 +499,19 @@ class Handoffs(_Collection):
         self.store.put(self.kind, handoff_id, doc, float(doc["at"]))
         return doc
 
-    def resolve(self, handoff_id: str, *, by: str, note: str, at: float) -> dict[str, Any]:
-        """The case is closed, with what was done (the note is redacted)."""
+    def resolve(
+        self, handoff_id: str, *, by: str, note: str, at: float, dead_letter: str | None = None
+    ) -> dict[str, Any]:
+        """The case is closed, with what was done (the note is redacted); ``dead_letter``:
+        the letter whose successful replay closed it (the page links the two)."""
         doc = self.get(handoff_id)
         if doc["state"] == CaseState.RESOLVED:
             raise ValueError(f"handoff {handoff_id} is resolved already")
         doc.update(
             state=CaseState.RESOLVED, resolved_by=_who(by), resolved_at=at, resolution=redact(note)
         )
+        if dead_letter is not None:
+            doc["dead_letter"] = dead_letter
         self.store.put(self.kind, handoff_id, doc, float(doc["at"]))
         return doc
 
