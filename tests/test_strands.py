@@ -354,3 +354,29 @@ def test_an_interrupt_declined_rejects_the_approval(shell: str) -> None:
     assert record.status == "rejected"
     assert hooks.last_outcome is not None
     assert hooks.last_outcome.stopped_because is StopReason.DECLINED
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_reply_cut_at_max_tokens_is_never_a_success(shell: str) -> None:
+    """Strands raises MaxTokensReachedException for a reply cut at its max_tokens; the run
+    ends TRUNCATED (it was filed "success", GOAL_REACHED, with no result)."""
+    from strands.types.exceptions import MaxTokensReachedException
+
+    class Cut(Scripted):
+        async def stream(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+            async for chunk in super().stream(*args, **kwargs):
+                yield (
+                    {"messageStop": {"stopReason": "max_tokens"}}
+                    if "messageStop" in chunk
+                    else chunk
+                )
+
+    hooks = TetherHooks(guard())
+    agent = Agent(model=Cut(lambda i: [text("Your refund of 4")]), hooks=[hooks],
+                  callback_handler=None)  # fmt: skip
+    with pytest.raises(MaxTokensReachedException):  # Strands' own ending stays
+        SHELLS[shell](agent, "refund A-1")
+    outcome = hooks.last_outcome
+    assert outcome is not None
+    assert (outcome.status, outcome.stopped_because) == ("failed", StopReason.TRUNCATED)
+    assert outcome.usage.model_calls == 1

@@ -20,7 +20,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Unpack
 
-from tether import Guard, ModelTurn, Outcome, Run, Stopped, ToolError
+from tether import Guard, ModelTurn, Outcome, Run, Stopped, StopReason, ToolError
 from tether._errors import RunDocumentError, require
 from tether.integrations import _strands_interrupts
 from tether.integrations._common import (
@@ -253,6 +253,11 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
             turn.record(unmeasured=True)
         else:
             turn.record(usage)
+        if event.stop_response.stop_reason == "max_tokens" and run.stopped is None:
+            try:  # Strands raises MaxTokensReachedException: the reply is cut, never an answer
+                run.stop(StopReason.TRUNCATED, "the model's reply was cut at its max_tokens")
+            except Stopped:
+                pass
 
     async def _retry(self, event: Any, run: Run, turn: ModelTurn) -> bool:
         """Whether the failed model call is tried again: tether's policy decides (the
@@ -304,6 +309,12 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
             return
         if run.stopped is None:
             result = event.result
-            run.succeed(_text(getattr(result, "message", None)) if result is not None else None)
+            if result is None:  # an exception ended the invocation: never a success
+                try:
+                    run.stop(StopReason.ERROR, "the Strands invocation ended without a result")
+                except Stopped:
+                    pass
+            else:
+                run.succeed(_text(getattr(result, "message", None)))
         run.__exit__(None, None, None)
         self.last_outcome = run.outcome
