@@ -247,6 +247,20 @@ def test_a_replay_says_who_ran_it_and_closes_the_runs_case_linked_both_ways(worl
     assert f'href="/dead-letters/{letter.id}"' in c.get("/inbox").text
 
 
+def test_the_overview_shows_the_last_hour(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On-call's first question: what ended in the last hour, by status and stop reason (#45)."""
+    page = client(world).get("/overview").text
+    start = page.index('id="last-hour"')
+    hour = page[start : page.index("\n</div>", start)]
+    for words in ("success 1", "escalated 1", "awaiting_approval 1", "failed 1", "escalated</a> 1",
+                  "charge</a> 1/1"):  # fmt: skip
+        assert words in hour
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 2 * 3600)  # the page's clock, 2 h on
+    later = client(world).get("/overview").text
+    assert "No run ended in the last hour." in later
+
+
 def test_a_failed_replay_shows_its_error_and_can_be_replayed_once_fixed(world: World) -> None:
     calls = []
 
@@ -860,6 +874,10 @@ def test_every_action_in_a_real_browser(world: World, tmp_path: Path) -> None:
             page.goto(live + path)
             page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
             not_blank(shots / f"{name}.png")
+
+        # the last hour, first on the overview (#45)
+        page.goto(live + "/overview")
+        expect(page.locator("#last-hour")).to_contain_text("escalated")
 
         # search, filter and page
         page.goto(live + "/runs")

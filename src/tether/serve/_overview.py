@@ -1,8 +1,10 @@
-"""The overview: runs per day by status and by stop reason, cost per day and the tools
-that fail most, over the last N days, drawn as charts (_charts)."""
+"""The overview: the last hour (runs by status and by stop reason, cost, the tools that
+fail), then runs per day by status and by stop reason, cost per day and the tools that fail
+most, over the last N days, drawn as charts (_charts)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -14,6 +16,17 @@ from tether.serve._charts import failing_tools, stacked_days
 from tether.serve._site import Area, query_number
 
 __all__ = ["Overview"]
+
+HOUR = 3600.0
+
+
+def _summed(per_day: Mapping[float, Mapping[str, int]]) -> dict[str, int]:
+    """Counts per day, summed (an hour spans at most two UTC days), largest first."""
+    total: dict[str, int] = {}
+    for counts in per_day.values():
+        for key, n in counts.items():
+            total[key] = total.get(key, 0) + n
+    return dict(sorted(total.items(), key=lambda kv: -kv[1]))
 
 
 class Overview(Area):
@@ -30,7 +43,17 @@ class Overview(Area):
         statuses = [s for s in STATUSES if any(s in v for v in view.by_status.values())]
         reasons = sorted({r for v in view.by_reason.values() for r in v})
         totals = {s: sum(v.get(s, 0) for v in view.by_status.values()) for s in statuses}
+        # what on-call needs first: the last hour, whatever the days shown below
+        now = self.site.clock()
+        hour = self.site.records.runs.overview(since=now - HOUR, until=now + 1)
+        last_hour = {
+            "by_status": _summed(hour.by_status),
+            "by_reason": _summed(hour.by_reason),
+            "cost": sum(hour.cost_usd.values()),
+            "failing_tools": hour.failing_tools,
+        }
         return "overview.html", {
+            "last_hour": last_hour,
             "days": days,
             "view": view,
             "totals": totals,
