@@ -280,3 +280,19 @@ def test_a_base_tool_subclass_pays_once(server: ScriptedServer, shell: str) -> N
     assert paid == [10]
     assert outcome.stopped_because is StopReason.REPEATED_ACTION
     assert "_run" not in tool.__dict__
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_transient_model_error_is_retried_at_one_layer(
+    server: ScriptedServer, shell: str
+) -> None:
+    """A 503 once, then the answer: tether's policy asks again (the LLM's own retries off),
+    the run succeeds with 1 retry and 1 model call counted."""
+    replies = [Reply(503, {"error": {"message": "overloaded", "type": "server_error"}})]
+    replies.append(completion("paid"))
+    script(server, replies)
+    _, pay = payments()
+    outcome = SHELLS[shell](crew_with(server, pay), guard=guard(), side_effects=["pay"])
+    assert outcome.stopped_because is StopReason.GOAL_REACHED
+    assert model_calls(server) == 2
+    assert (outcome.usage.retries, outcome.usage.model_calls) == (1, 1)

@@ -27,9 +27,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Unpack
 
-from tether import Guard, Outcome, Run, Stopped, ToolError
+from tether import Guard, Outcome, RetryPolicy, Run, Stopped, ToolError
 from tether._errors import RunDocumentError, require
-from tether.classification._classify import PROGRAMMING_ERRORS
 from tether.integrations._common import (
     SideEffects,
     ToolOptions,
@@ -74,78 +73,55 @@ def _tokens(llm: Any) -> dict[str, int]:
     return {k: int(usage.get(k) or 0) for k in _USAGE}
 
 
-def _record(run: Run, llm: Any, before: dict[str, int]) -> None:
-    """Count the call just made with the tokens CrewAI's LLM added to its own tally."""
+def _usage(llm: Any, before: dict[str, int]) -> dict[str, Any]:
+    """The call just made, as the tokens CrewAI's LLM added to its own tally."""
     after = _tokens(llm)
     prompt, completion, cached, written = (after[k] - before[k] for k in _USAGE)
-    model = _model_name(llm)
     if not (prompt or completion):
-        run.record_model_call(model=model, unmeasured=True)
-        return
-    run.record_model_call(
-        model=model,
-        input_tokens=max(0, prompt - cached - written),
-        output_tokens=completion,
-        cache_read_tokens=cached,
-        cache_write_tokens=written,
-    )
+        return {"unmeasured": True}
+    return {
+        "input_tokens": max(0, prompt - cached - written),
+        "output_tokens": completion,
+        "cache_read_tokens": cached,
+        "cache_write_tokens": written,
+    }
 
 
 class _GuardedLLM:
     """An agent's LLM object answering through the kickoff's run (installed on the object
-    for the kickoff's time, removed after)."""
+    for the kickoff's time, removed after): each call one ``run.model_turn``, its attempts
+    under the guard's retry policy (one layer: build the LLM with ``max_retries=0``)."""
 
-    def __init__(self, llm: Any) -> None:
+    def __init__(self, llm: Any, policy: RetryPolicy) -> None:
         self.llm = llm
+        self.policy = policy
         self.call = type(llm).call.__get__(llm)
         self.acall = type(llm).acall.__get__(llm)
 
-    def _begin(self, run: Run) -> bool:
-        if run.stopped is not None or not run.proceed():
-            return False
-        try:
-            run.begin_model_call(model=_model_name(self.llm))
-        except Stopped:
-            return False
-        return True
-
-    async def _abegin(self, run: Run) -> bool:
-        if run.stopped is not None or not run.proceed():
-            return False
-        try:
-            await run.abegin_model_call(model=_model_name(self.llm))
-        except Stopped:
-            return False
-        return True
-
-    def _failed(self, run: Run, exc: Exception) -> str:
-        run.model_call_failed(exc)
-        if isinstance(exc, PROGRAMMING_ERRORS):
-            raise exc  # filed, then raised: a bug is never "try again later"
-        return run.outcome.customer_message
-
     def guarded_call(self, *args: Any, **kwargs: Any) -> Any:
         run = _current()
-        if not self._begin(run):
+        if run.stopped is not None or not run.proceed():
             return run.outcome.customer_message  # the final answer: the task's output
         before = _tokens(self.llm)
         try:
-            answer = self.call(*args, **kwargs)
-        except Exception as exc:
-            return self._failed(run, exc)
-        _record(run, self.llm, before)
+            with run.model_turn(_model_name(self.llm)) as turn:
+                answer = turn.call(self.call, *args, policy=self.policy, **kwargs)
+                turn.record(**_usage(self.llm, before))
+        except Stopped:  # a budget before the request, a failure after its attempts
+            return run.outcome.customer_message
         return answer
 
     async def guarded_acall(self, *args: Any, **kwargs: Any) -> Any:
         run = _current()
-        if not await self._abegin(run):
+        if run.stopped is not None or not run.proceed():
             return run.outcome.customer_message
         before = _tokens(self.llm)
         try:
-            answer = await self.acall(*args, **kwargs)
-        except Exception as exc:
-            return self._failed(run, exc)
-        _record(run, self.llm, before)
+            async with run.amodel_turn(_model_name(self.llm)) as turn:
+                answer = await turn.acall(self.acall, *args, policy=self.policy, **kwargs)
+                turn.record(**_usage(self.llm, before))
+        except Stopped:
+            return run.outcome.customer_message
         return answer
 
 
@@ -230,6 +206,8 @@ class TetherCrew:
         self.rules = ToolRules(side_effects, **rules)
         require_a_place_to_wait(guard, self.rules.needing_approval())
         self.side_effects = self.rules.side_effects
+        #: the model calls' retries: one layer, tether's
+        self._policy = guard.retry.replace(name="model")
         #: the outcome of the kickoff that ended last
         self.last_outcome: Outcome | None = None
         #: the CrewOutput of the kickoff that ended last (None when it raised)
@@ -262,7 +240,7 @@ class TetherCrew:
             for agent in crew.agents:
                 llm = getattr(agent, "llm", None)
                 if llm is not None and not isinstance(llm, str) and "call" not in llm.__dict__:
-                    guarded = _GuardedLLM(llm)
+                    guarded = _GuardedLLM(llm, self._policy)
                     _set(llm, "call", guarded.guarded_call)
                     _set(llm, "acall", guarded.guarded_acall)
                     llms.append(llm)
