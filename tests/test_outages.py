@@ -115,6 +115,15 @@ def test_an_outage_is_one_incident_with_one_case(tmp_path: Path, shell: str) -> 
     assert {r["run_id"] for r in held} == {o.run_id for o in stopped}
     filed = {r["run_id"]: r for r in records.runs.list(limit=100)}
     assert all(filed[o.run_id]["handoff_id"] == case["id"] for o in stopped)
+    # the operator page: one open case, naming the outage and the conversations it stopped
+    from starlette.testclient import TestClient
+
+    from tether.serve import create_app
+
+    inbox = TestClient(create_app(records), base_url="http://127.0.0.1:8765").get("/inbox").text
+    assert "(0 to approve, 1 open cases)" in inbox
+    assert f"Outage of {case['incident']['dependency']}:</b> {len(stopped)} conversations" in inbox
+    assert inbox.count('href="/runs/') >= 10 + 1  # the newest ten, and the case's own run
 
 
 def test_outage_wait_none_waits_as_the_time_budget_allows(tmp_path: Path) -> None:

@@ -15,6 +15,9 @@ from tether.serve._site import Area, when
 from tether.serve._values import preview, short
 from tether.stores._documents import DocKind
 
+#: the conversations an incident's case lists on the inbox (the newest; the rest are counted)
+INCIDENT_RUNS = 10
+
 __all__ = ["Inbox"]
 
 #: approvals and cases the inbox shows at once (oldest first)
@@ -54,7 +57,7 @@ class Inbox(Area):
         return {
             "pending": [dict(short(a), args=preview(a.get("args"))) for a in pending],
             "waiting": waiting,
-            "handoffs": [_case(h) for h in cases + resolved],
+            "handoffs": [_incident(records, _case(h)) for h in cases + resolved],
             "open": open_cases,
             "decided": [
                 _decided(d, taken.get(d["id"]), runs.get(d.get("run_id"))) for d in decided
@@ -95,6 +98,15 @@ def _case(doc: dict[str, Any]) -> dict[str, Any]:
         for e in doc.get("history") or ()
         if isinstance(e, dict) and e.get("key") and not e.get("ok")
     ]
+    return case
+
+
+def _incident(records: Any, case: dict[str, Any]) -> dict[str, Any]:
+    """An outage's incident lists the conversations it stopped (the newest few), and how
+    many in all: one case for all of them."""
+    if case.get("incident"):
+        held, total = records.incidents.runs(str(case["id"]), limit=INCIDENT_RUNS)
+        case["conversations"], case["conversations_total"] = [short(r) for r in held], total
     return case
 
 
