@@ -16,6 +16,7 @@ customer message. The outcome is ``hooks.last_outcome``.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Unpack
@@ -52,6 +53,12 @@ _log = logging.getLogger("tether")
 
 #: where the invocation's run lives in Strands' ``invocation_state``
 RUN_KEY = "tether_run"
+#: set when the invocation joined the run of the guarded tool that runs it
+_JOINED = "tether_joined_run"
+#: the run of the guarded tool call in progress: an agent it runs under hooks counts in it
+_PARENT: contextvars.ContextVar[tuple[Guard, Run] | None] = contextvars.ContextVar(
+    "tether_strands_run", default=None
+)
 #: set when tether cancelled the model call (Strands reports a zero-usage reply for it)
 _CANCELLED = "tether_cancelled_model_call"
 #: the failed attempts of the model call in progress, and the retry decisions of the run
@@ -87,8 +94,9 @@ def _model_name(agent: Any) -> str:
 class _GuardedTool(AgentTool):  # type: ignore[misc,unused-ignore]  # untyped without strands
     """A Strands tool whose call goes through a tether run."""
 
-    def __init__(self, tool: Any, run: Run, options: dict[str, Any]) -> None:
+    def __init__(self, tool: Any, run: Run, options: dict[str, Any], guard: Guard) -> None:
         super().__init__()
+        self._guard = guard
         self._tool = tool
         self._run = run
         self._options = options
@@ -128,6 +136,7 @@ class _GuardedTool(AgentTool):  # type: ignore[misc,unused-ignore]  # untyped wi
             return {"status": result.get("status"), "content": list(result.get("content") or [])}
 
         use_id = tool_use.get("toolUseId", "")
+        token = _PARENT.set((self._guard, self._run))  # an agent it runs joins this run
         try:
             result = await self._run.acall_tool(
                 self.tool_name, attempt, dict(tool_use.get("input") or {}), **self._options
@@ -136,6 +145,8 @@ class _GuardedTool(AgentTool):  # type: ignore[misc,unused-ignore]  # untyped wi
             result = {"status": "error", "content": [{"text": exc.model_message}]}
         except Stopped as exc:  # the batch's AfterToolsEvent ends the loop
             result = {"status": "error", "content": [{"text": f"stopped: {exc.reason.value}"}]}
+        finally:
+            _PARENT.reset(token)
         for event in seen:
             yield event
         if not isinstance(result, Mapping) or "content" not in result:
@@ -216,6 +227,11 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
 
     def _begin(self, event: Any) -> None:
         state = event.invocation_state
+        parent = _PARENT.get()
+        if parent is not None and parent[0] is self.guard:  # run by a guarded tool: joined
+            state[RUN_KEY], state[_JOINED] = parent[1], True
+            state.pop(_CANCELLED, None)
+            return
         messages = event.messages if event.messages is not None else event.agent.messages
         run = _strands_interrupts.resumed(self.guard, event.agent)  # an answered interrupt
         if run is None:
@@ -293,7 +309,7 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
         if tool is None:  # a tool the model named that does not exist: Strands answers it
             return
         options = self.rules.options(str(tool.tool_name))
-        event.selected_tool = _GuardedTool(tool, run, options)
+        event.selected_tool = _GuardedTool(tool, run, options, self.guard)
 
     def _after_tools(self, event: Any) -> None:
         """A stop during the batch ends the loop once every call of the batch is done (the
@@ -305,7 +321,7 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
     def _end(self, event: Any) -> None:
         state = event.invocation_state
         run = state.pop(RUN_KEY, None)
-        if not isinstance(run, Run):
+        if not isinstance(run, Run) or state.pop(_JOINED, False):  # the caller's run goes on
             return
         if run.stopped is None:
             result = event.result

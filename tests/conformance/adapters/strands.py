@@ -10,7 +10,7 @@ import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from conformance.suite import INPUT_TOKENS, OUTPUT_TOKENS, Adapter, Cell, Mode, World
+from conformance.suite import INPUT_TOKENS, OUTPUT_TOKENS, Adapter, Mode, World, ask
 from tether import Guard
 
 _ids = itertools.count()
@@ -60,12 +60,6 @@ class Strands(Adapter):
     id = "strands"
     name = "Strands Agents: `TetherHooks` (`Agent(hooks=[...])`)"
     venv = "frameworks"
-    not_applicable = {
-        Cell.NESTED: (
-            "not built yet (#42): a Strands agent run inside a tool is an invocation of its "
-            "own, with a run of its own (give it its own hooks); it is not counted in the caller's"
-        ),
-    }
     #: each paused run's agent and interrupt (Strands resumes the agent that was interrupted)
     paused: dict[str, tuple[Any, Any]] = {}
 
@@ -99,6 +93,30 @@ class Strands(Adapter):
         if outcome is not None and outcome.checkpoint_id and result.interrupts:
             self.paused[outcome.checkpoint_id] = (agent, result.interrupts[0])
         return outcome
+
+    def nested(self, world: World, guard: Guard, mode: Mode) -> Any:
+        """Agents as tools: a tool of the guarded agent runs a second agent, under hooks of
+        its own on the same guard: its model turns and tool calls join the caller's run."""
+        from strands import Agent, tool
+
+        from tether.integrations.strands import TetherHooks
+
+        inner_tools = [tool(fn) for fn in world.tools(True)]
+
+        @tool
+        async def ask_refunds(question: str) -> str:
+            """Ask the refunds agent."""
+            inner = Agent(model=_model(world), tools=inner_tools,
+                          hooks=[TetherHooks(guard)], callback_handler=None)  # fmt: skip
+            return str(await inner.invoke_async(question))
+
+        hooks = TetherHooks(guard)
+        outer = Agent(model=_model(world), tools=[ask_refunds], hooks=[hooks],
+                      callback_handler=None)  # fmt: skip
+        world.turns = [ask(("ask_refunds", {"question": "refund A-1"})),
+                       *[ask(("search", {"q": f"A-{i}"})) for i in range(10)]]  # fmt: skip
+        self._go(outer, mode)
+        return hooks.last_outcome
 
     def resume(self, world: World, guard: Guard, paused: Any, mode: Mode, **rules: Any) -> Any:
         """The interrupted agent, rebuilt as a session manager restores it (messages, state,
