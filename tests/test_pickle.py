@@ -22,7 +22,12 @@ from tether import Outcome, StopReason, Usage
 
 #: the modules of the extras that ``all`` leaves out (their frameworks pin other versions of
 #: packages the rest needs): imported when their framework is installed
-_OUTSIDE_ALL = {"tether.integrations.adk", "tether.integrations.strands"}
+_OUTSIDE_ALL = {
+    "tether.integrations.adk",
+    "tether.integrations.crewai",
+    "tether.integrations.litellm",
+    "tether.integrations.strands",
+}
 
 
 def _imported(name: str) -> Any:
