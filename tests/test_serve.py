@@ -247,6 +247,43 @@ def test_a_replay_says_who_ran_it_and_closes_the_runs_case_linked_both_ways(worl
     assert f'href="/dead-letters/{letter.id}"' in c.get("/inbox").text
 
 
+def test_a_runs_page_shows_its_conversation_redacted(world: World, server: Any) -> None:
+    """The run's page shows the conversation an agent loop had, redacted as every value on
+    the page (#45): the customer's words, the tool call, the model's answer."""
+    import anthropic
+
+    from scripted_server import Reply
+    from tether.integrations import anthropic as t_anthropic
+
+    def reply(content: list[dict[str, Any]], stop: str) -> Reply:
+        return Reply(200, {"id": "m", "type": "message", "role": "assistant", "model": "claude-haiku-4-5",
+                           "content": content, "stop_reason": stop, "stop_sequence": None,
+                           "usage": {"input_tokens": 10, "output_tokens": 5}})  # fmt: skip
+
+    use = {"type": "tool_use", "id": "tu_1", "name": "lookup", "input": {"order": "A-7"}}
+    server.script = [reply([use], "tool_use"),
+                     reply([{"type": "text", "text": "Order A-7 ships Monday."}], "end_turn")]  # fmt: skip
+    ask = f"Where is order A-7? my api key is {SECRET}"
+    tools = [tether.Tool("lookup", lambda order: {"ships": "Monday"})]
+    with anthropic.Anthropic(api_key="t", base_url=server.url) as raw:
+        out = t_anthropic.run_agent(raw, model="claude-haiku-4-5", tools=tools, guard=world.guard,
+                                    messages=[{"role": "user", "content": ask}])  # fmt: skip
+    assert out.status == "success"
+    page = client(world).get(f"/runs/{out.run_id}").text
+    talk = page[page.index('id="conversation"') :]
+    for words in (
+        "Where is order A-7?",
+        "lookup",
+        "A-7",
+        "ships",
+        "Order A-7 ships Monday.",
+        "assistant",
+    ):
+        assert words in talk
+    assert SECRET not in page
+    assert "The conversation" not in client(world).get(f"/runs/{world.escalated.run_id}").text
+
+
 def test_the_overview_shows_the_last_hour(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     """On-call's first question: what ended in the last hour, by status and stop reason (#45)."""
     page = client(world).get("/overview").text

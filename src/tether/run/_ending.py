@@ -30,6 +30,9 @@ __all__ = ["Ending"]
 
 _log = logging.getLogger("tether")
 
+#: the newest messages of a conversation a run's record keeps (what the run's page shows)
+CONVERSATION_KEPT = 200
+
 
 class Ending:
     """The end of a run (a part of :class:`tether.Run`): its status, facts, outcome, record."""
@@ -353,6 +356,12 @@ class Ending:
             "pending_approval": outcome.pending_approval,
             "ended_at": self.s.clock.wall(),
         }
+        messages = list(self.s.messages or ())
+        if messages:  # the conversation, redacted, for the operator's page of the run
+            from tether.records._runs import portable  # a run with messages only
+
+            body["messages"] = redact(portable(messages[-CONVERSATION_KEPT:]))
+            body["messages_omitted"] = max(0, len(messages) - CONVERSATION_KEPT)
         try:
             doc = write(body, Form.RECORD, self.s.guard.signing_keys)
             records.runs.save(doc, self.s.clock.wall())

@@ -12,6 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tether.records._collections import check_run_id
+from tether.redaction._redact import redact_text
 from tether.run._outcome import STATUSES, StopReason
 from tether.serve._site import Area, query_date, query_number
 from tether.serve._values import at_path, redact_whole, run_view, short, shown
@@ -121,7 +122,21 @@ class RunPages(Area):
             "result": shown(view["result"]),
             "pending": shown(view["pending"]) if view["pending"] is not None else None,
         }
-        return "run.html", {"run": run, "partial": partial, "values": values, "handoff": handoff}
+        conversation = [
+            dict(
+                t,
+                text=str(redact_text(t["text"])),
+                value=shown(t["value"]) if t["value"] is not None else None,
+            )
+            for t in view["conversation"]
+        ]
+        return "run.html", {
+            "run": run,
+            "partial": partial,
+            "values": values,
+            "handoff": handoff,
+            "conversation": conversation,
+        }
 
     def value(self, request: Request) -> tuple[str, dict[str, Any]]:
         """A whole value of a record (what a page cut), as JSON, redacted."""

@@ -213,7 +213,7 @@ def _run_view(text: str) -> dict[str, Any]:
         if isinstance(p, dict)
     ]
     pending = doc.get("pending_approval")
-    heavy = ("partial", "result", "pending_approval")
+    heavy = ("partial", "result", "pending_approval", "messages")
     run = short({k: v for k, v in doc.items() if k not in heavy})
     run["pending_approval"] = short(pending) if isinstance(pending, dict) else None
     return {
@@ -221,6 +221,33 @@ def _run_view(text: str) -> dict[str, Any]:
         "partial": partial,
         "result": cut(doc.get("result")),
         "pending": cut(pending.get("args")) if isinstance(pending, dict) else None,
+        "conversation": [_turn(i, m) for i, m in enumerate(doc.get("messages") or ())],
+    }
+
+
+def _turn(i: int, message: Any) -> dict[str, Any]:
+    """One message of a run's conversation as its page shows it: who spoke, and what (its
+    text, or its content cut), whatever the provider's format (a role and a content, or a
+    framework's type and content)."""
+    if not isinstance(message, dict):
+        return {"at": f"messages.{i}", "role": "", "text": "", "value": cut(message)}
+    role = message.get("role") or message.get("type") or ""
+    content = message.get("content", message.get("parts"))
+    text = content if isinstance(content, str) else ""
+    if isinstance(content, list):  # blocks: their text, the rest shown as values
+        text = "\n".join(
+            str(b.get("text"))
+            for b in content
+            if isinstance(b, dict) and isinstance(b.get("text"), str)
+        )
+    others = {k: v for k, v in message.items() if k not in ("role", "type", "content")}
+    if isinstance(content, list) and not text:
+        others["content"] = content
+    return {
+        "at": f"messages.{i}",
+        "role": short(str(role)),
+        "text": short(text, 2000),
+        "value": cut(others) if others else None,
     }
 
 
