@@ -284,6 +284,27 @@ def test_a_runs_page_shows_its_conversation_redacted(world: World, server: Any) 
     assert "The conversation" not in client(world).get(f"/runs/{world.escalated.run_id}").text
 
 
+def test_the_runs_say_which_agent_or_framework_filed_them(world: World) -> None:
+    """Each run names who started it: a framework's adapter, or the agent's own module (#45)."""
+    adapter: dict[str, Any] = {"__name__": "tether.integrations.langchain", "guard": world.guard}
+    exec(
+        "def start():\n    with guard.start(task='from the middleware') as run:\n        run.succeed(1)\n    return run",
+        adapter,
+    )
+    framework_run = adapter["start"]()
+    c = client(world)
+    rows = {
+        m.group(1): m.group(2)
+        for m in re.finditer(
+            r'href="/runs/([^"]+)">[^<]*</a></td>\s*<td class="muted">([^<]*)</td>',
+            c.get("/runs").text,
+        )
+    }
+    assert rows[framework_run.run_id] == "langchain"
+    assert rows[world.escalated.run_id] == "test_serve"  # this test module started it
+    assert "filed by langchain" in c.get(f"/runs/{framework_run.run_id}").text
+
+
 def test_the_overview_shows_the_last_hour(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     """On-call's first question: what ended in the last hour, by status and stop reason (#45)."""
     page = client(world).get("/overview").text

@@ -355,6 +355,7 @@ class Ending:
             "compensated": list(outcome.compensated),
             "pending_approval": outcome.pending_approval,
             "ended_at": self.s.clock.wall(),
+            "agent": self.s.agent,
         }
         messages = list(self.s.messages or ())
         if messages:  # the conversation, redacted, for the operator's page of the run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from tether.run._run import Run
     from tether.stores._base import Store
 
-__all__ = ["Budget", "Guard", "request_of"]
+__all__ = ["Budget", "Guard", "agent_of", "request_of"]
 
 _log = logging.getLogger("tether")
 
@@ -264,6 +265,7 @@ class Guard:
         run_id = check_run_id(run_id) if run_id is not None else f"run_{os.urandom(16).hex()[:16]}"
         run = Run(self, task, run_id, key=key, request=request_of(key, run_id))
         run._state.scopes = names
+        run._state.agent = agent_of(sys._getframe(1))
         return run
 
     # --- approvals ------------------------------------------------------------------------
@@ -371,3 +373,19 @@ def _words(note: str, reason: str) -> str:
     if note and reason and note != reason:
         raise TypeError("give the person's words once: note= (or its alias reason=), not both")
     return note or reason
+
+
+def agent_of(frame: Any) -> str:
+    """Who started a run, for the operator page: the framework whose tether adapter did
+    (``tether.integrations.langchain`` -> ``"langchain"``), else the module of the agent's
+    own code that called ``guard.start`` (through an agent loop such as ``run_agent``)."""
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", ""))
+        if module.startswith("tether.integrations.") and not module.rpartition(".")[2].startswith(
+            "_"
+        ):
+            return module.rpartition(".")[2]
+        if not module.startswith(("tether.", "contextlib")):
+            return module
+        frame = frame.f_back
+    return ""

@@ -199,6 +199,8 @@ class RunState:
         #: "anthropic:https://api.anthropic.com": its case is that outage's incident
         self._outage: str | None = None
         self._recovery_waited = 0.0  # seconds this run waited for open breakers' probes
+        #: who started the run (a framework's adapter, or the agent's module): its record says
+        self.agent = ""
         self._result: Any = None
         self._outcome: Outcome | None = None
         self._issues: list[str] = []

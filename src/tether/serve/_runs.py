@@ -58,7 +58,9 @@ class RunPages(Area):
         found = runs.search(**filters, limit=PAGE, offset=(number - 1) * PAGE)
         pages = max(1, -(-found.total // PAGE))
         keep = [(k, v) for k, v in q.multi_items() if k not in ("page", "token") and v]
+        agents = self._agents([str(r["run_id"]) for r in found.runs])
         return "runs.html", {
+            "agents": agents,
             "found": found,
             "filtered": any(v is not None for v in filters.values()),
             "runs": [short(r) for r in found.runs],
@@ -81,6 +83,20 @@ class RunPages(Area):
             "statuses": STATUSES,
             "reasons": [r.value for r in StopReason],
         }
+
+    def _agents(self, run_ids: list[str]) -> dict[str, str]:
+        """The agent or framework that filed each run of a page (one query for the page)."""
+        if not run_ids:
+            return {}
+        records = self.site.records
+        t = records.tables
+        marks = ", ".join("?" for _ in run_ids)
+        with records.store.sql() as sql:
+            rows = sql.rows(
+                f"SELECT id, {t.field('agent')} FROM {t.docs} WHERE kind = ? AND id IN ({marks})",
+                [DocKind.RUN.value, *run_ids],
+            )
+        return {str(r[0]): short(str(r[1] or "")) for r in rows}
 
     def run(self, request: Request) -> tuple[str, dict[str, Any]]:
         """One run: its steps, tool calls and stop, with its handoff when it has one."""
