@@ -26,9 +26,10 @@ drives the same object by hand: :meth:`ModelTurn.open` in the first, :meth:`reco
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack, cast
 
 from tether.classification._classify import programming_error
 from tether.run._options import ModelUsage
@@ -129,10 +130,11 @@ class ModelTurn:
         waited out as the run's time allows (``breaker_wait=False``: raised at once, for a
         request a fallback model would take). A failure after that is raised."""
         s = self._calls.s
+        if policy is None:  # one attempt: no closure to build
+            send = functools.partial(fn, *args, **kwargs) if args or kwargs else fn
+            return s.through_breaker(send) if breaker_wait else send()
 
         def attempts() -> T:
-            if policy is None:
-                return fn(*args, **kwargs)
             try:
                 return policy.call_within(s.time_left(), lambda: fn(*args, **kwargs))
             finally:
@@ -169,10 +171,22 @@ class ModelTurn:
         :meth:`tether.Run.record_model_call` (the turn's model and provider by default);
         settles the reservations. Returns the call's cost in USD (None: unknown)."""
         self._held = False
-        given: dict[str, Any] = {**usage.counts(), **counts} if usage is not None else {**counts}
+        if usage is not None and not counts:  # the common case, without a dict to merge
+            return self._calls.record_model_call(
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cache_write_tokens=usage.cache_write_tokens,
+                cache_read_tokens=usage.cache_read_tokens,
+                model=usage.model or self.model,
+                provider=self.provider,
+            )
+        given = (
+            {**usage.counts(), **counts} if usage is not None else cast("dict[str, Any]", counts)
+        )
         if not given.get("model"):
             given["model"] = self.model
-        given.setdefault("provider", self.provider)
+        if "provider" not in given:
+            given["provider"] = self.provider
         return self._calls.record_model_call(**given)
 
     def record_later(self) -> ModelTurn:
