@@ -21,11 +21,12 @@ BENCH := benchmarks
 CREW := .venv-crewai
 CREW_STAMP := $(CREW)/.installed
 CREW_CONSTRAINTS := constraints-crewai.txt
-CREW_TESTS := tests/test_crewai.py tests/test_litellm.py \
+CREW_TESTS := tests/test_crewai.py tests/test_litellm.py tests/conformance/test_crewai_venv.py \
 	"tests/test_docs.py::test_examples_run[crewai.md]" "tests/test_docs.py::test_examples_run[litellm.md]"
 FW_OUT := --ignore=tests/test_adk.py --ignore=tests/test_strands.py \
 	--ignore=tests/conformance/test_frameworks.py --ignore=tests/test_tau_frameworks.py \
 	--ignore=tests/test_crewai.py --ignore=tests/test_litellm.py \
+	--ignore=tests/conformance/test_crewai_venv.py \
 	--deselect "tests/test_docs.py::test_examples_run[adk.md]" \
 	--deselect "tests/test_docs.py::test_examples_run[strands.md]" \
 	--deselect "tests/test_docs.py::test_examples_run[crewai.md]" \

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from conformance.adapters.adk import ADK
+from conformance.adapters.crewai import CrewAI
 from conformance.adapters.guarded_client import GuardedClaude, GuardedClient
 from conformance.adapters.langchain import Graph, Middleware
 from conformance.adapters.openai_agents import AgentsSDK
@@ -23,6 +24,7 @@ ADAPTERS: list[Adapter] = [
     PydanticAI(),
     ADK(),
     Strands(),
+    CrewAI(),
 ]
 
 assert len({a.id for a in ADAPTERS}) == len(ADAPTERS), "adapter ids are unique"

@@ -176,8 +176,9 @@ class Adapter:
     id: ClassVar[str] = ""
     #: the row's name in the docs' table
     name: ClassVar[str] = ""
-    #: where its tests run: the main venv, or ``.venv-frameworks`` (Google ADK, Strands)
-    venv: ClassVar[Literal["main", "frameworks"]] = "main"
+    #: where its tests run: the main venv, ``.venv-frameworks`` (Google ADK, Strands) or
+    #: ``.venv-crewai`` (CrewAI)
+    venv: ClassVar[Literal["main", "frameworks", "crewai"]] = "main"
     #: the cells that do not apply to this adapter, each with its reason
     not_applicable: ClassVar[Mapping[Cell, str]] = {}
     #: after a pause for approval, the model is asked again (the pending call is not kept)

@@ -1,0 +1,86 @@
+"""CrewAI: ``tether.integrations.crewai.kickoff(crew, guard=...)`` on a real ``Crew`` whose
+agent's model is a CrewAI ``BaseLLM`` answering from the script (OpenAI-shaped tool calls,
+as CrewAI's OpenAI provider returns them). Imported lazily: CrewAI lives in ``.venv-crewai``."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from typing import Any
+
+from conformance.suite import INPUT_TOKENS, OUTPUT_TOKENS, Adapter, Cell, Mode, World
+from tether import Guard
+
+_ids = itertools.count()
+
+
+def _model(world: World) -> Any:
+    from crewai.llms.base_llm import BaseLLM
+    from openai.types.chat.chat_completion_message_tool_call import (
+        ChatCompletionMessageToolCall,
+        Function,
+    )
+
+    class WorldModel(BaseLLM):  # type: ignore[misc]
+        def _reply(self) -> Any:
+            turn = world.next_turn()
+            self._track_token_usage_internal(
+                {"prompt_tokens": INPUT_TOKENS, "completion_tokens": OUTPUT_TOKENS}
+            )
+            if isinstance(turn, str):
+                return turn
+            return [
+                ChatCompletionMessageToolCall(
+                    id=f"call_{next(_ids)}",
+                    type="function",
+                    function=Function(name=c.name, arguments=json.dumps(dict(c.args))),
+                )
+                for c in turn
+            ]
+
+        def call(self, *a: Any, **k: Any) -> Any:
+            return self._reply()
+
+        async def acall(self, *a: Any, **k: Any) -> Any:
+            return self._reply()
+
+        def supports_function_calling(self) -> bool:
+            return True
+
+    return WorldModel(model="scripted")
+
+
+class CrewAI(Adapter):
+    id = "crewai"
+    name = "CrewAI: `kickoff(crew, guard=...)` (`TetherCrew`)"
+    venv = "crewai"
+    not_applicable = {
+        Cell.STREAMING: "CrewAI's kickoff has no streaming entry point of its own that tether drives",
+        Cell.PAUSE_RESUME: (
+            "not built yet (#43): a kickoff paused for a tether approval is not resumed from "
+            "its checkpoint (human_input and Flow @persist are not yet tether approvals)"
+        ),
+        Cell.NESTED: (
+            "not built yet (#43): a hierarchical crew's manager delegating to another agent "
+            "is not in the suite yet"
+        ),
+    }
+
+    def crew(self, world: World, asynchronous: bool) -> Any:
+        from crewai import Agent, Crew, Task
+        from crewai.tools import tool
+
+        tools = [tool(fn.__name__)(fn) for fn in world.tools(asynchronous)]
+        agent = Agent(role="clerk", goal="help the customer", backstory="careful",
+                      llm=_model(world), tools=tools, verbose=False)  # fmt: skip
+        task = Task(description="refund A-1", expected_output="an answer", agent=agent)
+        return Crew(agents=[agent], tasks=[task], verbose=False)
+
+    def run(self, world: World, guard: Guard, mode: Mode, **rules: Any) -> Any:
+        from tether.integrations.crewai import akickoff, kickoff
+
+        crew = self.crew(world, mode != "sync")
+        if mode == "sync":
+            return kickoff(crew, guard=guard, **rules)
+        return asyncio.run(akickoff(crew, guard=guard, **rules))
