@@ -2,7 +2,9 @@
 
 A policy is any callable ``policy(tool, args) -> None | reason``; it runs before the
 breaker, the retry and the ledger, and its reason is what the model reads. These build
-the ones users reach for first. They fail closed: a call they cannot check (the field is
+the ones users reach for first; ``needs_approval(rule, args)`` reads a tool's
+``requires_approval`` rule the way the run does (for adapters that ask in the framework's
+own terms first). They fail closed: a call they cannot check (the field is
 missing or misspelt, the value is not what the rule is about) is denied, with the reason.
 
 >>> from tether import policies
@@ -26,7 +28,9 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-__all__ = ["allow", "limit", "max_calls"]
+from tether.run._governance import needs_approval
+
+__all__ = ["allow", "limit", "max_calls", "needs_approval"]
 
 Policy = Callable[..., str | None]
 

@@ -68,7 +68,7 @@ async def ask(event: Any, run: Run, name: str, options: dict[str, Any]) -> None:
     """Before a call that may need approval: when the run asks for one (it pauses, nothing
     runs), raise the Strands interrupt; else let the call go on."""
     from tether import Stopped, StopReason
-    from tether.run._governance import needs_approval
+    from tether.policies import needs_approval
 
     rule = options.get("requires_approval", False)
     if rule is False or _response(event.agent) is not None:
