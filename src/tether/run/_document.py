@@ -69,10 +69,16 @@ class Form(StrEnum):
 def write(body: Mapping[str, Any], form: Form, keys: tuple[bytes, ...]) -> dict[str, Any]:
     """The document of ``body`` (its fields, redacted already) as a ``form``: headed by its
     version and form, signed with the first of ``keys`` when there is one."""
-    doc = {"version": DOCUMENT_VERSION, "form": form.value, **body}
+    doc = {"version": DOCUMENT_VERSION, "form": _FORMS[form]}
+    doc.update(body)
     if keys:
         doc[SIGNATURE] = sign(doc, keys)
     return doc
+
+
+#: each form's text, read without the enum's ``value`` property (a snapshot is written at
+#: every hook of a framework that keeps the run in its state)
+_FORMS = {form: form.value for form in Form}
 
 
 def run_fields(s: RunState) -> dict[str, Any]:
@@ -164,7 +170,7 @@ def check_version(doc: Mapping[str, Any], form: Form) -> None:
     current version or of one :func:`migrate` reads."""
     version = doc.get("version")
     if type(version) is int and version == DOCUMENT_VERSION:
-        if doc.get("form") != form.value:
+        if doc.get("form") != _FORMS[form]:
             raise RunDocumentError(
                 f"run document is a {doc.get('form')!r:.20}, not a {form.value}: refused"
             )
