@@ -166,7 +166,7 @@ class Ending:
             records = self.s.guard.records
             into_records = records is not None
             if records is not None and self.s._outage is not None:  # one case per outage
-                handoff = self._join_incident(records, handoff, issues)
+                handoff = _join_incident(self.s, records, handoff, issues)
                 into_records = False
             for sink in (
                 esc.sink if esc is not None else None,
@@ -217,39 +217,6 @@ class Ending:
                 _log.exception("tether: on_stop hook raised; ignored")
         return self.s._outcome
 
-    def _join_incident(
-        self, records: Records, handoff: HandoffRecord, issues: list[str]
-    ) -> HandoffRecord:
-        """File a run that an outage stopped under that outage's incident: the open case of
-        its dependency, or a new one when there is none (records/_incidents.py); the
-        handoff, named by that case's id."""
-        from tether.records._collections import CaseState  # loaded by an outage's run only
-
-        assert self.s._outage is not None
-        dependency = str(redact_text(self.s._outage))
-
-        def new_case() -> dict[str, Any]:
-            doc = handoff.to_doc()
-            doc.update(state=CaseState.OPEN, incident={"dependency": dependency})
-            return doc
-
-        try:
-            case_id, opened = records.incidents.join(dependency, handoff.at, new_case)
-        except Exception as exc:  # a failing store never loses the outcome
-            _log.error(
-                "tether: run %s: its incident could not be filed: %s",
-                self.s.run_id,
-                redact(str(exc)),
-            )
-            issues.append(f"incident filing failed: {type(exc).__name__}")
-            return handoff
-        self.s._case_filed = True
-        if not opened:
-            _log.info(
-                "tether: run %s joins the open incident %s (%s)", self.s.run_id, case_id, dependency
-            )
-        return replace(handoff, id=case_id)
-
     def _ended_as(self, record: Mapping[str, Any]) -> None:
         """This run was resumed from a checkpoint it has moved past (a redelivered job, a
         second worker, after the run ended): it ends at once with the outcome it was
@@ -288,22 +255,6 @@ class Ending:
             status,
         )
 
-    def _overtaken(self) -> bool:
-        """Another worker that resumed the same checkpoint ended the run first: this ending
-        is not filed over its record (nor over a later one)."""
-        records = self.s.guard.records
-        if records is None or self.s._resumed_from is None:
-            return False
-        try:
-            found = records.runs.get(self.s.run_id)
-            current = None if found is None else read(found, Form.RECORD, self.s.guard.signing_keys)
-        except Exception:  # unreadable, altered or forged: this ending is filed over it
-            return False
-        return current is not None and current.get("checkpoint_id") not in (
-            self.s._resumed_from,
-            *self.s._filed,
-        )
-
     def _conversation(self, status: str) -> tuple[Any, ...]:
         """The conversation, redacted; a run that stopped keeps its last turn (the calls a
         resume makes keep their arguments). Redacted when ``outcome.messages`` is first
@@ -328,7 +279,7 @@ class Ending:
         records = self.s.guard.records
         if records is None:
             return
-        if self._overtaken():
+        if _overtaken(self.s):
             _log.info(
                 "tether: run %s: another worker ended it first; its record stands", self.s.run_id
             )
@@ -373,6 +324,55 @@ class Ending:
                 self.s.run_id,
                 redact(str(exc)),
             )
+
+
+def _join_incident(
+    s: RunState, records: Records, handoff: HandoffRecord, issues: list[str]
+) -> HandoffRecord:
+    """File a run that an outage stopped under that outage's incident: the open case of
+    its dependency, or a new one when there is none (records/_incidents.py); the
+    handoff, named by that case's id."""
+    from tether.records._collections import CaseState  # loaded by an outage's run only
+
+    assert s._outage is not None
+    dependency = str(redact_text(s._outage))
+
+    def new_case() -> dict[str, Any]:
+        doc = handoff.to_doc()
+        doc.update(state=CaseState.OPEN, incident={"dependency": dependency})
+        return doc
+
+    try:
+        case_id, opened = records.incidents.join(dependency, handoff.at, new_case)
+    except Exception as exc:  # a failing store never loses the outcome
+        _log.error(
+            "tether: run %s: its incident could not be filed: %s",
+            s.run_id,
+            redact(str(exc)),
+        )
+        issues.append(f"incident filing failed: {type(exc).__name__}")
+        return handoff
+    s._case_filed = True
+    if not opened:
+        _log.info("tether: run %s joins the open incident %s (%s)", s.run_id, case_id, dependency)
+    return replace(handoff, id=case_id)
+
+
+def _overtaken(s: RunState) -> bool:
+    """Another worker that resumed the same checkpoint ended the run first: this ending
+    is not filed over its record (nor over a later one)."""
+    records = s.guard.records
+    if records is None or s._resumed_from is None:
+        return False
+    try:
+        found = records.runs.get(s.run_id)
+        current = None if found is None else read(found, Form.RECORD, s.guard.signing_keys)
+    except Exception:  # unreadable, altered or forged: this ending is filed over it
+        return False
+    return current is not None and current.get("checkpoint_id") not in (
+        s._resumed_from,
+        *s._filed,
+    )
 
 
 #: the statuses a reason gives on its own, unless a handoff was asked for

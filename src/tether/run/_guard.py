@@ -318,7 +318,7 @@ class Guard:
 
         run = restore(self, snapshot, Run, reuse)
         if run is not reuse:  # a run continued as it was in this process was seen already
-            self._check_ledger_sees(run)
+            _check_ledger_sees(self, run)
         return run
 
     def resume(self, checkpoint_id: str) -> Run:
@@ -331,24 +331,25 @@ class Guard:
         run, ended = resume(self, checkpoint_id, Run)
         # a run that goes on no longer waits on its scopes (it waits again if refused)
         run._ended_as(ended) if ended is not None else run._models.scopes.resumed()
-        self._check_ledger_sees(run)
+        _check_ledger_sees(self, run)
         return run
-
-    def _check_ledger_sees(self, run: Run) -> None:
-        """A run restored in a process whose ledger is this process's memory, while it made
-        effects this ledger has no record of: say so, once per run, loudly, with the fix
-        (an effect asked again would run again: a fork replayed on another worker)."""
-        from tether.run._document import unseen
-
-        what = unseen(self.ledger, run._state._effects)
-        if what is not None:
-            self._ledger_not_shared(run.run_id, what)
 
     def _ledger_not_shared(self, run_id: str, what: str) -> None:
         """Say once per run that run ``run_id`` ``what`` (``_document.ledger_not_shared``)."""
         from tether.run._document import ledger_not_shared
 
         ledger_not_shared(self._unseen_warned, run_id, what)
+
+
+def _check_ledger_sees(guard: Guard, run: Run) -> None:
+    """A run restored in a process whose ledger is this process's memory, while it made
+    effects this ledger has no record of: say so, once per run, loudly, with the fix
+    (an effect asked again would run again: a fork replayed on another worker)."""
+    from tether.run._document import unseen
+
+    what = unseen(guard.ledger, run._state._effects)
+    if what is not None:
+        guard._ledger_not_shared(run.run_id, what)
 
 
 def request_of(key: str | None, run_id: str) -> str:
