@@ -15,7 +15,9 @@ from google.adk.agents.run_config import RunConfig
 from google.adk.apps import App, ResumabilityConfig
 from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_response import LlmResponse
-from google.adk.runners import InMemoryRunner
+from google.adk.plugins.base_plugin import BasePlugin
+from google.adk.runners import InMemoryRunner, Runner
+from google.adk.sessions import InMemorySessionService
 from google.adk.tools.agent_tool import AgentTool
 from google.genai import types
 
@@ -328,9 +330,10 @@ def test_the_plugin_refuses_what_it_cannot_use() -> None:
 _ = (itertools, Iterator)
 
 
-def test_a_tool_that_requires_confirmation_waits_for_it() -> None:
-    """The plugin answers tool calls itself, so it applies ADK's confirmation gate: a tool
-    declared with ``require_confirmation`` never runs before a person confirms it."""
+def test_a_tool_that_requires_confirmation_needs_a_place_to_wait() -> None:
+    """A tool declared with ADK's ``require_confirmation`` is a tether approval: under a
+    guard with nowhere to keep a paused run, the call is refused (naming the fix) before it
+    runs, never left to ADK's gate alone."""
     from google.adk.tools.function_tool import FunctionTool
 
     paid: list[str] = []
@@ -347,13 +350,9 @@ def test_a_tool_that_requires_confirmation_waits_for_it() -> None:
         tools=[FunctionTool(issue_refund, require_confirmation=True)],
     )
     plugin = TetherPlugin(guard(), side_effects=["issue_refund"])
-    events = asyncio.run(drive(agent, [plugin], "refund A-1"))
+    with pytest.raises((ValueError, RuntimeError), match="nowhere to wait"):
+        asyncio.run(drive(agent, [plugin], "refund A-1"))
     assert paid == []
-    asked = [e for e in events if e.actions and e.actions.requested_tool_confirmations]
-    assert asked
-    # the call was held before the run's pipeline: the ledger holds no answer for it, so the
-    # confirmed call runs (a ledger entry would replay "requires confirmation" forever)
-    assert plugin.last_outcome is not None and plugin.last_outcome.usage.tool_calls == 0
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -526,6 +525,124 @@ def test_a_confirmation_declined_in_adk_rejects_the_approval(shell: str) -> None
     """The ADK user declines: the approval is rejected, the refund never runs, and the run
     ends DECLINED."""
     plugin, paid, _, (tethered, _) = confirmed_refund(False, shell == "sync")
+    assert paid == []
+    (record,) = tethered.approvals()
+    assert record.status == "rejected"
+    assert plugin.last_outcome.stopped_because is StopReason.DECLINED
+
+
+class Crash(BaseException):
+    """The process dies (not an error ADK or a plugin handles)."""
+
+
+class CrashAfterTool(BasePlugin):  # type: ignore[misc]
+    """Kills the process once, after a tool paid and before ADK kept its response."""
+
+    def __init__(self, paid: list[str]) -> None:
+        super().__init__(name="crash")
+        self.paid = paid
+
+    async def after_tool_callback(self, **_: Any) -> None:
+        if self.paid:
+            raise Crash
+
+
+def adk_confirmed_refund(
+    answer: bool, sync: bool, path: str, crash: bool = False
+) -> tuple[list[Any], list[str], Any]:
+    """A refund declared with ADK's own ``require_confirmation=True`` (no tether rule), in a
+    resumable App whose records are on disk; the ADK user's ``answer``; with ``crash``, the
+    process dies after the refund ran and a new one (a new Guard and plugin on the same
+    records and session) resumes the invocation from the session."""
+    from google.adk.tools.function_tool import FunctionTool
+
+    from tether import Records
+
+    paid: list[str] = []
+
+    def issue_refund(order: str) -> str:
+        """Refund an order."""
+        paid.append(order)
+        return "refunded"
+
+    model = scripted(lambda i: reply(call("issue_refund", {"order": "A-1"})) if i == 0
+                     else reply(text="Refunded A-1."))  # fmt: skip
+    agent = LlmAgent(
+        name="clerk", model=model, tools=[FunctionTool(issue_refund, require_confirmation=True)]
+    )
+    plugins: list[Any] = []
+    sessions = InMemorySessionService()
+
+    def process(*extra: Any) -> Any:
+        tethered = Guard(prices=PRICES, records=Records.sqlite(path))
+        plugins.append(TetherPlugin(tethered))  # no tether rule: ADK's alone
+        app = App(name="shop", root_agent=agent, plugins=[plugins[-1], *extra],
+                  resumability_config=ResumabilityConfig(is_resumable=True))  # fmt: skip
+        return Runner(app=app, session_service=sessions), tethered
+
+    runner, tethered = process(*([CrashAfterTool(paid)] if crash else []))
+    session = asyncio.run(sessions.create_session(app_name="shop", user_id="u"))
+
+    def send(runner: Any, message: Any = None, invocation_id: str | None = None) -> list[Any]:
+        if sync and invocation_id is None:
+            return list(runner.run(user_id="u", session_id=session.id, new_message=message))
+
+        async def read() -> list[Any]:
+            return [e async for e in runner.run_async(user_id="u", session_id=session.id,
+                    new_message=message, invocation_id=invocation_id)]  # fmt: skip
+
+        return asyncio.run(read())
+
+    first = send(runner, types.Content(role="user", parts=[types.Part(text="refund A-1")]))
+    assert paid == [] and model.calls == 1
+    asks = [p.function_call for e in first for p in (e.content.parts if e.content else ())
+            if p.function_call and p.function_call.name == "adk_request_confirmation"]  # fmt: skip
+    assert len(asks) == 1  # ADK's own confirmation request: one question
+    (pending,) = tethered.approvals()  # ... and one tether approval, on the operator page
+    assert pending.status == "pending"
+    response = types.FunctionResponse(id=asks[0].id, name=asks[0].name,
+                                      response={"confirmed": answer})  # fmt: skip
+    answered = types.Content(role="user", parts=[types.Part(function_response=response)])
+    if not crash:
+        return send(runner, answered), paid, (plugins[-1], tethered)
+    # the refund ran; its response never reached the session (ADK's sync runner reports
+    # the death of its thread as a RuntimeError)
+    with pytest.raises((Crash, RuntimeError)) as died:
+        send(runner, answered)
+    assert died.type is Crash or "Crash" in str(died.value)
+    assert paid == ["A-1"]
+    runner, tethered = process()  # a new process, resuming the invocation from the session
+    events = send(runner, None, first[0].invocation_id)
+    return events, paid, (plugins[-1], tethered)
+
+
+@pytest.mark.filterwarnings("ignore:\\[EXPERIMENTAL\\] ResumabilityConfig")  # ADK's own warning
+@pytest.mark.parametrize("crash", [False, True])
+@pytest.mark.parametrize("shell", ["async", "sync"])
+def test_adks_require_confirmation_is_a_tether_approval(
+    shell: str, crash: bool, tmp_path: Any
+) -> None:
+    """A tool declared with ADK's ``require_confirmation``: one tether approval, asked as
+    ADK's confirmation, approved by the ADK user's "confirmed"; the refund runs once, also
+    when the process dies after it ran and a new one resumes the invocation."""
+    events, paid, (plugin, tethered) = adk_confirmed_refund(
+        True, shell == "sync", str(tmp_path / "records.db"), crash=crash
+    )
+    assert paid == ["A-1"]
+    (record,) = tethered.approvals()
+    assert (record.status, record.decided_by) == ("used", "adk:u")
+    assert plugin.last_outcome.status == "success"
+    assert last_text(events) == "Refunded A-1."
+
+
+@pytest.mark.filterwarnings("ignore:\\[EXPERIMENTAL\\] ResumabilityConfig")  # ADK's own warning
+@pytest.mark.parametrize("shell", ["async", "sync"])
+def test_adks_require_confirmation_declined_rejects_the_approval(shell: str, tmp_path: Any) -> None:
+    """Declined in ADK: the tether approval is rejected, the refund never runs, the run
+    ends DECLINED."""
+    _, paid, (plugin, tethered) = adk_confirmed_refund(
+        False, shell == "sync", str(tmp_path / "records.db")
+    )
     assert paid == []
     (record,) = tethered.approvals()
     assert record.status == "rejected"

@@ -1,6 +1,7 @@
 """A tether approval in ADK's own confirmation flow (``ToolConfirmation``).
 
-A call that waits for a person's approval (``requires_approval=``) pauses the tether run
+A call that waits for a person's approval (``requires_approval=``, or a tool declared
+with ADK's own ``require_confirmation``) pauses the tether run
 (``AWAITING_APPROVAL``: an approval record and a checkpoint, on the operator page) and asks
 for ADK's confirmation of the same call (``tool_context.request_confirmation``), so that
 an ADK app shows its confirmation request as it does for its own tools; the checkpoint is

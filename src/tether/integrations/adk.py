@@ -95,20 +95,11 @@ def _max_output(llm_request: Any) -> int | None:
     return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
 
 
-async def _confirmation(
-    tool: Any, args: dict[str, Any], tool_context: Any
-) -> dict[str, Any] | None:
-    """ADK's confirmation gate for a tool declared with ``require_confirmation``, which ADK
-    applies only to calls no plugin answered: the response that asks for (or reports the
-    refusal of) the confirmation, or None when the call may run."""
-    from google.adk.tools._confirmation_utils import apply_confirmation_gate
-
-    asked = tool_context.tool_confirmation is None
-    held: dict[str, Any] | None = await apply_confirmation_gate(tool, args, tool_context)
-    if held is not None and asked:
-        # the pause is not a result for the model to summarize (as ADK's own gate does)
-        tool_context.actions.skip_summarization = True
-    return held
+async def _adk_asks(tool: Any, args: dict[str, Any], tool_context: Any) -> bool:
+    """Whether ADK's ``require_confirmation`` (a bool or a predicate of the call) holds this
+    call for a person's confirmation: tether asks it as an approval, in ADK's own flow."""
+    check = getattr(tool, "check_require_confirmation", None)
+    return check is not None and (await check(args, tool_context)) is True
 
 
 def _adk_limit_reached(callback_context: Any) -> int | None:
@@ -374,9 +365,12 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
     ) -> dict[str, Any] | None:
         run = self._run(tool_context.invocation_id)
         name = str(tool.name)
-        held = await _confirmation(tool, tool_args, tool_context)
-        if held is not None:  # ADK's own confirmation flow: asked, or refused; nothing ran
-            return held
+        options = self.rules.options(name)
+        if await _adk_asks(tool, tool_args, tool_context):
+            # ADK's require_confirmation is tether's approval, asked in ADK's own flow; a
+            # call a person must confirm has an effect: it runs at most once, on the ledger
+            require_a_place_to_wait(self.guard, [name])
+            options.update(requires_approval=True, idempotent=False)
         if _adk_confirm.refused(tool_context):  # declined in ADK: never run, whatever else
             if run.stopped is None:
                 try:
@@ -390,9 +384,7 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
 
         token = _PARENT.set(run)  # an AgentTool's Runner counts in this run
         try:
-            result = await run.acall_tool(
-                name, attempt, dict(tool_args), **self.rules.options(name)
-            )
+            result = await run.acall_tool(name, attempt, dict(tool_args), **options)
         except ToolError as exc:
             return {"error": exc.model_message}
         except Stopped as exc:  # the next model call ends the agent with the customer message
