@@ -4,7 +4,11 @@ interface, as its tests' ``MockedModelProvider`` scripts theirs)."""
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -14,7 +18,7 @@ from strands import Agent, tool
 from strands.models import Model
 
 from tether import Budget, Guard, Price, PriceTable, RetryPolicy, StopReason
-from tether.integrations.strands import TetherHooks
+from tether.integrations.strands import STATE_KEY, TetherHooks
 
 MODEL = "us.anthropic.claude-sonnet-4-6"
 PRICES = PriceTable({MODEL: Price(input=3.0, output=15.0, cache_read=0.30)})
@@ -380,3 +384,135 @@ def test_a_reply_cut_at_max_tokens_is_never_a_success(shell: str) -> None:
     assert outcome is not None
     assert (outcome.status, outcome.stopped_because) == ("failed", StopReason.TRUNCATED)
     assert outcome.usage.model_calls == 1
+
+
+SESSION = "s-1"
+SIGNING_KEY = "a signing key for the run documents of this test"
+
+
+def paid_in(where: str) -> list[str]:
+    path = os.path.join(where, "paid")
+    if not os.path.exists(path):
+        return []
+    with open(path) as paid:
+        return paid.read().split()
+
+
+def session_agent(
+    where: str, script: Callable[[int], list[dict[str, Any]]], max_steps: int = 4
+) -> tuple[Agent, TetherHooks, Scripted]:
+    """A refund agent of one process: its session in a FileSessionManager under ``where``,
+    its tether records (the ledger) in a database there, its run documents signed."""
+    from strands.session import FileSessionManager
+
+    from tether import Records
+
+    @tool
+    def issue_refund(order: str) -> str:
+        """Refund an order."""
+        with open(os.path.join(where, "paid"), "a") as paid:
+            paid.write(order + "\n")
+        return "refunded"
+
+    tethered = Guard(
+        budget=Budget(max_steps=max_steps),
+        prices=PRICES,
+        records=Records.sqlite(os.path.join(where, "records.db")),
+        signing_key=SIGNING_KEY,
+    )
+    hooks = TetherHooks(tethered, side_effects=["issue_refund"])
+    model = Scripted(script)
+    sessions = FileSessionManager(session_id=SESSION, storage_dir=where)
+    agent = Agent(model=model, tools=[issue_refund], hooks=[hooks], callback_handler=None,
+                  session_manager=sessions)  # fmt: skip
+    return agent, hooks, model
+
+
+def a_process_that_dies(where: str, shell: str, max_steps: int) -> None:
+    """Run in a child process: the agent refunds A-1, then the process dies in its next
+    model call (no hook, no ``finally`` runs)."""
+
+    def script(i: int) -> list[dict[str, Any]]:
+        if i == 0:
+            return [use("issue_refund", {"order": "A-1"}, i)]
+        os._exit(3)
+
+    agent, _, _ = session_agent(where, script, max_steps)
+    SHELLS[shell](agent, "refund A-1")
+
+
+def crashed(where: str, shell: str, max_steps: int = 4) -> None:
+    code = (
+        f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_strands; "
+        f"test_strands.a_process_that_dies({where!r}, {shell!r}, {max_steps})"
+    )
+    died = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert died.returncode == 3, died.stderr
+    assert paid_in(where) == ["A-1"]
+
+
+def reissued(i: int) -> list[dict[str, Any]]:
+    """The restored agent's model: the refund asked again (as after a crash), then done."""
+    return [use("issue_refund", {"order": "A-1"}, 9)] if i == 0 else [text("Refunded A-1.")]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_an_agent_restored_from_the_session_continues_the_run(shell: str, tmp_path: Any) -> None:
+    """The session manager holds the run document: an agent built from the same session
+    after its process died continues the same tether run (its request, its spent steps,
+    the ledger's effects): the refund asked again is not made again."""
+    where = str(tmp_path)
+    crashed(where, shell)
+    agent, hooks, _ = session_agent(where, reissued)
+    kept = agent.state.get(STATE_KEY)  # the session brought the run back
+    result = SHELLS[shell](agent, "go on")
+    assert paid_in(where) == ["A-1"]  # once, across the crash
+    assert kept is not None
+    outcome = hooks.last_outcome
+    assert outcome is not None and outcome.status == "success"
+    assert outcome.run_id == kept["run_id"]
+    assert outcome.usage.model_calls == 3  # the dead process's step, then two
+    assert answer_text(result) == "Refunded A-1."
+    assert agent.state.get(STATE_KEY) is None  # ended: the session keeps no run
+    again, _, _ = session_agent(where, reissued)
+    assert again.state.get(STATE_KEY) is None
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_step_budget_goes_on_in_the_restored_agent(shell: str, tmp_path: Any) -> None:
+    """max_steps=2: the dead process spent one step; the restored agent has one left."""
+    where = str(tmp_path)
+    crashed(where, shell, max_steps=2)
+    agent, hooks, model = session_agent(where, reissued, max_steps=2)
+    SHELLS[shell](agent, "go on")
+    outcome = hooks.last_outcome
+    assert outcome is not None and outcome.stopped_because is StopReason.MAX_STEPS
+    assert model.calls == 1 and paid_in(where) == ["A-1"]
+
+
+@pytest.mark.parametrize("altered", ["a field", "not a document"])
+@pytest.mark.parametrize("shell", SHELLS)
+def test_an_altered_run_document_in_the_session_fails_closed(
+    shell: str, altered: str, tmp_path: Any
+) -> None:
+    """A run document altered in the session (or not one at all) is refused with
+    RunDocumentError before the restored agent calls its model or a tool."""
+    from tether import RunDocumentError
+
+    where = str(tmp_path)
+    crashed(where, shell)
+    (path,) = glob.glob(os.path.join(where, f"session_{SESSION}", "agents", "*", "agent.json"))
+    with open(path) as f:
+        saved = json.load(f)
+    doc = saved["state"][STATE_KEY]
+    if altered == "a field":
+        doc["task"] = "refund A-1 and A-2"
+    else:
+        saved["state"][STATE_KEY] = "a run"
+    with open(path, "w") as f:
+        json.dump(saved, f)
+    agent, _, model = session_agent(where, reissued)
+    with pytest.raises(RunDocumentError):
+        SHELLS[shell](agent, "go on")
+    assert model.calls == 0 and paid_in(where) == ["A-1"]

@@ -12,6 +12,16 @@ the ledger for the tools named in ``side_effects``, which run at most once per i
 a call the run refuses is cancelled (``cancel_tool``) with the reason, and the agent's
 loop ends after that round of tools (``AfterToolsEvent.end_turn``), its last message the
 customer message. The outcome is ``hooks.last_outcome``.
+
+The run as plain data (``run.snapshot()``, the run document, signed by the guard's
+``signing_key``) is kept in ``agent.state["tether_run"]`` while the run goes on, after each
+model call and each tool call: a Strands session manager (``FileSessionManager``,
+``S3SessionManager``...) persists it with the agent's messages, so that an agent restored
+from the same session after its process died continues the same run (its budgets spent,
+its request, the ledger's effects: a refund made before the crash is not made again, given
+a ledger the processes share, ``Guard(records=...)``). A document that cannot be read
+(altered, forged, unsigned under a signing key, not a document) raises
+:class:`tether.RunDocumentError` before anything runs. A run that ended leaves none.
 """
 
 from __future__ import annotations
@@ -47,12 +57,15 @@ from strands.hooks import (  # noqa: E402 - after the extra check
 )
 from strands.types.tools import AgentTool  # noqa: E402
 
-__all__ = ["TetherHooks"]
+__all__ = ["STATE_KEY", "TetherHooks"]
 
 _log = logging.getLogger("tether")
 
 #: where the invocation's run lives in Strands' ``invocation_state``
 RUN_KEY = "tether_run"
+#: where the run document of the run in progress lives in ``agent.state`` (which Strands'
+#: session managers persist)
+STATE_KEY = "tether_run"
 #: set when the invocation joined the run of the guarded tool that runs it
 _JOINED = "tether_joined_run"
 #: the run of the guarded tool call in progress: an agent it runs under hooks counts in it
@@ -91,12 +104,35 @@ def _model_name(agent: Any) -> str:
     return name if isinstance(name, str) else ""
 
 
+def _keep(agent: Any, run: Run) -> None:
+    """The run document in ``agent.state`` (a session manager persists it with the next
+    message of the agent)."""
+    agent.state.set(STATE_KEY, run.snapshot())
+
+
+def _kept(guard: Guard, agent: Any) -> Run | None:
+    """The run an agent restored from its session was in when its process stopped (its
+    document in ``agent.state``), continued under ``guard``; None when there is none."""
+    doc = agent.state.get(STATE_KEY)
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping):
+        raise RunDocumentError(
+            f"agent.state[{STATE_KEY!r}] must be a run document, got {type(doc).__name__}: "
+            "the invocation cannot go on unguarded"
+        )
+    return guard.restore(doc)  # an altered, forged or unreadable one: RunDocumentError
+
+
 class _GuardedTool(AgentTool):  # type: ignore[misc,unused-ignore]  # untyped without strands
     """A Strands tool whose call goes through a tether run."""
 
-    def __init__(self, tool: Any, run: Run, options: dict[str, Any], guard: Guard) -> None:
+    def __init__(
+        self, tool: Any, run: Run, options: dict[str, Any], guard: Guard, agent: Any = None
+    ) -> None:
         super().__init__()
         self._guard = guard
+        self._agent = agent  # where the run document is kept after the call (None: joined)
         self._tool = tool
         self._run = run
         self._options = options
@@ -147,6 +183,8 @@ class _GuardedTool(AgentTool):  # type: ignore[misc,unused-ignore]  # untyped wi
             result = {"status": "error", "content": [{"text": f"stopped: {exc.reason.value}"}]}
         finally:
             _PARENT.reset(token)
+        if self._agent is not None:  # persisted with the call's result message
+            _keep(self._agent, self._run)
         for event in seen:
             yield event
         if not isinstance(result, Mapping) or "content" not in result:
@@ -234,6 +272,8 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
             return
         messages = event.messages if event.messages is not None else event.agent.messages
         run = _strands_interrupts.resumed(self.guard, event.agent)  # an answered interrupt
+        if run is None:  # a run its process left unfinished, kept in the restored session
+            run = _kept(self.guard, event.agent)
         if run is None:
             run = self.guard.start(task=_task(messages), key=self._key(state), scopes=self.scopes)
         run.__enter__()
@@ -247,6 +287,7 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
         if run.stopped is None and (again or run.proceed()):
             try:
                 state[_TURN] = run.model_turn(_model_name(event.agent)).open()
+                self._keep(event)
                 return
             except Stopped:
                 pass
@@ -274,6 +315,14 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
                 run.stop(StopReason.TRUNCATED, "the model's reply was cut at its max_tokens")
             except Stopped:
                 pass
+        self._keep(event)
+
+    @staticmethod
+    def _keep(event: Any) -> None:
+        """The run document in ``agent.state``, for the run this agent owns."""
+        state = event.invocation_state
+        if not state.get(_JOINED):
+            _keep(event.agent, TetherHooks._run(state))
 
     async def _retry(self, event: Any, run: Run, turn: ModelTurn) -> bool:
         """Whether the failed model call is tried again: tether's policy decides (the
@@ -309,7 +358,8 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
         if tool is None:  # a tool the model named that does not exist: Strands answers it
             return
         options = self.rules.options(str(tool.tool_name))
-        event.selected_tool = _GuardedTool(tool, run, options, self.guard)
+        keeper = None if event.invocation_state.get(_JOINED) else event.agent
+        event.selected_tool = _GuardedTool(tool, run, options, self.guard, keeper)
 
     def _after_tools(self, event: Any) -> None:
         """A stop during the batch ends the loop once every call of the batch is done (the
@@ -333,4 +383,6 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
             else:
                 run.succeed(_text(getattr(result, "message", None)))
         run.__exit__(None, None, None)
+        if event.agent.state.get(STATE_KEY) is not None:
+            event.agent.state.delete(STATE_KEY)  # ended: the next invocation is a new run
         self.last_outcome = run.outcome
