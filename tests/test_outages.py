@@ -215,15 +215,19 @@ def filing_at_once(open_records: Any, workers: int = 12) -> tether.Records:
     stopped by the same outage at the same moment; the records to read back."""
     clock = VirtualClock()
     down(None, clock)  # the breaker, shared by every worker's guard (one name, one store)
-    first = open_records()  # the tables and the ledger's, made once (as a fleet's first
-    Guard(records=first)  # worker does: workers creating them at once race in PostgreSQL)
-    first.close()
     barrier = threading.Barrier(workers, timeout=60)
+    start = threading.Barrier(workers, timeout=60)  # a fleet starting cold: no table yet
     outs: list[tether.Outcome] = []
     errors: list[BaseException] = []
 
     def worker(i: int) -> None:
-        records = open_records()
+        start.wait()
+        try:
+            records = open_records()  # every worker makes the tables and the ledger's at once
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()  # the others stop waiting for this worker
+            return
         try:
             guard = down(records, clock)
             with guard.start(task=f"conversation {i}") as run:

@@ -70,9 +70,7 @@ class Records(OnDocuments):
             )
         self.store = store
         self.tables = Tables.of(store)
-        with store.sql(write=True) as sql:
-            for statement in self.tables.schema():
-                sql.run(statement)
+        store.create_schema(self.tables.schema())
         self.runs = Runs(store, self.tables)
         self.checkpoints = Checkpoints(store)
         self.approvals = Approvals(store)

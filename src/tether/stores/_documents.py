@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from tether._errors import CheckpointError, StoreUnavailable, require
 from tether.redaction._redact import safe_url
+from tether.stores._schema import create_schema
 from tether.stores._sql import DIALECTS, POSTGRES, SQLITE, DocumentSql
 
 __all__ = [
@@ -116,6 +117,13 @@ class SqliteDocuments:
         except sqlite3.DatabaseError as exc:
             raise CheckpointError(f"cannot open the tether database at {path!r}: {exc}") from exc
 
+    def create_schema(self, statements: Sequence[str]) -> None:
+        """Create tables and indexes (``... IF NOT EXISTS``) in one write transaction
+        (``BEGIN IMMEDIATE``: one process at a time, the others wait for the file)."""
+        with self.sql(write=True) as sql:
+            for statement in statements:
+                sql.run(statement)
+
     def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
         with self._lock:
             self._db.execute(self._q.put, (kind, doc_id, created_at, json.dumps(doc, default=str)))
@@ -200,8 +208,17 @@ class PostgresDocuments:
         self._pool, self._errors = open_pool(
             dsn, f"tether-documents-{table}", pool_size, probe=True
         )
+        try:
+            self.create_schema([self._q.create])
+        except BaseException:
+            self._pool.close()
+            raise
+
+    def create_schema(self, statements: Sequence[str]) -> None:
+        """Create tables and indexes (``... IF NOT EXISTS``), one worker at a time when a
+        fleet starts cold (stores/_schema.py); nothing but one query when they exist."""
         with self._pool.connection() as conn:
-            conn.execute(self._q.create)
+            create_schema(conn, statements)
 
     def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
         body = json.dumps(doc, default=str)

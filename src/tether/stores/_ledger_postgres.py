@@ -28,6 +28,7 @@ from tether.stores._ledger_logic import (
     decide_claim,
     decide_complete,
 )
+from tether.stores._schema import create_schema
 
 __all__ = ["PostgresLedgerBackend"]
 
@@ -83,16 +84,18 @@ class PostgresLedgerBackend:
             f"FROM (SELECT COALESCE(%s::float8, {_EPOCH}) AS n) AS t "
             "ON CONFLICT (key) DO NOTHING RETURNING key"
         )
-        self._exec(
-            lambda c: c.execute(
-                f"""CREATE TABLE IF NOT EXISTS {table} (
-                    key TEXT PRIMARY KEY, state TEXT NOT NULL, payload_hash TEXT,
-                    owner TEXT NOT NULL, lease_until DOUBLE PRECISION NOT NULL,
-                    expires_at DOUBLE PRECISION NOT NULL, created_at DOUBLE PRECISION NOT NULL,
-                    result TEXT, error TEXT, detail TEXT NOT NULL DEFAULT '',
-                    attempts INTEGER NOT NULL DEFAULT 1)"""
-            )
-        )
+        schema = f"""CREATE TABLE IF NOT EXISTS {table} (
+            key TEXT PRIMARY KEY, state TEXT NOT NULL, payload_hash TEXT,
+            owner TEXT NOT NULL, lease_until DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+            result TEXT, error TEXT, detail TEXT NOT NULL DEFAULT '',
+            attempts INTEGER NOT NULL DEFAULT 1)"""
+        # workers starting at once on a fresh database: made by one of them (stores/_schema.py)
+        try:
+            self._exec(lambda c: create_schema(c, [schema]))
+        except BaseException:
+            self._pool.close()
+            raise
 
     def __repr__(self) -> str:
         return f"PostgresLedgerBackend({self.dsn!r}, table={self.table!r})"

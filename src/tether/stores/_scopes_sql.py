@@ -55,19 +55,18 @@ class SqlScopes:
         self.waiting_table = f"{prefix}scope_waiting"
         #: transactions run (one per operation)
         self.transactions = 0
-        with self._tx() as sql:
-            sql.run(
-                f"CREATE TABLE IF NOT EXISTS {self.scopes_table} "
-                "(name TEXT PRIMARY KEY, fields TEXT NOT NULL)"
-            )
-            sql.run(
-                f"CREATE TABLE IF NOT EXISTS {self.calls_table} "
-                "(id TEXT PRIMARY KEY, state TEXT NOT NULL, at DOUBLE PRECISION NOT NULL)"
-            )
-            sql.run(f"CREATE INDEX IF NOT EXISTS {self.calls_table}_at ON {self.calls_table} (at)")
-            sql.run(
-                f"CREATE TABLE IF NOT EXISTS {self.waiting_table} (name TEXT NOT NULL, "
-                "run_id TEXT NOT NULL, checkpoint_id TEXT NOT NULL, PRIMARY KEY (name, run_id))"
+        with self._reachable():  # workers starting at once: made by one (stores/_schema.py)
+            store.create_schema(
+                [
+                    f"CREATE TABLE IF NOT EXISTS {self.scopes_table} "
+                    "(name TEXT PRIMARY KEY, fields TEXT NOT NULL)",
+                    f"CREATE TABLE IF NOT EXISTS {self.calls_table} "
+                    "(id TEXT PRIMARY KEY, state TEXT NOT NULL, at DOUBLE PRECISION NOT NULL)",
+                    f"CREATE INDEX IF NOT EXISTS {self.calls_table}_at ON {self.calls_table} (at)",
+                    f"CREATE TABLE IF NOT EXISTS {self.waiting_table} (name TEXT NOT NULL, "
+                    "run_id TEXT NOT NULL, checkpoint_id TEXT NOT NULL, "
+                    "PRIMARY KEY (name, run_id))",
+                ]
             )
 
     def _errors(self) -> tuple[type[BaseException], ...]:
@@ -82,11 +81,16 @@ class SqlScopes:
     @contextmanager
     def _tx(self) -> Iterator[Sql]:
         """One transaction; the database unreachable: :class:`StoreUnavailable`."""
-        errors = self._errors()
         self.transactions += 1
+        with self._reachable(), self.store.sql(write=True) as sql:
+            yield sql
+
+    @contextmanager
+    def _reachable(self) -> Iterator[None]:
+        """The database unreachable: :class:`StoreUnavailable`."""
+        errors = self._errors()
         try:
-            with self.store.sql(write=True) as sql:
-                yield sql
+            yield
         except errors as exc:
             raise StoreUnavailable(
                 f"the budget scopes' database ({self.store.dialect}) could not be used "

@@ -1,0 +1,63 @@
+"""Creating tether's tables in PostgreSQL when a fleet starts cold: one helper for every
+store (the ledger, the documents, the records' runs and incidents, the budget scopes).
+
+``CREATE TABLE IF NOT EXISTS`` is not safe against itself in PostgreSQL: two sessions that
+create the same table at the same moment both find it missing, and the second to commit
+fails on the catalog's unique index (``pg_type_typname_nsp_index``, or
+``pg_class_relname_nsp_index`` for an index). :func:`create_schema` runs the statements in
+one transaction that first takes a transaction-level advisory lock (one fixed key for all
+of tether's tables), so workers starting together create them one after another, each
+later one finding them made. A warm start takes no lock: one query first asks whether
+every table and index the statements create already exists (and none they drop), and
+nothing more is sent when so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["SCHEMA_LOCK", "create_schema"]
+
+#: the advisory lock key taken while tether creates its tables (a fixed 64-bit number:
+#: ``int.from_bytes(b"tetherDB", "big") >> 1``)
+SCHEMA_LOCK = 4193618936387412513
+_MADE = re.compile(r"CREATE (?:UNIQUE )?(?:TABLE|INDEX) IF NOT EXISTS (\w+)", re.IGNORECASE)
+_DROPPED = re.compile(r"DROP (?:TABLE|INDEX) IF EXISTS (\w+)", re.IGNORECASE)
+_READY = (
+    "SELECT (SELECT count(*) FROM unnest(%s::text[]) AS n WHERE to_regclass(n) IS NOT NULL) = %s "
+    "AND NOT EXISTS (SELECT 1 FROM unnest(%s::text[]) AS n WHERE to_regclass(n) IS NOT NULL)"
+)
+
+
+def _objects(statements: Sequence[str]) -> tuple[list[str], list[str]] | None:
+    """The tables and indexes the statements create, and those they drop; None when a
+    statement is neither (its effect cannot be checked: the statements always run)."""
+    made: list[str] = []
+    dropped: list[str] = []
+    for statement in statements:
+        if found := _MADE.match(statement.strip()):
+            made.append(found[1])
+        elif found := _DROPPED.match(statement.strip()):
+            dropped.append(found[1])
+        else:
+            return None
+    return made, dropped
+
+
+def create_schema(conn: Any, statements: Sequence[str]) -> bool:
+    """Run ``statements`` (each ``CREATE ... IF NOT EXISTS`` or ``DROP ... IF EXISTS``) on
+    ``conn``, an autocommit psycopg connection, safely beside other workers doing the same;
+    True when they ran, False when everything was there already (no lock taken)."""
+    objects = _objects(statements)
+    if objects is not None:
+        made, dropped = objects
+        ready = conn.execute(_READY, (made, len(made), dropped)).fetchone()
+        if ready is not None and ready[0]:
+            return False
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        for statement in statements:
+            conn.execute(statement)
+    return True
