@@ -19,6 +19,8 @@ from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.runners import InMemoryRunner, Runner
 from google.adk.sessions import InMemorySessionService
 from google.adk.tools.agent_tool import AgentTool
+from google.adk.tools.function_tool import FunctionTool
+from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 
 from tether import Budget, Guard, Price, PriceTable, RetryPolicy, StopReason
@@ -334,7 +336,6 @@ def test_a_tool_that_requires_confirmation_needs_a_place_to_wait() -> None:
     """A tool declared with ADK's ``require_confirmation`` is a tether approval: under a
     guard with nowhere to keep a paused run, the call is refused (naming the fix) before it
     runs, never left to ADK's gate alone."""
-    from google.adk.tools.function_tool import FunctionTool
 
     paid: list[str] = []
 
@@ -548,13 +549,13 @@ class CrashAfterTool(BasePlugin):  # type: ignore[misc]
 
 
 def adk_confirmed_refund(
-    answer: bool, sync: bool, path: str, crash: bool = False
+    answer: bool, sync: bool, path: str, crash: bool = False, asked_by: str = "declared"
 ) -> tuple[list[Any], list[str], Any]:
     """A refund declared with ADK's own ``require_confirmation=True`` (no tether rule), in a
     resumable App whose records are on disk; the ADK user's ``answer``; with ``crash``, the
     process dies after the refund ran and a new one (a new Guard and plugin on the same
-    records and session) resumes the invocation from the session."""
-    from google.adk.tools.function_tool import FunctionTool
+    records and session) resumes the invocation from the session. ``asked_by="the tool"``:
+    the tool asks itself (``tool_context.request_confirmation``), refunding once confirmed."""
 
     from tether import Records
 
@@ -565,11 +566,25 @@ def adk_confirmed_refund(
         paid.append(order)
         return "refunded"
 
-    model = scripted(lambda i: reply(call("issue_refund", {"order": "A-1"})) if i == 0
-                     else reply(text="Refunded A-1."))  # fmt: skip
-    agent = LlmAgent(
-        name="clerk", model=model, tools=[FunctionTool(issue_refund, require_confirmation=True)]
+    def refund_asking(order: str, tool_context: ToolContext) -> dict[str, Any]:
+        """Refund an order, once the user confirmed it."""
+        confirmation = tool_context.tool_confirmation
+        if confirmation is None:
+            tool_context.request_confirmation(hint=f"Refund {order}?", payload={"order": order})
+            return {"status": "waiting for the user"}
+        if not confirmation.confirmed:
+            return {"status": "not refunded"}
+        paid.append(order)
+        return {"status": "refunded"}
+
+    refund = (
+        FunctionTool(issue_refund, require_confirmation=True)
+        if asked_by == "declared"
+        else FunctionTool(refund_asking)
     )
+    model = scripted(lambda i: reply(call(refund.name, {"order": "A-1"})) if i == 0
+                     else reply(text="Refunded A-1."))  # fmt: skip
+    agent = LlmAgent(name="clerk", model=model, tools=[refund])
     plugins: list[Any] = []
     sessions = InMemorySessionService()
 
@@ -617,16 +632,17 @@ def adk_confirmed_refund(
 
 
 @pytest.mark.filterwarnings("ignore:\\[EXPERIMENTAL\\] ResumabilityConfig")  # ADK's own warning
+@pytest.mark.parametrize("asked_by", ["declared", "the tool"])
 @pytest.mark.parametrize("crash", [False, True])
 @pytest.mark.parametrize("shell", ["async", "sync"])
 def test_adks_require_confirmation_is_a_tether_approval(
-    shell: str, crash: bool, tmp_path: Any
+    shell: str, crash: bool, asked_by: str, tmp_path: Any
 ) -> None:
     """A tool declared with ADK's ``require_confirmation``: one tether approval, asked as
     ADK's confirmation, approved by the ADK user's "confirmed"; the refund runs once, also
     when the process dies after it ran and a new one resumes the invocation."""
     events, paid, (plugin, tethered) = adk_confirmed_refund(
-        True, shell == "sync", str(tmp_path / "records.db"), crash=crash
+        True, shell == "sync", str(tmp_path / "records.db"), crash=crash, asked_by=asked_by
     )
     assert paid == ["A-1"]
     (record,) = tethered.approvals()
@@ -636,12 +652,15 @@ def test_adks_require_confirmation_is_a_tether_approval(
 
 
 @pytest.mark.filterwarnings("ignore:\\[EXPERIMENTAL\\] ResumabilityConfig")  # ADK's own warning
+@pytest.mark.parametrize("asked_by", ["declared", "the tool"])
 @pytest.mark.parametrize("shell", ["async", "sync"])
-def test_adks_require_confirmation_declined_rejects_the_approval(shell: str, tmp_path: Any) -> None:
+def test_adks_require_confirmation_declined_rejects_the_approval(
+    shell: str, asked_by: str, tmp_path: Any
+) -> None:
     """Declined in ADK: the tether approval is rejected, the refund never runs, the run
     ends DECLINED."""
     _, paid, (plugin, tethered) = adk_confirmed_refund(
-        False, shell == "sync", str(tmp_path / "records.db")
+        False, shell == "sync", str(tmp_path / "records.db"), asked_by=asked_by
     )
     assert paid == []
     (record,) = tethered.approvals()

@@ -28,19 +28,31 @@ ASKED = "This tool call requires confirmation, please approve or reject."
 REFUSED = "This tool call is rejected."
 
 
-def ask(run: Run, name: str, tool_context: Any) -> dict[str, Any]:
+def ask(run: Run, name: str, tool_context: Any, asked: Any = None) -> dict[str, Any]:
     """The run stopped for an approval of the call of ``name``: ask ADK's user to confirm
-    it (the checkpoint kept in the session); the answer the call gets meanwhile."""
+    it (the checkpoint kept in the session); the answer the call gets meanwhile. ``asked``:
+    what the tool returned when it asked itself (its own question stands)."""
     outcome = run.outcome
     pending = outcome.pending_approval or {}
-    tool_context.request_confirmation(
-        hint=f"Please approve or reject the call of {name}() (tether approval "
-        f"{pending.get('id', '')}).",
-        payload={"tether_checkpoint": outcome.checkpoint_id},
-    )
+    if asked is None:
+        tool_context.request_confirmation(
+            hint=f"Please approve or reject the call of {name}() (tether approval "
+            f"{pending.get('id', '')}).",
+            payload={"tether_checkpoint": outcome.checkpoint_id},
+        )
     tool_context.actions.skip_summarization = True  # a pause, not a result to summarize
     tool_context.state[AWAITING_KEY] = outcome.checkpoint_id
+    if asked is not None:
+        return asked if isinstance(asked, dict) else {"result": asked}
     return {"error": ASKED}
+
+
+def asked_itself(tool_context: Any) -> bool:
+    """The tool asked ADK's user to confirm this call itself (``request_confirmation``)."""
+    if getattr(tool_context, "tool_confirmation", None) is not None:
+        return False  # answered already: the tool ran on the answer
+    asked = getattr(tool_context.actions, "requested_tool_confirmations", None) or {}
+    return tool_context.function_call_id in asked
 
 
 def _answer(user_content: Any) -> bool | None:

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Unpack
 
 from tether import Guard, ModelTurn, Outcome, Run, Stopped, StopReason, ToolError
-from tether._errors import RunDocumentError, require
+from tether._errors import ControlSignal, RunDocumentError, require
 from tether.integrations import _adk_confirm
 from tether.integrations._common import (
     SideEffects,
@@ -100,6 +100,16 @@ async def _adk_asks(tool: Any, args: dict[str, Any], tool_context: Any) -> bool:
     call for a person's confirmation: tether asks it as an approval, in ADK's own flow."""
     check = getattr(tool, "check_require_confirmation", None)
     return check is not None and (await check(args, tool_context)) is True
+
+
+class _AskedInTheTool(Exception):
+    """The tool asked ADK's user to confirm its call itself (``request_confirmation``) and
+    returned without doing it: carried out of the run's pipeline as a ``ControlSignal``
+    (not done: no ledger result, no retry)."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__("the tool asked for confirmation")
+        self.result = result
 
 
 def _adk_limit_reached(callback_context: Any) -> int | None:
@@ -366,7 +376,8 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         run = self._run(tool_context.invocation_id)
         name = str(tool.name)
         options = self.rules.options(name)
-        if await _adk_asks(tool, tool_args, tool_context):
+        confirming = tool_context.tool_confirmation is not None  # a confirmed call, again
+        if confirming or await _adk_asks(tool, tool_args, tool_context):
             # ADK's require_confirmation is tether's approval, asked in ADK's own flow; a
             # call a person must confirm has an effect: it runs at most once, on the ledger
             require_a_place_to_wait(self.guard, [name])
@@ -380,11 +391,16 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
             return {"error": _adk_confirm.REFUSED}
 
         async def attempt(**args: Any) -> Any:
-            return await tool.run_async(args=args, tool_context=tool_context)
+            result = await tool.run_async(args=args, tool_context=tool_context)
+            if _adk_confirm.asked_itself(tool_context):
+                raise ControlSignal(_AskedInTheTool(result))
+            return result
 
         token = _PARENT.set(run)  # an AgentTool's Runner counts in this run
         try:
             result = await run.acall_tool(name, attempt, dict(tool_args), **options)
+        except _AskedInTheTool as asked:  # the tool's own question: tether's approval too
+            return await self._approval(run, name, tool_args, tool_context, options, asked)
         except ToolError as exc:
             return {"error": exc.model_message}
         except Stopped as exc:  # the next model call ends the agent with the customer message
@@ -400,6 +416,33 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
                 pass
         self._keep(tool_context, run)
         return result if isinstance(result, dict) else {"result": result}
+
+    async def _approval(
+        self,
+        run: Run,
+        name: str,
+        tool_args: dict[str, Any],
+        tool_context: Any,
+        options: dict[str, Any],
+        asked: _AskedInTheTool,
+    ) -> dict[str, Any]:
+        """A tool asked ADK's user to confirm its call itself: the call waits for tether's
+        approval (one record, the run paused), its question the tool's own."""
+        require_a_place_to_wait(self.guard, [name])
+
+        def never(**_: Any) -> Any:
+            raise RuntimeError(f"{name} ran before its confirmation was answered")
+
+        options = {**options, "requires_approval": True, "idempotent": False}
+        try:
+            await run.acall_tool(name, never, dict(tool_args), **options)
+        except ToolError as exc:
+            return {"error": exc.model_message}
+        except Stopped as exc:
+            if exc.reason is StopReason.AWAITING_APPROVAL:
+                return _adk_confirm.ask(run, name, tool_context, asked=asked.result)
+            return {"error": f"stopped: {exc.reason.value}"}
+        return {"error": f"{name} ran before its confirmation was answered"}  # pragma: no cover
 
     async def on_tool_error_callback(
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any, error: Exception
