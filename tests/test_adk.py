@@ -666,3 +666,42 @@ def test_adks_require_confirmation_declined_rejects_the_approval(
     (record,) = tethered.approvals()
     assert record.status == "rejected"
     assert plugin.last_outcome.stopped_because is StopReason.DECLINED
+
+
+@pytest.mark.filterwarnings("ignore:\\[EXPERIMENTAL\\] ResumabilityConfig")  # ADK's own warning
+def test_alone_a_confirmed_call_resumed_after_a_crash_pays_twice() -> None:
+    """ADK alone (its Resume page: tools run at least once): the confirmed refund ran, the
+    process died before ADK kept its response, and the resumed invocation refunds again."""
+    paid: list[str] = []
+
+    def issue_refund(order: str) -> str:
+        """Refund an order."""
+        paid.append(order)
+        return "refunded"
+
+    model = scripted(lambda i: reply(call("issue_refund", {"order": "A-1"})) if i == 0
+                     else reply(text="Refunded A-1."))  # fmt: skip
+    agent = LlmAgent(name="clerk", model=model,
+                     tools=[FunctionTool(issue_refund, require_confirmation=True)])  # fmt: skip
+    sessions = InMemorySessionService()
+
+    def runner(*plugins: Any) -> Runner:
+        app = App(name="shop", root_agent=agent, plugins=list(plugins),
+                  resumability_config=ResumabilityConfig(is_resumable=True))  # fmt: skip
+        return Runner(app=app, session_service=sessions)
+
+    async def send(runner: Runner, message: Any = None, invocation_id: str | None = None) -> Any:
+        return [e async for e in runner.run_async(user_id="u", session_id=session.id,
+                new_message=message, invocation_id=invocation_id)]  # fmt: skip
+
+    session = asyncio.run(sessions.create_session(app_name="shop", user_id="u"))
+    first = asyncio.run(send(runner(CrashAfterTool(paid)), types.Content(
+        role="user", parts=[types.Part(text="refund A-1")])))  # fmt: skip
+    (ask,) = [p.function_call for e in first for p in (e.content.parts if e.content else ())
+              if p.function_call and p.function_call.name == "adk_request_confirmation"]  # fmt: skip
+    response = types.FunctionResponse(id=ask.id, name=ask.name, response={"confirmed": True})
+    with pytest.raises(Crash):
+        asyncio.run(send(runner(CrashAfterTool(paid)),
+                         types.Content(role="user", parts=[types.Part(function_response=response)])))  # fmt: skip
+    asyncio.run(send(runner(), None, first[0].invocation_id))
+    assert paid == ["A-1", "A-1"]
