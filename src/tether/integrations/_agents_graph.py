@@ -13,9 +13,9 @@ import logging
 import weakref
 from typing import Any
 
-from tether import Run, Stopped, ToolError
+from tether import CircuitOpenError, Run, Stopped, ToolError
 from tether._errors import require
-from tether.integrations._agents_hooks import GuardStopped, request_failed
+from tether.integrations._agents_hooks import GuardStopped, active_hooks, request_failed
 from tether.integrations._common import ModelRetries, ToolRules, malformed_arguments
 from tether.retries._policy import RetryPolicy
 
@@ -35,13 +35,37 @@ class _ModelRetries(ModelRetries):
     def __deepcopy__(self, memo: dict[int, Any]) -> _ModelRetries:
         return self  # the SDK copies model settings; the run they count into is one
 
-    def __call__(self, context: RetryPolicyContext) -> RetryDecision:
+    _first = 1  # the SDK's attempt the current count starts at (after a breaker's probe)
+
+    async def __call__(self, context: RetryPolicyContext) -> RetryDecision:
         verdict = self.policy.classifier(context.error)
-        delay = self.wait(verdict, context.attempt)
-        if delay is None:
+        attempt = context.attempt
+        if attempt <= 1:
+            self._first = 1
+        hooks = active_hooks()
+        # the attempt's failure counts in its provider's breaker; one that left it open
+        # waits for its next probe as the run allows (Guard(outage_wait=...)), then tries
+        # again with its attempts counted afresh, as a guarded client's call does
+        opened = hooks is not None and await hooks.settle(verdict)
+        delay = None if opened else self.wait(verdict, attempt - self._first + 1)
+        if delay is None and not (opened and verdict.retryable):
             request_failed()
             return RetryDecision(retry=False, reason=verdict.reason)
+        if hooks is not None:
+            try:  # the next attempt asks the breaker first
+                await hooks.permit()
+            except CircuitOpenError:  # raised out of the runner: the run ends CIRCUIT_OPEN
+                request_failed()
+                raise
+        if delay is None:  # a probe after the wait
+            self._first = attempt + 1
+            return RetryDecision(retry=True, delay=0.0, reason="the provider's breaker probes")
         return RetryDecision(retry=True, delay=delay, reason=verdict.reason)
+
+
+#: the SDK's own cap on a request's retries, left to tether's policy (its attempts, the
+#: run's time and outage_wait bound them)
+_UNBOUNDED = 1_000_000
 
 
 def model_retry(policy: RetryPolicy | None = None, run: Run | None = None) -> ModelRetrySettings:
@@ -52,7 +76,10 @@ def model_retry(policy: RetryPolicy | None = None, run: Run | None = None) -> Mo
     """
     policy = policy or RetryPolicy(name="model")
     return ModelRetrySettings(
-        max_retries=policy.max_attempts - 1, policy=_ModelRetries(policy, run)
+        # the policy decides each retry (it sees the last attempt's failure too, which its
+        # provider's breaker counts): max_attempts, counted afresh after a breaker's probe
+        max_retries=_UNBOUNDED,
+        policy=_ModelRetries(policy, run),
     )
 
 

@@ -14,9 +14,10 @@ import contextvars
 from collections.abc import Callable
 from typing import Any
 
-from tether import ModelTurn, RequestUsage, Run, Stopped, StopReason
+from tether import CircuitOpenError, ModelTurn, RequestUsage, Run, Stopped, StopReason
 from tether._errors import Picklable, require
 from tether.guards._tokens import estimate_tokens
+from tether.integrations._common import model_breaker
 from tether.providers import openai_responses
 
 require("agents", "openai-agents")
@@ -75,6 +76,9 @@ class TetherHooks(RunHooks[Any]):
         self.run = run
         self.model = model
         self._in_flight: list[ModelTurn] = []  # the turns of requests sent, not answered yet
+        # the provider breaker's permits of the attempts in flight (oldest first)
+        self._permits: list[tuple[Any, str]] = []
+        self._model = model or ""  # the model of the last request (its retries ask its breaker)
         #: what a nested run's starting agent becomes (tether's guarded copy, from run())
         self.nested: Callable[[Any], Any] = lambda agent: agent
         _install()
@@ -101,6 +105,12 @@ class TetherHooks(RunHooks[Any]):
                     self._in_flight.append(await turn.aopen())
                 except Stopped:  # a wait past the run's time: stopped before the request
                     raise GuardStopped(run.stopped or StopReason.TIMEOUT, run.stop_detail) from None
+                try:  # the provider's breaker: an open one waited out as outage_wait allows
+                    await self.permit(turn.model)
+                except CircuitOpenError as exc:  # the provider is down: CIRCUIT_OPEN, one incident
+                    self._in_flight.remove(turn)
+                    stopped = turn.fail(exc)
+                    raise GuardStopped(stopped.reason, stopped.detail) from None
                 return
             run.halt(StopReason.MAX_MODEL_CALLS, f"max model calls ({limit}) reached")
         assert run.stopped is not None
@@ -110,12 +120,40 @@ class TetherHooks(RunHooks[Any]):
         self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse
     ) -> None:
         turn = self.answered() or self.run.model_turn(self.model or model_name(agent))
+        await self.settle(None)
         turn.record(openai_responses.usage(response) or RequestUsage())
+
+    async def permit(self, model: str | None = None) -> None:
+        """Ask the breaker of ``model``'s provider for the next attempt (the guard's retry
+        policy's breaker, if it has one), waiting for its next probe as the run allows
+        (``Guard(outage_wait=...)``); raises :class:`tether.CircuitOpenError` past that."""
+        run = self.run
+        model = self._model = self._model if model is None else model
+        breaker = run.guard.retry.breaker or model_breaker(run.guard, model)
+
+        async def acquire() -> None:
+            self._permits.append((breaker, await breaker._aacquire()))
+
+        await run.athrough_breaker(acquire)
+
+    async def settle(self, verdict: Any) -> bool:
+        """Tell the breaker how the oldest attempt in flight went (None: answered); True
+        when that left the breaker open (the provider is down)."""
+        if not self._permits:
+            return False
+        breaker, permit = self._permits.pop(0)
+        await breaker._arecord(permit, verdict)
+        return breaker._refusal() is not None
 
     def answered(self) -> ModelTurn | None:
         """A request of this run got its answer, or failed for good: no longer in flight;
         its turn (the oldest in flight; None: none is)."""
         return self._in_flight.pop(0) if self._in_flight else None
+
+
+def active_hooks() -> TetherHooks | None:
+    """The hooks of the tether run the current task runs in (None: no tether run)."""
+    return _ACTIVE.get()
 
 
 def request_failed() -> None:
