@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Unpack
@@ -45,13 +44,6 @@ _log = logging.getLogger("tether")
 
 #: the run of the kickoff in progress (the crew's LLM and tools find it here)
 _RUN: contextvars.ContextVar[Run | None] = contextvars.ContextVar("tether_crewai_run", default=None)
-#: one sync tool call at a time per kickoff: CrewAI runs a reply's tool calls in threads, and
-#: a run's checks and counters are not shared across threads (4 of 6 parallel searches ran
-#: under max_tool_calls=3, now and then, before)
-_ONE_AT_A_TIME: contextvars.ContextVar[threading.Lock | None] = contextvars.ContextVar(
-    "tether_crewai_tool_lock", default=None
-)
-
 #: set on a tool function this module wrapped
 _MARK = "__tether_guarded__"
 
@@ -140,10 +132,8 @@ def _tool_runner(name: str, fn: Callable[..., Any], options: dict[str, Any]) -> 
             call: Callable[..., Any] = lambda **a: fn(a.pop("input"), **a)  # noqa: E731
         else:
             call = fn
-        lock = _ONE_AT_A_TIME.get() or threading.Lock()
-        try:
-            with lock:
-                return run.call_tool(name, call, kwargs, **options)
+        try:  # CrewAI runs a reply's calls in threads: the run admits each under its lock
+            return run.call_tool(name, call, kwargs, **options)
         except ToolError as exc:
             return exc.model_message
         except Stopped as exc:  # the agent's next model call ends it with the customer message
@@ -299,7 +289,6 @@ class TetherCrew:
         customer message)."""
         run = self._start(crew, inputs)
         token = _RUN.set(run)
-        lock = _ONE_AT_A_TIME.set(threading.Lock())
         output: Any = None
         try:
             with self._guarding(crew):
@@ -311,14 +300,12 @@ class TetherCrew:
             raise
         finally:
             _RUN.reset(token)
-            _ONE_AT_A_TIME.reset(lock)
         return self._end(run, output, None)
 
     async def akickoff(self, crew: Any, inputs: Mapping[str, Any] | None = None) -> Outcome:
         """The async form of :meth:`kickoff` (``crew.akickoff``)."""
         run = self._start(crew, inputs)
         token = _RUN.set(run)
-        lock = _ONE_AT_A_TIME.set(threading.Lock())
         output: Any = None
         try:
             with self._guarding(crew):
@@ -330,7 +317,6 @@ class TetherCrew:
             raise
         finally:
             _RUN.reset(token)
-            _ONE_AT_A_TIME.reset(lock)
         return self._end(run, output, None)
 
 

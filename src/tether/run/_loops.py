@@ -101,6 +101,7 @@ class LoopState:
         "_allow",
         "_allowed",
         "_counts",
+        "_done",
         "_flying",
         "_min_steps",
         "_recent",
@@ -126,6 +127,10 @@ class LoopState:
         # the calls checked and not ended yet, by action: parallel calls of one model turn
         # (identical ones started together) count as repeats before any of them completes
         self._flying: dict[str, int] = {}
+        # calls completed and not recorded yet (still in flight): a completion appends here
+        # without a lock (a deque's append is atomic); :meth:`settle` records them, under the
+        # run's admission lock, before the next check (or a snapshot) reads the detectors
+        self._done: deque[tuple[str, str, bool]] = deque()
 
     def load(self, saved: Mapping[str, Any]) -> None:
         """Take the detectors' state a run document kept (``loops``)."""
@@ -186,6 +191,19 @@ class LoopState:
             self._flying[action] = left
         else:
             self._flying.pop(action, None)
+
+    def complete(self, tool: str, action: str, allowed: bool) -> None:
+        """A call begun completed: recorded (and out of flight) at the next :meth:`settle`."""
+        self._done.append((tool, action, allowed))
+
+    def settle(self) -> None:
+        """The completed calls recorded, each out of flight as it is recorded (the caller
+        holds the run's admission lock)."""
+        done = self._done
+        while done:
+            tool, action, allowed = done.popleft()
+            self.end_action(action)
+            self.record_action(tool, action, allowed=allowed)
 
     def record_action(self, tool: str, action: str, *, allowed: bool = False) -> None:
         if allowed or tool in self._allow:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
@@ -18,6 +19,7 @@ from tether.run._governance import JournalEntry
 from tether.run._health import ToolHealth
 from tether.run._loops import LoopState
 from tether.run._outcome import Family, Outcome, Stopped, StopReason, Usage
+from tether.run._stops import TOOL_CHECKS, first_stop
 from tether.run._tokens import RunTokens, urgency
 
 if TYPE_CHECKING:
@@ -33,10 +35,15 @@ __all__ = [
     "HasState",
     "RunState",
     "Tail",
+    "admit",
+    "call_over",
+    "completed",
     "continue_here",
     "load_checkpoint",
     "load_document",
+    "not_made",
     "note_effect",
+    "settled",
 ]
 
 #: How long one call may wait for an open breaker's probes, in breaker cooldowns (the
@@ -212,6 +219,7 @@ class RunState:
         self._began = False
         self._filed: set[str | None] = set()  # checkpoints of this run object's records
         self._step_span: telemetry.StepSpan | None = None
+        self._admission = threading.Lock()  # a tool call admitted or settled (see admit)
 
     @property
     def owner(self) -> Any:
@@ -416,6 +424,63 @@ class HasState(Protocol):
     """What owns a run's state (a :class:`tether.Run`), for the modules that rebuild one."""
 
     _state: RunState
+
+
+# --- a tool call's slot: taken, given back, settled, each in one step among the run's threads
+# (a framework may run one reply's calls in threads: a check apart from its count lets them all
+# pass). The state's lock is held only for that bookkeeping, never while a tool runs.
+
+
+def admit(s: RunState, tool: str, action: str, cap: int | None) -> tuple[StopReason, str] | None:
+    """The tool-call budgets and the repeat checks for a call, and when none holds, the
+    call counted (its slot taken, its action in flight), as one step: calls made from
+    several threads at once cannot all pass one check before any is counted. Returns
+    why the call must not run (nothing taken), or None."""
+    with s._admission:
+        stop = first_stop(s, TOOL_CHECKS)
+        if stop is not None:
+            return stop
+        if s._loops._done:  # calls completed since: recorded before the check reads them
+            s._loops.settle()
+        loop = s._loops.check_action(tool, action, s.steps, cap=cap)
+        if loop is not None:
+            return loop[0], f"{loop[1]} (step {s.steps})"
+        s._loops.begin_action(action)  # ended when the call is settled, whatever it became
+        s.tool_calls += 1
+        s._step_calls += 1
+    return None
+
+
+def not_made(s: RunState, action: str) -> None:
+    """A call admitted that did not happen (a framework's control flow interrupted it):
+    its slot is given back."""
+    with s._admission:
+        s._loops.end_action(action)
+        s.tool_calls -= 1
+        s._step_calls -= 1
+
+
+def call_over(s: RunState, action: str) -> None:
+    """A call admitted is over without completing (failed, refused, interrupted): no
+    longer in flight; its slot stays taken."""
+    with s._admission:
+        s._loops.end_action(action)
+
+
+def completed(s: RunState, tool: str, action: str, allowed: bool, retries: int) -> None:
+    """A call completed: recorded as a repeat candidate as it leaves the flight, at the
+    next admission (or snapshot), under the lock: no lock taken here, so a call's success
+    path takes the lock once."""
+    s._loops.complete(tool, action, allowed)
+    s.retries += retries
+
+
+def settled(s: RunState) -> LoopState:
+    """The loop detectors with every completed call recorded (what a snapshot reads)."""
+    if s._loops._done:
+        with s._admission:
+            s._loops.settle()
+    return s._loops
 
 
 # --- a run read back from its document: the state takes what it says (its own module) ----

@@ -27,7 +27,14 @@ from tether.run._document import (
     write,
 )
 from tether.run._outcome import Usage
-from tether.run._runstate import HasState, RunState, Tail, continue_here, load_document
+from tether.run._runstate import (
+    HasState,
+    RunState,
+    Tail,
+    continue_here,
+    load_document,
+    settled,
+)
 
 if TYPE_CHECKING:
     from tether.run._settings import RunSettings
@@ -110,7 +117,7 @@ def snapshot(run: RunState) -> dict[str, Any]:
 
 
 def _document(run: RunState) -> dict[str, Any]:
-    loops = run._loops
+    loops = settled(run)
     stop = run._stop
     return {
         **run_fields(run),  # the run, its request, its effects (redacted), its ledger
@@ -275,7 +282,7 @@ def _unchanged_since(s: RunState, doc: Mapping[str, Any]) -> bool:
     step, a model call (begun or recorded), a tool call, a retry, a stop or an ending moves
     is what ``doc`` says (two tuples compared, where a snapshot would encode it all); False
     for a document without them."""
-    stop, loops, partial, transcript = s._stop, s._loops, s.partial, s.transcript
+    stop, loops, partial, transcript = s._stop, settled(s), s.partial, s.transcript
     now = (
         *(s.steps, s.model_calls, s.tool_calls, s.retries, s.input_tokens, s.output_tokens),
         *(s.cache_write_tokens, s.cache_read_tokens, s.unpriced_calls),

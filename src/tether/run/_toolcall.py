@@ -13,7 +13,7 @@ from tether.run._health import ToolHealth
 from tether.run._hung import HungTools
 from tether.run._options import ToolOptions
 from tether.run._outcome import StopReason
-from tether.run._runstate import RunState
+from tether.run._runstate import RunState, call_over
 from tether.run._tool import _is_async, check_reference
 from tether.run._tooldecisions import ToolDecisions
 from tether.run._toolgate import ToolGate
@@ -82,7 +82,7 @@ class ToolPipeline:
             if gate is not None:
                 call, idempotent = self.gate._gated(call, gate, idempotent, opts.timeout)
         except BaseException:  # refused by a policy, waiting for a person: not under way
-            self.s._loops.end_action(call.action)
+            call_over(self.s, call.action)
             raise
         return call, gate, idempotent, arguments, fn, opts
 
@@ -180,18 +180,15 @@ class ToolPipeline:
         """The call made through the breaker and its retry policy (in the tool's span, when
         one records); a failure becomes what the caller gets (Stopped or ToolError)."""
         try:
-            try:
-                if health is not None:
-                    self.hung._refuse_unresponsive(call, before=True)
-                return self.s.through_breaker(
-                    lambda: self.hung._within(call, attempt), timeout=timeout
-                )
-            finally:
-                self.s._loops.end_action(call.action)  # completed calls count from here
+            if health is not None:
+                self.hung._refuse_unresponsive(call, before=True)
+            # completed: the call leaves the flight when it is recorded (_after_success)
+            return self.s.through_breaker(lambda: self.hung._within(call, attempt), timeout=timeout)
         except ControlSignal as carried:  # the framework's own control flow
-            self.decide._not_made()
+            self.decide._not_made(call)  # its slot given back
             raise carried.signal from None
         except Exception as exc:
+            call_over(self.s, call.action)
             raise self.decide._after_failure(call, exc) from exc
         except BaseException:  # KeyboardInterrupt, SystemExit
             # progress is None: an idempotent call (an effect's progress is watched)
@@ -285,18 +282,17 @@ class ToolPipeline:
     ) -> Any:
         """The async form of :meth:`_made` (cancelled: what the call left is settled)."""
         try:
-            try:
-                if health is not None:
-                    self.hung._refuse_unresponsive(call, before=True)
-                return await self.s.athrough_breaker(
-                    lambda: self.hung._awithin(call, attempt), timeout=timeout
-                )
-            finally:
-                self.s._loops.end_action(call.action)  # completed calls count from here
+            if health is not None:
+                self.hung._refuse_unresponsive(call, before=True)
+            # completed: the call leaves the flight when it is recorded (_after_success)
+            return await self.s.athrough_breaker(
+                lambda: self.hung._awithin(call, attempt), timeout=timeout
+            )
         except ControlSignal as carried:
-            self.decide._not_made()
+            self.decide._not_made(call)  # its slot given back
             raise carried.signal from None
         except Exception as exc:
+            call_over(self.s, call.action)
             raise self.decide._after_failure(call, exc) from exc
         except BaseException:  # cancelled
             # progress is None: an idempotent call (an effect's progress is watched)

@@ -28,7 +28,14 @@ from tether.run._governance import JournalEntry
 from tether.run._health import ToolUnresponsive
 from tether.run._hung import HungTools
 from tether.run._outcome import Stopped, StopReason, ToolError
-from tether.run._runstate import RunState, note_effect
+from tether.run._runstate import (
+    RunState,
+    admit,
+    call_over,
+    completed,
+    not_made,
+    note_effect,
+)
 from tether.run._stops import TOOL_CHECKS, first_stop
 from tether.run._toolkit import (
     QUOTA_REACHED,
@@ -87,12 +94,10 @@ class ToolDecisions:
         action, key, text, strings = intent_keys_and_text(name, args, s._scope, ignore)
         if REDACTED in text if text is not None else _holds_placeholder(args):
             self._refuse_placeholders(name, args)
-        loop = s._loops.check_action(name, action, s.steps, cap=allow_repeat)
-        if loop is not None:
-            raise s._halt(loop[0], f"{loop[1]} (step {s.steps})")
-        s._loops.begin_action(action)  # ended by the driver, whatever becomes of the call
-        s.tool_calls += 1
-        s._step_calls += 1
+        # the budgets again (another thread may have taken the last slot), the repeats, the slot
+        refused = admit(s, name, action, allow_repeat)
+        if refused is not None:
+            raise s._halt(*refused)
         if allow_repeat is None and name not in s.guard.loops.allow_repeat:
             s._step_counted = True
         return _Call(name, args, action, key, s.steps, policy, allow_repeat, text, strings)
@@ -107,10 +112,10 @@ class ToolDecisions:
             return timeout
         return self.s.budget.max_seconds
 
-    def _not_made(self) -> None:
-        """A call that a framework's control flow interrupted did not happen."""
-        self.s.tool_calls -= 1
-        self.s._step_calls -= 1
+    def _not_made(self, call: _Call) -> None:
+        """A call that a framework's control flow interrupted did not happen: its slot is
+        given back."""
+        not_made(self.s, call.action)
 
     def _refuse_placeholders(self, name: str, args: Any) -> None:
         """A call whose arguments hold the redaction placeholder never runs: the value was
@@ -188,17 +193,17 @@ class ToolDecisions:
     def _after_success(
         self, call: _Call, result: Any, idempotent: bool = True, compensate: Any = None
     ) -> Any:
+        s = self.s
+        # only completed calls count as repeats: a call that failed is the business of
+        # max_identical_failures, so a model retrying a dead dependency is not a "loop"
+        allowed = call.allow_repeat is not None  # the call leaves the flight recorded
+        completed(s, call.name, call.action, allowed, call.policy._retries())
         if compensate is not None:
             key = call.action if idempotent else call.key
             self.s._journal.append(
                 JournalEntry(call.name, call.args, key, result, not idempotent, compensate)
             )
-        s = self.s
         s._failed_effects.pop(call.name, None)  # done after all (the model tried again)
-        # only completed calls count as repeats: a call that failed is the business of
-        # max_identical_failures, so a model retrying a dead dependency is not a "loop"
-        s._loops.record_action(call.name, call.action, allowed=call.allow_repeat is not None)
-        s.retries += call.policy._retries()
         try:
             encoded, found = canonical_and_strings(result)
         except (TypeError, ValueError):
@@ -306,9 +311,12 @@ class ToolDecisions:
         UNKNOWN_OUTCOME; one that cannot have started leaves nothing (the ledger gave its
         claim back), unless an attempt failed in a way that may have done it (the ledger
         marked it unknown, and the retry that would have said so never came)."""
+        if progress is not None:
+            progress.give_up()
+        if progress is None or not progress.returned:  # a result settles it as it is recorded
+            call_over(self.s, call.action)
         if progress is None:
             return
-        progress.give_up()
         # running first: an attempt sets its result or its error before it stops running
         running, error = progress.running, progress.error
         if progress.returned:
