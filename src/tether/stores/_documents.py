@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from tether._errors import CheckpointError, StoreUnavailable, require
 from tether.redaction._redact import safe_url
-from tether.stores._schema import create_schema
+from tether.stores._schema import create_schema, sqlite_create, sqlite_wal
 from tether.stores._sql import DIALECTS, POSTGRES, SQLITE, DocumentSql
 
 __all__ = [
@@ -112,17 +112,16 @@ class SqliteDocuments:
             self._db = sqlite3.connect(
                 path, timeout=30.0, isolation_level=None, check_same_thread=False
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(self._q.create)
+            sqlite_wal(self._db, 30.0)  # workers opening a new file at once: see _schema.py
+            sqlite_create(self._db, [self._q.create])
         except sqlite3.DatabaseError as exc:
             raise CheckpointError(f"cannot open the tether database at {path!r}: {exc}") from exc
 
     def create_schema(self, statements: Sequence[str]) -> None:
         """Create tables and indexes (``... IF NOT EXISTS``) in one write transaction
         (``BEGIN IMMEDIATE``: one process at a time, the others wait for the file)."""
-        with self.sql(write=True) as sql:
-            for statement in statements:
-                sql.run(statement)
+        with self._lock:
+            sqlite_create(self._db, statements)
 
     def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
         with self._lock:

@@ -22,6 +22,7 @@ from tether.stores._ledger_logic import (
     decide_claim,
     decide_complete,
 )
+from tether.stores._schema import sqlite_create, sqlite_wal
 
 __all__ = ["SqliteLedgerBackend"]
 
@@ -76,9 +77,9 @@ class SqliteLedgerBackend:
             self._db = sqlite3.connect(
                 path, timeout=timeout, isolation_level=None, check_same_thread=False
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
+            sqlite_wal(self._db, timeout)  # workers opening a new file at once: _schema.py
             self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute(SCHEMA)
+            sqlite_create(self._db, [SCHEMA])
             # the success path's statements go through this one cursor (under the lock), not a
             # new cursor per statement
             self._cur = self._db.cursor()

@@ -10,6 +10,13 @@ of tether's tables), so workers starting together create them one after another,
 later one finding them made. A warm start takes no lock: one query first asks whether
 every table and index the statements create already exists (and none they drop), and
 nothing more is sent when so.
+
+SQLite serialises its writers by the file's locks, but a connection switching a new file to
+WAL mode (:func:`sqlite_wal`) may be answered "database is locked" at once, without waiting
+out its busy timeout, while other connections open the same file: that switch is tried
+again until the timeout; the tables are then made in one ``BEGIN IMMEDIATE`` transaction
+(:func:`sqlite_create`: it waits for the file's write lock, where a lone ``CREATE`` may
+be refused at once).
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SCHEMA_LOCK", "create_schema"]
+from tether.clock import SystemClock
+
+__all__ = ["SCHEMA_LOCK", "create_schema", "sqlite_create", "sqlite_wal"]
 
 #: the advisory lock key taken while tether creates its tables (a fixed 64-bit number:
 #: ``int.from_bytes(b"tetherDB", "big") >> 1``)
@@ -61,3 +70,33 @@ def create_schema(conn: Any, statements: Sequence[str]) -> bool:
         for statement in statements:
             conn.execute(statement)
     return True
+
+
+def sqlite_wal(db: Any, timeout: float) -> None:
+    """Put the SQLite connection ``db``'s file in WAL mode, tried again for up to ``timeout``
+    seconds while another connection holds the file ("database is locked")."""
+    import sqlite3
+
+    clock = SystemClock()
+    deadline = clock.now() + timeout
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or clock.now() >= deadline:
+                raise
+        clock.sleep(0.005)
+
+
+def sqlite_create(db: Any, statements: Sequence[str]) -> None:
+    """Run ``statements`` on the SQLite connection ``db`` (autocommit) in one write
+    transaction taken at once (``BEGIN IMMEDIATE``: one connection at a time)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in statements:
+            db.execute(statement)
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
