@@ -16,7 +16,9 @@ def test_demo_tells_both_acts() -> None:
     assert "Act 2" in text
     assert "closed → open" in text
     assert "run escalated: CIRCUIT_OPEN" in text
-    assert "A member of our team now has your case" in text
+    # an outage reads as one: the trouble is ours, a person has the case, trying again may work
+    assert "We're having trouble reaching one of our systems" in text
+    assert "A member of our team has your case" in text
     assert "found re_0001: not paying again" in text
     assert "refunds issued for NW-1042: 1 in its records (re_0001)" in text
     assert "your refund of $49.99 was issued (reference re_0001)" in text
