@@ -107,9 +107,10 @@ class _AskedInTheTool(Exception):
     returned without doing it: carried out of the run's pipeline as a ``ControlSignal``
     (not done: no ledger result, no retry)."""
 
-    def __init__(self, result: Any) -> None:
-        super().__init__("the tool asked for confirmation")
-        self.result = result
+    @property
+    def result(self) -> Any:
+        """What the tool returned (its one argument: pickled, it comes back the same)."""
+        return self.args[0]
 
 
 def _adk_limit_reached(callback_context: Any) -> int | None:
