@@ -19,7 +19,6 @@ from tether.run._governance import JournalEntry
 from tether.run._health import ToolHealth
 from tether.run._loops import LoopState
 from tether.run._outcome import Family, Outcome, Stopped, StopReason, Usage
-from tether.run._stops import TOOL_CHECKS, first_stop
 from tether.run._tokens import RunTokens, urgency
 
 if TYPE_CHECKING:
@@ -431,13 +430,20 @@ class HasState(Protocol):
 # pass). The state's lock is held only for that bookkeeping, never while a tool runs.
 
 
-def admit(s: RunState, tool: str, action: str, cap: int | None) -> tuple[StopReason, str] | None:
-    """The tool-call budgets and the repeat checks for a call, and when none holds, the
-    call counted (its slot taken, its action in flight), as one step: calls made from
-    several threads at once cannot all pass one check before any is counted. Returns
-    why the call must not run (nothing taken), or None."""
+def admit(
+    s: RunState,
+    tool: str,
+    action: str,
+    cap: int | None,
+    budgets: Callable[[RunState], tuple[StopReason, str] | None],
+) -> tuple[StopReason, str] | None:
+    """The tool-call budgets (``budgets``: the run's tool checks, ``run._stops``) and the
+    repeat checks for a call, and when none holds, the call counted (its slot taken, its
+    action in flight), as one step: calls made from several threads at once cannot all
+    pass one check before any is counted. Returns why the call must not run (nothing
+    taken), or None."""
     with s._admission:
-        stop = first_stop(s, TOOL_CHECKS)
+        stop = budgets(s)
         if stop is not None:
             return stop
         if s._loops._done:  # calls completed since: recorded before the check reads them

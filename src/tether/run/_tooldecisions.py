@@ -95,7 +95,7 @@ class ToolDecisions:
         if REDACTED in text if text is not None else _holds_placeholder(args):
             self._refuse_placeholders(name, args)
         # the budgets again (another thread may have taken the last slot), the repeats, the slot
-        refused = admit(s, name, action, allow_repeat)
+        refused = admit(s, name, action, allow_repeat, _tool_budgets)
         if refused is not None:
             raise s._halt(*refused)
         if allow_repeat is None and name not in s.guard.loops.allow_repeat:
@@ -350,3 +350,8 @@ class ToolDecisions:
         issue = f"{call.name} failed permanently; dead letter {letter.id}"
         if issue not in self.s._issues:  # the model asking again joins the same letter
             self.s._issues.append(issue)
+
+
+def _tool_budgets(s: RunState) -> tuple[StopReason, str] | None:
+    """The run's tool-call budgets (``run._stops``), for :func:`admit` to check under its lock."""
+    return first_stop(s, TOOL_CHECKS)
