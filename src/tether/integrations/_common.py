@@ -62,6 +62,21 @@ def guarding(kind: Callable[P, G], module: str, doc: str) -> Callable[P, G]:
     return guarded
 
 
+def require_guard(guard: Any) -> None:
+    """An adapter's ``guard`` is a :class:`tether.Guard` (a clear error at construction,
+    not an AttributeError at the first call)."""
+    from tether import Guard
+
+    if not isinstance(guard, Guard):
+        raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+
+
+def require_request_key(key: Any) -> None:
+    """An adapter's ``key``: a request id (a non-empty str), a function that names one, or None."""
+    if key is not None and not callable(key) and (not isinstance(key, str) or not key.strip()):
+        raise ValueError(f"key must be a request id (str), a function, or None, got {key!r}")
+
+
 def require_a_place_to_wait(guard: Any, needing: Iterable[str]) -> None:
     """Tools that may need a person's approval, and a guard with nowhere to wait for one:
     refused before the first (paid) request, naming the tools and the fix."""

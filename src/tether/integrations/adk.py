@@ -33,6 +33,7 @@ from tether.integrations._common import (
     ToolOptions,
     ToolRules,
     require_a_place_to_wait,
+    require_guard,
 )
 from tether.providers import google
 
@@ -190,8 +191,7 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         **rules: Unpack[ToolOptions],
     ) -> None:
         super().__init__(name=name)
-        if not isinstance(guard, Guard):
-            raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+        require_guard(guard)
         if key is not None and not callable(key) and (not isinstance(key, str) or not key.strip()):
             raise ValueError(
                 f"key must be a request id (str), a function of the invocation, or None, got {key!r}"

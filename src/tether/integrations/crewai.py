@@ -34,6 +34,8 @@ from tether.integrations._common import (
     ToolOptions,
     ToolRules,
     require_a_place_to_wait,
+    require_guard,
+    require_request_key,
 )
 
 require("crewai", "crewai")
@@ -194,10 +196,8 @@ class TetherCrew:
         scopes: Sequence[str] | None = None,
         **rules: Unpack[ToolOptions],
     ) -> None:
-        if not isinstance(guard, Guard):
-            raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
-        if key is not None and not callable(key) and (not isinstance(key, str) or not key.strip()):
-            raise ValueError(f"key must be a request id (str), a function, or None, got {key!r}")
+        require_guard(guard)
+        require_request_key(key)
         self.guard = guard
         self.key = key
         #: the budget scopes each kickoff's run spends in (``guard.start(scopes=...)``)

@@ -36,7 +36,7 @@ from tether._errors import (
 )
 from tether.effects._canonical import intent_key
 from tether.effects._ledger import Ledger
-from tether.integrations._common import is_async
+from tether.integrations._common import is_async, require_guard
 from tether.integrations._durable import (
     F,
     Lookup,
@@ -285,8 +285,7 @@ def _workflow(
     it asks for): a phase of the run as one step; while it waits for an approval, the
     decision read as a step, then a wait for the message that wakes it; then the next
     phase from the checkpoint."""
-    if not isinstance(guard, Guard):
-        raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+    require_guard(guard)
     polls = _polls(approval_poll, approval_timeout)
     workflow_id = _workflow_id()
     checkpoint_id: str | None = None

@@ -44,6 +44,7 @@ from tether.integrations._common import (
     ToolRules,
     model_breaker,
     require_a_place_to_wait,
+    require_guard,
     result_text,
 )
 from tether.integrations._fallbacks import gives_way
@@ -245,8 +246,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         **rules: Unpack[ToolOptions],
     ) -> None:
         super().__init__()
-        if not isinstance(guard, Guard):
-            raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+        require_guard(guard)
         if key is not None and not callable(key) and (not isinstance(key, str) or not key.strip()):
             raise ValueError(
                 f"key must be a request id (str), a function of the config, or None, got {key!r}"

@@ -39,6 +39,7 @@ from tether.integrations._common import (
     ToolRules,
     blocking,
     require_a_place_to_wait,
+    require_guard,
     take_rules,
 )
 from tether.redaction._redact import redact
@@ -186,8 +187,7 @@ class _Session:
         # the per-tool options (ToolOptions, the same in every adapter); the rest of the
         # keywords go to Runner.run
         rules = ToolRules(side_effects, **take_rules(options))
-        if not isinstance(guard, Guard):
-            raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+        require_guard(guard)
         if not isinstance(agent, Agent):
             raise TypeError(f"agent must be an agents.Agent, got {agent!r}")
         if "hooks" in options:

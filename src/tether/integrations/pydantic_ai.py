@@ -56,6 +56,7 @@ from tether.integrations._common import (
     blocking,
     provider_breaker,
     require_a_place_to_wait,
+    require_guard,
     take_rules,
 )
 from tether.integrations._tokens import DEFAULT_MAX_OUTPUT
@@ -240,8 +241,7 @@ class TetherCapability(AbstractCapability[Any]):
         scopes: Sequence[str] | None = None,
         **rules: Unpack[ToolOptions],
     ) -> None:
-        if not isinstance(guard, Guard):
-            raise TypeError(f"guard must be a tether.Guard, got {guard!r}")
+        require_guard(guard)
         self.guard = guard
         self.rules = ToolRules(side_effects, **rules)
         require_a_place_to_wait(guard, self.rules.needing_approval())
