@@ -119,6 +119,13 @@ SHELLS: dict[str, Callable[..., Any]] = {
 PAY = ("pay", {"invoice": "99", "amount": 10})
 
 
+def through(crewed: TetherCrew, crew: Crew, shell: str, **kw: Any) -> Any:
+    """``crewed.kickoff(crew)`` or ``crewed.akickoff(crew)``."""
+    if shell == "sync":
+        return crewed.kickoff(crew, **kw)
+    return asyncio.run(crewed.akickoff(crew, **kw))
+
+
 @pytest.mark.parametrize("shell", SHELLS)
 def test_a_repeated_payment_runs_once_and_the_crew_ends_honestly(
     server: ScriptedServer, shell: str
@@ -296,3 +303,171 @@ def test_a_transient_model_error_is_retried_at_one_layer(
     assert outcome.stopped_because is StopReason.GOAL_REACHED
     assert model_calls(server) == 2
     assert (outcome.usage.retries, outcome.usage.model_calls) == (1, 1)
+
+
+# --- CrewAI's own limits and tether's budgets: the lower one ends the run, as tether ends it
+
+
+def _forced(seen: Any) -> bool:
+    """The request is CrewAI's "best final answer" after max_iter."""
+    return "absolute BEST Final answer" in json.dumps(seen.body)
+
+
+def lookups(server: ScriptedServer) -> None:
+    """A model that looks up one invoice after another, never answering; asked for its best
+    final answer, it makes one up."""
+    count = {"i": 0}
+
+    def handler(seen: Any) -> Reply:
+        count["i"] += 1
+        if _forced(seen):
+            return completion("Invoice 99 is settled.")  # not true: nothing was paid
+        return completion(calls=[("lookup", {"invoice": str(count["i"])})])
+
+    server.handler = handler
+
+
+@tool("lookup")
+def lookup(invoice: str) -> str:
+    """Look an invoice up."""
+    return f"invoice {invoice}: open"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_max_iter_ends_the_run_as_tether_does(server: ScriptedServer, shell: str) -> None:
+    """``max_iter=2``: alone, CrewAI asks for a "best final answer" and the crew ends "done"
+    with a made-up one; under tether the run ends MAX_STEPS, that request unsent, the task's
+    output the customer message."""
+    lookups(server)
+    alone = crew_with(server, lookup, max_iter=2).kickoff()
+    assert alone.raw == "Invoice 99 is settled."
+    assert model_calls(server) == 3 and _forced(server.requests[-1])
+
+    server.requests.clear()
+    crewed = TetherCrew(guard())
+    outcome = through(crewed, crew_with(server, lookup, max_iter=2), shell)
+    assert outcome.stopped_because is StopReason.MAX_STEPS
+    assert "max_iter" in outcome.detail
+    assert model_calls(server) == outcome.usage.model_calls == 2
+    assert not any(_forced(r) for r in server.requests)
+    assert crewed.last_output.raw == outcome.customer_message
+
+
+def test_a_step_budget_below_max_iter_stops_first(server: ScriptedServer) -> None:
+    """The guard's ``max_steps`` below the agent's ``max_iter``: tether's budget ends it."""
+    lookups(server)
+    outcome = kickoff(
+        crew_with(server, lookup, max_iter=10),
+        guard=Guard(budget=Budget(max_model_calls=3), prices=PRICES),
+    )
+    assert outcome.stopped_because is StopReason.MAX_MODEL_CALLS
+    assert model_calls(server) == 3
+
+
+def slow_payments(wait: float) -> tuple[list[str], Any, Any]:
+    paid: list[str] = []
+
+    @tool("slow_lookup")
+    def slow_lookup(invoice: str) -> str:
+        """Look an invoice up (slowly)."""
+        import time
+
+        time.sleep(wait)
+        return f"invoice {invoice}: open"
+
+    @tool("pay")
+    def pay(invoice: str, amount: int) -> str:
+        """Pay an invoice."""
+        paid.append(invoice)
+        return f"paid {amount} on {invoice}"
+
+    return paid, slow_lookup, pay
+
+
+def slow_script(server: ScriptedServer) -> None:
+    script(server, [
+        completion(calls=[("slow_lookup", {"invoice": "98"})]),
+        completion(calls=[("slow_lookup", {"invoice": "99"})]),
+        completion(calls=[PAY]),
+        completion("paid"),
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_max_execution_time_ends_the_run_before_the_payment(
+    server: ScriptedServer, shell: str
+) -> None:
+    """``max_execution_time=1``, two lookups of 0.6 s, then a payment: alone, CrewAI's thread
+    goes on past its time, pays, and ``kickoff`` raises TimeoutError; under tether the run
+    ends TIMEOUT at the first step past the deadline: nothing paid, the customer message."""
+    paid, slow_lookup, pay = slow_payments(0.6)
+    slow_script(server)
+    with pytest.raises(TimeoutError):
+        crew_with(server, slow_lookup, pay, max_execution_time=1).kickoff()
+    assert paid == ["99"]
+
+    paid.clear()
+    slow_script(server)
+    crewed = TetherCrew(guard(), side_effects=["pay"])
+    crew = crew_with(server, slow_lookup, pay, max_execution_time=1)
+    outcome = through(crewed, crew, shell)
+    assert paid == []
+    assert outcome.stopped_because is StopReason.TIMEOUT
+    assert "max_execution_time (1 s)" in outcome.detail
+    assert crewed.last_output.raw == outcome.customer_message
+    assert "_execute_with_timeout" not in crew.agents[0].__dict__
+
+
+@pytest.fixture
+def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """CrewAI's RPMController's real sleeps, recorded instead of slept."""
+    from crewai.utilities import rpm_controller
+
+    seen: list[float] = []
+    monkeypatch.setattr(rpm_controller.time, "sleep", seen.append)
+    return seen
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_max_rpm_waits_on_the_run_s_clock(
+    server: ScriptedServer, shell: str, slept: list[float]
+) -> None:
+    """``max_rpm=2``, three model calls: alone CrewAI sleeps a real minute; under tether the
+    minute passes on the run's clock (a virtual one here), counted in its time."""
+    from tether import VirtualClock
+
+    _, pay = payments()
+    script(server, [completion(calls=[("lookup", {"invoice": "1"})]),
+                    completion(calls=[("lookup", {"invoice": "2"})]), completion("paid")])  # fmt: skip
+    crew_with(server, lookup, pay, max_rpm=2).kickoff()
+    assert slept == [60]
+
+    slept.clear()
+    script(server, [completion(calls=[("lookup", {"invoice": "1"})]),
+                    completion(calls=[("lookup", {"invoice": "2"})]), completion("paid")])  # fmt: skip
+    clock = VirtualClock()
+    g = Guard(budget=Budget(max_steps=30), prices=PRICES, clock=clock)
+    outcome = SHELLS[shell](crew_with(server, lookup, pay, max_rpm=2), guard=g)
+    assert slept == []
+    assert outcome.stopped_because is StopReason.GOAL_REACHED
+    assert outcome.usage.model_calls == 3
+    assert clock.now() >= 60
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_max_rpm_past_the_run_s_time_ends_it(
+    server: ScriptedServer, shell: str, slept: list[float]
+) -> None:
+    """``max_rpm=2`` under a 30 s run: the wait for the next minute would pass the run's
+    time, so the run ends TIMEOUT after 2 model calls instead of sleeping past it."""
+    from tether import VirtualClock
+
+    _, pay = payments()
+    script(server, [completion(calls=[("lookup", {"invoice": "1"})]),
+                    completion(calls=[("lookup", {"invoice": "2"})]), completion("paid")])  # fmt: skip
+    g = Guard(budget=Budget(max_seconds=30), prices=PRICES, clock=VirtualClock())
+    outcome = SHELLS[shell](crew_with(server, lookup, pay, max_rpm=2), guard=g)
+    assert slept == []
+    assert outcome.stopped_because is StopReason.TIMEOUT
+    assert "max_rpm (2)" in outcome.detail
+    assert model_calls(server) == 2

@@ -16,6 +16,17 @@ The model calls are guarded where the agent makes them (the agent's ``LLM`` obje
 kickoff's time, answers through the run), not by a ``@before_llm_call`` hook: a hook can
 only block a call, which CrewAI raises as an error and which fails the task, while a stop
 is an ending the customer reads.
+
+CrewAI's own limits agree with the run's budgets, the lower one ending the run as tether
+ends it (its stop reason, the customer message as the task's output):
+
+* ``max_iter``: CrewAI's "best final answer" request once an agent used its iterations is
+  not sent; the run ends ``MAX_STEPS`` (the guard's ``max_steps`` below it stops it first).
+* ``max_execution_time``: a deadline for the agent's task on the run's clock, checked before
+  each model and tool call; past it the run ends ``TIMEOUT`` (CrewAI alone lets the task go
+  on in its thread and raises ``TimeoutError`` once it is over).
+* ``max_rpm``: the wait for the next minute is on the run's clock and within its time: a
+  wait that would pass the run's ``max_seconds`` ends it ``TIMEOUT`` instead.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Unpack
 
-from tether import Guard, Outcome, RetryPolicy, Run, Stopped, ToolError
+from tether import Guard, Outcome, RetryPolicy, Run, Stopped, StopReason, ToolError
 from tether._errors import RunDocumentError, require
 from tether.integrations._common import (
     SideEffects,
@@ -49,6 +60,9 @@ _RUN: contextvars.ContextVar[Run | None] = contextvars.ContextVar("tether_crewai
 #: set on a tool function this module wrapped
 _MARK = "__tether_guarded__"
 
+#: how long CrewAI's RPMController waits when an agent used its max_rpm
+_MINUTE = 60.0
+
 _USAGE = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens", "cache_creation_tokens")
 
 
@@ -60,6 +74,38 @@ def _current() -> Run:
             "kickoff (tether.integrations.crewai.kickoff): it cannot go on unguarded"
         )
     return run
+
+
+#: the agent's task deadline (``max_execution_time``): (on the run's clock, the limit, the role)
+_DEADLINE: contextvars.ContextVar[tuple[float, float, str] | None] = contextvars.ContextVar(
+    "tether_crewai_deadline", default=None
+)
+
+
+def _within_crewai_limits(run: Run) -> bool:
+    """False when the agent's ``max_execution_time`` has passed (the run then stopped)."""
+    if run.stopped is not None:
+        return False
+    deadline = _DEADLINE.get()
+    if deadline is not None and run.clock.now() >= deadline[0]:
+        _, limit, role = deadline
+        run.halt(StopReason.TIMEOUT, f"agent {role!r} used its max_execution_time ({limit:g} s)")
+        return False
+    return True
+
+
+def _forced_answer() -> str:
+    from crewai.utilities.i18n import I18N_DEFAULT
+
+    return str(I18N_DEFAULT.errors("force_final_answer"))
+
+
+def _asks_for_a_forced_answer(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """The call is CrewAI's request for a "best final answer" after ``max_iter``."""
+    messages = args[0] if args else kwargs.get("messages")
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], Mapping):
+        return False
+    return messages[-1].get("content") == _forced_answer()
 
 
 def _model_name(llm: Any) -> str:
@@ -99,9 +145,18 @@ class _GuardedLLM:
         self.call = type(llm).call.__get__(llm)
         self.acall = type(llm).acall.__get__(llm)
 
+    def _ends(self, run: Run, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+        """The run ends before this call: stopped, a CrewAI limit reached, or a budget."""
+        if not _within_crewai_limits(run):
+            return True
+        if _asks_for_a_forced_answer(args, kwargs):
+            run.halt(StopReason.MAX_STEPS, "a CrewAI agent used its max_iter without an answer")
+            return True
+        return not run.proceed()
+
     def guarded_call(self, *args: Any, **kwargs: Any) -> Any:
         run = _current()
-        if run.stopped is not None or not run.proceed():
+        if self._ends(run, args, kwargs):
             return run.outcome.customer_message  # the final answer: the task's output
         before = _tokens(self.llm)
         try:
@@ -114,7 +169,7 @@ class _GuardedLLM:
 
     async def guarded_acall(self, *args: Any, **kwargs: Any) -> Any:
         run = _current()
-        if run.stopped is not None or not run.proceed():
+        if self._ends(run, args, kwargs):
             return run.outcome.customer_message
         before = _tokens(self.llm)
         try:
@@ -134,6 +189,8 @@ def _tool_runner(name: str, fn: Callable[..., Any], options: dict[str, Any]) -> 
             call: Callable[..., Any] = lambda **a: fn(a.pop("input"), **a)  # noqa: E731
         else:
             call = fn
+        if not _within_crewai_limits(run):
+            return f"stopped: {run.stopped.value if run.stopped else ''}"
         try:  # CrewAI runs a reply's calls in threads: the run admits each under its lock
             return run.call_tool(name, call, kwargs, **options)
         except ToolError as exc:
@@ -148,6 +205,8 @@ def _tool_runner(name: str, fn: Callable[..., Any], options: dict[str, Any]) -> 
 def _atool_runner(name: str, fn: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
     async def guarded(**kwargs: Any) -> Any:
         run = _current()
+        if not _within_crewai_limits(run):
+            return f"stopped: {run.stopped.value if run.stopped else ''}"
         try:
             return await run.acall_tool(name, fn, kwargs, **options)
         except ToolError as exc:
@@ -157,6 +216,55 @@ def _atool_runner(name: str, fn: Callable[..., Any], options: dict[str, Any]) ->
 
     setattr(guarded, _MARK, True)
     return guarded
+
+
+def _timed(agent: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The agent's task under its ``max_execution_time`` as a deadline on the run's clock,
+    in place of CrewAI's thread (which lets the task run on and raises once it is over)."""
+    role = str(getattr(agent, "role", ""))
+
+    def execute(task_prompt: str, task: Any, timeout: float) -> Any:
+        token = _DEADLINE.set((_current().clock.now() + timeout, timeout, role))
+        try:
+            return agent._execute_without_timeout(task_prompt, task)
+        finally:
+            _DEADLINE.reset(token)
+
+    async def aexecute(task_prompt: str, task: Any, timeout: float) -> Any:
+        token = _DEADLINE.set((_current().clock.now() + timeout, timeout, role))
+        try:
+            return await agent._aexecute_without_timeout(task_prompt, task)
+        finally:
+            _DEADLINE.reset(token)
+
+    return execute, aexecute
+
+
+def _paced(controller: Any) -> Callable[[], None]:
+    """CrewAI's ``max_rpm`` wait for the next minute, on the run's clock and within its time."""
+
+    def wait_for_next_minute() -> None:
+        run = _current()
+        now, limit, deadline = run.clock.now(), run.budget.max_seconds, _DEADLINE.get()
+        if run.stopped is not None:
+            pass
+        elif limit is not None and run.elapsed + _MINUTE > limit:
+            run.halt(
+                StopReason.TIMEOUT,
+                f"CrewAI's max_rpm ({controller.max_rpm}) waits for the next minute, past "
+                f"the run's max_seconds ({limit:g} s)",
+            )
+        elif deadline is not None and now + _MINUTE > deadline[0]:
+            run.halt(
+                StopReason.TIMEOUT,
+                f"CrewAI's max_rpm ({controller.max_rpm}) waits for the next minute, past "
+                f"agent {deadline[2]!r}'s max_execution_time ({deadline[1]:g} s)",
+            )
+        else:
+            run.clock.sleep(_MINUTE)
+        controller._current_rpm = 0
+
+    return wait_for_next_minute
 
 
 def _overrides_arun(tool: Any) -> bool:
@@ -235,8 +343,19 @@ class TetherCrew:
         """The crew's LLMs and tools answering through the run, for the kickoff's time."""
         llms: list[Any] = []
         tools: list[tuple[Any, tuple[str, Any]]] = []
+        patched: list[tuple[Any, tuple[str, ...]]] = []  # objects given instance attributes
         try:
+            for holder in [crew, *crew.agents]:
+                controller = getattr(holder, "_rpm_controller", None)
+                if controller is not None and "_wait_for_next_minute" not in controller.__dict__:
+                    _set(controller, "_wait_for_next_minute", _paced(controller))
+                    patched.append((controller, ("_wait_for_next_minute",)))
             for agent in crew.agents:
+                if getattr(agent, "max_execution_time", None) is not None:
+                    execute, aexecute = _timed(agent)
+                    _set(agent, "_execute_with_timeout", execute)
+                    _set(agent, "_aexecute_with_timeout", aexecute)
+                    patched.append((agent, ("_execute_with_timeout", "_aexecute_with_timeout")))
                 llm = getattr(agent, "llm", None)
                 if llm is not None and not isinstance(llm, str) and "call" not in llm.__dict__:
                     guarded = _GuardedLLM(llm, self._policy)
@@ -255,16 +374,19 @@ class TetherCrew:
                 if callable(func):  # a @tool function: its run, _run and structured form call it
                     wrap = _atool_runner if inspect.iscoroutinefunction(func) else _tool_runner
                     _set(tool, "func", wrap(name, func, options))
-                    patched = ("func", func)
+                    kept = ("func", func)
                 else:  # a BaseTool subclass: run() calls _run(), arun() calls _arun()
                     _set(tool, "_run", _tool_runner(name, type(tool)._run.__get__(tool), options))
                     if _overrides_arun(tool):  # else CrewAI runs it by run(), not arun()
                         own_arun = type(tool)._arun.__get__(tool)
                         _set(tool, "_arun", _atool_runner(name, own_arun, options))
-                    patched = ("_run", None)
-                tools.append((tool, patched))
+                    kept = ("_run", None)
+                tools.append((tool, kept))
             yield
         finally:
+            for obj, names in patched:
+                for name in names:
+                    _unset(obj, name)
             for llm in llms:
                 _unset(llm, "call")
                 _unset(llm, "acall")
