@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import os
 import warnings
@@ -38,7 +39,13 @@ from tether.integrations.litellm import (
 
 #: LiteLLM's own types make pydantic warn (TypedDicts with ReadOnly items) on first use: not
 #: this code's warnings
-pytestmark = pytest.mark.filterwarnings("ignore:.*ReadOnly. qualifier:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*ReadOnly. qualifier:UserWarning"),
+    # LiteLLM's stream reader reads a field pydantic 2.11 deprecated: its warning, not ours
+    pytest.mark.filterwarnings(
+        "ignore:Accessing the 'model_(computed_)?fields' attribute:DeprecationWarning"
+    ),
+]
 
 MODEL = "gpt-6.1-terra"
 PRICES = PriceTable({MODEL: Price(input=2.0, output=8.0, cache_read=0.2)})
@@ -272,8 +279,155 @@ def test_the_usage_reader_reads_a_cache_write() -> None:
     )
 
 
-def test_a_stream_is_refused_not_sent_unguarded(server: ScriptedServer) -> None:
-    """stream=True is not guarded yet: refused, nothing sent."""
-    with guard().start("hi") as run, pytest.raises(ValueError, match="stream"):
-        completion(run, messages=HI, stream=True, **direct(server))
+def streamed(model: str = MODEL, usage: bool = True) -> bytes:
+    """:func:`ok` as OpenAI streams it: two deltas, the finish, then (asked for) the usage."""
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model}
+    deltas = [{"role": "assistant", "content": "hel"}, {"content": "lo"}]
+    chunks = [
+        {**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas
+    ]
+    chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    if usage:
+        chunks.append({**head, "choices": [], "usage": ok(model).body["usage"]})
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + (
+        b"data: [DONE]\n\n"
+    )
+
+
+def stream_reply(model: str = MODEL, **options: Any) -> Reply:
+    return Reply(200, raw=streamed(model), content_type="text/event-stream", **options)
+
+
+def read(stream: Any) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+
+async def aread(stream: Any) -> str:
+    return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+
+def stream_completion(run: Any, shell: str, **kw: Any) -> Any:
+    """A streamed request read to its end; the stream."""
+    if shell == "sync":
+        stream = completion(run, stream=True, **kw)
+        assert read(stream) == "hello"
+        return stream
+
+    async def go() -> Any:
+        stream = await acompletion(run, stream=True, **kw)
+        assert await aread(stream) == "hello"
+        return stream
+
+    return asyncio.run(go())
+
+
+def stream_routed(r: Any, shell: str, **kw: Any) -> Any:
+    if shell == "sync":
+        stream = r.completion(stream=True, **kw)
+        assert read(stream) == "hello"
+        return stream
+
+    async def go() -> Any:
+        stream = await r.acompletion(stream=True, **kw)
+        assert await aread(stream) == "hello"
+        return stream
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("shell", CALLS)
+@pytest.mark.parametrize("model", [MODEL, "gpt-4o"])
+def test_a_stream_counts_the_same_usage_and_price_as_a_whole_reply(
+    server: ScriptedServer, shell: str, model: str
+) -> None:
+    """One request read whole, one streamed: the same model call, tokens and cost (tether's
+    price for a model the guard prices, LiteLLM's ``response_cost`` for one it does not);
+    the stream was asked for its usage."""
+    target = {"model": f"openai/{model}", "api_base": server.url + "/v1", "api_key": "k"}
+    server.handler = lambda seen: ok(model)
+    with guard().start("hi") as whole:
+        CALLS[shell](whole, messages=HI, policy=POLICY, **target)
+    server.handler = lambda seen: stream_reply(model)
+    with guard().start("hi") as run:
+        stream = stream_completion(run, shell, messages=HI, policy=POLICY, **target)
+    assert not stream.truncated
+    assert server.requests[-1].body["stream_options"] == {"include_usage": True}
+    got, want = run.outcome.usage, whole.outcome.usage
+    assert (got.model_calls, got.input_tokens, got.output_tokens, got.cache_read_tokens) == (
+        1, 600, 100, 400,
+    )  # fmt: skip
+    assert (got.input_tokens, got.output_tokens) == (want.input_tokens, want.output_tokens)
+    assert got.cost_usd == pytest.approx(want.cost_usd) and got.cost_usd > 0
+
+
+@pytest.mark.parametrize("shell", ROUTED)
+def test_a_router_s_stream_is_one_turn_with_its_usage(server: ScriptedServer, shell: str) -> None:
+    """``guarded_router(...).completion(stream=True)``: counted as the whole reply would be."""
+    server.handler = lambda seen: stream_reply()
+    with guard().start("hi") as run:
+        stream_routed(guarded_router(router(server, num_retries=2), run, POLICY), shell,
+                      model=MODEL, messages=HI)  # fmt: skip
+    assert attempts(server) == 1
+    usage = run.outcome.usage
+    assert (usage.model_calls, usage.input_tokens, usage.output_tokens) == (1, 600, 100)
+    assert usage.cost_usd == pytest.approx((600 * 2.0 + 400 * 0.2 + 100 * 8.0) / 1e6)
+
+
+@pytest.mark.parametrize("shell", CALLS)
+def test_a_stream_refused_before_its_first_chunk_is_retried_once_by_tether(
+    server: ScriptedServer, shell: str
+) -> None:
+    """A 503 before any chunk: tether retries (one layer: LiteLLM's retries off), the
+    stream then arrives whole and is counted once."""
+    failing = {"i": 0}
+
+    def handler(seen: Any) -> Reply:
+        failing["i"] += 1
+        return overloaded() if failing["i"] == 1 else stream_reply()
+
+    server.handler = handler
+    with guard().start("hi") as run:
+        stream_completion(run, shell, messages=HI, policy=POLICY, **direct(server))
+    assert attempts(server) == 2
+    usage = run.outcome.usage
+    assert (usage.retries, usage.model_calls, usage.output_tokens) == (1, 1, 100)
+
+
+@pytest.mark.parametrize("shell", CALLS)
+def test_a_stream_that_breaks_midway_is_truncated_not_replayed(
+    server: ScriptedServer, shell: str
+) -> None:
+    """The connection drops after the first chunk: the stream ends ``truncated`` with the
+    error, no second request, and the call is counted (its usage never came: unmeasured,
+    never free)."""
+    body = streamed()
+    server.handler = lambda seen: Reply(
+        200, raw=body, content_type="text/event-stream", cut_after=body.index(b"data:", 10)
+    )
+    with guard().start("hi") as run:
+        if shell == "sync":
+            stream = completion(run, stream=True, messages=HI, policy=POLICY, **direct(server))
+            text = read(stream)
+        else:
+
+            async def go() -> tuple[Any, str]:
+                s = await acompletion(run, stream=True, messages=HI, policy=POLICY,
+                                      **direct(server))  # fmt: skip
+                return s, await aread(s)
+
+            stream, text = asyncio.run(go())
+    assert text == "hel"
+    assert stream.truncated and stream.error is not None
+    assert attempts(server) == 1
+    assert run.outcome.usage.model_calls == 1
+    assert run.outcome.usage.unpriced_calls == 1
+
+
+@pytest.mark.parametrize("shell", CALLS)
+def test_a_stream_s_worst_case_stops_before_the_request(server: ScriptedServer, shell: str) -> None:
+    """The turn reserves before a stream is sent: a worst case past the budget sends none."""
+    server.handler = lambda seen: stream_reply()
+    with guard(max_cost_usd=0.001).start("hi") as run, pytest.raises(Stopped):
+        stream_completion(run, shell, messages=HI, max_tokens=1000, **direct(server))
     assert attempts(server) == 0
+    assert run.outcome.stopped_because is StopReason.MAX_COST

@@ -7,6 +7,7 @@ from conformance.adapters.adk import ADK
 from conformance.adapters.crewai import CrewAI
 from conformance.adapters.guarded_client import GuardedClaude, GuardedClient
 from conformance.adapters.langchain import Graph, Middleware
+from conformance.adapters.litellm import LiteLLM
 from conformance.adapters.openai_agents import AgentsSDK
 from conformance.adapters.pydantic_ai import PydanticAI
 from conformance.adapters.sdk_loop import AnthropicLoop, OpenAILoop
@@ -25,6 +26,7 @@ ADAPTERS: list[Adapter] = [
     ADK(),
     Strands(),
     CrewAI(),
+    LiteLLM(),
 ]
 
 assert len({a.id for a in ADAPTERS}) == len(ADAPTERS), "adapter ids are unique"

@@ -18,6 +18,13 @@ here, so the two are never both active.
 says; a model it does not price costs what LiteLLM reports (``response_cost``), so a run
 without a cost budget still counts a cost. Under a cost budget the model must be priced by
 the guard, checked before the request (:class:`tether.UnknownModelError`).
+
+**Streams.** ``stream=True`` is one model turn as well: reserved before, the request sent
+with ``stream_options={"include_usage": True}`` (LiteLLM reports a stream's usage in its
+last chunk only when asked), the returned :class:`LiteLLMStream` counting that usage and
+its price (the same as the reply read whole) when it ends. A stream that breaks before its
+first chunk is retried under tether's policy; one that breaks after it ends ``truncated``,
+never replayed, the usage seen counted.
 """
 
 from __future__ import annotations
@@ -26,14 +33,23 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from tether import RetryPolicy, Run
+from tether import ModelTurn, RetryPolicy, Run
 from tether._errors import require
+from tether.integrations._common import AsyncGuardedStream, GuardedStream, _StreamUsage
 from tether.providers._usage import RequestUsage
 from tether.providers.openai_chat import usage as openai_chat_usage
 
 require("litellm", "litellm")
 
-__all__ = ["GuardedRouter", "acompletion", "completion", "guarded_router", "litellm_usage"]
+__all__ = [
+    "AsyncLiteLLMStream",
+    "GuardedRouter",
+    "LiteLLMStream",
+    "acompletion",
+    "completion",
+    "guarded_router",
+    "litellm_usage",
+]
 
 _log = logging.getLogger("tether")
 
@@ -75,8 +91,11 @@ def _response_cost(reply: Any) -> float | None:
     return float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None
 
 
-def _record(run: Run, turn: Any, model: str, reply: Any) -> None:
-    usage = litellm_usage(reply)
+def _record(
+    run: Run, turn: Any, model: str, usage: RequestUsage | None, cost: float | None
+) -> None:
+    """Count the reply's ``usage`` under the guard's name for its model: priced at tether's
+    table when the guard prices the model, else at LiteLLM's ``cost`` (``response_cost``)."""
     if usage is None or not usage.counted:
         turn.record(unmeasured=True)
         return
@@ -90,35 +109,96 @@ def _record(run: Run, turn: Any, model: str, reply: Any) -> None:
     if run.guard.prices.knows(model):
         turn.record(usage)
     else:
-        turn.record(usage, cost_usd=_response_cost(reply))
+        turn.record(usage, cost_usd=cost)
+
+
+class _StreamCount(_StreamUsage):
+    """A LiteLLM stream's usage (its last chunk, asked for with ``include_usage``) and
+    LiteLLM's ``response_cost`` for it, counted as a reply read whole is."""
+
+    def __init__(self, run: Run, model: str) -> None:
+        super().__init__(litellm_usage)
+        self._run = run
+        self._model = model
+        self._cost: float | None = None
+
+    def see(self, event: Any) -> None:
+        super().see(event)
+        cost = _response_cost(event)
+        if cost is not None:
+            self._cost = cost
+
+    def record(self, turn: ModelTurn | None) -> None:
+        if turn is not None:
+            _record(self._run, turn, self._model, self.usage, self._cost)
+
+
+class LiteLLMStream(GuardedStream):
+    """A guarded LiteLLM stream (``CustomStreamWrapper``): iterate it as LiteLLM's. Its
+    usage and price are counted at its end (or where it broke: ``truncated`` is then True
+    and ``error`` holds the cause); a stream that breaks before its first chunk is retried
+    under tether's policy, one after it never."""
+
+    def __init__(self, run: Run, model: str, stream: Any, events: Any, first: Any, turn: Any):
+        super().__init__(stream, events, first, turn, litellm_usage)
+        self._usage = _StreamCount(run, model)
+
+
+class AsyncLiteLLMStream(AsyncGuardedStream):
+    """The async form of :class:`LiteLLMStream` (``async for chunk in stream``)."""
+
+    def __init__(self, run: Run, model: str, stream: Any, events: Any, first: Any, turn: Any):
+        super().__init__(stream, events, first, turn, litellm_usage)
+        self._usage = _StreamCount(run, model)
 
 
 def _policy(run: Run, policy: RetryPolicy | None) -> RetryPolicy:
     return (policy or RetryPolicy(name="litellm")).replace(clock=run.clock)
 
 
-def _send(run: Run, fn: Any, kwargs: dict[str, Any], policy: RetryPolicy | None) -> Any:
-    if kwargs.get("stream"):
-        raise ValueError(
-            "stream=True is not guarded yet: call completion() without it (the usage of a "
-            "LiteLLM stream comes in its last chunk only with stream_options)"
-        )
-    model = _bare(str(kwargs.get("model") or ""))
+def _request(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The request as sent: LiteLLM's retries off; a stream asked for its usage."""
     request = {**kwargs, **_NO_RETRIES}
+    if request.get("stream"):
+        options = request.get("stream_options")
+        request["stream_options"] = {**(options or {}), "include_usage": True}
+    return request
+
+
+def _send(run: Run, fn: Any, kwargs: dict[str, Any], policy: RetryPolicy | None) -> Any:
+    model = _bare(str(kwargs.get("model") or ""))
+    request = _request(kwargs)
     with run.model_turn(model, max_output=_max_output(kwargs)) as turn:
+        if request.get("stream"):
+
+            def open_first() -> tuple[Any, Any, Any]:
+                stream = fn(**request)
+                events = iter(stream)
+                return stream, events, next(events)
+
+            # a stream that breaks before its first chunk is retried; after it, nothing
+            stream, events, first = turn.call(open_first, policy=_policy(run, policy))
+            return LiteLLMStream(run, model, stream, events, first, turn)
         reply = turn.call(lambda: fn(**request), policy=_policy(run, policy))
-        _record(run, turn, model, reply)
+        _record(run, turn, model, litellm_usage(reply), _response_cost(reply))
     return reply
 
 
 async def _asend(run: Run, fn: Any, kwargs: dict[str, Any], policy: RetryPolicy | None) -> Any:
-    if kwargs.get("stream"):
-        raise ValueError("stream=True is not guarded yet: call acompletion() without it")
     model = _bare(str(kwargs.get("model") or ""))
-    request = {**kwargs, **_NO_RETRIES}
+    request = _request(kwargs)
     async with run.amodel_turn(model, max_output=_max_output(kwargs)) as turn:
+        if request.get("stream"):
+
+            async def open_first() -> tuple[Any, Any, Any]:
+                stream = await fn(**request)
+                events = stream.__aiter__()
+                return stream, events, await events.__anext__()
+
+            stream, events, first = await turn.acall(open_first, policy=_policy(run, policy))
+            return AsyncLiteLLMStream(run, model, stream, events, first, turn)
         reply = await turn.acall(lambda: fn(**request), policy=_policy(run, policy))
-        _record(run, turn, model, reply)
+        _record(run, turn, model, litellm_usage(reply), _response_cost(reply))
     return reply
 
 
