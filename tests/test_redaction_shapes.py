@@ -177,3 +177,64 @@ def test_everyday_values_are_kept(text: str) -> None:
 def test_names_that_only_look_like_secrets_are_kept(value: dict[str, Any]) -> None:
     """A boolean is no secret under any name; bypass, compass, passenger are no password."""
     assert tether.redact(value) == value
+
+
+def _within_screen(parsed: Any, allowed: Any) -> list[str]:
+    """The parts of a parsed pattern that can match a character outside ``allowed``."""
+    from re import _constants as c  # type: ignore[attr-defined]
+
+    bad: list[str] = []
+    for op, av in parsed:
+        if op is c.LITERAL:
+            bad += [] if allowed.fullmatch(chr(av)) else [chr(av)]
+        elif op is c.IN:
+            for item, value in av:
+                if item is c.LITERAL:
+                    bad += [] if allowed.fullmatch(chr(value)) else [chr(value)]
+                elif item is c.RANGE:
+                    chars = map(chr, range(value[0], value[1] + 1))
+                    bad += [ch for ch in chars if not allowed.fullmatch(ch)]
+                elif item is not c.CATEGORY or value not in (c.CATEGORY_WORD, c.CATEGORY_DIGIT):
+                    bad.append(f"{item} {value}")
+        elif op in (c.MAX_REPEAT, c.MIN_REPEAT):
+            bad += _within_screen(av[2], allowed)
+        elif op is c.SUBPATTERN:
+            bad += _within_screen(av[3], allowed)
+        elif op is c.BRANCH:
+            for branch in av[1]:
+                bad += _within_screen(branch, allowed)
+        elif op not in (c.ASSERT, c.ASSERT_NOT, c.AT):  # zero width
+            bad.append(f"{op} {av}")
+    return bad
+
+
+def test_every_key_shape_matches_within_the_screens_run() -> None:
+    """The screen that spares a text the shapes' pattern lets every shape through: each
+    shape matches only characters of the screen's run, and at least as many as it asks."""
+    import re
+    from re import _parser  # type: ignore[attr-defined]
+
+    from tether.redaction import _secret_text
+
+    least = int(_secret_text._SHAPE_RUN.rpartition("{")[2].rstrip(",}"))
+    allowed = re.compile(_secret_text._SHAPE_RUN.partition("{")[0])
+    for shape in _secret_text._SHAPES:
+        parsed = _parser.parse(shape)
+        assert parsed.getwidth()[0] >= least, shape
+        assert _within_screen(parsed, allowed) == [], shape
+
+
+def test_a_text_with_no_long_run_compiles_no_shape() -> None:
+    """Prose and short values are redacted without compiling the shapes' pattern (the
+    costliest to compile): a first run's transcript pays nothing for it."""
+    import subprocess
+    import sys
+
+    code = (
+        "from tether.redaction._redact import redact\n"
+        "from tether.redaction import _secret_text as t\n"
+        "redact({'order': 'A1', 'note': 'the parcel left Lisbon on Monday at noon'})\n"
+        "print(sorted(t._compiled()), sorted(vars(t._P)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "'shapes'" not in out.stdout and "'SHAPE_RUN'" in out.stdout

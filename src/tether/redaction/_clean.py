@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from tether.redaction._secret_names import _tier
-from tether.redaction._secret_text import _CARD, _compiled, _text
+from tether.redaction._secret_text import _P, _compiled, _text
 
 __all__ = ["clean_json", "clean_strings"]
 
@@ -53,4 +53,4 @@ def clean_strings(strings: Collection[str]) -> bool:
 def _clean(s: str) -> bool:
     if _tier(s) or s == "value":
         return False
-    return len(s) < 5 or (_CARD.search(s) is None and _text(s, False, "") == s)
+    return len(s) < 5 or (_P.CARD.search(s) is None and _text(s, False, "") == s)

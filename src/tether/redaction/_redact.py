@@ -50,7 +50,7 @@ from tether.redaction._secret_names import (
     _tiers,
     _weak_secret,
 )
-from tether.redaction._secret_text import _URL_USER, EMAIL_MASK, PHONE_MASK
+from tether.redaction._secret_text import _P, EMAIL_MASK, PHONE_MASK
 from tether.redaction._secret_text import _text as _text
 
 __all__ = [
@@ -667,4 +667,4 @@ def safe_url(url: str) -> str:
     >>> safe_url("redis://:hunter2@cache:6379/0")
     'redis://***@cache:6379/0'
     """
-    return _URL_USER.sub("***@", url)
+    return _P.URL_USER.sub("***@", url)

@@ -23,7 +23,7 @@ EMAIL_MASK = "[email]"
 PHONE_MASK = "[phone]"
 
 
-_PEM = re.compile(  # gitleaks private-key; detect-secrets PrivateKeyDetector
+_PEM = (  # gitleaks private-key; detect-secrets PrivateKeyDetector
     r"-----BEGIN[ A-Z0-9_-]{0,40}PRIVATE KEY(?: BLOCK)?-----"
     r"(?:[\s\S]*?-----END[ A-Z0-9_-]{0,40}PRIVATE KEY(?: BLOCK)?-----|[\s\S]*)"
     r"|PuTTY-User-Key-File-\d[\s\S]*?Private-MAC: *\w+"
@@ -115,24 +115,24 @@ _CONTEXT_SHAPES = [
 
 
 # user:password@host:port of a URL: the host of a credentialed URL (a DSN) goes too
-_URL_CREDENTIALS = re.compile(r"(?<=://)[^/\s@:\"'<>]*:[^/\s@\"'<>]*@[^/\s?#\"'<>]*")
+_URL_CREDENTIALS = r"(?<=://)[^/\s@:\"'<>]*:[^/\s@\"'<>]*@[^/\s?#\"'<>]*"
 
 
 # https://TOKEN@host: a token given as the URL's user
-_URL_TOKEN = re.compile(r"(?<=://)[^/\s@:\"'<>\[]{6,}(?=@)")
+_URL_TOKEN = r"(?<=://)[^/\s@:\"'<>\[]{6,}(?=@)"
 
 
-_URL_USER = re.compile(r"(?<=://)[^/@\s]*@")
+_URL_USER = r"(?<=://)[^/@\s]*@"
 
 
 # the rules below read a lower-cased copy of the text (case-insensitive patterns are slow)
-_AUTH_SCHEME = re.compile(r"(bearer|basic|digest|token|bot)(\s+)([a-z0-9._~+/=-]{6,})")
+_AUTH_SCHEME = r"(bearer|basic|digest|token|bot)(\s+)([a-z0-9._~+/=-]{6,})"
 
 
 # after a secret's name (found by its last part, see _fragments): the separator and the value
 # of name=value, name: value, "name": "value", name='value' (reprs), ?name=value, and
 # ("name", "value") pairs
-_PAIR_TAIL = re.compile(
+_PAIR_TAIL = (
     r"([\"']?)(\s*(?:=>|[:=]|%3[Dd])\s*|\s*,\s*)((?:[Bb]earer|[Bb]asic|[Dd]igest|[Tt]oken|BEARER|BASIC)\s+)?"
     r"(\[redacted\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s\"'&,;)}\]<>]+)"
 )
@@ -143,7 +143,7 @@ _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 
 # {"name": "api_key", "value": "..."}: a secret named in one field, its value in the next;
 # also as attributes: <add key="ApiKey" value="..."/>
-_NAMED_VALUE = re.compile(
+_NAMED_VALUE = (
     r"([\"']?)(?:name|key|header|field)\1\s*[:=]\s*([\"'])([\w.-]{1,60})\2(?:\s*,\s*|\s+)"
     r"([\"']?)value\4\s*[:=]\s*(\[redacted\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s\"',;)}\]]+)"
 )
@@ -158,7 +158,7 @@ _QUALIFIER = (
 
 # "my password is hunter2", "the api key was sk-...", "the password for the db is X",
 # "my password's X", "the password to the vault: X"
-_SAID = re.compile(
+_SAID = (
     r"(pass(?:word|code|phrase)|passwd|pin(?: code)?|secret|api[ _-]?key|access key|token|otp)"
     rf"((?:{_QUALIFIER})?(?:\s+(?:is|was|=)\s+|'s\s+|\s+is:\s+)|(?:{_QUALIFIER})\s*:\s+)"
     r"[\"']?([^\s\"',;]+)"
@@ -168,21 +168,19 @@ _SAID = re.compile(
 # a secret's name and its value with only blanks between (``passwd hunter2``,
 # ``--api-key 9f8e...``): read for the names of :func:`_spaced_name`, the value judged by
 # :func:`_spaced_value`
-_SPACED_TAIL = re.compile(r"([ \t]+)([^\s\"'&,;)}\]<>]+)")
+_SPACED_TAIL = r"([ \t]+)([^\s\"'&,;)}\]<>]+)"
 
 
 # values after a secret's name that are no secret: dates and ISO timestamps, a retail id
-_NOT_A_VALUE = re.compile(
-    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?|#?[A-Z]\d{5,}"
-)
+_NOT_A_VALUE = r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?|#?[A-Z]\d{5,}"
 
 
 # a .netrc's (or an FTP script's) ``machine h login u password p``: any p is the password
-_NETRC = re.compile(r"(?<![\w-])(?:password|passwd)[ \t]+(\S+)")
+_NETRC = r"(?<![\w-])(?:password|passwd)[ \t]+(\S+)"
 
 
 # <password>hunter2</password>: an element named a secret
-_ELEMENT = re.compile(r"<([A-Za-z_][\w.:-]{0,60})>([^<]{1,200})</\1>")
+_ELEMENT = r"<([A-Za-z_][\w.:-]{0,60})>([^<]{1,200})</\1>"
 
 
 _PLAIN_WORDS = _words(
@@ -194,54 +192,84 @@ _PLAIN_WORDS = _words(
 
 
 # a candidate card number: a whole token of 13 to 19 digits, or grouped as cards print
-_CARD = re.compile(
+_CARD = (
     r"\d(?:\d{12,18}|\d{3}([ -])\d{4}(?:\1\d{4}){1,2}(?:\1\d{1,3})?|\d{3}([ -])\d{6}\2\d{4,5})"
     r"(?![\w-])"
 )
 
 
-_CARD_WORDS = re.compile(r"card|credit|debit|visa|master|amex|\bcc\b|\bpan\b|paid with")
+_CARD_WORDS = r"card|credit|debit|visa|master|amex|\bcc\b|\bpan\b|paid with"
 
 
-_ID_WORDS = re.compile(
+_ID_WORDS = (
     r"order|invoice|ticket|track|ref|\bid\b|_id\b|\bids\b|#|\bno\.|time|\bts\b|\bat\b|epoch|"
     r"nanos|\bns\b|trace|span|sku|barcode|ean|isbn|imei|iccid|seq"
 )
 
 
-_EMAIL = re.compile(r"[A-Za-z0-9][\w.+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?![\w-])")
+_EMAIL = r"[A-Za-z0-9][\w.+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?![\w-])"
 
 
-_PHONE_INTL = re.compile(r"\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}(?![\w-])")  # +351 912 345 678
+_PHONE_INTL = r"\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}(?![\w-])"  # +351 912 345 678
 
 
-_PHONE_NANP = re.compile(r"(?:\(\d{3}\)\s?|\d{3}[ .-])\d{3}[ .-]\d{4}(?![\w-])")  # (415) 555-0100
+_PHONE_NANP = r"(?:\(\d{3}\)\s?|\d{3}[ .-])\d{3}[ .-]\d{4}(?![\w-])"  # (415) 555-0100
 
 
-_PHONE_NAMED = re.compile(  # phone: 912345678 (on the lower-cased text)
+_PHONE_NAMED = (  # phone: 912345678 (on the lower-cased text)
     r"(?:phone|tel|mobile|cell|sms|whatsapp|fax)[\s:=#.\"']{1,4}(\+?\d[\d ().-]{5,16}\d)"
 )
 
 
+# a run of 14 or more characters a key shape can be made of: every shape above matches
+# within one (tests/test_secrets.py reads each shape's parts to check), so a text with no
+# such run skips the shapes' pattern, the costliest to compile and to run
+_SHAPE_RUN = r"[\w.~+/=:-]{14,}"
+
+
+class _Patterns:
+    """The rules above, each compiled when a text first needs it (``_P.CARD`` is
+    ``_CARD`` compiled): a process whose texts meet a rule's pattern compiles it, one that
+    redacts only short or plain texts compiles none of them."""
+
+    def __getattr__(self, name: str) -> re.Pattern[str]:
+        pattern = re.compile(globals()[f"_{name}"])
+        setattr(self, name, pattern)  # read from the instance from now on
+        return pattern
+
+
+_P = _Patterns()
+
+
+class _Compiled(dict[str, Any]):
+    """The patterns that change with the user's additions, each built when first read;
+    also what the texts redacted to with them (``memo``): all made anew when they change."""
+
+    def __missing__(self, key: str) -> Any:
+        if key == "shapes":
+            value: Any = re.compile(rf"(?<![A-Za-z0-9])(?:{'|'.join(_SHAPES)})")
+        elif key == "loose":
+            value = [re.compile(rf"(?<![\w~.]){p}") for _, p in _LOOSE_SHAPES]
+        elif key == "context":
+            value = [(re.compile(c), re.compile(p)) for _, c, p in _CONTEXT_SHAPES]
+        elif key == "extra":
+            extra = "|".join(f"(?:{p.pattern})" for p in _extra_patterns)
+            value = re.compile(extra) if extra else None
+        elif key == "fragments":
+            value = _fragments()
+        elif key == "memo":
+            value = {}
+        else:
+            raise KeyError(key)
+        self[key] = value
+        return value
+
+
 def _compiled() -> dict[str, Any]:
-    """The patterns that change with the user's additions, rebuilt when those change."""
+    """The patterns that change with the user's additions (see :class:`_Compiled`)."""
     found = _state.get("compiled")
     if found is None:
-        shapes = "|".join(_SHAPES)
-        found = {
-            "shapes": re.compile(rf"(?<![A-Za-z0-9])(?:{shapes})"),
-            "loose": [(m, re.compile(rf"(?<![\w~.]){p}")) for m, p in _LOOSE_SHAPES],
-            "context": [
-                (markers, re.compile(c), re.compile(p)) for markers, c, p in _CONTEXT_SHAPES
-            ],
-            "extra": re.compile("|".join(f"(?:{p.pattern})" for p in _extra_patterns))
-            if _extra_patterns
-            else None,
-            "fragments": _fragments(),
-            # what each text redacted to, with these patterns (made anew when they change)
-            "memo": {},
-        }
-        _state["compiled"] = found
+        found = _state["compiled"] = _Compiled()
     return found
 
 
@@ -283,7 +311,7 @@ def _word_before(text: str, at: int) -> bool:
 
 
 def _cards(text: str, context: str) -> str:
-    if _CARD.search(text) is None:
+    if _P.CARD.search(text) is None:
         return text
 
     def card(m: re.Match[str]) -> str:
@@ -294,11 +322,11 @@ def _cards(text: str, context: str) -> str:
             return m.group(0)
         before = f"{context} {text[max(0, m.start() - 32) : m.start()]}".lower()
         # the word nearest the number says what it is: "card 4242..., order 4539..."
-        card_at = max((w.end() for w in _CARD_WORDS.finditer(before)), default=-1)
-        id_at = max((w.end() for w in _ID_WORDS.finditer(before)), default=-1)
+        card_at = max((w.end() for w in _P.CARD_WORDS.finditer(before)), default=-1)
+        id_at = max((w.end() for w in _P.ID_WORDS.finditer(before)), default=-1)
         return m.group(0) if id_at > card_at else REDACTED  # an order number, a timestamp
 
-    return _CARD.sub(card, text)
+    return _P.CARD.sub(card, text)
 
 
 def _quoted(value: str) -> str:
@@ -337,7 +365,7 @@ def _pair(text: str, hit: re.Match[str], spans: list[tuple[int, int, str]]) -> i
         start += 1
     if not (text[start].isalpha() or text[start] == "_"):
         return end
-    tail = _PAIR_TAIL.match(text, end)
+    tail = _P.PAIR_TAIL.match(text, end)
     if tail is None:
         if end < n and text[end] in " \t":
             _spaced(text, start, end, flag, spans)
@@ -356,7 +384,7 @@ def _pair(text: str, hit: re.Match[str], spans: list[tuple[int, int, str]]) -> i
 def _spaced(text: str, start: int, end: int, flag: bool, spans: list[tuple[int, int, str]]) -> None:
     """``passwd hunter2``, ``--pass hunter2``: a secret's name (a command's flag: any
     secret's name), blanks, and a value that looks like one."""
-    tail = _SPACED_TAIL.match(text, end)
+    tail = _P.SPACED_TAIL.match(text, end)
     name = text[start:end]
     if tail is None or not (_tier(name) == 2 if flag else _spaced_name(name)):
         return
@@ -380,7 +408,7 @@ _SPACED_WORDS = _words("password passwd passphrase passcode apikey secretkey pri
 
 def _spaced_value(value: str) -> bool:
     """A value after a blank that is a secret: not a word of prose, a date or an id."""
-    if len(value) < 4 or value.lower() in _PLAIN_WORDS or _NOT_A_VALUE.fullmatch(value):
+    if len(value) < 4 or value.lower() in _PLAIN_WORDS or _P.NOT_A_VALUE.fullmatch(value):
         return False
     if value.isdigit():
         return True  # a PIN, a numeric password
@@ -399,21 +427,21 @@ def _pair_in_list(text: str, quote: str, value: str, end: int) -> bool:
 
 
 def _named_values(text: str, low: str, spans: list[tuple[int, int, str]]) -> None:
-    for m in _NAMED_VALUE.finditer(low):
+    for m in _P.NAMED_VALUE.finditer(low):
         value = text[m.start(5) : m.end(5)]
         if _tier(text[m.start(3) : m.end(3)]) and not _done(value):
             spans.append((m.start(5), m.end(5), _quoted(value)))
 
 
 def _netrc(text: str, low: str, spans: list[tuple[int, int, str]]) -> None:
-    for m in _NETRC.finditer(low):
+    for m in _P.NETRC.finditer(low):
         value = text[m.start(1) : m.end(1)]
         if not _done(value):
             spans.append((m.start(1), m.end(1), REDACTED))
 
 
 def _elements(text: str, spans: list[tuple[int, int, str]]) -> None:
-    for m in _ELEMENT.finditer(text):
+    for m in _P.ELEMENT.finditer(text):
         value, tier = m.group(2), _tier(m.group(1))
         secret = tier == 2 or (tier == 1 and _looks_secret(value))
         if secret and value.strip() and not _done(value):
@@ -421,7 +449,7 @@ def _elements(text: str, spans: list[tuple[int, int, str]]) -> None:
 
 
 def _said(text: str, low: str, spans: list[tuple[int, int, str]]) -> None:
-    for m in _SAID.finditer(low):
+    for m in _P.SAID.finditer(low):
         if m.start() > 0 and low[m.start() - 1].isalnum():
             continue
         said = text[m.start(3) : m.end(3)]
@@ -437,7 +465,7 @@ def _said(text: str, low: str, spans: list[tuple[int, int, str]]) -> None:
 
 
 def _schemes(text: str, low: str, spans: list[tuple[int, int, str]]) -> None:
-    for m in _AUTH_SCHEME.finditer(low):
+    for m in _P.AUTH_SCHEME.finditer(low):
         value = text[m.start(3) : m.end(3)]
         # "Bearer abc.def" is a credential, "basic details" is not
         if (m.start() == 0 or not low[m.start() - 1].isalnum()) and (
@@ -499,22 +527,24 @@ def _text(text: str, pii: bool, context: str) -> str:
 
 def _scan(text: str, pii: bool, context: str, compiled: dict[str, Any]) -> str:
     if "-----BEGIN" in text or "PuTTY-User-Key" in text:
-        text = _PEM.sub(REDACTED, text)
+        text = _P.PEM.sub(REDACTED, text)
     if "://" in text:
-        text = _URL_CREDENTIALS.sub(_url_credentials, text)
-        text = _URL_TOKEN.sub(REDACTED, text)
+        text = _P.URL_CREDENTIALS.sub(_url_credentials, text)
+        text = _P.URL_TOKEN.sub(REDACTED, text)
     if len(text) >= 32:
-        for markers, near, pattern in compiled["context"]:
+        for i, (markers, _, _) in enumerate(_CONTEXT_SHAPES):
             for marker in markers:
                 if marker in text:
+                    near, pattern = compiled["context"][i]
                     if near.search(text):
                         text = pattern.sub(REDACTED, text)
                     break
     if len(text) >= 14:
-        text = compiled["shapes"].sub(REDACTED, text)
-        for marker, pattern in compiled["loose"]:
+        if _P.SHAPE_RUN.search(text) is not None:
+            text = compiled["shapes"].sub(REDACTED, text)
+        for i, (marker, _) in enumerate(_LOOSE_SHAPES):
             if marker in text:
-                text = pattern.sub(REDACTED, text)
+                text = compiled["loose"][i].sub(REDACTED, text)
     if compiled["extra"] is not None:
         text = compiled["extra"].sub(REDACTED, text)
     low = _lower(text)
@@ -539,19 +569,19 @@ def _scan(text: str, pii: bool, context: str, compiled: dict[str, Any]) -> str:
         text = _cards(text, context)
     if pii:
         if "@" in text:
-            text = _EMAIL.sub(
+            text = _P.EMAIL.sub(
                 lambda m: m.group(0) if _word_before(text, m.start()) else EMAIL_MASK, text
             )
         if "+" in text:
-            text = _PHONE_INTL.sub(_phone, text)
-        text = _PHONE_NANP.sub(_phone, text)
+            text = _P.PHONE_INTL.sub(_phone, text)
+        text = _P.PHONE_NANP.sub(_phone, text)
         low = _lower(text)
         if any(w in low for w in ("phone", "tel", "mobile", "cell", "sms", "whatsapp", "fax")):
             text = _apply(
                 text,
                 [
                     (m.start(1), m.end(1), PHONE_MASK)
-                    for m in _PHONE_NAMED.finditer(low)
+                    for m in _P.PHONE_NAMED.finditer(low)
                     if 7 <= sum(c.isdigit() for c in m.group(1)) <= 15
                 ],
             )
