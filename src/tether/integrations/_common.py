@@ -413,7 +413,13 @@ class _Endpoint:
     def _in_turn(self, turn: ModelTurn | None, kwargs: dict[str, Any], last: bool) -> Any:
         owner = self._owner
         gate = gate_for(
-            owner.token_budgets, owner.run, owner.provider, self._target, kwargs, halts=last
+            owner.token_budgets,
+            owner.run,
+            owner.provider,
+            self._target,
+            kwargs,
+            self._read,
+            halts=last,
         )
         if gate is not None:  # the token budget's wait, before the retry loop
             gate.begin()
@@ -430,13 +436,20 @@ class _Endpoint:
             return GuardedStream(stream, events, first, turn, self._read)
         with self._span(kwargs) as span:
             response = self._attempts(turn, lambda: self._send(gate, kwargs), last)
-            _response_attributes(span, response)
-        return self._counted(turn, response)
+            usage = self._read(response)
+            _response_attributes(span, response, usage)
+        return self._counted(turn, response, usage)
 
     async def _ain_turn(self, turn: ModelTurn | None, kwargs: dict[str, Any], last: bool) -> Any:
         owner = self._owner
         gate = gate_for(
-            owner.token_budgets, owner.run, owner.provider, self._target, kwargs, halts=last
+            owner.token_budgets,
+            owner.run,
+            owner.provider,
+            self._target,
+            kwargs,
+            self._read,
+            halts=last,
         )
         if gate is not None:
             await gate.abegin()
@@ -452,8 +465,9 @@ class _Endpoint:
             return AsyncGuardedStream(stream, events, first, turn, self._read)
         with self._span(kwargs) as span:
             response = await self._aattempts(turn, lambda: self._asend(gate, kwargs), last)
-            _response_attributes(span, response)
-        return self._counted(turn, response)
+            usage = self._read(response)
+            _response_attributes(span, response, usage)
+        return self._counted(turn, response, usage)
 
     def _span(self, kwargs: dict[str, Any]) -> Any:
         """The request's ``chat`` span (OpenTelemetry's GenAI conventions)."""
@@ -478,10 +492,10 @@ class _Endpoint:
             return await policy.acall_within(None, fn)
         return await turn.acall(fn, policy=policy, breaker_wait=last)
 
-    def _counted(self, turn: ModelTurn | None, response: Any) -> Any:
+    @staticmethod
+    def _counted(turn: ModelTurn | None, response: Any, usage: RequestUsage | None) -> Any:
         """The response, its usage counted in the run (a reply without one: unmeasured)."""
         if turn is not None:
-            usage = self._read(response)
             if usage is None:
                 turn.record(unmeasured=True)
             else:
@@ -596,10 +610,11 @@ def _request_attributes(owner: Guarded, kwargs: dict[str, Any]) -> dict[str, Any
     }
 
 
-def _response_attributes(span: Any, response: Any) -> None:
+def _response_attributes(span: Any, response: Any, usage: RequestUsage | None) -> None:
+    """The response's span attributes; its usage as the endpoint's converter read it (the
+    input: the whole prompt, cached tokens too)."""
     if span is None:
         return
-    usage = getattr(response, "usage", None)
     reasons = (
         [getattr(response, "stop_reason", None)]
         if hasattr(response, "stop_reason")
@@ -611,10 +626,8 @@ def _response_attributes(span: Any, response: Any) -> None:
             "gen_ai.response.id": getattr(response, "id", None),
             "gen_ai.response.model": getattr(response, "model", None),
             "gen_ai.response.finish_reasons": [r for r in reasons if r],
-            "gen_ai.usage.input_tokens": getattr(usage, "input_tokens", None)
-            or getattr(usage, "prompt_tokens", None),
-            "gen_ai.usage.output_tokens": getattr(usage, "output_tokens", None)
-            or getattr(usage, "completion_tokens", None),
+            "gen_ai.usage.input_tokens": None if usage is None else usage.prompt,
+            "gen_ai.usage.output_tokens": None if usage is None else usage.output_tokens,
         },
     )
 

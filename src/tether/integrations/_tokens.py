@@ -26,11 +26,13 @@ from tether.guards._tokens import (
     estimate_tokens,
     headers_of,
 )
+from tether.providers import limits_count_cache_reads
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tether import Run
+    from tether.providers._usage import UsageReader
 
 __all__ = ["TokenGate", "gate_for", "usage_of"]
 
@@ -38,20 +40,14 @@ __all__ = ["TokenGate", "gate_for", "usage_of"]
 DEFAULT_MAX_OUTPUT = 4096
 
 
-def usage_of(response: Any) -> tuple[int | None, int | None]:
-    """The tokens a response's usage counts against the limits: (input, output). Anthropic's
-    cache writes count as input, its cache reads do not; OpenAI's prompt tokens are input."""
-    usage = getattr(response, "usage", None)
+def usage_of(response: Any, read: UsageReader, provider: str) -> tuple[int | None, int | None]:
+    """The tokens a response counts against its provider's limits: (input, output), read by
+    the endpoint's own converter (the one the run's usage and price read), counted as the
+    provider's profile says (Anthropic's cache reads are not input; OpenAI's are)."""
+    usage = read(response)
     if usage is None:
         return None, None
-    if hasattr(usage, "prompt_tokens") or hasattr(usage, "completion_tokens"):
-        return int(getattr(usage, "prompt_tokens", 0) or 0), int(
-            getattr(usage, "completion_tokens", 0) or 0
-        )
-    written = int(getattr(usage, "cache_creation_input_tokens", 0) or 0)
-    return int(getattr(usage, "input_tokens", 0) or 0) + written, int(
-        getattr(usage, "output_tokens", 0) or 0
-    )
+    return usage.limited(limits_count_cache_reads(provider))
 
 
 def _status(exc: BaseException) -> int | None:
@@ -68,10 +64,14 @@ class TokenGate:
         run: Run | None,
         kwargs: dict[str, Any],
         raw: Callable[..., Any] | None,
+        read: UsageReader,
+        provider: str,
         halts: bool = True,
     ) -> None:
         self.budget = budget
         self.run = run
+        #: the endpoint's usage converter, and its provider (what its limits count)
+        self.read, self.provider = read, provider
         #: a wait past the run's time stops the run (False: a fallback model comes next,
         #: and the LimiterTimeout itself is raised)
         self.halts = halts
@@ -126,7 +126,7 @@ class TokenGate:
         if self.raw is None and response is not None and hasattr(response, "__iter__"):
             # a stream: its usage comes at its end; the reservation stands (nothing back)
             return {"input_tokens": self.estimate, "output_tokens": self.max_out, "status": 200}
-        used_in, used_out = usage_of(response)
+        used_in, used_out = usage_of(response, self.read, self.provider)
         return {
             "input_tokens": used_in,
             "output_tokens": used_out,
@@ -184,14 +184,16 @@ def gate_for(
     provider: str,
     target: Any,
     kwargs: dict[str, Any],
+    read: UsageReader,
     *,
     halts: bool = True,
 ) -> TokenGate | None:
     """The gate of a request: None when no budget (the client's, then the run's guard's)
-    covers its model. ``halts``: see :attr:`TokenGate.halts`."""
+    covers its model. ``read``: the endpoint's usage converter; ``halts``: see
+    :attr:`TokenGate.halts`."""
     if run is not None:
         budgets = budgets + tuple(getattr(run.guard, "token_budgets", ()))
     budget = budget_for(budgets, str(kwargs.get("model") or ""), provider)
     if budget is None:
         return None
-    return TokenGate(budget, run, kwargs, _raw_twin(target), halts)
+    return TokenGate(budget, run, kwargs, _raw_twin(target), read, provider, halts)

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Unpack
 
-from tether import Guard, Outcome, RetryPolicy, Run, Stopped, StopReason, ToolError
+from tether import Guard, ModelTurn, Outcome, RetryPolicy, Run, Stopped, StopReason, ToolError
 from tether._errors import RunDocumentError, require
 from tether.integrations._common import (
     SideEffects,
@@ -48,6 +48,7 @@ from tether.integrations._common import (
     require_guard,
     require_request_key,
 )
+from tether.providers import crewai as profile
 
 require("crewai", "crewai")
 
@@ -62,8 +63,6 @@ _MARK = "__tether_guarded__"
 
 #: how long CrewAI's RPMController waits when an agent used its max_rpm
 _MINUTE = 60.0
-
-_USAGE = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens", "cache_creation_tokens")
 
 
 def _current() -> Run:
@@ -113,25 +112,14 @@ def _model_name(llm: Any) -> str:
     return name if isinstance(name, str) else ""
 
 
-def _tokens(llm: Any) -> dict[str, int]:
-    usage = getattr(llm, "_token_usage", None)
-    if not isinstance(usage, Mapping):
-        return dict.fromkeys(_USAGE, 0)
-    return {k: int(usage.get(k) or 0) for k in _USAGE}
-
-
-def _usage(llm: Any, before: dict[str, int]) -> dict[str, Any]:
-    """The call just made, as the tokens CrewAI's LLM added to its own tally."""
-    after = _tokens(llm)
-    prompt, completion, cached, written = (after[k] - before[k] for k in _USAGE)
-    if not (prompt or completion):
-        return {"unmeasured": True}
-    return {
-        "input_tokens": max(0, prompt - cached - written),
-        "output_tokens": completion,
-        "cache_read_tokens": cached,
-        "cache_write_tokens": written,
-    }
+def _count(turn: ModelTurn, llm: Any, before: tuple[int, int, int, int]) -> None:
+    """The call just made, as the tokens CrewAI's LLM added to its own tally (none: a call
+    the LLM did not measure)."""
+    usage = profile.usage(before, profile.tally(llm))
+    if usage.prompt or usage.output_tokens:
+        turn.record(usage)
+    else:
+        turn.record(unmeasured=True)
 
 
 class _GuardedLLM:
@@ -158,11 +146,11 @@ class _GuardedLLM:
         run = _current()
         if self._ends(run, args, kwargs):
             return run.outcome.customer_message  # the final answer: the task's output
-        before = _tokens(self.llm)
+        before = profile.tally(self.llm)
         try:
             with run.model_turn(_model_name(self.llm)) as turn:
                 answer = turn.call(self.call, *args, policy=self.policy, **kwargs)
-                turn.record(**_usage(self.llm, before))
+                _count(turn, self.llm, before)
         except Stopped:  # a budget before the request, a failure after its attempts
             return run.outcome.customer_message
         return answer
@@ -171,11 +159,11 @@ class _GuardedLLM:
         run = _current()
         if self._ends(run, args, kwargs):
             return run.outcome.customer_message
-        before = _tokens(self.llm)
+        before = profile.tally(self.llm)
         try:
             async with run.amodel_turn(_model_name(self.llm)) as turn:
                 answer = await turn.acall(self.acall, *args, policy=self.policy, **kwargs)
-                turn.record(**_usage(self.llm, before))
+                _count(turn, self.llm, before)
         except Stopped:
             return run.outcome.customer_message
         return answer

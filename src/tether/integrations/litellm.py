@@ -37,7 +37,7 @@ from tether import ModelTurn, RetryPolicy, Run
 from tether._errors import require
 from tether.integrations._common import AsyncGuardedStream, GuardedStream, _StreamUsage
 from tether.providers._usage import RequestUsage
-from tether.providers.openai_chat import usage as openai_chat_usage
+from tether.providers.litellm import usage as litellm_usage
 
 require("litellm", "litellm")
 
@@ -55,24 +55,6 @@ _log = logging.getLogger("tether")
 
 #: LiteLLM's own retries, off under tether: the Router's loop and the provider SDK's
 _NO_RETRIES = {"num_retries": 0, "max_retries": 0}
-
-
-def litellm_usage(reply: Any) -> RequestUsage | None:
-    """A LiteLLM ``ModelResponse`` (OpenAI's chat shape for every provider): its cached
-    tokens inside ``prompt_tokens``, an Anthropic cache write in
-    ``cache_creation_input_tokens``."""
-    usage = openai_chat_usage(reply)
-    if usage is None:
-        return None
-    written = getattr(getattr(reply, "usage", None), "cache_creation_input_tokens", 0)
-    written = written if isinstance(written, int) and written > 0 else 0
-    return RequestUsage(
-        max(0, usage.input_tokens - written),
-        usage.output_tokens,
-        written,
-        usage.cache_read_tokens,
-        usage.model,
-    )
 
 
 def _bare(model: str) -> str:

@@ -38,7 +38,6 @@ from tether import (
     Guard,
     ModelTurn,
     Outcome,
-    RequestUsage,
     Run,
     Stopped,
     StopReason,
@@ -60,6 +59,7 @@ from tether.integrations._common import (
     take_rules,
 )
 from tether.integrations._tokens import DEFAULT_MAX_OUTPUT
+from tether.providers import pydantic_ai as profile
 from tether.retries._policy import RetryPolicy
 
 require("pydantic_ai", "pydantic-ai")
@@ -441,23 +441,16 @@ class TetherCapability(AbstractCapability[Any]):
         if live is None:
             return response
         await self._settle(live, None)
-        usage = response.usage
-        live.counted[0] += 1
-        live.counted[1] += int(usage.input_tokens)
-        live.counted[2] += int(usage.output_tokens)
-        cache_read, cache_write = int(usage.cache_read_tokens), int(usage.cache_write_tokens)
         model = response.model_name or str(getattr(request_context.model, "model_name", ""))
+        usage = profile.usage(response, model)
+        live.counted[0] += 1
+        live.counted[1] += usage.prompt
+        live.counted[2] += usage.output_tokens
         turn = live.turns.pop(0) if live.turns else live.run.model_turn(model)
         turn.record(
-            RequestUsage(
-                input_tokens=max(0, int(usage.input_tokens) - cache_read - cache_write),
-                output_tokens=int(usage.output_tokens),
-                cache_write_tokens=cache_write,
-                cache_read_tokens=cache_read,
-                model=model,
-            ),
+            usage,
             provider=response.provider_name or _provider(request_context.model),
-            unmeasured=bool(getattr(usage, "unmeasured_requests", 0)),
+            unmeasured=bool(getattr(response.usage, "unmeasured_requests", 0)),
             cost_usd=0.0 if free_test_model(request_context.model) else None,
         )
         return response

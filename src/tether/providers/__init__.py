@@ -12,22 +12,42 @@ reply (whole or a stream's event) to a :class:`tether.RequestUsage`.
 * :mod:`~tether.providers.langchain`: a LangChain AI message's ``usage_metadata``
 * :mod:`~tether.providers.google`: Gemini's ``usage_metadata`` (Google ADK)
 * :mod:`~tether.providers.bedrock`: the Bedrock Converse ``usage`` (Strands)
+* :mod:`~tether.providers.litellm`: LiteLLM's ``ModelResponse`` (OpenAI's chat shape)
+* :mod:`~tether.providers.crewai`: a CrewAI LLM's running token tally
+* :mod:`~tether.providers.pydantic_ai`: a PydanticAI ``ModelResponse``'s ``usage``
+
+No other module reads a provider's token fields: the token budgets, the telemetry and the
+run's price all read the one :class:`tether.RequestUsage` a profile made.
 
 Pure data and functions: no I/O, no import outside the standard library.
 """
 
 from __future__ import annotations
 
-from tether.providers import anthropic, bedrock, google, langchain, openai_chat, openai_responses
+from tether.providers import (
+    anthropic,
+    bedrock,
+    crewai,
+    google,
+    langchain,
+    litellm,
+    openai_chat,
+    openai_responses,
+    pydantic_ai,
+)
 
 __all__ = [
     "anthropic",
     "bedrock",
+    "crewai",
     "google",
     "langchain",
+    "limits_count_cache_reads",
+    "litellm",
     "openai_chat",
     "openai_responses",
     "provider_of",
+    "pydantic_ai",
 ]
 
 
@@ -37,3 +57,12 @@ def provider_of(model: str) -> str | None:
         if model.startswith(profile.PREFIXES):
             return str(profile.NAME)
     return None
+
+
+def limits_count_cache_reads(provider: str) -> bool:
+    """Whether the rate limits of ``provider`` (a profile's ``NAME``) count the prompt's
+    cache reads (its profile's ``LIMITS_COUNT_CACHE_READS``; an unknown one: they do)."""
+    for profile in (anthropic, openai_chat):
+        if provider == profile.NAME:
+            return bool(profile.LIMITS_COUNT_CACHE_READS)
+    return True

@@ -40,6 +40,17 @@ class RequestUsage:
             or self.cache_read_tokens
         )  # fmt: skip
 
+    @property
+    def prompt(self) -> int:
+        """The whole prompt: uncached, written to the cache and read from it."""
+        return self.input_tokens + self.cache_write_tokens + self.cache_read_tokens
+
+    def limited(self, cache_reads_count: bool) -> tuple[int, int]:
+        """The tokens a provider's rate limits count: (prompt, output); the cache reads only
+        where the provider counts them (its profile's ``LIMITS_COUNT_CACHE_READS``)."""
+        skipped = 0 if cache_reads_count else self.cache_read_tokens
+        return self.prompt - skipped, self.output_tokens
+
     def counts(self) -> dict[str, Any]:
         """The keywords of :meth:`tether.Run.record_model_call` for this usage."""
         return {

@@ -6,7 +6,7 @@ from typing import Any
 
 from tether.providers._usage import RequestUsage, count, model_of
 
-__all__ = ["NAME", "PREFIXES", "QUOTA_CODES", "RATE_HEADERS", "usage"]
+__all__ = ["LIMITS_COUNT_CACHE_READS", "NAME", "PREFIXES", "QUOTA_CODES", "RATE_HEADERS", "usage"]
 
 NAME = "anthropic"
 #: the model names of this provider start so
@@ -20,6 +20,9 @@ RATE_HEADERS: dict[str, tuple[str, str, str]] = {
     )
     for bucket in ("requests", "tokens", "input-tokens", "output-tokens")
 }
+#: its input-token rate limits count the uncached prompt and the cache writes, not the
+#: cache reads
+LIMITS_COUNT_CACHE_READS = False
 
 
 #: the error codes (``error.type``, ``error.details.error_code``) of a billing or spend

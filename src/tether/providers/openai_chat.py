@@ -6,7 +6,7 @@ from typing import Any
 
 from tether.providers._usage import RequestUsage, count, model_of
 
-__all__ = ["NAME", "PREFIXES", "QUOTA_CODES", "RATE_HEADERS", "usage"]
+__all__ = ["LIMITS_COUNT_CACHE_READS", "NAME", "PREFIXES", "QUOTA_CODES", "RATE_HEADERS", "usage"]
 
 NAME = "openai"
 #: the model names of this provider start so
@@ -20,6 +20,8 @@ RATE_HEADERS: dict[str, tuple[str, str, str]] = {
     )
     for bucket in ("requests", "tokens")
 }
+#: its token rate limits count the whole prompt, the cached tokens too
+LIMITS_COUNT_CACHE_READS = True
 
 
 #: the error codes of a quota or billing refusal, which a retry does not mend

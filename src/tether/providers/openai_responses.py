@@ -6,9 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from tether.providers._usage import RequestUsage, count, model_of
-from tether.providers.openai_chat import NAME, PREFIXES, QUOTA_CODES, RATE_HEADERS
+from tether.providers.openai_chat import (
+    LIMITS_COUNT_CACHE_READS,
+    NAME,
+    PREFIXES,
+    QUOTA_CODES,
+    RATE_HEADERS,
+)
 
-__all__ = ["NAME", "PREFIXES", "QUOTA_CODES", "RATE_HEADERS", "usage"]
+__all__ = ["LIMITS_COUNT_CACHE_READS", "NAME", "PREFIXES", "QUOTA_CODES", "RATE_HEADERS", "usage"]
 
 
 def usage(reply: Any) -> RequestUsage | None:
