@@ -30,8 +30,8 @@ KNOWN: dict[str, int] = {
     "tether/run/_steps.py": 10,
     "tether/run/_stops.py": 1,  # a stop check sets the escalation flag (#41): to return it
     "tether/run/_toolcall.py": 3,
-    "tether/run/_tooldecisions.py": 16,
-    "tether/run/_toolgate.py": 3,
+    "tether/run/_tooldecisions.py": 15,
+    "tether/run/_toolgate.py": 2,
 }
 
 _MUTATORS = frozenset(

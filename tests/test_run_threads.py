@@ -142,6 +142,9 @@ def test_threads_calling_again_and_again_respect_allow_repeat(shell: str) -> Non
                 call(run, shell, read, {"q": "A-1"}, allow_repeat=5)
             except tether.Stopped:
                 return made
+            except tether.ToolError:  # held: 3 identical calls under way already could
+                time.sleep(0.0005)  # reach max_identical_failures; the model asks again
+                continue
             made += 1
 
     with Guard(loops=LoopPolicy(max_repeats=None)).start() as run:

@@ -28,7 +28,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from tether.run._governance import needs_approval
+from tether.run._governance import CallLimit, needs_approval
 
 __all__ = ["allow", "limit", "max_calls", "needs_approval"]
 
@@ -169,20 +169,10 @@ def allow(tool: str, field: str, values: Iterable[Any]) -> Policy:
 
 def max_calls(tool: str, n: int) -> Policy:
     """Deny ``tool`` after ``n`` calls in one run (the denied ones do not count; a run
-    resumed from a checkpoint keeps counting the calls made before)."""
+    resumed from a checkpoint keeps counting the calls made before; calls made from several
+    threads at once are counted one at a time: ``n`` of them run)."""
     if not isinstance(tool, str) or not tool:
         raise ValueError(f"tool must be a non-empty string (a tool's name), got {tool!r}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an int >= 1, got {n!r}")
-
-    def policy(name: str, args: Any, *, run: Any = None) -> str | None:
-        if name != tool:
-            return None
-        if run is None:  # called outside a run: nothing to count, so not allowed
-            return f"{tool}: its calls cannot be counted outside a run (max_calls {n})"
-        if run._tool_counts[tool] >= n:
-            return f"{tool} may be called at most {n} times in one run"
-        return None
-
-    policy.__name__ = f"max_calls_{tool}"
-    return policy
+    return CallLimit(tool, n)

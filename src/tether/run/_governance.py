@@ -27,7 +27,9 @@ from tether.run._outcome import ToolError
 
 __all__ = [
     "ApprovalRejected",
+    "CallLimit",
     "PolicyDenied",
+    "call_limits",
     "check_policies",
     "needs_approval",
 ]
@@ -92,6 +94,45 @@ def check_policies(
         if reason:
             return str(reason)
     return None
+
+
+class CallLimit:
+    """``policies.max_calls(tool, n)``: deny ``tool`` after ``n`` calls in one run. A policy
+    like any other; the run also checks it as it counts a call let through (one step among
+    the run's threads, see ``_runstate.count_call``), so that calls made from several
+    threads at once cannot all pass it before one of them is counted."""
+
+    def __init__(self, tool: str, n: int) -> None:
+        self.tool = tool
+        self.n = n
+        self.__name__ = f"max_calls_{tool}"
+
+    def __call__(self, name: str, args: Any, *, run: Any = None) -> str | None:
+        if name != self.tool:
+            return None
+        if run is None:  # called outside a run: nothing to count, so not allowed
+            return f"{self.tool}: its calls cannot be counted outside a run (max_calls {self.n})"
+        if run._tool_counts[self.tool] >= self.n:
+            return self.refusal
+        return None
+
+    @property
+    def refusal(self) -> str:
+        return f"{self.tool} may be called at most {self.n} times in one run"
+
+    def __repr__(self) -> str:
+        return f"max_calls({self.tool!r}, {self.n})"
+
+
+def call_limits(policies: tuple[tuple[Callable[..., Any], bool], ...]) -> dict[str, CallLimit]:
+    """The strictest ``max_calls`` limit of each tool among a guard's policies."""
+    limits: dict[str, CallLimit] = {}
+    for policy, _ in policies:
+        if isinstance(policy, CallLimit):
+            held = limits.get(policy.tool)
+            if held is None or policy.n < held.n:
+                limits[policy.tool] = policy
+    return limits
 
 
 @dataclass(slots=True)

@@ -38,6 +38,8 @@ __all__ = [
     "call_over",
     "completed",
     "continue_here",
+    "count_call",
+    "count_failure",
     "load_checkpoint",
     "load_document",
     "not_made",
@@ -436,25 +438,78 @@ def admit(
     action: str,
     cap: int | None,
     budgets: Callable[[RunState], tuple[StopReason, str] | None],
-) -> tuple[StopReason, str] | None:
-    """The tool-call budgets (``budgets``: the run's tool checks, ``run._stops``) and the
-    repeat checks for a call, and when none holds, the call counted (its slot taken, its
-    action in flight), as one step: calls made from several threads at once cannot all
-    pass one check before any is counted. Returns why the call must not run (nothing
-    taken), or None."""
+) -> tuple[StopReason, str] | str | None:
+    """The tool-call budgets (``budgets``: the run's tool checks, ``run._stops``), the
+    repeat checks and the identical-failures limit for a call, and when none holds, the call
+    counted (its slot taken, its action in flight), as one step: calls made from several
+    threads at once cannot all pass one check before any is counted. Returns why the run
+    stops (nothing taken), what the model is told of a call held back (a str: identical
+    calls under way could reach the identical-failures limit), or None."""
     with s._admission:
+        if s._stop is not None:  # stopped by another thread since this call began
+            return s._stop
         stop = budgets(s)
         if stop is not None:
             return stop
-        if s._loops._done:  # calls completed since: recorded before the check reads them
-            s._loops.settle()
-        loop = s._loops.check_action(tool, action, s.steps, cap=cap)
+        loops = s._loops
+        if loops._done:  # calls completed since: recorded before the check reads them
+            loops.settle()
+        loop = loops.check_action(tool, action, s.steps, cap=cap)
         if loop is not None:
             return loop[0], f"{loop[1]} (step {s.steps})"
-        s._loops.begin_action(action)  # ended when the call is settled, whatever it became
+        if s._failures or loops._flying:
+            held = _failing(s, tool, action)
+            if held is not None:
+                return held
+        loops.begin_action(action)  # ended when the call is settled, whatever it became
         s.tool_calls += 1
         s._step_calls += 1
     return None
+
+
+def _failing(s: RunState, tool: str, action: str) -> tuple[StopReason, str] | str | None:
+    """max_identical_failures for a call about to be admitted (under the lock): each
+    identical call under way counts as a failure to come, so that no more of them run than
+    the limit leaves, whatever threads make them (one after another nothing is held)."""
+    limit = s.budget.max_identical_failures
+    if limit is None:
+        return None
+    failed = max((n for (a, _, _), n in s._failures.items() if a == action), default=0)
+    if failed >= limit:
+        return StopReason.IDENTICAL_FAILURES, f"{tool} failed {limit} times the same way"
+    flying = s._loops._flying.get(action, 0)
+    if failed + flying < limit:
+        return None
+    before = f"{tool} failed {failed} times the same way and " if failed else ""
+    return (
+        f"not run: {before}{flying} identical calls of {tool} are under way; wait for their "
+        "results before calling it again"
+    )
+
+
+def count_call(s: RunState, tool: str, limit: int | None) -> bool:
+    """A call the policies let through, counted for its tool as one step with the check of
+    its limit (``policies.max_calls``: ``limit`` calls of ``tool`` per run): False, not
+    counted, when the limit is reached (another thread's call took the last one)."""
+    with s._admission:
+        made = s._tool_counts.get(tool, 0)
+        if limit is not None and made >= limit:
+            return False
+        s._tool_counts[tool] = made + 1
+    return True
+
+
+def count_failure(s: RunState, signature: tuple[str, str, str], flying: bool) -> int:
+    """A failure counted for the identical-failures limit (``signature``: the call's action,
+    the error's type and its verdict), and the call out of flight when it still was
+    (``flying``), as one step: a call admitted meanwhile sees it either under way or failed.
+    Returns how many times the call failed that way."""
+    with s._admission:
+        if flying:
+            s._loops.end_action(signature[0])
+        n = s._failures.get(signature, 0) + 1
+        s._failures[signature] = n
+    return n
 
 
 def not_made(s: RunState, action: str) -> None:

@@ -187,9 +187,8 @@ class ToolPipeline:
         except ControlSignal as carried:  # the framework's own control flow
             self.decide._not_made(call)  # its slot given back
             raise carried.signal from None
-        except Exception as exc:
-            call_over(self.s, call.action)
-            raise self.decide._after_failure(call, exc) from exc
+        except Exception as exc:  # the call leaves the flight as its failure is counted
+            raise self.decide._after_failure(call, exc, flying=True) from exc
         except BaseException:  # KeyboardInterrupt, SystemExit
             # progress is None: an idempotent call (an effect's progress is watched)
             self.decide._interrupted(call, progress, progress is None, compensate)
@@ -291,9 +290,8 @@ class ToolPipeline:
         except ControlSignal as carried:
             self.decide._not_made(call)  # its slot given back
             raise carried.signal from None
-        except Exception as exc:
-            call_over(self.s, call.action)
-            raise self.decide._after_failure(call, exc) from exc
+        except Exception as exc:  # the call leaves the flight as its failure is counted
+            raise self.decide._after_failure(call, exc, flying=True) from exc
         except BaseException:  # cancelled
             # progress is None: an idempotent call (an effect's progress is watched)
             self.decide._interrupted(call, progress, progress is None, compensate)

@@ -33,6 +33,7 @@ from tether.run._runstate import (
     admit,
     call_over,
     completed,
+    count_failure,
     not_made,
     note_effect,
 )
@@ -93,10 +94,12 @@ class ToolDecisions:
         ignore = (*VOLATILE_FIELDS, *volatile) if volatile else None
         action, key, text, strings = intent_keys_and_text(name, args, s._scope, ignore)
         if REDACTED in text if text is not None else _holds_placeholder(args):
-            self._refuse_placeholders(name, args)
+            _refuse_placeholders(s, name, args)
         # the budgets again (another thread may have taken the last slot), the repeats, the slot
         refused = admit(s, name, action, allow_repeat, _tool_budgets)
         if refused is not None:
+            if isinstance(refused, str):  # held back: the model is told, the run goes on
+                raise ToolError(name, refused, cause_kind="unavailable")
             raise s._halt(*refused)
         if allow_repeat is None and name not in s.guard.loops.allow_repeat:
             s._step_counted = True
@@ -116,33 +119,6 @@ class ToolDecisions:
         """A call that a framework's control flow interrupted did not happen: its slot is
         given back."""
         not_made(self.s, call.action)
-
-    def _refuse_placeholders(self, name: str, args: Any) -> None:
-        """A call whose arguments hold the redaction placeholder never runs: the value was
-        lost when the conversation was stored (a secret is never kept in clear), and the
-        placeholder is no card number. A resumed run stops FAILED saying so (its pending
-        call cannot be completed, nor approved again); the model of a live run is told to
-        ask for the value again."""
-        lost = redacted_paths(args)
-        if not lost:  # the placeholder in a key, not a value: nothing was lost
-            return
-        fields = ", ".join(p.removeprefix("args.") for p in lost)
-        if self.s._resumed_from is not None:
-            self.s._issues.append(
-                f"{name} was not resumed: its argument {fields} was redacted when the run was "
-                "stored (secrets are never kept); ask the customer for it again"
-            )
-            raise self.s._halt(
-                StopReason.FAILED,
-                f"{name} cannot be resumed: its argument {fields} was redacted when the run was "
-                "stored",
-            )
-        raise ToolError(
-            name,
-            f"rejected: {fields} holds a redacted placeholder, not the value; ask the customer "
-            "for it again",
-            cause_kind="rejected",
-        )
 
     def _label(self, name: str, label: str | None) -> None:
         if label is not None:
@@ -232,76 +208,88 @@ class ToolDecisions:
             self.s._escalate = True
             raise self.s._halt(StopReason.ESCALATED, f"retries passed {esc.max_retries}")
 
-    def _after_failure(self, call: _Call, exc: Exception) -> BaseException:
-        """The exception to raise for a failed tool call (Stopped or ToolError)."""
-        if not (isinstance(exc, ToolUnresponsive) and exc.before):
-            self.s.retries += call.policy._retries()
-        entry = {"step": call.step, "tool": call.name, "ok": False, "error": type(exc).__name__}
-        if isinstance(exc, UnknownOutcome):  # what a person must check (the case shows it)
-            entry.update(args=redact(jsonable(call.args)), key=exc.key)
-        self.s.transcript.append(entry)
-        if isinstance(exc, Stopped | ReturnedAwaitable):  # the latter: the code's mistake
-            return exc
-        if isinstance(exc, Declined):  # a "no": nothing done; the run ends at the next step
-            self.s._effects = [e for e in self.s._effects if e[2] != call.key]  # none made
-            said = _said(exc.reason) if exc.reason else "declined"
-            self.s._halt(StopReason.DECLINED, f"{call.name}: {said}")
-            return ToolError(call.name, f"declined: {said}", cause_kind="declined")
-        if isinstance(exc, ToolUnresponsive):
-            return self.hung._not_answering(call, exc)
-        if isinstance(exc, CircuitOpenError):
-            return self.s.outage(exc.name, f"{call.name}: its dependency is down (circuit open)")
-        if isinstance(exc, EffectInProgress):  # one request, two runs: the other one has it
-            self.s._issues.append(
-                f"{call.name} is being done by another worker of this request (it holds the "
-                f"claim until its lease ends); its result will be in the ledger (key "
-                f"{exc.key[:16]}…): do not do it again"
-            )
-            return self.s._halt(
-                StopReason.IN_PROGRESS, f"{call.name} is being done by another worker"
-            )
-        if isinstance(exc, UnknownOutcome):
-            self.s._unconfirmed.append(call.name)
-            self.s._issues.append(
-                f"{call.name} may have happened: its outcome is unknown; check the provider's "
-                f"records before trying it again (ledger key {exc.key[:16]}…)"
-            )
-            return self.s._halt(
-                StopReason.UNKNOWN_OUTCOME, f"{call.name} may or may not have happened"
-            )
-        verdict = classify(exc)
-        if isinstance(exc, DeadlineExceeded) and self.s.budget.max_seconds is not None:
-            return self.s._halt(StopReason.TIMEOUT, f"time budget ran out during {call.name}")
-        if isinstance(exc, TimeoutError) and call.name in self.s._health:
-            unresponsive = self.hung._unresponsive(call.name)
-            if unresponsive is not None:
-                return self.hung._not_answering(call, unresponsive)
-        signature = (call.action, type(exc).__name__, f"{verdict.status}:{verdict.code}")
-        self.s._failures[signature] += 1
-        limit = self.s.budget.max_identical_failures
-        if limit is not None and self.s._failures[signature] >= limit:
-            self._park(call, exc)
-            return self.s._halt(
-                StopReason.IDENTICAL_FAILURES,
-                f"{call.name} failed {limit} times the same way ({type(exc).__name__})",
-            )
+    def _after_failure(self, call: _Call, exc: Exception, flying: bool = False) -> BaseException:
+        """The exception to raise for a failed tool call (Stopped or ToolError). ``flying``:
+        the call is still under way and leaves the flight here (a failure the identical-
+        failures limit counts leaves it as it is counted: a call admitted meanwhile sees it
+        either under way or failed)."""
         try:
-            self._check_retry_escalation()
-        except Stopped as stopped:
-            return stopped
-        if verdict.retryable or isinstance(exc, DeadlineExceeded):
-            return ToolError(call.name, UNAVAILABLE, cause_kind="unavailable")
-        if isinstance(exc, ToolError):  # the tool's own words for the model
-            return ToolError(call.name, _said(exc.model_message), cause_kind="rejected")
-        self._park(call, exc)
-        if any(key == call.key for _, _, key in self.s._effects):  # never "success" (Run.succeed)
-            text = f"{type(exc).__name__}: {str(exc).strip()}".rstrip(": ")
-            self.s._failed_effects[call.name] = str(redact(text))[:500]
-        if isinstance(exc, self.s.guard.model_errors):  # a business rule, said on purpose
-            return ToolError(call.name, f"rejected: {_said(str(exc))}", cause_kind="rejected")
-        if verdict.kind is Kind.QUOTA:
-            return ToolError(call.name, QUOTA_REACHED, cause_kind="quota")
-        return ToolError(call.name, REJECTED, cause_kind="rejected")
+            if not (isinstance(exc, ToolUnresponsive) and exc.before):
+                self.s.retries += call.policy._retries()
+            entry = {"step": call.step, "tool": call.name, "ok": False, "error": type(exc).__name__}
+            if isinstance(exc, UnknownOutcome):  # what a person must check (the case shows it)
+                entry.update(args=redact(jsonable(call.args)), key=exc.key)
+            self.s.transcript.append(entry)
+            if isinstance(exc, Stopped | ReturnedAwaitable):  # the latter: the code's mistake
+                return exc
+            if isinstance(exc, Declined):  # a "no": nothing done; the run ends at the next step
+                self.s._effects = [e for e in self.s._effects if e[2] != call.key]  # none made
+                said = _said(exc.reason) if exc.reason else "declined"
+                self.s._halt(StopReason.DECLINED, f"{call.name}: {said}")
+                return ToolError(call.name, f"declined: {said}", cause_kind="declined")
+            if isinstance(exc, ToolUnresponsive):
+                return self.hung._not_answering(call, exc)
+            if isinstance(exc, CircuitOpenError):
+                return self.s.outage(
+                    exc.name, f"{call.name}: its dependency is down (circuit open)"
+                )
+            if isinstance(exc, EffectInProgress):  # one request, two runs: the other one has it
+                self.s._issues.append(
+                    f"{call.name} is being done by another worker of this request (it holds the "
+                    f"claim until its lease ends); its result will be in the ledger (key "
+                    f"{exc.key[:16]}…): do not do it again"
+                )
+                return self.s._halt(
+                    StopReason.IN_PROGRESS, f"{call.name} is being done by another worker"
+                )
+            if isinstance(exc, UnknownOutcome):
+                self.s._unconfirmed.append(call.name)
+                self.s._issues.append(
+                    f"{call.name} may have happened: its outcome is unknown; check the provider's "
+                    f"records before trying it again (ledger key {exc.key[:16]}…)"
+                )
+                return self.s._halt(
+                    StopReason.UNKNOWN_OUTCOME, f"{call.name} may or may not have happened"
+                )
+            verdict = classify(exc)
+            if isinstance(exc, DeadlineExceeded) and self.s.budget.max_seconds is not None:
+                return self.s._halt(StopReason.TIMEOUT, f"time budget ran out during {call.name}")
+            if isinstance(exc, TimeoutError) and call.name in self.s._health:
+                unresponsive = self.hung._unresponsive(call.name)
+                if unresponsive is not None:
+                    return self.hung._not_answering(call, unresponsive)
+            signature = (call.action, type(exc).__name__, f"{verdict.status}:{verdict.code}")
+            failed = count_failure(self.s, signature, flying)  # out of flight as it is counted
+            flying = False
+            limit = self.s.budget.max_identical_failures
+            if limit is not None and failed >= limit:
+                self._park(call, exc)
+                return self.s._halt(
+                    StopReason.IDENTICAL_FAILURES,
+                    f"{call.name} failed {limit} times the same way ({type(exc).__name__})",
+                )
+            try:
+                self._check_retry_escalation()
+            except Stopped as stopped:
+                return stopped
+            if verdict.retryable or isinstance(exc, DeadlineExceeded):
+                return ToolError(call.name, UNAVAILABLE, cause_kind="unavailable")
+            if isinstance(exc, ToolError):  # the tool's own words for the model
+                return ToolError(call.name, _said(exc.model_message), cause_kind="rejected")
+            self._park(call, exc)
+            if any(
+                key == call.key for _, _, key in self.s._effects
+            ):  # never "success" (Run.succeed)
+                text = f"{type(exc).__name__}: {str(exc).strip()}".rstrip(": ")
+                self.s._failed_effects[call.name] = str(redact(text))[:500]
+            if isinstance(exc, self.s.guard.model_errors):  # a business rule, said on purpose
+                return ToolError(call.name, f"rejected: {_said(str(exc))}", cause_kind="rejected")
+            if verdict.kind is Kind.QUOTA:
+                return ToolError(call.name, QUOTA_REACHED, cause_kind="quota")
+            return ToolError(call.name, REJECTED, cause_kind="rejected")
+        finally:
+            if flying:
+                call_over(self.s, call.action)
 
     def _interrupted(
         self, call: _Call, progress: _Progress | None, idempotent: bool, compensate: Any
@@ -355,3 +343,30 @@ class ToolDecisions:
 def _tool_budgets(s: RunState) -> tuple[StopReason, str] | None:
     """The run's tool-call budgets (``run._stops``), for :func:`admit` to check under its lock."""
     return first_stop(s, TOOL_CHECKS)
+
+
+def _refuse_placeholders(s: RunState, name: str, args: Any) -> None:
+    """A call whose arguments hold the redaction placeholder never runs: the value was
+    lost when the conversation was stored (a secret is never kept in clear), and the
+    placeholder is no card number. A resumed run stops FAILED saying so (its pending
+    call cannot be completed, nor approved again); the model of a live run is told to
+    ask for the value again."""
+    lost = redacted_paths(args)
+    if not lost:  # the placeholder in a key, not a value: nothing was lost
+        return
+    fields = ", ".join(p.removeprefix("args.") for p in lost)
+    if s._resumed_from is not None:
+        s._issues.append(
+            f"{name} was not resumed: its argument {fields} was redacted when the run was "
+            "stored (secrets are never kept); ask the customer for it again"
+        )
+        raise s._halt(
+            StopReason.FAILED,
+            f"{name} cannot be resumed: its argument {fields} was redacted when the run was stored",
+        )
+    raise ToolError(
+        name,
+        f"rejected: {fields} holds a redacted placeholder, not the value; ask the customer "
+        "for it again",
+        cause_kind="rejected",
+    )

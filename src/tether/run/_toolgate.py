@@ -17,11 +17,12 @@ from tether.redaction._redact import redact
 from tether.run._governance import (
     ApprovalRejected,
     PolicyDenied,
+    call_limits,
     check_policies,
     needs_approval,
 )
 from tether.run._outcome import StopReason
-from tether.run._runstate import RunState
+from tether.run._runstate import RunState, count_call
 from tether.run._tooldecisions import ToolDecisions
 from tether.run._toolkit import (
     _already_claimed,
@@ -41,6 +42,8 @@ class ToolGate:
     def __init__(self, state: RunState, decide: ToolDecisions) -> None:
         self.s = state
         self.decide = decide
+        # the policies' per-tool limits (policies.max_calls), checked again as a call is counted
+        self._limits = call_limits(state.guard._policy_calls)
 
     def _govern(
         self, call: _Call, requires_approval: Any, compensate: Any
@@ -53,19 +56,28 @@ class ToolGate:
         policies = self.s.guard._policy_calls
         reason = check_policies(policies, call.name, call.args, self.s) if policies else None
         if reason is not None:
-            said = str(redact(reason))
-            _log.warning("tether: run %s: policy denied %s: %s", self.s.run_id, call.name, said)
-            telemetry.add_event(
-                "tether.policy_denied", **{"gen_ai.tool.name": call.name, "tether.reason": said}
-            )
-            raise self.decide._after_failure(call, PolicyDenied(f"denied by policy: {said}"))
+            raise self._denied(call, reason)
         gate = (
             self._approval(call)
             if requires_approval is not False and needs_approval(requires_approval, call.args)
             else None  # the default, False: no approval, nothing to ask the rule
         )
-        self.s._tool_counts[call.name] += 1
+        # counted as one step with its limit's check: another thread's call may have taken
+        # the last one since the policies read the count
+        limit = self._limits.get(call.name) if self._limits else None
+        if not count_call(self.s, call.name, None if limit is None else limit.n):
+            assert limit is not None
+            raise self._denied(call, limit.refusal)
         return gate
+
+    def _denied(self, call: _Call, reason: str) -> BaseException:
+        """What to raise for a call a policy denied: the model reads the policy's reason."""
+        said = str(redact(reason))
+        _log.warning("tether: run %s: policy denied %s: %s", self.s.run_id, call.name, said)
+        telemetry.add_event(
+            "tether.policy_denied", **{"gen_ai.tool.name": call.name, "tether.reason": said}
+        )
+        return self.decide._after_failure(call, PolicyDenied(f"denied by policy: {said}"))
 
     def _approval(self, call: _Call) -> Callable[[], None]:
         """Let an approved call through once; stop the run for one not decided yet; give
