@@ -471,3 +471,143 @@ def test_max_rpm_past_the_run_s_time_ends_it(
     assert outcome.stopped_because is StopReason.TIMEOUT
     assert "max_rpm (2)" in outcome.detail
     assert model_calls(server) == 2
+
+
+# --- human_input and the tool hooks: a person's word, as tether asks for it and ends on it
+
+
+def reviewed_crew(server: ScriptedServer, pay: Any) -> Crew:
+    crew = crew_with(server, pay)
+    crew.tasks[0].human_input = True
+    return crew
+
+
+def pay_then_answer(server: ScriptedServer) -> None:
+    script(server, lambda i: completion(calls=[PAY]) if i % 2 == 0 else completion("Paid 99."))
+
+
+@pytest.fixture
+def terminal(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """CrewAI's terminal question (``input()``): each time it is asked, recorded; answered
+    with Enter ("happy with the result")."""
+    import builtins
+
+    asked: list[str] = []
+    monkeypatch.setattr(builtins, "input", lambda *a: asked.append("asked") or "")
+    return asked
+
+
+def approvals_guard() -> Guard:
+    from tether import Records
+
+    return Guard(budget=Budget(max_steps=30), prices=PRICES, records=Records.memory())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_human_input_is_a_tether_approval(
+    server: ScriptedServer, shell: str, terminal: list[str]
+) -> None:
+    """``Task(human_input=True)``: alone, CrewAI asks at the terminal; under tether the review
+    pauses the run (an approval, a checkpoint), nobody is asked at the terminal; approved,
+    the resumed kickoff goes on once: 1 payment, success."""
+    paid, pay = payments()
+    pay_then_answer(server)
+    reviewed_crew(server, pay).kickoff()
+    assert terminal == ["asked"]
+
+    terminal.clear()
+    paid.clear()
+    g = approvals_guard()
+    crewed = TetherCrew(g, side_effects=["pay"])
+    first = through(crewed, reviewed_crew(server, pay), shell)
+    assert (first.status, first.stopped_because) == (
+        "awaiting_approval",
+        StopReason.AWAITING_APPROVAL,
+    )
+    assert first.pending_approval is not None and first.pending_approval["tool"] == "human_input"
+    assert crewed.last_output.raw == first.customer_message
+    assert (paid, terminal) == ([{"invoice": "99", "amount": 10}], [])
+
+    g.approve(first.checkpoint_id, by="alice")
+    second = through(crewed, reviewed_crew(server, pay), shell, resume=first.checkpoint_id)
+    assert (second.status, second.stopped_because) == ("success", StopReason.GOAL_REACHED)
+    assert crewed.last_output.raw == "Paid 99."
+    assert len(paid) == 1 and terminal == []
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_human_input_said_no_is_declined(
+    server: ScriptedServer, shell: str, terminal: list[str]
+) -> None:
+    """The reviewer says no: the resumed run ends DECLINED, never done; the task's output is
+    the customer message, not the rejected answer."""
+    _, pay = payments()
+    pay_then_answer(server)
+    g = approvals_guard()
+    crewed = TetherCrew(g, side_effects=["pay"])
+    first = through(crewed, reviewed_crew(server, pay), shell)
+    g.reject(first.checkpoint_id, by="bob", note="wrong invoice")
+    second = through(crewed, reviewed_crew(server, pay), shell, resume=first.checkpoint_id)
+    assert second.stopped_because is StopReason.DECLINED
+    assert second.status != "success" and "wrong invoice" in second.detail
+    assert crewed.last_output.raw == second.customer_message != "Paid 99."
+    assert terminal == []
+
+
+def test_human_input_needs_a_place_to_wait(server: ScriptedServer) -> None:
+    """A reviewed task and a guard with no checkpoints: refused before any request."""
+    _, pay = payments()
+    with pytest.raises(ValueError, match="human_input may require approval"):
+        kickoff(reviewed_crew(server, pay), guard=guard())
+    assert model_calls(server) == 0
+
+
+@pytest.fixture
+def no_payments_hook() -> Iterator[None]:
+    """A ``@before_tool_call`` hook that blocks every payment (CrewAI's abort: False)."""
+    from crewai.hooks import register_before_tool_call_hook, unregister_before_tool_call_hook
+
+    def no_payments(context: Any) -> bool | None:
+        return False if context.tool_name == "pay" else None
+
+    register_before_tool_call_hook(no_payments)
+    yield
+    unregister_before_tool_call_hook(no_payments)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.usefixtures("no_payments_hook")
+def test_a_blocking_tool_hook_ends_the_run_declined(server: ScriptedServer, shell: str) -> None:
+    """A hook blocks the payment: alone, the model is told and the crew ends "done" with
+    "Paid 99." (nothing was paid); under tether the run ends DECLINED after that call, the
+    task's output the customer message."""
+    paid, pay = payments()
+    pay_then_answer(server)
+    alone = crew_with(server, pay).kickoff()
+    assert (paid, alone.raw) == ([], "Paid 99.")
+
+    server.requests.clear()
+    crewed = TetherCrew(guard(), side_effects=["pay"])
+    outcome = through(crewed, crew_with(server, pay), shell)
+    assert paid == []
+    assert outcome.stopped_because is StopReason.DECLINED
+    assert "before_tool_call hook blocked pay" in outcome.detail
+    assert crewed.last_output.raw == outcome.customer_message
+    assert model_calls(server) == 1
+
+
+def test_a_hook_that_lets_the_call_through_changes_nothing(server: ScriptedServer) -> None:
+    """A hook that returns None for the call: the payment runs, the crew succeeds."""
+    from crewai.hooks import register_before_tool_call_hook, unregister_before_tool_call_hook
+
+    def watch(context: Any) -> None:
+        return None
+
+    paid, pay = payments()
+    pay_then_answer(server)
+    register_before_tool_call_hook(watch)
+    try:
+        outcome = kickoff(crew_with(server, pay), guard=guard(), side_effects=["pay"])
+    finally:
+        unregister_before_tool_call_hook(watch)
+    assert outcome.stopped_because is StopReason.GOAL_REACHED and len(paid) == 1

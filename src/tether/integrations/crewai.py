@@ -48,6 +48,7 @@ from tether.integrations._common import (
     require_guard,
     require_request_key,
 )
+from tether.integrations._crewai_asks import HUMAN_INPUT, AskThroughTether, watching_tool_hooks
 from tether.providers import crewai as profile
 
 require("crewai", "crewai")
@@ -269,6 +270,20 @@ def _unset(obj: Any, name: str) -> None:
     obj.__dict__.pop(name, None)
 
 
+@contextmanager
+def _asking() -> Iterator[None]:
+    """``human_input`` as a tether approval and a blocking tool hook as a stop, for the
+    kickoff's time (see :mod:`tether.integrations._crewai_asks`)."""
+    from crewai.core.providers.human_input import reset_provider, set_provider
+
+    token = set_provider(AskThroughTether(_current))
+    try:
+        with watching_tool_hooks(_current):
+            yield
+    finally:
+        reset_provider(token)
+
+
 class TetherCrew:
     """tether's guards for a CrewAI crew: ``TetherCrew(guard, side_effects=[...]).kickoff(crew)``.
 
@@ -319,10 +334,17 @@ class TetherCrew:
             return self.key
         return f"crewai:{crew.id}"
 
-    def _start(self, crew: Any, inputs: Mapping[str, Any] | None) -> Run:
+    def _start(self, crew: Any, inputs: Mapping[str, Any] | None, resume: str | None) -> Run:
         tasks = list(getattr(crew, "tasks", None) or ())
+        if any(getattr(t, "human_input", False) for t in tasks):
+            require_a_place_to_wait(self.guard, [HUMAN_INPUT])
         first = str(getattr(tasks[0], "description", "")) if tasks else ""
-        run = self.guard.start(task=first[:200], key=self._key(crew, inputs), scopes=self.scopes)
+        if resume is not None:
+            run = self.guard.resume(resume)
+        else:
+            run = self.guard.start(
+                task=first[:200], key=self._key(crew, inputs), scopes=self.scopes
+            )
         run.__enter__()
         return run
 
@@ -370,7 +392,8 @@ class TetherCrew:
                         _set(tool, "_arun", _atool_runner(name, own_arun, options))
                     kept = ("_run", None)
                 tools.append((tool, kept))
-            yield
+            with _asking():
+                yield
         finally:
             for obj, names in patched:
                 for name in names:
@@ -393,11 +416,14 @@ class TetherCrew:
         self.last_output = output
         return outcome
 
-    def kickoff(self, crew: Any, inputs: Mapping[str, Any] | None = None) -> Outcome:
+    def kickoff(
+        self, crew: Any, inputs: Mapping[str, Any] | None = None, *, resume: str | None = None
+    ) -> Outcome:
         """``crew.kickoff(inputs)`` as one tether run; its outcome (the CrewOutput is
         ``self.last_output``; when a guard stopped the run, its last task's output is the
-        customer message)."""
-        run = self._start(crew, inputs)
+        customer message). ``resume=outcome.checkpoint_id`` continues a run that paused (an
+        approval decided): the crew runs again, its effects done once replayed."""
+        run = self._start(crew, inputs, resume)
         token = _RUN.set(run)
         output: Any = None
         try:
@@ -412,9 +438,11 @@ class TetherCrew:
             _RUN.reset(token)
         return self._end(run, output, None)
 
-    async def akickoff(self, crew: Any, inputs: Mapping[str, Any] | None = None) -> Outcome:
+    async def akickoff(
+        self, crew: Any, inputs: Mapping[str, Any] | None = None, *, resume: str | None = None
+    ) -> Outcome:
         """The async form of :meth:`kickoff` (``crew.akickoff``)."""
-        run = self._start(crew, inputs)
+        run = self._start(crew, inputs, resume)
         token = _RUN.set(run)
         output: Any = None
         try:
@@ -438,10 +466,12 @@ def kickoff(
     side_effects: SideEffects = None,
     key: str | Callable[[Any, Mapping[str, Any] | None], str | None] | None = None,
     scopes: Sequence[str] | None = None,
+    resume: str | None = None,
     **rules: Unpack[ToolOptions],
 ) -> Outcome:
     """``crew.kickoff(inputs)`` under ``guard``: see :class:`TetherCrew`."""
-    return TetherCrew(guard, side_effects, key=key, scopes=scopes, **rules).kickoff(crew, inputs)
+    crewed = TetherCrew(guard, side_effects, key=key, scopes=scopes, **rules)
+    return crewed.kickoff(crew, inputs, resume=resume)
 
 
 async def akickoff(
@@ -452,9 +482,9 @@ async def akickoff(
     side_effects: SideEffects = None,
     key: str | Callable[[Any, Mapping[str, Any] | None], str | None] | None = None,
     scopes: Sequence[str] | None = None,
+    resume: str | None = None,
     **rules: Unpack[ToolOptions],
 ) -> Outcome:
     """``await crew.akickoff(inputs)`` under ``guard``: see :class:`TetherCrew`."""
-    return await TetherCrew(guard, side_effects, key=key, scopes=scopes, **rules).akickoff(
-        crew, inputs
-    )
+    crewed = TetherCrew(guard, side_effects, key=key, scopes=scopes, **rules)
+    return await crewed.akickoff(crew, inputs, resume=resume)

@@ -9,7 +9,7 @@ import itertools
 import json
 from typing import Any
 
-from conformance.suite import INPUT_TOKENS, OUTPUT_TOKENS, Adapter, Cell, Mode, World
+from conformance.suite import INPUT_TOKENS, OUTPUT_TOKENS, Adapter, Cell, Mode, World, ask
 from tether import Guard
 
 _ids = itertools.count()
@@ -57,15 +57,9 @@ class CrewAI(Adapter):
     venv = "crewai"
     not_applicable = {
         Cell.STREAMING: "CrewAI's kickoff has no streaming entry point of its own that tether drives",
-        Cell.PAUSE_RESUME: (
-            "not built yet (#43): a kickoff paused for a tether approval is not resumed from "
-            "its checkpoint (human_input and Flow @persist are not yet tether approvals)"
-        ),
-        Cell.NESTED: (
-            "not built yet (#43): a hierarchical crew's manager delegating to another agent "
-            "is not in the suite yet"
-        ),
     }
+    #: the crew is kicked off again from its start: the model asks for the approved call again
+    reasks_after_resume = True
 
     def crew(self, world: World, asynchronous: bool) -> Any:
         from crewai import Agent, Crew, Task
@@ -78,9 +72,34 @@ class CrewAI(Adapter):
         return Crew(agents=[agent], tasks=[task], verbose=False)
 
     def run(self, world: World, guard: Guard, mode: Mode, **rules: Any) -> Any:
+        return self._go(self.crew(world, mode != "sync"), guard, mode, **rules)
+
+    def _go(self, crew: Any, guard: Guard, mode: Mode, **rules: Any) -> Any:
         from tether.integrations.crewai import akickoff, kickoff
 
-        crew = self.crew(world, mode != "sync")
         if mode == "sync":
             return kickoff(crew, guard=guard, **rules)
         return asyncio.run(akickoff(crew, guard=guard, **rules))
+
+    def resume(self, world: World, guard: Guard, paused: Any, mode: Mode, **rules: Any) -> Any:
+        """The crew kicked off again with ``resume=`` the paused run's checkpoint."""
+        crew = self.crew(world, mode != "sync")
+        return self._go(crew, guard, mode, resume=paused.checkpoint_id, **rules)
+
+    def nested(self, world: World, guard: Guard, mode: Mode) -> Any:
+        """CrewAI's delegation: the clerk hands the refund to a coworker (``Delegate work to
+        coworker``), whose model turns and tool calls count in the kickoff's one run."""
+        from crewai import Agent, Crew, Task
+        from crewai.tools import tool
+
+        tools = [tool(fn.__name__)(fn) for fn in world.tools(mode != "sync")]
+        inner = Agent(role="refunds", goal="refund orders", backstory="careful",
+                      llm=_model(world), tools=tools, verbose=False)  # fmt: skip
+        outer = Agent(role="clerk", goal="help the customer", backstory="careful",
+                      llm=_model(world), allow_delegation=True, verbose=False)  # fmt: skip
+        task = Task(description="refund A-1", expected_output="an answer", agent=outer)
+        delegate = ("delegate_work_to_coworker",
+                    {"task": "refund A-1", "context": "the customer asked", "coworker": "refunds"})  # fmt: skip
+        world.turns = [ask(delegate), *[ask(("search", {"q": f"A-{i}"})) for i in range(10)]]
+        crew = Crew(agents=[outer, inner], tasks=[task], verbose=False)
+        return self._go(crew, guard, mode)
