@@ -611,3 +611,131 @@ def test_a_hook_that_lets_the_call_through_changes_nothing(server: ScriptedServe
     finally:
         unregister_before_tool_call_hook(watch)
     assert outcome.stopped_because is StopReason.GOAL_REACHED and len(paid) == 1
+
+
+# --- a Flow's @persist holds the run; its state id is the request
+
+
+def settle_flow(server: ScriptedServer, pay: Any, crewed: TetherCrew, db: str, shell: str) -> Any:
+    """A Flow persisted in SQLite: a step running the guarded crew, then a step that dies
+    while ``crash`` says so (the process ending after the payment)."""
+    from crewai.flow.flow import Flow, FlowState, listen, start
+    from crewai.flow.persistence import SQLiteFlowPersistence, persist
+
+    class Settlement(FlowState):  # type: ignore[misc]
+        tether_run: dict[str, Any] | None = None
+
+    if shell == "sync":
+
+        @persist(SQLiteFlowPersistence(db))
+        class Settle(Flow[Settlement]):  # type: ignore[misc]
+            crash = True
+
+            @start()
+            def settle(self) -> str:
+                return str(crewed.kickoff(crew_with(server, pay), flow=self).status)
+
+            @listen(settle)
+            def confirm(self, status: str) -> str:
+                if self.crash:
+                    raise RuntimeError("the process died")
+                return status
+
+        return Settle
+
+    @persist(SQLiteFlowPersistence(db))
+    class ASettle(Flow[Settlement]):  # type: ignore[misc]
+        crash = True
+
+        @start()
+        async def settle(self) -> str:
+            return str((await crewed.akickoff(crew_with(server, pay), flow=self)).status)
+
+        @listen(settle)
+        async def confirm(self, status: str) -> str:
+            if self.crash:
+                raise RuntimeError("the process died")
+            return status
+
+    return ASettle
+
+
+def flow_kickoff(flow: Any, shell: str, **inputs: Any) -> Any:
+    if shell == "sync":
+        return flow.kickoff(inputs=inputs or None)
+    return asyncio.run(flow.kickoff_async(inputs=inputs or None))
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_restored_flow_continues_its_run(
+    server: ScriptedServer, shell: str, tmp_path: Any
+) -> None:
+    """The Flow pays in its first step and dies in its second; a new Flow instance restored
+    from persistence (the same state id) runs the step again: the payment asked again is
+    replayed (1 execution), and the model-call budget goes on from where it was (3: the
+    restored run's 2nd call is not sent)."""
+    paid, pay = payments()
+    pay_then_answer(server)
+    g = Guard(budget=Budget(max_model_calls=3), prices=PRICES, signing_key=b"k" * 32)
+    crewed = TetherCrew(g, side_effects=["pay"])
+    Settle = settle_flow(server, pay, crewed, str(tmp_path / "flows.db"), shell)
+    first = Settle()
+    with pytest.raises(RuntimeError, match="the process died"):
+        flow_kickoff(first, shell)
+    assert len(paid) == 1 and model_calls(server) == 2
+    assert first.state.tether_run["key"] == f"crewai-flow:{first.state.id}"
+
+    again = Settle()
+    again.crash = False
+    flow_kickoff(again, shell, id=first.state.id)
+    outcome = crewed.last_outcome
+    assert len(paid) == 1
+    assert outcome.stopped_because is StopReason.MAX_MODEL_CALLS
+    assert model_calls(server) == outcome.usage.model_calls == 3
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_an_altered_flow_run_is_refused(server: ScriptedServer, shell: str, tmp_path: Any) -> None:
+    """The run document in the persisted Flow state edited (its model calls set back to 0,
+    under a guard that signs): refused with RunDocumentError before any model call."""
+    from crewai.flow.persistence import SQLiteFlowPersistence
+
+    from tether import RunDocumentError
+
+    paid, pay = payments()
+    pay_then_answer(server)
+    g = Guard(budget=Budget(max_model_calls=3), prices=PRICES, signing_key=b"k" * 32)
+    crewed = TetherCrew(g, side_effects=["pay"])
+    db = str(tmp_path / "flows.db")
+    Settle = settle_flow(server, pay, crewed, db, shell)
+    first = Settle()
+    with pytest.raises(RuntimeError, match="the process died"):
+        flow_kickoff(first, shell)
+
+    store = SQLiteFlowPersistence(db)
+    state = store.load_state(first.state.id)
+    assert state is not None and state["tether_run"]["model_calls"] == 2
+    state["tether_run"]["model_calls"] = 0
+    store.save_state(first.state.id, "settle", state)
+    server.requests.clear()
+    again = Settle()
+    again.crash = False
+    with pytest.raises(RunDocumentError):
+        flow_kickoff(again, shell, id=first.state.id)
+    assert model_calls(server) == 0 and len(paid) == 1
+
+
+def test_a_flow_state_without_a_place_for_the_run_is_refused(server: ScriptedServer) -> None:
+    """A structured Flow state with no ``tether_run`` field: refused, naming the fix."""
+    from crewai.flow.flow import Flow, FlowState, start
+
+    _, pay = payments()
+
+    class Bare(Flow[FlowState]):  # type: ignore[misc]
+        @start()
+        def settle(self) -> None:
+            kickoff(crew_with(server, pay), guard=guard(), flow=self)
+
+    with pytest.raises(ValueError, match="tether_run: dict"):
+        Bare().kickoff()
+    assert model_calls(server) == 0

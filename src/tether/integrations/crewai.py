@@ -49,6 +49,7 @@ from tether.integrations._common import (
     require_request_key,
 )
 from tether.integrations._crewai_asks import HUMAN_INPUT, AskThroughTether, watching_tool_hooks
+from tether.integrations._crewai_flow import flow_key, keep, kept_run
 from tether.providers import crewai as profile
 
 require("crewai", "crewai")
@@ -334,17 +335,22 @@ class TetherCrew:
             return self.key
         return f"crewai:{crew.id}"
 
-    def _start(self, crew: Any, inputs: Mapping[str, Any] | None, resume: str | None) -> Run:
+    def _start(
+        self, crew: Any, inputs: Mapping[str, Any] | None, resume: str | None, flow: Any
+    ) -> Run:
         tasks = list(getattr(crew, "tasks", None) or ())
         if any(getattr(t, "human_input", False) for t in tasks):
             require_a_place_to_wait(self.guard, [HUMAN_INPUT])
         first = str(getattr(tasks[0], "description", "")) if tasks else ""
+        key = flow_key(flow) if flow is not None and self.key is None else None
+        key = key or self._key(crew, inputs)
+        run = None
         if resume is not None:
             run = self.guard.resume(resume)
-        else:
-            run = self.guard.start(
-                task=first[:200], key=self._key(crew, inputs), scopes=self.scopes
-            )
+        elif flow is not None:
+            run = kept_run(self.guard, flow, key)
+        if run is None:
+            run = self.guard.start(task=first[:200], key=key, scopes=self.scopes)
         run.__enter__()
         return run
 
@@ -408,7 +414,9 @@ class TetherCrew:
                     _unset(tool, "_run")
                     _unset(tool, "_arun")
 
-    def _end(self, run: Run, output: Any, exc: BaseException | None) -> Outcome:
+    def _end(self, run: Run, output: Any, exc: BaseException | None, flow: Any = None) -> Outcome:
+        if flow is not None:  # the run as the crew left it: the Flow's next step continues it
+            keep(flow, run)
         if exc is None and run.stopped is None:
             run.succeed(getattr(output, "raw", output))
         run.__exit__(None if exc is None else type(exc), exc, None)
@@ -417,13 +425,20 @@ class TetherCrew:
         return outcome
 
     def kickoff(
-        self, crew: Any, inputs: Mapping[str, Any] | None = None, *, resume: str | None = None
+        self,
+        crew: Any,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        resume: str | None = None,
+        flow: Any = None,
     ) -> Outcome:
         """``crew.kickoff(inputs)`` as one tether run; its outcome (the CrewOutput is
         ``self.last_output``; when a guard stopped the run, its last task's output is the
         customer message). ``resume=outcome.checkpoint_id`` continues a run that paused (an
-        approval decided): the crew runs again, its effects done once replayed."""
-        run = self._start(crew, inputs, resume)
+        approval decided): the crew runs again, its effects done once replayed. ``flow``:
+        the Flow whose step this is (``flow=self``): its state holds the run and its state
+        id is the request (:mod:`tether.integrations._crewai_flow`)."""
+        run = self._start(crew, inputs, resume, flow)
         token = _RUN.set(run)
         output: Any = None
         try:
@@ -432,17 +447,22 @@ class TetherCrew:
         except Stopped:
             pass
         except BaseException as exc:
-            self._end(run, None, exc)
+            self._end(run, None, exc, flow)
             raise
         finally:
             _RUN.reset(token)
-        return self._end(run, output, None)
+        return self._end(run, output, None, flow)
 
     async def akickoff(
-        self, crew: Any, inputs: Mapping[str, Any] | None = None, *, resume: str | None = None
+        self,
+        crew: Any,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        resume: str | None = None,
+        flow: Any = None,
     ) -> Outcome:
         """The async form of :meth:`kickoff` (``crew.akickoff``)."""
-        run = self._start(crew, inputs, resume)
+        run = self._start(crew, inputs, resume, flow)
         token = _RUN.set(run)
         output: Any = None
         try:
@@ -451,11 +471,11 @@ class TetherCrew:
         except Stopped:
             pass
         except BaseException as exc:
-            self._end(run, None, exc)
+            self._end(run, None, exc, flow)
             raise
         finally:
             _RUN.reset(token)
-        return self._end(run, output, None)
+        return self._end(run, output, None, flow)
 
 
 def kickoff(
@@ -467,11 +487,12 @@ def kickoff(
     key: str | Callable[[Any, Mapping[str, Any] | None], str | None] | None = None,
     scopes: Sequence[str] | None = None,
     resume: str | None = None,
+    flow: Any = None,
     **rules: Unpack[ToolOptions],
 ) -> Outcome:
     """``crew.kickoff(inputs)`` under ``guard``: see :class:`TetherCrew`."""
     crewed = TetherCrew(guard, side_effects, key=key, scopes=scopes, **rules)
-    return crewed.kickoff(crew, inputs, resume=resume)
+    return crewed.kickoff(crew, inputs, resume=resume, flow=flow)
 
 
 async def akickoff(
@@ -483,8 +504,9 @@ async def akickoff(
     key: str | Callable[[Any, Mapping[str, Any] | None], str | None] | None = None,
     scopes: Sequence[str] | None = None,
     resume: str | None = None,
+    flow: Any = None,
     **rules: Unpack[ToolOptions],
 ) -> Outcome:
     """``await crew.akickoff(inputs)`` under ``guard``: see :class:`TetherCrew`."""
     crewed = TetherCrew(guard, side_effects, key=key, scopes=scopes, **rules)
-    return await crewed.akickoff(crew, inputs, resume=resume)
+    return await crewed.akickoff(crew, inputs, resume=resume, flow=flow)
