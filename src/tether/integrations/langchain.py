@@ -68,28 +68,25 @@ _log = logging.getLogger("tether")
 
 
 def _newest(old: Any, new: Any) -> Any:
-    """Of two snapshots of one run (parallel tool calls each write one), the one further on;
-    a run started anew, or ended (None), replaces the old one."""
-    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
-        return new
-    if old.get("run_id") != new.get("run_id"):
-        return new
-    try:
-        return new if _progress(new) >= _progress(old) else old
-    except (TypeError, ValueError):  # one cannot be read: the new one, refused when read
-        return new
+    """Two copies of one run's snapshot as one (parallel tool calls, ``Send`` branches and
+    workers each write theirs): their entries' union (:meth:`tether.Run.merged`), so no
+    count is lost and none counted twice; a run started anew, or ended (None), replaces
+    the old one."""
+    return Run.merged(old, new)
 
 
 def _progress(doc: Mapping[str, Any]) -> tuple[int, ...]:
     found = doc.get("transcript")
     transcript: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     entries = len(transcript.get("entries") or ()) + int(transcript.get("omitted") or 0)
+    merged = doc.get("merged")
     return (
         int(doc.get("steps") or 0),
         int(doc.get("model_calls") or 0),
         int(doc.get("tool_calls") or 0),
         entries,
         int(doc.get("stop") is not None),
+        len(merged) if isinstance(merged, list) else 0,  # a copy merged with others
     )
 
 
@@ -273,6 +270,10 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         # the runs the hooks hold or a snapshot in the graph state holds (weak: a run lives as
         # long as a hook uses it or its snapshot is in memory, never for a paused thread)
         self._held: weakref.WeakKeyDictionary[Run, _Held] = weakref.WeakKeyDictionary()
+        # by run id: the run a hook last took from a plain copy of its snapshot (a checkpoint's,
+        # another worker's), and that snapshot's mark; the next hook on the same copy (a
+        # parallel tool call of the same step) continues it, until a hook takes another copy
+        self._recent: dict[Any, tuple[tuple[Any, ...], weakref.ref[Run]]] = {}
         self._lock = threading.Lock()
 
     # --- the run of a turn: in the graph state, as plain data ----------------------------
@@ -320,9 +321,12 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             run = self._shared.get(mark)
             if run is None:
                 run = self._further_on(doc, mark)
+                if run is None and type(doc) is not _Doc:
+                    run = self._sibling(mark)
                 if run is None:
                     run = self.guard.restore(doc, reuse=self._parked(doc))
                 self._shared[mark] = run
+            self._took(mark, run, type(doc) is not _Doc)
             held = self._held.get(run)
             if held is None:
                 held = self._held[run] = _Held()
@@ -361,6 +365,31 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         if held.stamp == live[1] and not held.holders and held.last == mark:
             return None  # untouched since: restored (reuse=) as before
         return run
+
+    def _sibling(self, mark: tuple[Any, ...]) -> Run | None:
+        """The run a hook took from the same plain copy of a snapshot, when no hook took
+        another copy of the run since and it has not ended: the parallel tool calls of one
+        step each read the step's copy (from a checkpoint, in threads that need not overlap)
+        and go on in one run, its budgets seeing every call (under the lock)."""
+        recent = self._recent.get(mark[0])
+        if recent is None or recent[0] != mark:
+            return None
+        run = recent[1]()
+        held = None if run is None else self._held.get(run)
+        return None if held is None or held.ended else run
+
+    def _took(self, mark: tuple[Any, ...], run: Run, plain: bool) -> None:
+        """Note that a hook took ``run`` from its snapshot ``mark``: from a ``plain`` copy,
+        the run's sibling for that copy from now on; the sibling of another copy of the run
+        is forgotten (the graph went on: a fork replayed from that copy later is rebuilt)
+        (under the lock)."""
+        recent = self._recent.get(mark[0])
+        if recent is not None and (plain or recent[0] != mark):
+            del self._recent[mark[0]]
+        if plain:
+            if len(self._recent) >= 1024:  # threads paused, never continued: the oldest go
+                del self._recent[next(iter(self._recent))]
+            self._recent[mark[0]] = (mark, weakref.ref(run))
 
     def _parked(self, doc: Mapping[str, Any]) -> Run | None:
         """The run ``doc`` was taken of, untouched since (no hook took it after that
@@ -619,6 +648,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             held = self._held.get(run)
             if held is not None:
                 held.ended = True
+            self._recent.pop(run.run_id, None)
         run.__exit__(None, None, None)
         return run.outcome
 

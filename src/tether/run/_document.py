@@ -12,6 +12,11 @@ written by :func:`write` and read by :func:`read`:
   (HMAC-SHA256 over its canonical form, ``_signing``) and is checked when read: an unsigned,
   altered or forged document is refused before anything runs.
 - a document serves the request it names for the run it names (:func:`check_bound`).
+- a run's steps, model calls, tool calls, retries, tokens and spend are entries: each copy
+  of the run counts in a row of its own (``counts``), the totals are their sums, and two
+  copies of one run merge by the union of their rows (:func:`merge`): parallel tool calls,
+  LangGraph ``Send`` branches and two workers on one thread lose no count, and a document
+  merged again (a replayed update) counts nothing twice.
 
 The fields of each form are listed in docs/run.md ("The run document").
 """
@@ -27,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from tether._errors import LedgerNotShared, RunDocumentError
 from tether.effects._canonical import jsonable
 from tether.redaction._redact import redact
+from tether.run._runstate import COUNTED, count_rows
 from tether.run._signing import SIGNATURE, sign, verify
 
 if TYPE_CHECKING:
@@ -40,6 +46,7 @@ __all__ = [
     "effects_doc",
     "ledger_identity",
     "ledger_not_shared",
+    "merge",
     "run_fields",
     "unseen",
     "check_bound",
@@ -50,8 +57,13 @@ __all__ = [
 ]
 
 #: The layout of a run document. 1: the snapshot of tether before the three copies shared
-#: one shape (checkpoints and records had no version); 2: one shape, ``form`` names the copy.
-DOCUMENT_VERSION = 2
+#: one shape (checkpoints and records had no version); 2: one shape, ``form`` names the copy;
+#: 3: the counts are entries (``counts``: a row per copy of the run), merged by union.
+DOCUMENT_VERSION = 3
+
+#: the field of a merged document holding the other copies it was merged with (each a whole
+#: document as written, signed by its writer): not part of what the merged one's writer signed
+MERGED = "merged"
 
 #: fields a store adds to a document after it was written (a checkpoint's ``format`` and
 #: ``id``): not part of what was signed
@@ -90,6 +102,7 @@ def run_fields(s: RunState) -> dict[str, Any]:
         "key": s.key,
         "request": s._request,
         "effects": effects_doc(s._effects),
+        "counts": count_rows(s),  # the counts as entries: a row per copy of the run
         "labels": dict(s._labels),
         "ledger": ledger_identity(s.guard.ledger),
     }
@@ -157,6 +170,9 @@ def read(doc: Any, form: Form, keys: tuple[bytes, ...], *, bound: bool = True) -
             "go on)"
         )
     check_version(doc, form)
+    others = doc.get(MERGED)
+    if others is not None:
+        return _read_merged(doc, others, form, keys, bound)
     if keys:
         verify({k: v for k, v in doc.items() if k not in STORE_FIELDS}, keys)
     current = migrate(doc, form)
@@ -165,11 +181,148 @@ def read(doc: Any, form: Form, keys: tuple[bytes, ...], *, bound: bool = True) -
     return current
 
 
+def _read_merged(
+    doc: Mapping[str, Any], others: Any, form: Form, keys: tuple[bytes, ...], bound: bool
+) -> Mapping[str, Any]:
+    """A document merged with other copies of its run (:func:`merge`): each copy read as a
+    document of its own (its signature, its version, its request), all of one run and one
+    request, then made one: the union of their entries and effects."""
+    if not isinstance(others, list) or not others:
+        raise RunDocumentError(f"run {form.value}: {MERGED!r} must be a list of documents")
+    if any(not isinstance(o, Mapping) or MERGED in o for o in others):
+        raise RunDocumentError(f"run {form.value}: {MERGED!r} holds a document that is not one")
+    main = read({k: v for k, v in doc.items() if k != MERGED}, form, keys, bound=bound)
+    copies = [read(o, form, keys, bound=bound) for o in others]
+    for copy in copies:
+        if [copy.get(f) for f in _BOUND] != [main.get(f) for f in _BOUND]:
+            raise RunDocumentError(
+                f"run {form.value} of run {main.get('run_id')} was merged with a copy of run "
+                f"{copy.get('run_id')!r:.40} / request {copy.get('request')!r:.60}: refused"
+            )
+    return union(main, copies)
+
+
+#: what makes two documents copies of one run serving one request
+_BOUND = ("run_id", "key", "request")
+
+
+def union(main: Mapping[str, Any], copies: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """``main`` with the entries (``counts``: per copy of the run, its newest row) and the
+    effects (by ledger key) of ``copies`` too, its totals their sums; its other fields its
+    own (the copy furthest on)."""
+    out = dict(main)
+    rows = _rows(main)
+    effects = list(main.get("effects") or ())
+    seen = {e[2] for e in effects if isinstance(e, list | tuple) and len(e) == 3}
+    for copy in copies:
+        for writer, row in _rows(copy).items():
+            if writer not in rows or _seq(rows[writer]) < _seq(row):
+                rows[writer] = row
+        for effect in copy.get("effects") or ():
+            if isinstance(effect, list | tuple) and len(effect) == 3 and effect[2] not in seen:
+                seen.add(effect[2])
+                effects.append(effect)
+    out["counts"] = rows
+    out["effects"] = effects
+    if out.get("form") == Form.SNAPSHOT.value:  # its totals: what its entries sum to
+        for i, name in enumerate(COUNTED):
+            values = [r[i + 1] for r in rows.values() if isinstance(r, list | tuple)]
+            if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+                out[name] = sum(values) if name == "cost_usd" else int(sum(values))
+    return out
+
+
+def _rows(doc: Mapping[str, Any]) -> dict[str, Any]:
+    rows = doc.get("counts")
+    if not isinstance(rows, Mapping):
+        raise RunDocumentError(f"run document: counts must be a mapping, got {rows!r:.40}")
+    return dict(rows)
+
+
+def _seq(row: Any) -> int:
+    seq = row[0] if isinstance(row, list | tuple) and row else None
+    if type(seq) is not int:
+        raise RunDocumentError(f"run document: a row of counts is unreadable: {row!r:.60}")
+    return seq
+
+
+def merge(old: Any, new: Any) -> Any:
+    """Two copies of one run's document as one (a framework's reducer: LangGraph's
+    ``tether_run`` channel, where parallel tool calls and ``Send`` branches each write the
+    copy they made): the one that holds every entry and effect of the other, as it is
+    (still signed); else the one further on, with the other copies it lacks in
+    ``merged`` (each as written, still signed by its writer), which :func:`read` makes one
+    by the union of their entries. A document merged with itself, or again, is itself: a
+    replayed update counts nothing twice. A run started anew, ended (None), another run or
+    a document of before entries replaces the old one, as it did."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return new
+    if old.get("run_id") != new.get("run_id") or old is new:
+        return new
+    try:
+        further, other = (new, old) if _progress(new) >= _progress(old) else (old, new)
+        if _holds(further, other):  # one entry for entry as the other: the one further on
+            return further
+        if _holds(other, further):
+            return other
+        main = {k: v for k, v in further.items() if k != MERGED}
+        copies = [*_copies(further)[1:], *_copies(other)]
+        kept: list[Mapping[str, Any]] = []
+        for copy in copies:
+            if not _holds(main, copy) and not any(_holds(k, copy) for k in kept):
+                kept.append(copy)
+        if kept:
+            main[MERGED] = kept
+        return main
+    except (TypeError, ValueError, KeyError, IndexError, RunDocumentError):
+        return new  # one cannot be read: the new one, refused when read
+
+
+def _copies(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """``doc`` (without what it was merged with) and the copies it was merged with."""
+    others = doc.get(MERGED)
+    if not others:
+        return [doc]
+    return [{k: v for k, v in doc.items() if k != MERGED}, *others]
+
+
+def _holds(doc: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    """Whether ``doc`` (with the copies it was merged with) holds every entry and effect
+    of ``other`` (and of the copies it was merged with)."""
+    rows: dict[str, int] = {}
+    keys: set[Any] = set()
+    for copy in _copies(doc):
+        for writer, row in _rows(copy).items():
+            rows[writer] = max(rows.get(writer, 0), _seq(row))
+        keys.update(e[2] for e in copy.get("effects") or ())
+    for copy in _copies(other):
+        for writer, row in _rows(copy).items():
+            if rows.get(writer, -1) < _seq(row):
+                return False
+        if any(e[2] not in keys for e in copy.get("effects") or ()):
+            return False
+    return True
+
+
+def _progress(doc: Mapping[str, Any]) -> tuple[int, ...]:
+    """How far on a copy of a run is: its steps, calls, transcript and whether it stopped."""
+    found = doc.get("transcript")
+    transcript: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    entries = len(transcript.get("entries") or ()) + int(transcript.get("omitted") or 0)
+    return (
+        int(doc.get("steps") or 0),
+        int(doc.get("model_calls") or 0),
+        int(doc.get("tool_calls") or 0),
+        entries,
+        int(doc.get("stop") is not None),
+    )
+
+
 def check_version(doc: Mapping[str, Any], form: Form) -> None:
     """Refuse (:class:`tether.RunDocumentError`) a document that is not a ``form`` of the
     current version or of one :func:`migrate` reads."""
     version = doc.get("version")
-    if type(version) is int and version == DOCUMENT_VERSION:
+    if type(version) is int and version in (2, DOCUMENT_VERSION):
         if doc.get("form") != _FORMS[form]:
             raise RunDocumentError(
                 f"run document is a {doc.get('form')!r:.20}, not a {form.value}: refused"
@@ -187,15 +340,21 @@ def check_version(doc: Mapping[str, Any], form: Form) -> None:
 
 def migrate(doc: Mapping[str, Any], form: Form) -> Mapping[str, Any]:
     """``doc`` (a document :func:`check_version` accepts) in the current layout (a current
-    one as it is, not copied). From 1 (a snapshot) and from no version (a checkpoint or a
-    record): the same fields, headed by version 2 and the form, its signature gone (checked
-    already, over the document as it was written)."""
+    one as it is, not copied). From 1 (a snapshot), 2, and no version (a checkpoint or a
+    record): the same fields, headed by version 3 and the form, its signature gone (checked
+    already, over the document as it was written), and its counts as one row of entries
+    (``counts``: ``{"0": [1, *totals]}``, the same row in every copy migrated from one
+    document, so that two such copies merged count it once)."""
     if doc.get("version") == DOCUMENT_VERSION:
         return doc
     out = dict(doc)
     out["version"] = DOCUMENT_VERSION
     out["form"] = form.value
     out.pop(SIGNATURE, None)
+    if "counts" not in out:
+        totals = out if form is Form.SNAPSHOT else out.get("usage")
+        if isinstance(totals, Mapping):
+            out["counts"] = {"0": [1, *(totals.get(name) or 0 for name in COUNTED)]}
     return out
 
 

@@ -9,7 +9,7 @@ from tether._errors import RunDocumentError
 from tether.records._collections import CheckpointError, check_run_id
 from tether.run._document import Form, ledger_identity, read
 from tether.run._outcome import Usage
-from tether.run._runstate import HasState, load_checkpoint
+from tether.run._runstate import HasState, inherit, load_checkpoint
 
 if TYPE_CHECKING:
     from tether.run._settings import RunSettings
@@ -57,6 +57,10 @@ def resume(
             f"checkpoint {checkpoint_id!r} is corrupt: bad usage ({exc})"
         ) from exc
     s._restore(usage, list(doc["partial"]), list(doc["transcript"]))
+    try:  # the counts: what its entries sum to (a checkpoint of before: its usage, one row)
+        inherit(s, doc.get("counts"))
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint {checkpoint_id!r} is corrupt: {exc}") from exc
     omitted: Any = doc.get("omitted")
     for name in ("partial", "transcript"):  # what the earlier part let go still counts
         info: Any = omitted.get(name) if isinstance(omitted, Mapping) else None

@@ -29,6 +29,7 @@ from typing import (
 
 from tether import telemetry
 from tether.classification._classify import classify
+from tether.run._document import merge
 from tether.run._ending import Ending
 from tether.run._modelcalls import ModelCalls
 from tether.run._options import ModelRequest, ModelUsage, ToolOptions
@@ -371,6 +372,10 @@ class Run:
 
     progress = _answered_by("_steps", Steps.progress)
     observe_state = _answered_by("_steps", Steps.observe_state)
+
+    #: two copies of one run's snapshot as one, by the union of their entries (a framework's
+    #: state reducer: docs/run.md, "Copies of a run merge"); see ``_document.merge``
+    merged = staticmethod(merge)
 
     def snapshot(self) -> dict[str, Any]:
         """The run as plain data (JSON-able), for a framework that keeps it in its own state

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import secrets
 import threading
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tether import telemetry
@@ -30,6 +33,8 @@ T = TypeVar("T")
 _FAMILY_EVENTS = {Family.LOOP: "tether.loop_detected", Family.BUDGET: "tether.budget_exhausted"}
 
 __all__ = [
+    "COUNTED",
+    "Entries",
     "RECOVERY_COOLDOWNS",
     "HasState",
     "RunState",
@@ -40,6 +45,8 @@ __all__ = [
     "continue_here",
     "count_call",
     "count_failure",
+    "count_rows",
+    "inherit",
     "load_checkpoint",
     "load_document",
     "not_made",
@@ -117,6 +124,39 @@ def _ref(owner: object) -> Callable[[], Any]:
         return weakref.ref(owner)
     except TypeError:
         return lambda: owner
+
+
+#: what a run counts, in the order of a row of its entries (a document's ``counts``)
+COUNTED = (
+    "steps",
+    "model_calls",
+    "tool_calls",
+    "retries",
+    "input_tokens",
+    "output_tokens",
+    "cache_write_tokens",
+    "cache_read_tokens",
+    "unpriced_calls",
+    "cost_usd",
+)
+_ZERO: tuple[float, ...] = (0,) * len(COUNTED)
+_totals = attrgetter(*COUNTED)
+
+
+class Entries:
+    """A run's counts as entries (docs/run.md, "counts"): what each copy of the run counted,
+    by the copy (its writer id) -> ``[its sequence, its counts in COUNTED's order]``; the
+    rows this copy was read with (``rows``), their sums (``base``), and this copy's own row:
+    its writer id (drawn when it first counts), sequence and counts (``own``)."""
+
+    __slots__ = ("base", "own", "rows", "seq", "writer")
+
+    def __init__(self, rows: dict[str, list[Any]] | None = None, base: Any = None) -> None:
+        self.rows: dict[str, list[Any]] = rows or {}
+        self.base: tuple[float, ...] = base or _ZERO
+        self.writer: str | None = None
+        self.seq = 0
+        self.own: tuple[float, ...] = _ZERO
 
 
 class RunState:
@@ -221,6 +261,7 @@ class RunState:
         self._filed: set[str | None] = set()  # checkpoints of this run object's records
         self._step_span: telemetry.StepSpan | None = None
         self._admission = threading.Lock()  # a tool call admitted or settled (see admit)
+        self._entries = Entries()  # what the counts sum: a row per copy of the run
 
     @property
     def owner(self) -> Any:
@@ -237,22 +278,9 @@ class RunState:
     def _restore(
         self, usage: Usage, partial: list[dict[str, Any]], transcript: list[dict[str, Any]]
     ) -> None:
-        self.steps, self.model_calls, self.tool_calls = (
-            usage.steps,
-            usage.model_calls,
-            usage.tool_calls,
-        )
-        self.input_tokens, self.output_tokens = usage.input_tokens, usage.output_tokens
-        self.cache_write_tokens, self.cache_read_tokens = (
-            usage.cache_write_tokens,
-            usage.cache_read_tokens,
-        )
-        self.cost_usd, self.retries, self._elapsed_before = (
-            usage.cost_usd,
-            usage.retries,
-            usage.seconds,
-        )
-        self.unpriced_calls = usage.unpriced_calls
+        for name in COUNTED:
+            setattr(self, name, getattr(usage, name))
+        self._elapsed_before = usage.seconds
         self.partial = Tail(self.guard.keep_last, partial)
         self.transcript = Tail(self.guard.keep_last, transcript)
         # the calls let through before the checkpoint still count (policies.max_calls)
@@ -419,6 +447,53 @@ class RunState:
         return Stopped(reason, detail)
 
     halt = _halt
+
+
+def count_rows(s: RunState) -> dict[str, list[Any]]:
+    """The run's entries as a document holds them: for each copy of the run that counted
+    something, its writer id -> ``[sequence, *counts]`` (``COUNTED``'s order). This copy's
+    row is what it counted since it was read (its totals less the rows it was read with),
+    its sequence raised whenever that changed: two copies read from one document count in
+    rows of their own, and a row seen twice (the same document merged again) is one row.
+    A copy of the rows, O(copies) (not O(steps)): a hook that writes it costs the same at
+    any length of the run."""
+    e = s._entries
+    own = tuple(n - b for n, b in zip(_totals(s), e.base, strict=True))
+    rows = {w: list(r) for w, r in e.rows.items()}
+    if own != e.own:
+        if e.writer is None:
+            e.writer = secrets.token_hex(6)
+        e.seq += 1
+        e.own = own
+    if e.writer is not None:
+        rows[e.writer] = [e.seq, *own]
+    return rows
+
+
+def inherit(s: RunState, rows: Any) -> None:
+    """Take the entries a document was read with (``rows``, see :func:`count_rows`; None:
+    a document of before entries, whose totals ``s`` holds already, as one row): the run's
+    counts are their sums, and this copy counts in a row of its own from here. Raises
+    ``ValueError`` for rows that are not counts (negative, not numbers): a corrupt or
+    altered document."""
+    if rows is None:
+        rows = {"0": [1, *_totals(s)]}
+    if not isinstance(rows, Mapping):
+        raise ValueError(f"counts must be a mapping, got {type(rows).__name__}")
+    taken: dict[str, list[Any]] = {}
+    for writer, row in rows.items():
+        if not isinstance(row, list | tuple) or len(row) != len(COUNTED) + 1:
+            raise ValueError(f"counts of {writer!r:.20} must be {len(COUNTED) + 1} numbers")
+        *ints, cost = row
+        if not all(type(n) is int and n >= 0 for n in ints):
+            raise ValueError(f"counts of {writer!r:.20} must be counts, got {row!r:.80}")
+        if type(cost) not in (int, float) or not math.isfinite(cost) or cost < 0:
+            raise ValueError(f"cost of {writer!r:.20} must be a cost, got {cost!r:.20}")
+        taken[str(writer)] = [*ints, float(cost)]
+    sums = [sum(r[i + 1] for r in taken.values()) for i in range(len(COUNTED))]
+    for name, total in zip(COUNTED, sums, strict=True):
+        setattr(s, name, total)
+    s._entries = Entries(taken, _totals(s))
 
 
 class HasState(Protocol):

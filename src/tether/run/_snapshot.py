@@ -19,6 +19,7 @@ from tether.effects._canonical import jsonable
 from tether.redaction._redact import PlainEntry, RecordedEntry, redact
 from tether.run._document import (
     DOCUMENT_VERSION,
+    MERGED,
     Form,
     check_version,
     ledger_identity,
@@ -32,6 +33,7 @@ from tether.run._runstate import (
     RunState,
     Tail,
     continue_here,
+    inherit,
     load_document,
     settled,
 )
@@ -230,6 +232,9 @@ def _rebuild(guard: RunSettings, doc: Mapping[str, Any], make: Callable[..., R])
         seconds=float(_field(doc, "elapsed", (int, float))),
     )
     s._restore(usage, [], [])
+    if "counts" not in doc:
+        raise RunDocumentError("run snapshot: it has no counts (entries)")
+    inherit(s, doc["counts"])  # the counts: what its entries sum to, never its totals
     s.scopes = tuple(str(n) for n in doc.get("scopes") or ())
     s.partial = _untail(guard.keep_last, doc.get("partial"))
     s.transcript = _untail(guard.keep_last, doc.get("transcript"))
@@ -325,6 +330,7 @@ def _settle(s: RunState, guard: RunSettings, doc: Mapping[str, Any]) -> bool:
     and the records filed; the tails' entries become the snapshot's (JSON, as restored)."""
     if (
         s.guard is not guard
+        or MERGED in doc  # merged with other copies: their entries are not in s
         or s.run_id != doc.get("run_id")
         or not _rebuilt_as_is(s)
         or not _unchanged_since(s, doc)
