@@ -10,7 +10,7 @@ import threading
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from operator import attrgetter
+from operator import attrgetter, sub
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tether import telemetry
@@ -149,11 +149,12 @@ class Entries:
     rows this copy was read with (``rows``), their sums (``base``), and this copy's own row:
     its writer id (drawn when it first counts), sequence and counts (``own``)."""
 
-    __slots__ = ("base", "own", "rows", "seq", "writer")
+    __slots__ = ("base", "now", "own", "rows", "seq", "writer")
 
     def __init__(self, rows: dict[str, list[Any]] | None = None, base: Any = None) -> None:
         self.rows: dict[str, list[Any]] = rows or {}
         self.base: tuple[float, ...] = base or _ZERO
+        self.now = self.base  # the totals at the last row written
         self.writer: str | None = None
         self.seq = 0
         self.own: tuple[float, ...] = _ZERO
@@ -458,15 +459,18 @@ def count_rows(s: RunState) -> dict[str, list[Any]]:
     A copy of the rows, O(copies) (not O(steps)): a hook that writes it costs the same at
     any length of the run."""
     e = s._entries
-    own = tuple(n - b for n, b in zip(_totals(s), e.base, strict=True))
-    rows = {w: list(r) for w, r in e.rows.items()}
-    if own != e.own:
-        if e.writer is None:
-            e.writer = secrets.token_hex(6)
-        e.seq += 1
-        e.own = own
+    now = _totals(s)
+    if now != e.now:  # counted since the last row written
+        e.now = now
+        own = tuple(map(sub, now, e.base))
+        if own != e.own:
+            if e.writer is None:
+                e.writer = secrets.token_hex(6)
+            e.seq += 1
+            e.own = own
+    rows = {w: [*r] for w, r in e.rows.items()} if e.rows else {}
     if e.writer is not None:
-        rows[e.writer] = [e.seq, *own]
+        rows[e.writer] = [e.seq, *e.own]
     return rows
 
 
