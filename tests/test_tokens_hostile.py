@@ -494,3 +494,109 @@ def test_a_process_on_a_short_blip_admits_nothing_from_its_memory(
         mine_store.close()
         theirs_store.close()
         RedisStore(redis_url, prefix=prefix).reset()
+
+
+@pytest.mark.parametrize("drive", ["sync", "async"])
+def test_a_process_in_its_grace_goes_back_to_redis_as_soon_as_it_answers(
+    redis_url: str, drive: str
+) -> None:
+    """A process whose Redis stalls waits for it (the grace): once Redis answers, its
+    callers are admitted from the shared buckets within a fraction of a second (they used to
+    wait for the store's reconnect_interval, here 5 s, admitting nothing: on a fleet whose
+    Redis stalls every few seconds, a tenth of its time)."""
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    proxy, prefix = Proxy(port), f"tether-test-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(f"redis://127.0.0.1:{proxy.port}/0", prefix=prefix, server_time=False,
+                       socket_timeout=0.2, reconnect_interval=5.0)  # fmt: skip
+    try:
+        b = calibrated(store, SystemClock())
+        if drive == "sync":
+            hold_replies(proxy, 0.6)
+            with pytest.raises(LimiterTimeout):  # Redis stalls, the grace: nothing admitted
+                b.reserve(estimated_input_tokens=0, max_output_tokens=10, max_wait=0.3)
+            assert store.degraded
+            proxy.replies.wait()
+            b.reserve(estimated_input_tokens=0, max_output_tokens=10, max_wait=1.5)
+        else:
+
+            async def main() -> None:
+                await b.areserve(estimated_input_tokens=0, max_output_tokens=10)
+                hold_replies(proxy, 0.6)
+                with pytest.raises(LimiterTimeout):
+                    await b.areserve(estimated_input_tokens=0, max_output_tokens=10, max_wait=0.3)
+                assert store.degraded
+                await asyncio.to_thread(proxy.replies.wait)
+                await b.areserve(estimated_input_tokens=0, max_output_tokens=10, max_wait=1.5)
+                await store.aclose()
+
+            asyncio.run(main())
+        assert not store.degraded
+    finally:
+        store.close()
+        RedisStore(redis_url, prefix=prefix).reset()
+
+
+def test_what_responses_said_while_redis_was_away_reaches_the_shared_buckets(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A response arrives while the process's Redis stalls: its headers say the provider has
+    1,000 tokens left. When Redis answers again the shared buckets hold 1,000, not the 5,900
+    they counted (the headers were applied to the process's memory only, and the other
+    processes went on admitting on the shared level: 429s)."""
+    monkeypatch.setattr(redis_tokens, "MEMBER_EVERY", 0.0, raising=False)
+    proxy, prefix, (store,) = stalling_stores(redis_url, 1)
+    try:
+        b = calibrated(store, VirtualClock())
+        r = b.reserve(estimated_input_tokens=0, max_output_tokens=100)
+        proxy.cut()
+        headers = {"x-ratelimit-limit-tokens": "6000", "x-ratelimit-remaining-tokens": "1000"}
+        b.settle(r, input_tokens=0, output_tokens=100, headers=headers, status=200)
+        b.flush()
+        assert store.degraded
+        proxy.resume()
+        time.sleep(0.1)  # past the store's reconnect_interval
+        b.reserve(estimated_input_tokens=0, max_output_tokens=0)
+        assert not store.degraded
+        assert b.view()["levels"]["tokens"] == pytest.approx(1_000, abs=1.0)
+    finally:
+        store.close()
+        RedisStore(redis_url, prefix=prefix).reset()
+
+
+def test_a_usage_above_the_reservation_reaches_the_store_at_once(store: Any) -> None:
+    """A call used 1,400 tokens where 500 were reserved: the store hears of it with the
+    settlement (it used to wait for this process's next call or a second: meanwhile the
+    other processes admitted on a level 900 too high)."""
+    b = calibrated(store, VirtualClock())
+    r = b.reserve(estimated_input_tokens=400, max_output_tokens=100)
+    reserved = sum(r.need[1:3])
+    b.settle(r, input_tokens=1_300, output_tokens=100, status=200)
+    assert b.view()["levels"]["tokens"] == pytest.approx(6_000 - 1_400, abs=1.0)
+    assert reserved < 1_400
+
+
+def test_what_an_ask_that_crossed_a_newer_one_says_is_not_dropped(redis_url: str) -> None:
+    """Two asks of one process cross on their way to Redis (two connections, a stall): the
+    older one, carrying a 429's pause, arrives second. Its refunds are in the newer one's
+    total, but its pause counts (it used to be dropped with the whole settlement: a 429's
+    pause, the probe's first answer, the headers)."""
+    from tether.stores._tokens import Settlement, TokenAsk
+
+    prefix = f"tether-test-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(redis_url, prefix=prefix, server_time=False)
+    try:
+        clock = VirtualClock()
+        b = calibrated(store, clock)
+        tokens, now = store.tokens(), clock.wall()
+        paused = Settlement(seen_at=now, pause_until=now + 5.0, answered=True)
+        first = tokens._p_exchange(TokenAsk(b.name, now, b.config, paused, None))
+        second = tokens._p_exchange(TokenAsk(b.name, now, b.config, None, (1.0, 0, 0, 10.0)))
+        older, newer = next(first), next(second)  # numbered in this order
+        with contextlib.suppress(StopIteration):
+            second.send(store._conn.run(*newer))  # the newer one arrives first
+        with contextlib.suppress(StopIteration):
+            first.send(store._conn.run(*older))
+        assert b.view()["paused_for"] == pytest.approx(5.0, abs=0.01)
+    finally:
+        store.reset()
+        store.close()

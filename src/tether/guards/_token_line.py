@@ -76,7 +76,10 @@ class Outbox:
     def queue(self, s: Settlement) -> Plan[None]:
         """Keep ``s``; send everything pending now when it must be heard now."""
         with self._lock:
+            # a pause, the family's first answer, or a usage above the reservation (the
+            # fleet's buckets hold more than the provider's until they hear of it)
             urgent = s.pause_until > 0 or (s.answered and not self.calibrated)
+            urgent = urgent or any(x < 0 for x in s.refund)
             self._pending.merge(s)
             self.calibrated = self.calibrated or s.answered
             if not urgent and self.clock.wall() - self._sent_at < 1.0:

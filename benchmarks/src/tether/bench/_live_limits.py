@@ -170,6 +170,7 @@ def _provider_main(
     /v1/chat/completions`` (``openai``) on loopback until told to stop."""
     provider = SimulatedProvider(style, real, start_at)
     agents: dict[str, dict[str, Any]] = {}
+    throttles: list[tuple[float, str]] = []  # (when, the agent) of every 429
 
     def answer(status: str, body: dict[str, Any], headers: dict[str, str]) -> bytes:
         data = json.dumps(body).encode()
@@ -194,6 +195,7 @@ def _provider_main(
                 max_out = int(body.get("max_tokens") or body["max_completion_tokens"])
                 ok, headers = provider.admit(time.time(), used_in, max_out)
                 if not ok:
+                    throttles.append((time.time(), key))
                     if style == "anthropic":
                         error = {"type": "rate_limit_error", "message": "rate limit exceeded"}
                         reply = {"type": "error", "error": error}
@@ -227,6 +229,7 @@ def _provider_main(
                 "throttled": s.throttled,
                 "admitted": s.admitted,
                 "served": s.served,
+                "throttles": throttles,
             }
         )
 
@@ -275,6 +278,7 @@ def _worker_main(
     logging.getLogger("tether").addHandler(_Count(logging.WARNING))
     finished: list[float] = []
     failed: list[str] = []
+    states: list[tuple[float, str]] = []  # (when, state): this process's token budget's store
 
     async def agent(key: str, client: Any) -> None:
         a = _agent(seed, key)
@@ -326,7 +330,9 @@ def _worker_main(
                 api_key="bench", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0
             )
             client = topenai.guarded(raw, policy=RetryPolicy(), token_budget=budget)
+        watch = asyncio.create_task(_watch(store, budget.name, states))
         await asyncio.gather(*(agent(k, client) for k in keys))
+        watch.cancel()
         await raw.close()
         await store.aclose()
 
@@ -337,8 +343,27 @@ def _worker_main(
             "failed": failed,
             "round_trips": store.round_trips,
             "fallbacks": fallbacks[0],
+            "states": states,
+            "scripts": dict(store.scripts_run),
+            "answers": dict(store._tokens.answers),
         }
     )
+
+
+async def _watch(store: Any, name: str, states: list[tuple[float, str]]) -> None:
+    """Note each change of where this process's token budget stands (every 20 ms): ``redis``
+    (its store answers), ``grace`` (Redis away, nothing admitted from memory yet),
+    ``local`` (admitting its share from memory)."""
+    from tether.stores.redis._tokens import AWAY_GRACE
+
+    tokens = store._tokens
+    while True:
+        now = time.time()
+        since = tokens.away.get(name)
+        state = "redis" if since is None else "grace" if now - since < AWAY_GRACE else "local"
+        if not states or states[-1][1] != state:
+            states.append((now, state))
+        await asyncio.sleep(0.02)
 
 
 def run_live_limits(
@@ -449,6 +474,84 @@ def run_live_limits(
         "round_trips_per_call": round(round_trips / max(1, admitted), 2),
         "redis_fallbacks": sum(r["fallbacks"] for r in results),
         "failures": failures[:5],
+        "trace": _trace(served, results, keys, workers, start_at, end, proxy, real, style),
+    }
+
+
+def _state_at(states: list[Any], at: float) -> tuple[str, float]:
+    """A worker's state at ``at`` and how long it had been in it."""
+    state, since = "redis", -math.inf
+    for t, s in states:
+        if t > at:
+            break
+        state, since = s, t
+    return state, at - since
+
+
+def _trace(
+    served: dict[str, Any],
+    results: list[dict[str, Any]],
+    keys: list[str],
+    workers: int,
+    start_at: float,
+    end: float,
+    proxy: _StallingProxy | None,
+    real: Limits,
+    style: str,
+) -> dict[str, Any]:
+    """Where the 429s came from (when, which process, its store's state then, the stall's
+    phase) and the input admitted per second while processes were in grace or local."""
+    worker_of = {k: i % workers for i, k in enumerate(keys)}
+    states = [r.get("states", []) for r in results]
+    throttles = []
+    for t, key in served.get("throttles", []):
+        w = worker_of.get(key, -1)
+        mine = _state_at(states[w], t) if 0 <= w < len(states) else ("?", 0.0)
+        throttles.append(
+            {
+                "t": round(t - start_at, 2),
+                "worker": w,
+                "state": mine[0],
+                "for": round(mine[1], 2),
+                "others": [_state_at(st, t)[0] for st in states],
+                "stall_phase": None
+                if proxy is None
+                else round((t - proxy.t0) % STALL_EVERY - (STALL_EVERY - STALL), 2),
+            }
+        )
+    # input admitted per 1 s bin, by how many processes were away (grace or local) then
+    limit = real.input if style == "anthropic" else real.tokens
+    bins: dict[int, float] = {}
+    for e in served.get("admitted", []):
+        if start_at <= e[0] < end:
+            bins[int(e[0] - start_at)] = bins.get(int(e[0] - start_at), 0.0) + e[1]
+    by_away: dict[str, list[float]] = {}
+    time_in: dict[str, float] = {"redis": 0.0, "grace": 0.0, "local": 0.0}
+    for b in range(int(end - start_at)):
+        mid = start_at + b + 0.5
+        now_states = [_state_at(st, mid)[0] for st in states]
+        away = sum(1 for x in now_states if x != "redis")
+        by_away.setdefault(str(away), []).append(bins.get(b, 0.0) * 60.0 / limit)
+        for x in now_states:
+            time_in[x] = time_in.get(x, 0.0) + 1.0
+    total = sum(time_in.values()) or 1.0
+    # per 5 s: the input admitted as a share of the limit, and the agents not ended yet
+    ended = sorted(start_at + t for r in results for t in r.get("finished", []))
+    series = []
+    for b in range(0, int(end - start_at) + 5, 5):
+        got = sum(bins.get(b + i, 0.0) for i in range(5)) * 12.0 / limit
+        left = len(keys) - sum(1 for t in ended if t < start_at + b + 5)
+        series.append((b, round(got, 2), left))
+    return {
+        "throttles": throttles,
+        "series": series,
+        "share_per_s_by_processes_away": {
+            k: {"seconds": len(v), "mean": round(statistics.mean(v), 3)}
+            for k, v in sorted(by_away.items())
+        },
+        "process_time": {k: round(v / total, 3) for k, v in time_in.items()},
+        "scripts": [r.get("scripts", {}) for r in results],
+        "answers": [r.get("answers", {}) for r in results],
     }
 
 

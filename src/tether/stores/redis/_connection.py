@@ -10,6 +10,14 @@ shells cannot drift.
 When Redis cannot be reached the connection logs one warning, tries Redis again every
 ``reconnect_interval`` seconds and goes back to it (with another log line) once it
 answers.
+
+The clients it makes send each script once: redis-py sends a command again after a
+timeout (ten times by default), but a script whose reply timed out may have run, and most
+of the store's scripts (a breaker's failure count, a probe's slot, a retry budget's spend,
+a limiter's slot) would then apply twice. A call that times out falls back instead. (A
+client made from a plain ``redis://`` URL sends once already; one made from a
+``redis+cluster://`` URL, or with ``redis.Redis(host=...)``, retries ten times: the store
+says so in a warning when it is given such a client.)
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from tether.stores._base import redis_client
 from tether.stores._memory import MemoryStore
 from tether.stores.redis._scripts import SCRIPTS
 
-__all__ = ["Connection", "Plan", "text"]
+__all__ = ["Connection", "Plan", "resends", "sent_once", "text"]
 
 T = TypeVar("T")
 
@@ -33,6 +41,25 @@ T = TypeVar("T")
 Plan = Generator[tuple[str, str, list[Any]], Any, T]
 
 _log = logging.getLogger("tether")
+
+
+def sent_once(*, asyncio: bool = False) -> Any:
+    """A redis-py retry setting that never sends a command again (see the module)."""
+    from tether._errors import require
+
+    retry: Any = require("redis.asyncio.retry" if asyncio else "redis.retry", "redis")
+    backoff: Any = require("redis.backoff", "redis")
+    return retry.Retry(backoff.NoBackoff(), 0)
+
+
+def resends(client: Any) -> int:
+    """How many times ``client`` sends a command again after a timeout or a dropped
+    connection (redis-py's retries; 0 when it cannot say)."""
+    retry = getattr(client, "retry", None)  # a RedisCluster's own
+    if retry is None and callable(getattr(client, "get_retry", None)):
+        retry = client.get_retry()
+    get = getattr(retry, "get_retries", None)
+    return int(get()) if callable(get) else 0
 
 
 def text(value: Any) -> str:
@@ -67,8 +94,18 @@ class Connection:
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_timeout,
             health_check_interval=0,
+            retry=sent_once(),
         )
         self.scripts = {name: self.client.register_script(src) for name, src in SCRIPTS.items()}
+        for given in (client, aclient):
+            if given is not None and resends(given) > 0:
+                _log.warning(
+                    "tether: the Redis client given to the store sends a timed-out command "
+                    "again (%d retries); a breaker's failure, a retry budget's spend or a "
+                    "limiter's slot may then count twice. Make it with "
+                    "retry=Retry(NoBackoff(), 0) (redis.retry, redis.backoff)",
+                    resends(given),
+                )
         # the asyncio client: yours, or one made from url; a store built on a sync client
         # only has no asyncio twin, and runs its scripts in a worker thread under adrive
         self._aurl = url if client is None else None
@@ -106,6 +143,16 @@ class Connection:
         self.round_trips += 1
         self.scripts_run[script] += 1
         return True
+
+    @property
+    def socket_timeout(self) -> float:
+        """How long a call waits for Redis's reply (the store's setting)."""
+        return float(self._socket_timeout)
+
+    def retry_now(self) -> None:
+        """Let the next call try Redis now, before ``reconnect_interval`` has passed."""
+        if self._down_until is not None:
+            self._down_until = system_clock.now()
 
     def _unavailable(self, exc: BaseException) -> None:
         if self._down_until is None:
@@ -164,6 +211,7 @@ class Connection:
                 socket_timeout=self._socket_timeout,
                 socket_connect_timeout=self._socket_timeout,
                 health_check_interval=0,
+                retry=sent_once(asyncio=True),
             )
             self._ascripts = {name: client.register_script(src) for name, src in SCRIPTS.items()}
             self._aloop = loop

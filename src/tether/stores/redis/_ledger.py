@@ -93,7 +93,11 @@ local function text(arg)
 end
 if mode == 'complete' then
   if cur.owner ~= owner then return 'lost' end
-  if not live then return 'final' end
+  if not live then
+    -- a copy of this completion (the client sent it again after a timeout): as the first
+    if cur.state == ARGV[6] and cur.result == text(ARGV[7]) then return 'recorded' end
+    return 'final'
+  end
   cur.state = ARGV[6]
   cur.result = text(ARGV[7])
   cur.error = text(ARGV[8])

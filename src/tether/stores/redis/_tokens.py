@@ -14,7 +14,10 @@ process's call also says it is here and asks how many processes used the name wi
 whole, until it has heard a count). For ``AWAY_GRACE`` seconds it admits nothing (a blip
 ends sooner: its callers wait for Redis rather than admit what the processes still reaching
 it admit too); its buckets start empty then (it does not know the shared levels): it admits
-its share of the refill, never a burst. What it
+its share of the refill, never a burst. During the grace one of its calls tries Redis every
+``GRACE_RETRY`` seconds (not only every ``reconnect_interval``), and what responses said
+meanwhile (limits, levels, a pause) goes to the shared buckets with the first call that
+reaches Redis. What it
 takes meanwhile is charged to the shared buckets with its next call that reaches Redis (the
 shared buckets refilled while it was away). So a fleet whose processes all lost Redis
 admits about one limit a minute between them, not a bucket per process at each timeout.
@@ -35,6 +38,7 @@ import itertools
 import math
 import secrets
 import threading
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from tether.clock import system_clock
@@ -51,16 +55,29 @@ if TYPE_CHECKING:
     from tether.stores._tokens import Answer, MemoryTokens, TokenAsk
     from tether.stores.redis._connection import Connection, Plan
 
-__all__ = ["AWAY_GRACE", "TOKENS", "Tokens"]
+__all__ = ["AWAY_GRACE", "GRACE_RETRY", "TOKENS", "Tokens"]
 
 #: for this long after Redis went away (on the budget's clock) a process admits nothing from
 #: its memory, its callers wait: a blip (a stall, a failover) is over before, and what the
 #: process would admit alone meanwhile, the processes that still reach Redis admit as well
 AWAY_GRACE = 5.0
+#: during that grace one ask of the process tries Redis again this often (seconds), not only
+#: every ``reconnect_interval``: its callers wait for Redis, so they go on as soon as it is back
+GRACE_RETRY = 0.2
 
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _kind(need: Any, r: Any) -> str:
+    """What kind of answer the script gave (see :attr:`Tokens.answers`)."""
+    if need is None:
+        return "settled"
+    if int(r[0]):
+        return "admitted"
+    wait = float(_s(r[1]))
+    return "probe" if wait < 0 else "older" if wait == 0 else "line"
 
 
 class Tokens:
@@ -85,6 +102,16 @@ class Tokens:
         #: name -> the numbers of reservations whose answers were lost (the caller went on
         #: without them): told to the store, which gives back those it admitted
         self.lost: dict[str, dict[int, None]] = {}
+        #: name -> what responses said while Redis was away (limits, levels, a pause; the
+        #: refunds travel in ``asked``): sent with the next ask that reaches Redis
+        self.unsent: dict[str, Settlement] = {}
+        #: while Redis is away: until when an ask of this process is trying it (the others
+        #: answer from memory meanwhile), and when the next may try
+        self._trial_until = 0.0
+        self._next_trial = 0.0
+        #: the store's answers by kind (admitted, refused: line, probe or older; settled;
+        #: memory: answered here while Redis was away)
+        self.answers: Counter[str] = Counter()
 
     def key(self, name: str) -> str:
         return f"{self.conn.prefix}:tokens:{{{name}}}"
@@ -93,8 +120,49 @@ class Tokens:
     def fallback(self) -> MemoryTokens:
         return self.conn.fallback.tokens()
 
+    def _may_ask(self, name: str, now: float) -> bool | None:
+        """Whether this ask goes to Redis: None, no (it answers from memory); False, yes (the
+        connection may still say Redis is away); True, yes, as the one trial. While Redis is
+        away and ``name`` in its grace, one ask at a time tries it again every
+        ``GRACE_RETRY`` seconds, not only every ``reconnect_interval``."""
+        conn = self.conn
+        if not conn.degraded:
+            return False
+        t = system_clock.now()
+        with self._lock:
+            if t < self._trial_until:
+                return None  # another ask of this process is trying Redis
+            since = self.away.get(name)
+            if since is None or now - since >= AWAY_GRACE or t < self._next_trial:
+                return False  # the connection decides (its reconnect_interval)
+            self._trial_until = t + conn.socket_timeout + 0.05
+            self._next_trial = t + GRACE_RETRY
+        conn.retry_now()
+        return True
+
+    def _take_unsent(self, name: str, s: Settlement) -> tuple[Settlement, Settlement | None]:
+        """``s`` with what responses said while Redis was away merged in (and that part)."""
+        with self._lock:
+            unsent = self.unsent.pop(name, None)
+        if unsent is None:
+            return s, None
+        merged = Settlement()
+        merged.merge(unsent)
+        merged.merge(s)
+        return merged, unsent
+
+    def _keep_unsent(self, name: str, s: Settlement | None) -> None:
+        """Keep what ``s`` says of limits, levels and a pause for Redis (not its refunds:
+        those are in ``asked``)."""
+        if s is None or not (s.answered or s.pause_until or s.seen_at):
+            return
+        kept = dataclasses.replace(s, refund=[0.0, 0.0, 0.0, 0.0])
+        with self._lock:
+            self.unsent.setdefault(name, Settlement()).merge(kept)
+
     def _p_exchange(self, ask: TokenAsk) -> Plan[Answer]:
         s, need = ask.pending or Settlement(), ask.need
+        s, unsent = self._take_unsent(ask.name, s)
         mode = "settle" if need is None else "reserve"
         when = self.conn.when(ask.now)  # "": the script reads the server's clock (TIME)
         args = [when, mode, self.conn.ttl_ms, ask.cfg.probe_timeout, ask.horizon]
@@ -114,8 +182,15 @@ class Tokens:
         with self._lock:
             lost = list(self.lost.get(ask.name, ()))
         args += [seq, *asked, " ".join(map(str, lost))]
-        r = yield ("tokens", self.key(ask.name), args)
+        r, trial = None, self._may_ask(ask.name, ask.now)
+        if trial is not None:
+            r = yield ("tokens", self.key(ask.name), args)
+        if trial:
+            with self._lock:
+                self._trial_until = 0.0  # the trial is over: answered, or Redis still away
         if r is None:  # Redis is away: this process's memory, with its share of the limits
+            self._keep_unsent(ask.name, unsent)
+            self.answers["memory"] += 1
             if need is not None:
                 with self._lock:
                     gone = self.lost.setdefault(ask.name, {})
@@ -131,6 +206,7 @@ class Tokens:
                 self.confirmed[ask.name] = (seq, asked)
             if len(r) > 4:
                 self.line_end[ask.name] = ask.now + float(_s(r[4]))
+        self.answers[_kind(need, r)] += 1
         if count and len(r) > 3 and int(r[3]) > 0:
             self.shares[ask.name] = (1.0 / int(r[3]), system_clock.now())
         return bool(int(r[0])), float(_s(r[1])), float(_s(r[2]))
@@ -158,6 +234,7 @@ class Tokens:
                 # out until then), whichever is later: no burst, and nothing promised twice
                 start = max(ask.now + AWAY_GRACE, self.line_end.get(ask.name, ask.now))
                 self.fallback.start_empty(ask.name, start, local.cfg)
+        self._keep_unsent(ask.name, ask.pending)  # for the shared buckets, when Redis answers
         grace = since + AWAY_GRACE - ask.now
         if ask.need is not None and grace > 0:
             # a blip, maybe: what the ask carries is kept here, nothing admitted yet; its

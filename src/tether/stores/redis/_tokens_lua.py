@@ -22,14 +22,17 @@ __all__ = ["TOKENS"]
 # An ask may arrive twice (the client retried after a timeout, a stalled connection
 # delivered it late) or after a newer one: the process's last number, its refunds in all
 # and its answer are kept (field q:<id>). A copy of the last ask gets that answer again
-# and changes nothing; an older one changes nothing; a newer one applies the refunds it
-# adds to the kept total. So a refund counts once however often it travels. (A process
-# whose field is gone, unheard of for MEMBER_TTL seconds, applies the refunds of its ask:
-# those since its last answer.) ARGV[36]: the numbers of the process's reservations whose
-# answers it never got (it went on without them): the script keeps the needs of the last
-# reservations it admitted per process (field r:<id>) and gives back those it finds there,
-# so a reservation nobody waits for does not hold its tokens; one not found never ran, and
-# will not (its number is below the one this ask leaves).
+# and changes nothing; an older one (a copy, or an ask that crossed a newer one) reserves
+# nothing and adds no refund, but what else its settlement says (the headers' limits and
+# levels, the first answer, a pause) is applied: it was dropped, and a pause or the
+# probe's answer with it; a newer one applies the refunds it adds to the kept total. So a
+# refund counts once however often it travels. (A process whose field is gone, unheard of
+# for MEMBER_TTL seconds, applies the refunds of its ask: those since its last answer.)
+# ARGV[36]: the numbers of the process's reservations whose answers it never got (it went
+# on without them): the script keeps the needs of the last reservations it admitted per
+# process (field r:<id>) and gives back those it finds there, so a reservation nobody
+# waits for does not hold its tokens; one not found never ran, and will not (its number is
+# below the one this ask leaves).
 TOKENS = (
     """
 local function fmt(x) return string.format('%.17g', x) end
@@ -58,15 +61,20 @@ else
 end
 -- the ask's number: a copy of the last answers the same, an older one changes nothing
 local qk, seq = 'q:' .. ARGV[29], tonumber(ARGV[31])
-local q, refund = redis.call('HGET', k, qk), {}
+local q, refund, older = redis.call('HGET', k, qk), {}, false
 if q then
   local prev = {}
   for x in string.gmatch(q, '%S+') do prev[#prev + 1] = x end
-  if seq < tonumber(prev[1]) then return {0, '0', '0', 0, fmt(math.max(0, t - now))} end
-  if seq == tonumber(prev[1]) then
+  if seq < tonumber(prev[1]) then
+    -- an older ask (it crossed a newer one of the process): its refunds are in the newer
+    -- one's total, but what else it says (the headers, the first answer, a pause) counts
+    older = true
+    for i = 1, 4 do refund[i] = 0 end
+  elseif seq == tonumber(prev[1]) then
     return {tonumber(prev[6]), prev[7], prev[8], 0, fmt(math.max(0, t - now))}
+  else
+    for i = 1, 4 do refund[i] = tonumber(ARGV[31 + i]) - tonumber(prev[1 + i]) end
   end
-  for i = 1, 4 do refund[i] = tonumber(ARGV[31 + i]) - tonumber(prev[1 + i]) end
 else
   for i = 1, 4 do refund[i] = tonumber(ARGV[13 + i]) end
 end
@@ -136,8 +144,10 @@ end
 -- save, keep the ask's number, its refunds in all and its answer, and answer
 local function answer(admitted, wait, retry_in)
   save()
-  redis.call('HSET', k, qk, table.concat({ARGV[31], ARGV[32], ARGV[33], ARGV[34], ARGV[35],
-                                          admitted, wait, retry_in}, ' '))
+  if not older then
+    redis.call('HSET', k, qk, table.concat({ARGV[31], ARGV[32], ARGV[33], ARGV[34], ARGV[35],
+                                            admitted, wait, retry_in}, ' '))
+  end
   if admitted == 1 then  -- kept, the last HELD of them, in case its answer is lost
     local n = {}
     for i = 1, 4 do n[i] = fmt(math.min(tonumber(ARGV[9 + i]), math.max(cap[i], 0))) end
@@ -148,7 +158,7 @@ local function answer(admitted, wait, retry_in)
   else redis.call('HDEL', k, rk) end
   return {admitted, wait, retry_in, members, fmt(math.max(0, t - now))}
 end
-if mode ~= 'reserve' then return answer(0, '0', '0') end
+if mode ~= 'reserve' or older then return answer(0, '0', '0') end
 if known == 0 and probe_until > now then
   local out_for = now - (probe_until - probe_timeout)
   return answer(0, '-1', fmt(math.min(math.max(PROBE_WAIT, out_for / 2.0), probe_until - now)))
