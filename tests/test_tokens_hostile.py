@@ -600,3 +600,42 @@ def test_what_an_ask_that_crossed_a_newer_one_says_is_not_dropped(redis_url: str
     finally:
         store.reset()
         store.close()
+
+
+def test_the_headers_are_read_as_of_when_the_call_went_out(store: Any) -> None:
+    """A call's answer took 6 s; its headers say 1,000 tokens left, as the provider counted
+    when it admitted the call. The fleet's level becomes 1,000 and 6 s of refill (600), not
+    1,000: dated at the answer, every reading pulled the level below the provider's, and
+    the fleet used 62-75% of an OpenAI-style limit in saturation (the provider's bucket
+    refilling to full unused)."""
+    clock = VirtualClock()
+    b = calibrated(store, clock)
+    r = b.reserve(estimated_input_tokens=0, max_output_tokens=100)
+    clock.advance(6.0)
+    headers = {"x-ratelimit-limit-tokens": "6000", "x-ratelimit-remaining-tokens": "1000"}
+    b.settle(r, input_tokens=0, output_tokens=100, headers=headers, status=200)
+    b.flush()
+    assert b.view()["levels"]["tokens"] == pytest.approx(1_600, abs=1.0)
+
+
+def test_a_probe_whose_answer_was_lost_does_not_hold_the_family_for_its_timeout(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The family's first call (the probe) is admitted in Redis but its answer is lost (a
+    stall past the timeout): the caller never sends it. When the process reaches Redis again
+    the probe's place is given back with its tokens, and another caller probes at once (the
+    fleet used to wait for probe_timeout, 30 s, admitting nothing)."""
+    monkeypatch.setattr(redis_tokens, "MEMBER_EVERY", 0.0, raising=False)
+    proxy, prefix, (store,) = stalling_stores(redis_url, 1)
+    try:
+        b = openai_budget(store, VirtualClock())
+        hold_replies(proxy, 0.4)
+        with pytest.raises(LimiterTimeout):  # admitted in Redis as the probe, its answer lost
+            b.reserve(estimated_input_tokens=0, max_output_tokens=100, max_wait=0.0)
+        proxy.replies.wait()
+        time.sleep(0.1)  # past the store's reconnect_interval
+        b.reserve(estimated_input_tokens=0, max_output_tokens=100, max_wait=1.0)
+        assert not store.degraded
+    finally:
+        store.close()
+        RedisStore(redis_url, prefix=prefix).reset()

@@ -31,8 +31,8 @@ __all__ = ["TOKENS"]
 # ARGV[36]: the numbers of the process's reservations whose answers it never got (it went
 # on without them): the script keeps the needs of the last reservations it admitted per
 # process (field r:<id>) and gives back those it finds there, so a reservation nobody
-# waits for does not hold its tokens; one not found never ran, and will not (its number is
-# below the one this ask leaves).
+# waits for does not hold its tokens (nor the probe's place, before the first answer); one
+# not found never ran, and will not (its number is below the one this ask leaves).
 TOKENS = (
     """
 local function fmt(x) return string.format('%.17g', x) end
@@ -91,6 +91,8 @@ if ARGV[36] ~= '' then
     for y in string.gmatch(entry, '[^,]+') do parts[#parts + 1] = y end
     if lost[parts[1]] then
       for i = 1, 4 do refund[i] = refund[i] + tonumber(parts[1 + i]) end
+      -- the family's first call (the probe) never went out: another caller may probe now
+      if known == 0 then probe_until = 0 end
     else
       kept[#kept + 1] = entry
     end
