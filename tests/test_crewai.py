@@ -739,3 +739,81 @@ def test_a_flow_state_without_a_place_for_the_run_is_refused(server: ScriptedSer
     with pytest.raises(ValueError, match="tether_run: dict"):
         Bare().kickoff()
     assert model_calls(server) == 0
+
+
+# --- a streaming crew (Crew(stream=True)): TetherCrew.stream / astream
+
+
+def streaming_crew(pay: Any, replies: list[Any]) -> Crew:
+    from crewai.llms.base_llm import BaseLLM
+    from openai.types.chat.chat_completion_message_tool_call import (
+        ChatCompletionMessageToolCall,
+        Function,
+    )
+
+    class Scripted(BaseLLM):  # type: ignore[misc]
+        def _reply(self) -> Any:
+            self._track_token_usage_internal({"prompt_tokens": 100, "completion_tokens": 10})
+            reply = replies.pop(0) if replies else "done"
+            if isinstance(reply, str):
+                return reply
+            name, args = reply
+            return [ChatCompletionMessageToolCall(id=f"c{len(replies)}", type="function",
+                    function=Function(name=name, arguments=json.dumps(args)))]  # fmt: skip
+
+        def call(self, *a: Any, **k: Any) -> Any:
+            return self._reply()
+
+        async def acall(self, *a: Any, **k: Any) -> Any:
+            return self._reply()
+
+        def supports_function_calling(self) -> bool:
+            return True
+
+    clerk = Agent(role="clerk", goal="settle the invoice", backstory="careful",
+                  llm=Scripted(model="scripted"), tools=[pay], verbose=False)  # fmt: skip
+    task = Task(description="settle invoice 99", expected_output="a receipt", agent=clerk)
+    return Crew(agents=[clerk], tasks=[task], verbose=False, stream=True)
+
+
+def read_stream(crewed: TetherCrew, crew: Crew, shell: str) -> list[Any]:
+    if shell == "sync":
+        return list(crewed.stream(crew))
+
+    async def read() -> list[Any]:
+        return [chunk async for chunk in crewed.astream(crew)]
+
+    return asyncio.run(read())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_streaming_crew_is_one_run(shell: str) -> None:
+    """``Crew(stream=True)`` read to its end through ``stream``/``astream``: the payment asked
+    three times runs once, the run stops ``repeated_action``, and the crew's output is the
+    customer message."""
+    paid, pay = payments()
+    crewed = TetherCrew(guard(), side_effects=["pay"])
+    read_stream(crewed, streaming_crew(pay, [PAY] * 5), shell)
+    outcome = crewed.last_outcome
+    assert outcome is not None and len(paid) == 1
+    assert outcome.stopped_because is StopReason.REPEATED_ACTION
+    assert outcome.usage.model_calls == 3
+    assert crewed.last_output.raw == outcome.customer_message
+
+
+def test_stream_needs_a_streaming_crew(server: ScriptedServer) -> None:
+    """``stream()`` on a crew built without ``stream=True``: refused before any request."""
+    _, pay = payments()
+    with pytest.raises(ValueError, match="stream=True"):
+        list(TetherCrew(guard()).stream(crew_with(server, pay)))
+    assert model_calls(server) == 0
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_kickoff_refuses_a_streaming_crew(shell: str) -> None:
+    """``kickoff`` on a ``Crew(stream=True)`` would end the run before the crew runs (CrewAI
+    returns its stream at once): refused, nothing paid."""
+    paid, pay = payments()
+    with pytest.raises(ValueError, match="stream"):
+        SHELLS[shell](streaming_crew(pay, [PAY]), guard=guard(), side_effects=["pay"])
+    assert paid == []

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Unpack
 
@@ -438,6 +438,7 @@ class TetherCrew:
         approval decided): the crew runs again, its effects done once replayed. ``flow``:
         the Flow whose step this is (``flow=self``): its state holds the run and its state
         id is the request (:mod:`tether.integrations._crewai_flow`)."""
+        _refuse_streaming(crew)
         run = self._start(crew, inputs, resume, flow)
         token = _RUN.set(run)
         output: Any = None
@@ -462,6 +463,7 @@ class TetherCrew:
         flow: Any = None,
     ) -> Outcome:
         """The async form of :meth:`kickoff` (``crew.akickoff``)."""
+        _refuse_streaming(crew)
         run = self._start(crew, inputs, resume, flow)
         token = _RUN.set(run)
         output: Any = None
@@ -476,6 +478,74 @@ class TetherCrew:
         finally:
             _RUN.reset(token)
         return self._end(run, output, None, flow)
+
+    def stream(
+        self,
+        crew: Any,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        resume: str | None = None,
+        flow: Any = None,
+    ) -> Iterator[Any]:
+        """A ``Crew(stream=True)``'s kickoff as one tether run: CrewAI's chunks as it yields
+        them; read to its end, the outcome is ``self.last_outcome`` (and the CrewOutput
+        ``self.last_output``). A stream left unread to its end ends the run as an error."""
+        _require_streaming(crew)
+        run = self._start(crew, inputs, resume, flow)
+        token = _RUN.set(run)
+        output: Any = None
+        try:
+            with self._guarding(crew):
+                streaming = crew.kickoff(inputs=dict(inputs) if inputs is not None else None)
+                yield from streaming
+                output = streaming.result
+        except Stopped:
+            pass
+        except BaseException as exc:
+            self._end(run, None, exc, flow)
+            raise
+        finally:
+            _RUN.reset(token)
+        self._end(run, output, None, flow)
+
+    async def astream(
+        self,
+        crew: Any,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        resume: str | None = None,
+        flow: Any = None,
+    ) -> AsyncIterator[Any]:
+        """The async form of :meth:`stream` (``crew.akickoff`` with ``stream=True``)."""
+        _require_streaming(crew)
+        run = self._start(crew, inputs, resume, flow)
+        token = _RUN.set(run)
+        output: Any = None
+        try:
+            with self._guarding(crew):
+                given = dict(inputs) if inputs is not None else None
+                streaming = await crew.akickoff(inputs=given)
+                async for chunk in streaming:
+                    yield chunk
+                output = streaming.result
+        except Stopped:
+            pass
+        except BaseException as exc:
+            self._end(run, None, exc, flow)
+            raise
+        finally:
+            _RUN.reset(token)
+        self._end(run, output, None, flow)
+
+
+def _refuse_streaming(crew: Any) -> None:
+    if getattr(crew, "stream", False):  # its kickoff returns before the crew runs
+        raise ValueError("a Crew built with stream=True runs through stream()/astream()")
+
+
+def _require_streaming(crew: Any) -> None:
+    if not getattr(crew, "stream", False):
+        raise ValueError("stream()/astream() run a Crew built with stream=True; use kickoff()")
 
 
 def kickoff(

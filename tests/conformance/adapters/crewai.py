@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from conformance.suite import INPUT_TOKENS, OUTPUT_TOKENS, Adapter, Cell, Mode, World, ask
 from tether import Guard
@@ -55,13 +55,11 @@ class CrewAI(Adapter):
     id = "crewai"
     name = "CrewAI: `kickoff(crew, guard=...)` (`TetherCrew`)"
     venv = "crewai"
-    not_applicable = {
-        Cell.STREAMING: "CrewAI's kickoff has no streaming entry point of its own that tether drives",
-    }
+    not_applicable: ClassVar[dict[Cell, str]] = {}
     #: the crew is kicked off again from its start: the model asks for the approved call again
     reasks_after_resume = True
 
-    def crew(self, world: World, asynchronous: bool) -> Any:
+    def crew(self, world: World, asynchronous: bool, stream: bool = False) -> Any:
         from crewai import Agent, Crew, Task
         from crewai.tools import tool
 
@@ -69,21 +67,28 @@ class CrewAI(Adapter):
         agent = Agent(role="clerk", goal="help the customer", backstory="careful",
                       llm=_model(world), tools=tools, verbose=False)  # fmt: skip
         task = Task(description="refund A-1", expected_output="an answer", agent=agent)
-        return Crew(agents=[agent], tasks=[task], verbose=False)
+        return Crew(agents=[agent], tasks=[task], verbose=False, stream=stream)
 
     def run(self, world: World, guard: Guard, mode: Mode, **rules: Any) -> Any:
-        return self._go(self.crew(world, mode != "sync"), guard, mode, **rules)
+        crew = self.crew(world, mode == "async", stream=mode == "stream")
+        return self._go(crew, guard, mode, **rules)
 
     def _go(self, crew: Any, guard: Guard, mode: Mode, **rules: Any) -> Any:
-        from tether.integrations.crewai import akickoff, kickoff
+        from tether.integrations.crewai import TetherCrew, akickoff, kickoff
 
+        if mode == "stream":  # Crew(stream=True), its chunks read to the end
+            resume = rules.pop("resume", None)
+            crewed = TetherCrew(guard, **rules)
+            for _chunk in crewed.stream(crew, resume=resume):
+                pass
+            return crewed.last_outcome
         if mode == "sync":
             return kickoff(crew, guard=guard, **rules)
         return asyncio.run(akickoff(crew, guard=guard, **rules))
 
     def resume(self, world: World, guard: Guard, paused: Any, mode: Mode, **rules: Any) -> Any:
         """The crew kicked off again with ``resume=`` the paused run's checkpoint."""
-        crew = self.crew(world, mode != "sync")
+        crew = self.crew(world, mode == "async", stream=mode == "stream")
         return self._go(crew, guard, mode, resume=paused.checkpoint_id, **rules)
 
     def nested(self, world: World, guard: Guard, mode: Mode) -> Any:
@@ -92,7 +97,7 @@ class CrewAI(Adapter):
         from crewai import Agent, Crew, Task
         from crewai.tools import tool
 
-        tools = [tool(fn.__name__)(fn) for fn in world.tools(mode != "sync")]
+        tools = [tool(fn.__name__)(fn) for fn in world.tools(mode == "async")]
         inner = Agent(role="refunds", goal="refund orders", backstory="careful",
                       llm=_model(world), tools=tools, verbose=False)  # fmt: skip
         outer = Agent(role="clerk", goal="help the customer", backstory="careful",
@@ -101,5 +106,5 @@ class CrewAI(Adapter):
         delegate = ("delegate_work_to_coworker",
                     {"task": "refund A-1", "context": "the customer asked", "coworker": "refunds"})  # fmt: skip
         world.turns = [ask(delegate), *[ask(("search", {"q": f"A-{i}"})) for i in range(10)]]
-        crew = Crew(agents=[outer, inner], tasks=[task], verbose=False)
+        crew = Crew(agents=[outer, inner], tasks=[task], verbose=False, stream=mode == "stream")
         return self._go(crew, guard, mode)
