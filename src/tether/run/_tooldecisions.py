@@ -76,8 +76,6 @@ class ToolDecisions:
             raise s._halt(*s._stop)
         s._began = True
         b = s.budget
-        if (stop := first_stop(s, TOOL_CHECKS)) is not None:  # the tool-call budgets
-            raise s._halt(*stop)
         # a non-idempotent call's timeout is the ledger's business: the attempt it abandons
         # keeps its claim until it really ends, so that nothing runs it a second time
         effect = not idempotent  # a bool in the key, whatever ``idempotent`` was given as
@@ -93,14 +91,20 @@ class ToolDecisions:
             raise s._halt(StopReason.HUNG_TOOLS, f"{hung} tool calls are still hanging in threads")
         ignore = (*VOLATILE_FIELDS, *volatile) if volatile else None
         action, key, text, strings = intent_keys_and_text(name, args, s._scope, ignore)
-        if REDACTED in text if text is not None else _holds_placeholder(args):
-            _refuse_placeholders(s, name, args)
-        # the budgets again (another thread may have taken the last slot), the repeats, the slot
+        # the tool-call budgets, the repeats, the identical failures and the slot: one step
+        # under the run's lock, the only place they are checked (another thread may take the
+        # last slot). The run's stops come first (an earlier stop, its time, hung tools), a
+        # refusal of this call alone last: it never hides a stop.
         refused = admit(s, name, action, allow_repeat, _tool_budgets)
         if refused is not None:
             if isinstance(refused, str):  # held back: the model is told, the run goes on
                 raise ToolError(name, refused, cause_kind="unavailable")
             raise s._halt(*refused)
+        if REDACTED in text if text is not None else _holds_placeholder(args):
+            lost = _placeholders(s, name, args)
+            if lost is not None:  # not made: its slot given back
+                not_made(s, action)
+                raise lost
         if allow_repeat is None and name not in s.guard.loops.allow_repeat:
             s._step_counted = True
         return _Call(name, args, action, key, s.steps, policy, allow_repeat, text, strings)
@@ -345,26 +349,27 @@ def _tool_budgets(s: RunState) -> tuple[StopReason, str] | None:
     return first_stop(s, TOOL_CHECKS)
 
 
-def _refuse_placeholders(s: RunState, name: str, args: Any) -> None:
+def _placeholders(s: RunState, name: str, args: Any) -> Exception | None:
     """A call whose arguments hold the redaction placeholder never runs: the value was
     lost when the conversation was stored (a secret is never kept in clear), and the
     placeholder is no card number. A resumed run stops FAILED saying so (its pending
     call cannot be completed, nor approved again); the model of a live run is told to
-    ask for the value again."""
+    ask for the value again. Returns what to raise (None: the placeholder is in a key, not
+    a value; nothing was lost)."""
     lost = redacted_paths(args)
-    if not lost:  # the placeholder in a key, not a value: nothing was lost
-        return
+    if not lost:
+        return None
     fields = ", ".join(p.removeprefix("args.") for p in lost)
     if s._resumed_from is not None:
         s._issues.append(
             f"{name} was not resumed: its argument {fields} was redacted when the run was "
             "stored (secrets are never kept); ask the customer for it again"
         )
-        raise s._halt(
+        return s._halt(
             StopReason.FAILED,
             f"{name} cannot be resumed: its argument {fields} was redacted when the run was stored",
         )
-    raise ToolError(
+    return ToolError(
         name,
         f"rejected: {fields} holds a redacted placeholder, not the value; ask the customer "
         "for it again",
