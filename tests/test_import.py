@@ -82,7 +82,10 @@ def test_import_tether_loads_no_store() -> None:
 #: what the first run (import, start a run, one call_tool, its end) leaves unloaded until a
 #: feature needs it: ids from os.urandom (uuid imports platform), a tagged type's module
 #: when a value of it is met, hmac with a signing key, genai-prices' look-up with the first
-#: priced call, and the records' queries with records
+#: priced call, the records' queries with records, the checkpoint and dead-letter stores
+#: (and the document stores under them) with checkpoints, the token budgets with a token
+#: budget, the budget scopes' stores with scopes, fallbacks with a chain, compensations with
+#: the first rollback
 FIRST_RUN_LAZY = [
     "uuid",
     "platform",
@@ -93,6 +96,17 @@ FIRST_RUN_LAZY = [
     "importlib.util",
     "tether.records._records",
     "tether.records._runs",
+    "tether.records._collections",
+    "tether.stores._documents",
+    "tether.stores._schema",
+    "tether.stores._sql",
+    "tether.guards._tokens",
+    "tether.guards._token_line",
+    "tether.guards._token_calibration",
+    "tether.stores._tokens",
+    "tether.stores._scopes",
+    "tether.run._fallbacks",
+    "tether.run._rollback",
 ]
 
 
@@ -106,6 +120,19 @@ def test_the_first_run_loads_what_it_uses() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert [m for m in FIRST_RUN_LAZY if m in json.loads(out.stdout)] == []
+    # each feature loads its modules when it is first used
+    features = {
+        "tether.records._collections": "tether.Guard(checkpoints=tether.Checkpoints.memory())",
+        "tether.guards._tokens": "tether.Guard(token_budget=tether.TokenBudget('anthropic', "
+        "input_tokens_per_minute=10_000))",
+        "tether.stores._scopes": "tether.BudgetScopes().limit('t', max_tokens=10)",
+        "tether.run._fallbacks": "tether.Guard(fallbacks=['claude-haiku-4-5'])",
+        "tether.run._rollback": "tether.Guard().start().rollback()",
+    }
+    for module, feature in features.items():
+        probe = f"import tether, sys\n{feature}\nprint({module!r} in sys.modules)"
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+        assert out.stdout.strip() == "True", (module, out.stderr[-400:])
     code = (
         "import tether, uuid, decimal\nrun = tether.Guard(signing_key='k').start(task='t')\n"
         "a = {'id': uuid.UUID(int=1), 'amount': decimal.Decimal('1.50'), 'b': b'x'}\n"

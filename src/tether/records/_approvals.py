@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tether._errors import TetherError
-from tether.stores._documents import DocKind
 
 __all__ = [
     "APPROVED",
@@ -100,10 +99,11 @@ class Approvals:
     """Approval records in a document store (the checkpoints' store: SQLite, PostgreSQL,
     memory), so that they survive a restart with the run they belong to."""
 
-    kind = DocKind.APPROVAL
-
     def __init__(self, store: Any) -> None:
+        from tether.stores._documents import DocKind  # loaded with the first store
+
         self.store = store
+        self.kind = DocKind.APPROVAL
 
     def get(self, record_id: str) -> ApprovalRecord | None:
         text = self.store.get(self.kind, record_id)

@@ -11,13 +11,10 @@ from typing import TYPE_CHECKING, Any
 from tether.clock import Clock, system_clock
 from tether.effects._ledger import Ledger
 from tether.guards._breaker import CircuitBreaker
-from tether.guards._tokens import TokenBudget, budgets_for
 from tether.records._approvals import APPROVED, REJECTED, ApprovalError, ApprovalRecord, Approvals
-from tether.records._collections import Checkpoints, DeadLetters, check_run_id
 from tether.redaction._redact import redact
 from tether.retries._policy import RetryPolicy
 from tether.run._budget import Budget
-from tether.run._fallbacks import Fallback
 from tether.run._governance import takes_run
 from tether.run._handoff import CustomerMessages, Escalation, _describe
 from tether.run._health import HUNG_TOOL_MODES, HungToolMode
@@ -28,7 +25,10 @@ from tether.run._scopes import BudgetScopes, scope_names
 from tether.run._signing import signing_keys
 
 if TYPE_CHECKING:
+    from tether.guards._tokens import TokenBudget
+    from tether.records._collections import Checkpoints, DeadLetters
     from tether.records._records import Records
+    from tether.run._fallbacks import Fallback
     from tether.run._run import Run
     from tether.stores._base import Store
 
@@ -88,8 +88,7 @@ class Guard:
         _expect("loops", loops, LoopPolicy, "tether.LoopPolicy(...)")
         _expect("ledger", ledger, Ledger, "tether.Ledger.sqlite(path)")
         _expect("retry", retry, RetryPolicy, "tether.RetryPolicy(...)")
-        _expect("checkpoints", checkpoints, Checkpoints, "tether.Checkpoints.sqlite(path)")
-        _expect("dead_letters", dead_letters, DeadLetters, "tether.DeadLetters.sqlite(path)")
+        _expect_stores(checkpoints, dead_letters)
         _expect("escalation", escalation, Escalation, "tether.Escalation(...)")
         _expect("prices", prices, PriceTable, "tether.PriceTable({...})")
         _expect("messages", messages, CustomerMessages, "tether.CustomerMessages(...)")
@@ -142,9 +141,9 @@ class Guard:
         self.messages = messages or CustomerMessages()
         self.store = store
         #: the provider token budgets every model call of the guard's runs is admitted by
-        self.token_budgets = budgets_for(token_budget)
+        self.token_budgets: tuple[TokenBudget, ...] = _token_budgets(token_budget)
         #: the models a run's model call goes to when its own cannot answer (tether.Fallback)
-        self.fallbacks = Fallback.chain(fallbacks)
+        self.fallbacks: tuple[Fallback, ...] = _fallback_chain(fallbacks)
         self.prices.check_chain(self.fallbacks, self.budget.max_cost_usd)
         # one unlucky call's retries alone never trip a tool's breaker
         self.breaker_threshold = breaker_threshold or max(5, 2 * self.retry.max_attempts)
@@ -262,7 +261,7 @@ class Guard:
         if key is not None and (not isinstance(key, str) or not key.strip()):
             raise ValueError(f"key must be a non-empty string (a request id) or None, got {key!r}")
         names = scope_names(scopes, self.scopes)
-        run_id = check_run_id(run_id) if run_id is not None else f"run_{os.urandom(16).hex()[:16]}"
+        run_id = _run_id(run_id)
         run = Run(self, task, run_id, key=key, request=request_of(key, run_id))
         run._state.scopes = names
         run._state.agent = agent_of(sys._getframe(1))
@@ -350,6 +349,42 @@ def _check_ledger_sees(guard: Guard, run: Run) -> None:
     what = unseen(guard.ledger, run._state._effects)
     if what is not None:
         guard._ledger_not_shared(run.run_id, what)
+
+
+def _expect_stores(checkpoints: object, dead_letters: object) -> None:
+    """``checkpoints=`` and ``dead_letters=`` checked (their module loads with them)."""
+    if checkpoints is not None or dead_letters is not None:
+        from tether.records._collections import Checkpoints, DeadLetters
+
+        _expect("checkpoints", checkpoints, Checkpoints, "tether.Checkpoints.sqlite(path)")
+        _expect("dead_letters", dead_letters, DeadLetters, "tether.DeadLetters.sqlite(path)")
+
+
+def _token_budgets(budgets: object) -> tuple[TokenBudget, ...]:
+    """``token_budget=`` as a tuple (the token budgets' modules load with the first one)."""
+    if budgets is None:
+        return ()
+    from tether.guards._tokens import budgets_for
+
+    return budgets_for(budgets)
+
+
+def _fallback_chain(fallbacks: object) -> tuple[Fallback, ...]:
+    """``fallbacks=`` as a chain (the fallbacks' module loads with the first one)."""
+    if fallbacks is None:
+        return ()
+    from tether.run._fallbacks import Fallback
+
+    return Fallback.chain(fallbacks)
+
+
+def _run_id(run_id: str | None) -> str:
+    """The caller's run id, checked (its rule's module loads with the first), or a new one."""
+    if run_id is None:
+        return f"run_{os.urandom(16).hex()[:16]}"
+    from tether.records._collections import check_run_id
+
+    return check_run_id(run_id)
 
 
 def request_of(key: str | None, run_id: str) -> str:

@@ -34,7 +34,6 @@ from tether.run._ending import Ending
 from tether.run._modelcalls import ModelCalls
 from tether.run._options import ModelRequest, ModelUsage, ToolOptions
 from tether.run._outcome import Outcome, Status, Stopped, StopReason
-from tether.run._rollback import Compensations, Rollback
 from tether.run._runstate import RunState, Tail
 from tether.run._settings import RunSettings
 from tether.run._steps import Steps
@@ -46,6 +45,7 @@ if TYPE_CHECKING:
     from tether.clock import Clock
     from tether.run._budget import Budget
     from tether.run._loops import LoopState
+    from tether.run._rollback import Compensations, Rollback
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -158,8 +158,13 @@ class Run:
         self._steps = Steps(state)
         self._tools = ToolPipeline(state)
         self._models = ModelCalls(state)
-        self._undo = Rollback(state)
         self._ending = Ending(state)
+
+    @functools.cached_property
+    def _undo(self) -> Rollback:  # the compensations: made (its module loaded) when first used
+        from tether.run._rollback import Rollback
+
+        return Rollback(self._state)
 
     # --- the with-block and the ending ------------------------------------------------
 

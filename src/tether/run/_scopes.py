@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 from tether.clock import Clock, system_clock
 from tether.run._outcome import Outcome, StopReason, Usage
 from tether.run._pricing import UnknownModelError
-from tether.stores._scopes import MemoryScopes, ScopeLimits, ScopeOps
 
 if TYPE_CHECKING:
     from tether.run._runstate import RunState
+    from tether.stores._scopes import ScopeLimits, ScopeOps
 
 __all__ = ["BudgetScopes", "RunScopes", "ScopeView", "scope_names"]
 
@@ -61,6 +61,8 @@ _OPS: weakref.WeakKeyDictionary[Any, ScopeOps] = weakref.WeakKeyDictionary()
 
 
 def _ops_of(store: Any) -> ScopeOps:
+    from tether.stores._scopes import MemoryScopes  # loaded with the first scopes
+
     if store is None:
         return MemoryScopes()
     own = getattr(store, "scopes", None)
@@ -135,6 +137,8 @@ class BudgetScopes:
         """Set the limits of scope ``name`` (None: no limit of that kind); ``window``: a
         rolling period in seconds, or None (the limit holds until raised). Raising a limit
         gives room at once: the runs waiting on the scope can be resumed."""
+        from tether.stores._scopes import ScopeLimits
+
         (name,) = scope_names((name,))
         self._ops.limit(
             name, ScopeLimits(max_cost_usd, max_tokens, max_model_calls, window), self._now()

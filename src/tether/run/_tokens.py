@@ -16,19 +16,11 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from tether._errors import LimiterTimeout
-from tether.guards._tokens import (
-    Reservation,
-    TokenBudget,
-    adrive_for,
-    budget_for,
-    drive_for,
-    headers_of,
-    reserve_plan,
-)
 from tether.run._outcome import StopReason
 
 if TYPE_CHECKING:
     from tether.guards._token_line import Plan
+    from tether.guards._tokens import Reservation, TokenBudget
 
 __all__ = ["NEAR_LIMIT", "RunTokens", "urgency"]
 
@@ -80,7 +72,12 @@ class RunTokens:
         return state
 
     def _budget(self, model: str, provider: str | None) -> TokenBudget | None:
-        return budget_for(getattr(self.run.guard, "token_budgets", ()), model, provider)
+        budgets = getattr(self.run.guard, "token_budgets", ())
+        if not budgets:
+            return None  # a guard without token budgets loads none of their modules
+        from tether.guards._tokens import budget_for
+
+        return budget_for(budgets, model, provider)
 
     def _stopped(self, budget: TokenBudget, exc: LimiterTimeout) -> BaseException:
         stopped: BaseException = self.run.halt(
@@ -95,6 +92,8 @@ class RunTokens:
     ) -> Plan[None]:
         """Take the call's place (waiting for it); stop the run TIMEOUT when it would come
         after the run's time budget."""
+        from tether.guards._tokens import reserve_plan
+
         try:
             plan = reserve_plan(
                 budget, estimated, max_out or 0, self.run.time_left(), urgency(self.run)
@@ -110,6 +109,8 @@ class RunTokens:
         """Wait for the call's place in the budget that covers ``model`` (if any)."""
         budget = self._budget(model, provider)
         if budget is not None and estimated is not None:
+            from tether.guards._tokens import drive_for
+
             drive_for(budget, self._plan(budget, model, estimated, max_out))
 
     async def areserve(
@@ -118,6 +119,8 @@ class RunTokens:
         """The async form of :meth:`reserve`."""
         budget = self._budget(model, provider)
         if budget is not None and estimated is not None:
+            from tether.guards._tokens import adrive_for
+
             await adrive_for(budget, self._plan(budget, model, estimated, max_out))
 
     def settle(self, model: str, input_tokens: int | None, output_tokens: int | None) -> None:
@@ -132,6 +135,10 @@ class RunTokens:
     def release(self, exc: BaseException | None = None) -> None:
         """The calls that got no answer (failed with ``exc``): everything back; a 429's
         Retry-After pauses the family."""
+        if not self.held:
+            return
+        from tether.guards._tokens import headers_of
+
         status = getattr(exc, "status_code", None) if exc is not None else None
         while self.held:
             budget, r, _ = self.held.popleft()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.stores import _logic
 from tether.stores._logic import CLOSED, HALF_OPEN, OPEN, BreakerConfig, LimiterConfig
-from tether.stores._tokens import MemoryTokens
+
+if TYPE_CHECKING:
+    from tether.stores._tokens import MemoryTokens
 
 __all__ = ["MemoryStore"]
 
@@ -23,7 +25,7 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._data: dict[str, dict[str, Any]] = {}
         self._configs: dict[str, str] = {}  # "kind:name" -> its configuration (see bind)
-        self._tokens = MemoryTokens()
+        self._tokens: MemoryTokens | None = None  # made with the first token budget
         # "breaker:<name>" per breaker name, made once: the closed breaker's fast paths
         # (twice per guarded call) look their state up without building the key
         self._breaker_keys: dict[str, str] = {}
@@ -106,10 +108,17 @@ class MemoryStore:
                 for kind in ("breaker", "budget", "limiter", "token budget"):
                     self._data.pop(f"{kind}:{name}", None)
                     self._configs.pop(f"{kind}:{name}", None)
-        self._tokens.reset(name)
+        if self._tokens is not None:
+            self._tokens.reset(name)
 
     def tokens(self) -> MemoryTokens:
         """The token budgets' operations (:class:`tether.TokenBudget`)."""
+        if self._tokens is None:
+            from tether.stores._tokens import MemoryTokens  # loaded with the first budget
+
+            with self._lock:
+                if self._tokens is None:
+                    self._tokens = MemoryTokens()
         return self._tokens
 
     def __repr__(self) -> str:
