@@ -12,6 +12,7 @@ FW_STAMP := $(FRAMEWORKS)/.installed
 FW_CONSTRAINTS := constraints-frameworks.txt
 FW_TESTS := tests/test_adk.py tests/test_strands.py tests/test_pickle.py tests/conformance/test_frameworks.py \
 	tests/test_tau_frameworks.py tests/test_usage_streams_google.py tests/test_usage_streams_bedrock.py \
+	tests/test_outages_frameworks.py \
 	"tests/test_docs.py::test_examples_run[adk.md]" "tests/test_docs.py::test_examples_run[strands.md]"
 # the benchmark: the tether-bench distribution (package tether.bench), installed editable beside
 # the library so `make test` (tests/test_bench*.py) and `make bench` run this checkout's copy
@@ -21,12 +22,13 @@ BENCH := benchmarks
 CREW := .venv-crewai
 CREW_STAMP := $(CREW)/.installed
 CREW_CONSTRAINTS := constraints-crewai.txt
-CREW_TESTS := tests/test_crewai.py tests/test_litellm.py tests/conformance/test_crewai_venv.py \
+CREW_TESTS := tests/test_crewai.py tests/test_litellm.py tests/conformance/test_crewai_venv.py tests/test_outages_crewai.py \
 	"tests/test_docs.py::test_examples_run[crewai.md]" "tests/test_docs.py::test_examples_run[litellm.md]"
 FW_OUT := --ignore=tests/test_adk.py --ignore=tests/test_strands.py \
 	--ignore=tests/test_usage_streams_google.py --ignore=tests/test_usage_streams_bedrock.py \
 	--ignore=tests/conformance/test_frameworks.py --ignore=tests/test_tau_frameworks.py \
 	--ignore=tests/test_crewai.py --ignore=tests/test_litellm.py \
+	--ignore=tests/test_outages_frameworks.py --ignore=tests/test_outages_crewai.py \
 	--ignore=tests/conformance/test_crewai_venv.py \
 	--deselect "tests/test_docs.py::test_examples_run[adk.md]" \
 	--deselect "tests/test_docs.py::test_examples_run[strands.md]" \

@@ -17,7 +17,6 @@ from typing import Any
 from tether import CircuitOpenError, ModelTurn, RequestUsage, Run, Stopped, StopReason
 from tether._errors import Picklable, require
 from tether.guards._tokens import estimate_tokens
-from tether.integrations._common import model_breaker
 from tether.providers import openai_responses
 
 require("agents", "openai-agents")
@@ -129,7 +128,7 @@ class TetherHooks(RunHooks[Any]):
         (``Guard(outage_wait=...)``); raises :class:`tether.CircuitOpenError` past that."""
         run = self.run
         model = self._model = self._model if model is None else model
-        breaker = run.guard.retry.breaker or model_breaker(run.guard, model)
+        breaker = run.model_turn(model).breaker  # the guard's, one per provider
 
         async def acquire() -> None:
             self._permits.append((breaker, await breaker._aacquire()))

@@ -282,29 +282,6 @@ def provider_breaker(provider: str, base_url: str, attempts: int) -> Any:
     return breakers.get(name, failure_threshold=2 * attempts)
 
 
-def model_breaker(guard: Any, model: str) -> Any:
-    """The breaker of the provider ``model`` is served by (its name prefix, through the
-    provider profiles; else the model's own name), for a framework adapter's model turns:
-    one per provider on ``guard``, on its store and clock, tripped by two model calls
-    that failed after all their attempts (the threshold of the guarded clients' breakers).
-    An open one makes a turn wait as ``Guard(outage_wait=...)`` allows, then ends the run
-    ``CIRCUIT_OPEN``: one incident for every conversation the outage stopped."""
-    from tether.guards._breaker import CircuitBreaker
-    from tether.providers import provider_of
-
-    provider = provider_of(model) or model or "model"
-    key = f"model provider {provider}"  # beside the guard's tool breakers, by another key
-    found = guard._breakers.get(key)
-    if found is None:
-        found = guard._breakers[key] = CircuitBreaker(
-            provider,
-            failure_threshold=2 * guard.retry.max_attempts,
-            store=guard.store,
-            clock=guard.clock,
-        )
-    return found
-
-
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 

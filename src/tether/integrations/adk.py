@@ -314,9 +314,10 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         turn = run.amodel_turn(
             _model_name(llm_request, callback_context), max_output=_max_output(llm_request)
         )
-        try:
-            await turn.aopen()
-        except Stopped:  # a token budget's wait past the run's time
+        try:  # a token budget's wait past the run's time; the provider's breaker open past
+            await turn.aopen()  # Guard(outage_wait=...): CIRCUIT_OPEN, one incident
+            await turn.aattempt()
+        except Stopped:
             return _stop_reply(run)
         live = self._live.get(callback_context.invocation_id)
         if live is not None:
@@ -356,6 +357,7 @@ class TetherPlugin(BasePlugin):  # type: ignore[misc,unused-ignore]  # untyped w
         if isinstance(error, Stopped):
             turn.gave_way(error)
             return _stop_reply(run)
+        turn.attempt_failed(error)  # ADK's own attempt: its provider's breaker is told
         try:  # one retry layer: tether's policy, within the run's time (ADK has none of its own)
             return await turn.acall(
                 _again(error, callback_context, llm_request), policy=self._policy

@@ -42,7 +42,6 @@ from tether.integrations._common import (
     SideEffects,
     ToolOptions,
     ToolRules,
-    model_breaker,
     require_a_place_to_wait,
     require_guard,
     result_text,
@@ -259,7 +258,6 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         guard.prices.check_chain(chain, guard.budget.max_cost_usd)
         self.fallbacks = _chat_models(chain)
         self._fallback_policy = self._policy.replace(breaker=None)
-        self._policies: dict[str, RetryPolicy] = {}  # by model: with its provider's breaker
         self._warned = False
         self._tools = ToolGuard(side_effects, read_only=read_only, **rules)
         require_a_place_to_wait(guard, self._tools.rules.needing_approval())
@@ -558,18 +556,11 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
         """The request to its own model, then to each fallback (``request.override``); a
         fallback's attempts go through the guard's retry policy without the primary's
         breaker (an open one is what sends the call on, or, last, ends the run
-        ``CIRCUIT_OPEN`` after ``Guard(outage_wait=...)``)."""
-        model = _model_name(request.model)
-        policy = self._policies.get(model)
-        if policy is None:  # the primary's attempts go through its provider's breaker
-            policy = self._policies[model] = (  # (the guard's retry policy's, if it has one)
-                self._policy
-                if self._policy.breaker is not None
-                else self._policy.replace(breaker=model_breaker(self.guard, model))
-            )
+        ``CIRCUIT_OPEN`` after ``Guard(outage_wait=...)``): each turn asks its own
+        provider's breaker (``ModelTurn.call``)."""
         if not self.fallbacks:
-            return [(request, policy)]
-        return [(request, policy)] + [
+            return [(request, self._policy)]
+        return [(request, self._policy)] + [
             (request.override(model=model), self._fallback_policy) for model in self.fallbacks
         ]
 

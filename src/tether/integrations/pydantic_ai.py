@@ -53,7 +53,6 @@ from tether.integrations._common import (
     ToolOptions,
     ToolRules,
     blocking,
-    provider_breaker,
     require_a_place_to_wait,
     require_guard,
     take_rules,
@@ -117,6 +116,7 @@ class _Live:
         "base",
         "counted",
         "delegate",
+        "first",
         "messages",
         "permit",
         "policy",
@@ -139,6 +139,7 @@ class _Live:
         # the breaker asked before the attempt in flight, and its permit
         self.permit: tuple[Any, str] | None = None
         self.retries = ModelRetries(policy, run)
+        self.first = 1  # PydanticAI's attempt the request's count starts at (after a probe)
         self.turns: list[ModelTurn] = []  # the model turns of the requests in flight
         self.raised: list[BaseException] = []  # what the tools raised themselves
         # PydanticAI's RunUsage of the run (a delegate with usage=ctx.usage adds to it), its
@@ -422,19 +423,15 @@ class TetherCapability(AbstractCapability[Any]):
         live = self._state(ctx)
         if live is None:
             return request_context
-        breaker = self._breaker(request_context.model, live.policy)
+        model = request_context.model  # the guard's breaker of its provider (ModelTurn.breaker)
+        name = str(getattr(model, "model_name", "") or "")
+        breaker = live.run.model_turn(name, provider=_provider(model)).breaker
 
         async def acquire() -> None:
             live.permit = (breaker, await breaker._aacquire())
 
         await live.run.athrough_breaker(acquire)
         return request_context
-
-    @staticmethod
-    def _breaker(model: Any, policy: RetryPolicy) -> Any:
-        base_url = str(getattr(model, "base_url", "") or "")
-        system = getattr(model, "system", None)
-        return provider_breaker(str(system or "model"), base_url, policy.max_attempts)
 
     async def after_model_request(self, ctx: Any, *, request_context: Any, response: Any) -> Any:
         live = self._state(ctx)
@@ -462,20 +459,31 @@ class TetherCapability(AbstractCapability[Any]):
         if live is None:
             raise error
         verdict = live.policy.classifier(error)
-        await self._settle(live, verdict)
-        delay = live.retries.wait(verdict, request_context.attempt)
+        attempt = request_context.attempt
+        if attempt <= 1:
+            live.first = 1
+        # a failure that left the provider's breaker open is tried again after the
+        # breaker's wait (prepare_model_request), its attempts counted afresh, as a guarded
+        # client's call does; past Guard(outage_wait=...) the run ends CIRCUIT_OPEN
+        if await self._settle(live, verdict) and verdict.retryable:
+            live.first = attempt + 1
+            raise exceptions.RetryModelRequest()
+        delay = live.retries.wait(verdict, attempt - live.first + 1)
         if delay is None:
             raise error
         await live.run.clock.asleep(delay)
         raise exceptions.RetryModelRequest()
 
     @staticmethod
-    async def _settle(live: _Live, verdict: Any) -> None:
-        """Tell the breaker asked before this attempt how it went (None: a success)."""
-        if live.permit is not None:
-            breaker, permit = live.permit
-            live.permit = None
-            await breaker._arecord(permit, verdict)
+    async def _settle(live: _Live, verdict: Any) -> bool:
+        """Tell the breaker asked before this attempt how it went (None: a success); True
+        when that left it open (the provider is down)."""
+        if live.permit is None:
+            return False
+        breaker, permit = live.permit
+        live.permit = None
+        await breaker._arecord(permit, verdict)
+        return breaker._refusal() is not None
 
     # --- tools --------------------------------------------------------------------------
 

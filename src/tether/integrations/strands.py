@@ -280,13 +280,14 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
         state[RUN_KEY] = run
         state.pop(_CANCELLED, None)
 
-    def _before_model(self, event: Any) -> None:
+    async def _before_model(self, event: Any) -> None:
         state = event.invocation_state
         run = self._run(state)
         again = state.pop(_RETRYING, False)  # a retry of the step's call: the same step
         if run.stopped is None and (again or run.proceed()):
-            try:
-                state[_TURN] = run.model_turn(_model_name(event.agent)).open()
+            try:  # each attempt asks its provider's breaker (open past outage_wait: stopped)
+                turn = await run.amodel_turn(_model_name(event.agent)).aopen()
+                state[_TURN] = await turn.aattempt()
                 self._keep(event)
                 return
             except Stopped:
@@ -337,9 +338,16 @@ class TetherHooks(HookProvider):  # type: ignore[misc,unused-ignore]
         retries = state.get(_RETRIES)
         if not isinstance(retries, ModelRetries):
             retries = state[_RETRIES] = ModelRetries(self._policy, run)
-        delay = retries.wait(classify(event.exception), attempt)
+        verdict = classify(event.exception)
+        # the attempt's failure counts in its provider's breaker; one that left it open
+        # (the provider is down) is tried again after the breaker's wait, its attempts
+        # counted afresh (past Guard(outage_wait=...) the run ends CIRCUIT_OPEN)
+        opened = turn.attempt_failed(event.exception) and verdict.retryable
+        delay = 0.0 if opened else retries.wait(verdict, attempt)
         if delay is None:
             return False
+        if opened:
+            state[_ATTEMPT] = 0
         turn.gave_way(event.exception)  # its reservation back: the retry reserves
         await self.guard.clock.asleep(delay)
         state[_RETRYING] = True
