@@ -421,8 +421,8 @@ def test_one_failed_refund_is_one_letter_and_replaying_every_letter_pays_once(
             for letter in letters_of.list():
                 assert letters_of.replay(letter.id, fixed_refund) == {"id": "re_1"}
         if kind == "sqlite":
-            assert main(["dlq", "--db", where, "replay", letters[0].id, "--handler",
-                         "test_identity:fixed_refund"]) == 0  # fmt: skip
+            assert main(["dlq", "--db", where, "replay", letters[0].id, "--by", "dana",
+                         "--handler", "test_identity:fixed_refund"]) == 0  # fmt: skip
     finally:
         other.close()
         records.close()
@@ -455,7 +455,7 @@ def test_a_failed_replay_can_be_replayed_once_fixed(
         )
         db = str(Path(where).with_name("cli.db"))
         letter_id = tether.Records.sqlite(db).dead_letters.list()[0].id
-        replay = ["dlq", "--db", db, "replay", letter_id, "--handler"]
+        replay = ["dlq", "--db", db, "replay", letter_id, "--by", "dana", "--handler"]
         assert main([*replay, "test_identity:broken_refund"]) == 1
         assert main([*replay, "test_identity:fixed_refund"]) == 0
         assert main([*replay, "test_identity:fixed_refund"]) == 0

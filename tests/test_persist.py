@@ -79,7 +79,19 @@ def test_dlq_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     shown = json.loads(capsys.readouterr().out)
     assert shown["args"]["api_key"] == "[redacted]"
     assert (
-        main(["dlq", "--db", db, "replay", letter.id, "--handler", "test_persist:replay_handler"])
+        main(
+            [
+                "dlq",
+                "--db",
+                db,
+                "replay",
+                letter.id,
+                "--by",
+                "dana",
+                "--handler",
+                "test_persist:replay_handler",
+            ]
+        )
         == 0
     )
     assert "sent to a@b.c" in capsys.readouterr().out
@@ -107,7 +119,7 @@ def test_dlq_replay_twice_runs_the_handler_once(
     letter = DeadLetters.sqlite(db).park(tool="send_email", args={"to": "a@b.c", "api_key": "k"},
                                          error=ValueError("x"), run_id="r", task="t", at=0.0)  # fmt: skip
     calls.clear()
-    replay = ["replay", letter.id, "--handler", "test_persist:counting_handler"]
+    replay = ["replay", letter.id, "--by", "dana", "--handler", "test_persist:counting_handler"]
     assert main(["dlq", "--db", db, *replay]) == 0
     assert main(["dlq", *replay, "--db", db]) == 0  # --db after the action works too
     out = capsys.readouterr().out
@@ -155,7 +167,7 @@ def test_a_second_terminal_is_told_the_letter_is_being_replayed(tmp_path: Path) 
         "HELD_CALLS": str(calls_file),
     }
     command = [sys.executable, "-m", "tether.cli", "dlq", "--db", db, "replay", letter.id,
-               "--handler", "test_persist:held_handler"]  # fmt: skip
+               "--by", "dana", "--handler", "test_persist:held_handler"]  # fmt: skip
     here = str(Path(__file__).parent)
     first = subprocess.Popen(command, cwd=here, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -189,12 +201,27 @@ def test_dlq_command_line_rough_edges(tmp_path: Path, capsys: pytest.CaptureFixt
     letter = DeadLetters.sqlite(db).park(tool="send_email", args={"to": "a@b.c", "api_key": "k"},
                                          error=ValueError("x"), run_id="r", task="t", at=0.0)  # fmt: skip
     code = main(
-        ["dlq", "--db", db, "replay", letter.id, "--handler", "test_persist:failing_handler"]
+        [
+            "dlq",
+            "--db",
+            db,
+            "replay",
+            letter.id,
+            "--by",
+            "dana",
+            "--handler",
+            "test_persist:failing_handler",
+        ]
     )
     err = capsys.readouterr().err
     assert code == 1
     assert err.strip() == "tether dlq: the handler failed: RuntimeError: smtp refused"
-    assert main(["dlq", "--db", db, "replay", letter.id, "--handler", "no_such_module:fn"]) == 2
+    assert (
+        main(
+            ["dlq", "--db", db, "replay", letter.id, "--by", "d", "--handler", "no_such_module:fn"]
+        )
+        == 2
+    )
     assert "cannot import the handler" in capsys.readouterr().err
 
 
@@ -210,7 +237,17 @@ def test_dlq_replay_refuses_a_handler_that_cannot_fill_redacted_fields(
     letter = DeadLetters.sqlite(db).park(tool="send_email", args={"to": "a@b.c", "api_key": "sk-live-abcdefghijk"},
                                          error=ValueError("x"), run_id="r", task="t", at=0.0)  # fmt: skip
     code = main(
-        ["dlq", "--db", db, "replay", letter.id, "--handler", "test_persist:unaware_handler"]
+        [
+            "dlq",
+            "--db",
+            db,
+            "replay",
+            letter.id,
+            "--by",
+            "dana",
+            "--handler",
+            "test_persist:unaware_handler",
+        ]
     )
     assert code == 2
     err = capsys.readouterr().err

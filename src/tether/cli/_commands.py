@@ -112,9 +112,19 @@ def register(sub: Any) -> None:
         "the handler again (--force calls it again). The handler is your code: it receives "
         "the tool's keyword arguments as the model gave them and returns the tool's result "
         "(JSON-able); an exception means the replay failed and the letter stays. Arguments "
-        "that were redacted when the letter was stored cannot be replayed.",
+        "that were redacted when the letter was stored cannot be replayed. --by names who "
+        "replays it, as the page asks: kept on the letter, and once the handler ran the case "
+        "of the letter's run is resolved in that name, linked to the letter (an outage's "
+        "incident is left for a person to close).",
     )
     replay.add_argument("id")
+    replay.add_argument(
+        "--by",
+        required=True,
+        metavar="NAME",
+        help="who replays it (a person's name, kept on the letter and on the case it "
+        "resolves; required: a replay runs a side effect again)",
+    )
     replay.add_argument(
         "--handler", required=True, help="module:function to call with the arguments"
     )
@@ -391,6 +401,8 @@ def _dlq(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.dlq_command == "replay":
+        return _replay(args)
     with _inspect.dead_letters(args.db) as letters:
         if args.dlq_command == "list":
             return _inspect.list_letters(letters, args.json, args.limit)
@@ -399,9 +411,7 @@ def _dlq(args: argparse.Namespace) -> int:
         except KeyError as exc:
             print(f"tether dlq: {exc.args[0]}", file=sys.stderr)
             return 1
-        if args.dlq_command == "show":
-            return _inspect.show_doc(letter.to_doc())
-        return _replay(letters, letter, args.handler, args.force, args.lookup)
+        return _inspect.show_doc(letter.to_doc())
 
 
 def _import_handler(spec: str, command: str) -> Any:
@@ -524,17 +534,51 @@ def _refused(why: str) -> int:
     return 2
 
 
-def _replay(letters: Any, letter: Any, spec: str, force: bool, lookup_spec: str | None) -> int:
-    handler = _import_handler(spec, "dlq")
-    lookup = _import_handler(lookup_spec, "dlq") if lookup_spec else None
-    if handler is None or (lookup_spec and lookup is None):
+def _replay(args: argparse.Namespace) -> int:
+    """``dlq replay``: the page's replay (:func:`tether.records._replay.replay_letter`), in
+    the name ``--by`` gives, on the records in ``--db``."""
+    by, force = args.by.strip(), args.force
+    if not by:
+        print("tether dlq: --by NAME: say who replays it", file=sys.stderr)
         return 2
-    again = letter.replayed and not force
+    handler = _import_handler(args.handler, "dlq")
+    lookup = _import_handler(args.lookup, "dlq") if args.lookup else None
+    if handler is None or (args.lookup and lookup is None):
+        return 2
+    from tether.clock import system_clock
+    from tether.records._records import Records
+    from tether.records._replay import case_of_run, replay_letter
+
+    with Records.open(args.db) as records:
+        try:
+            letter = records.dead_letters.get(args.id)
+        except KeyError as exc:
+            print(f"tether dlq: {exc.args[0]}", file=sys.stderr)
+            return 1
+        again = letter.replayed and not force
+        at = system_clock.wall()
+
+        def replay() -> Any:
+            return replay_letter(
+                records, letter.id, handler, by=by, at=at, force=force, lookup=lookup
+            )
+
+        code = _replayed(letter, force, again, replay)
+        case = case_of_run(records, letter.run_id) if code == 0 else None
+        if case is not None and case.get("dead_letter") == letter.id:
+            print(f"case {case['id']} resolved by {case.get('resolved_by', by)}")
+        elif case is not None and case.get("incident"):
+            print(f"case {case['id']} is an outage's incident: left open for a person to close")
+    return code
+
+
+def _replayed(letter: Any, force: bool, again: bool, replay: Callable[[], Any]) -> int:
+    """Run ``replay`` and say how it went; the exit code."""
     from tether._errors import EffectInProgress, UnknownOutcome
     from tether.records._collections import RedactedArguments
 
     try:
-        result = letters.replay(letter.id, handler, force=force, lookup=lookup)
+        result = replay()
     except RedactedArguments as exc:
         print(f"tether dlq: {exc}", file=sys.stderr)
         return 2

@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from tether._errors import EffectInProgress
-from tether.records._collections import CaseState, RedactedArguments, check_run_id
+from tether.records._collections import RedactedArguments, check_run_id
+from tether.records._replay import case_of_run, replay_letter
 from tether.serve._site import Area
 from tether.serve._values import preview, short
 
@@ -45,7 +46,7 @@ class Replays(Area):
         replay = letters.last_replay(letter_id)
         if replay is not None and "result" in replay:
             replay["result"] = preview(replay["result"])
-        case = self._case(letter.run_id)
+        case = case_of_run(self.site.records, letter.run_id)
         return "dead_letter.html", {
             "letter": short(letter.to_doc()),
             "args": preview(letter.args),
@@ -53,18 +54,6 @@ class Replays(Area):
             "can_replay": self.site.handler is not None,
             "case": short(case) if case is not None else None,
         }
-
-    def _case(self, run_id: str) -> dict[str, Any] | None:
-        """The case of the letter's run (None: its run filed none, or is gone)."""
-        records = self.site.records
-        run = records.runs.get(run_id) if run_id else None
-        case_id = (run or {}).get("handoff_id")
-        if not case_id:
-            return None
-        try:
-            return records.handoffs.get(str(case_id))
-        except KeyError:
-            return None
 
     def replay(self, request: Request, form: dict[str, str]) -> str:
         letter_id = check_run_id(request.path_params["letter_id"], "a dead letter id")
@@ -74,10 +63,9 @@ class Replays(Area):
         by = form.get("by", "").strip()
         if not by:
             raise ValueError("say who replays it (the 'by' field)")
-        letters = self.site.records.dead_letters
-        letter = letters.get(letter_id)  # a KeyError (404) for no such letter, before anything runs
-        try:
-            letters.replay(letter_id, handler, by=by)  # at most once per intent, via the ledger
+        self.site.records.dead_letters.get(letter_id)  # a KeyError (404): no such letter
+        try:  # at most once per intent, via the ledger; the run's case resolved by `by`
+            replay_letter(self.site.records, letter_id, handler, by=by, at=self.site.clock())
         except RedactedArguments:
             raise
         except EffectInProgress:  # another replay's handler still runs: not a failure
@@ -87,20 +75,4 @@ class Replays(Area):
             ) from None
         except Exception as exc:  # the handler's failure: the letter's page shows it
             _log.warning("tether serve: the replay of %s failed: %s", letter_id, type(exc).__name__)
-            return f"/dead-letters/{letter_id}#replay"
-        # the replay did what the run could not: the run's case is closed, linked to the letter
-        # (an outage's incident holds other runs: a person closes it)
-        case = self._case(letter.run_id)
-        if (
-            case is not None
-            and case.get("state") != CaseState.RESOLVED
-            and not case.get("incident")
-        ):
-            self.site.records.handoffs.resolve(
-                str(case["id"]),
-                by=by,
-                note=f"dead letter {letter_id} replayed by {by[:100]}: its handler ran",
-                at=self.site.clock(),
-                dead_letter=letter_id,
-            )
         return f"/dead-letters/{letter_id}#replay"
