@@ -126,6 +126,26 @@ def test_an_outage_is_one_incident_with_one_case(tmp_path: Path, shell: str) -> 
     assert inbox.count('href="/runs/') >= 10 + 1  # the newest ten, and the case's own run
 
 
+@pytest.mark.parametrize("shell", ["sync", "async"])
+def test_an_escalation_sink_gets_one_handoff_per_incident(tmp_path: Path, shell: str) -> None:
+    """Before: an Escalation(sink=...) beside the records got one handoff per conversation the
+    outage stopped (one incident). Now: one, the incident's first run's, whose id is the
+    incident's case; the records list every conversation it holds."""
+    handed: list[tether.HandoffRecord] = []
+    outs, _, records = outage(tmp_path, shell, escalation=tether.Escalation(sink=handed.append))
+    stopped = [o for o in outs if o.stopped_because is StopReason.CIRCUIT_OPEN]
+    assert len(stopped) >= CONVERSATIONS - 2
+    # with a sink, the conversations that ended ERROR before the trip are handed over too
+    (case,) = [c for c in records.handoffs.list(limit=100) if c.get("incident")]
+    outage_handoffs = [h for h in handed if h.reason is StopReason.CIRCUIT_OPEN]
+    assert [h.id for h in outage_handoffs] == [case["id"]]
+    assert outage_handoffs[0].run_id == stopped[0].run_id
+    assert len(handed) == len(outs) - len(stopped) + 1
+    held, total = records.incidents.runs(case["id"])
+    assert total == len(stopped) and {r["run_id"] for r in held} == {o.run_id for o in stopped}
+    assert {o.customer_message for o in stopped} == {said("outage")}  # a person has them all
+
+
 def test_outage_wait_none_waits_as_the_time_budget_allows(tmp_path: Path) -> None:
     """Guard(outage_wait=None): the old wait, up to three breaker cooldowns a call."""
     outs, _, _ = outage(tmp_path, "sync", outage_wait=None)

@@ -26,8 +26,12 @@ os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of the cost map
 
-#: CrewAI's own Agent reads the fields it deprecates on every Agent built: not this code's
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [
+    # CrewAI's own Agent reads the fields it deprecates on every Agent built: not this code's
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    # LiteLLM's own types make pydantic warn (TypedDicts with ReadOnly items) on first use
+    pytest.mark.filterwarnings("ignore:.*ReadOnly. qualifier:UserWarning"),
+]
 
 MODEL = "gpt-6.1-terra"
 

@@ -164,12 +164,12 @@ class Ending:
                 self.s.clock.wall(),
             )
             records = self.s.guard.records
-            into_records = records is not None
+            into_records, joined = records is not None, False
             if records is not None and self.s._outage is not None:  # one case per outage
-                handoff = _join_incident(self.s, records, handoff, issues)
+                handoff, joined = _join_incident(self.s, records, handoff, issues)
                 into_records = False
-            for sink in (
-                esc.sink if esc is not None else None,
+            for sink in (  # a run joining an open incident: its sink has the incident's case
+                esc.sink if esc is not None and not joined else None,
                 records.handoffs if records is not None and into_records else None,
             ):
                 delivery = _Delivery(sink)
@@ -328,10 +328,13 @@ class Ending:
 
 def _join_incident(
     s: RunState, records: Records, handoff: HandoffRecord, issues: list[str]
-) -> HandoffRecord:
+) -> tuple[HandoffRecord, bool]:
     """File a run that an outage stopped under that outage's incident: the open case of
     its dependency, or a new one when there is none (records/_incidents.py); the
-    handoff, named by that case's id."""
+    handoff, named by that case's id, and whether the run joined a case already open
+    (whose handoff an ``Escalation(sink=...)`` had with the incident's first run: the
+    sink gets one handoff per incident, ``records.incidents.runs(handoff.id)`` lists its
+    conversations)."""
     from tether.records._collections import CaseState  # loaded by an outage's run only
 
     assert s._outage is not None
@@ -351,11 +354,11 @@ def _join_incident(
             redact(str(exc)),
         )
         issues.append(f"incident filing failed: {type(exc).__name__}")
-        return handoff
+        return handoff, False
     s._case_filed = True
     if not opened:
         _log.info("tether: run %s joins the open incident %s (%s)", s.run_id, case_id, dependency)
-    return replace(handoff, id=case_id)
+    return replace(handoff, id=case_id), not opened
 
 
 def _overtaken(s: RunState) -> bool:

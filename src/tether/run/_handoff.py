@@ -69,7 +69,10 @@ class Escalation:
     or when the code calls ``run.escalate()``; and when a ``sink`` is configured, every
     run that stops short of its goal is handed over. ``sink`` receives the
     :class:`HandoffRecord`: a callable, ``tether.Handoffs.sqlite(path)``, or
-    ``tether.webhook(url)``.
+    ``tether.webhook(url)``. With ``Guard(records=...)``, the runs one outage stops are one
+    incident and the sink gets one handoff for it, the first run's, whose ``id`` is the
+    incident's case (``records.incidents.runs(handoff.id)`` lists its conversations); the
+    runs that join it later do not call the sink again.
     """
 
     on: frozenset[StopReason] = DEFAULT_TRIGGERS
