@@ -6,6 +6,7 @@ copy merged again (a replayed update, a redelivered hook) counts nothing twice."
 from __future__ import annotations
 
 import asyncio
+import operator
 import threading
 from typing import Any
 
@@ -180,3 +181,36 @@ def test_parallel_calls_each_rebuilding_the_run_keep_max_tool_calls(shell: str) 
     outcome = parallel_turn(12, shell, tether.Budget(max_tool_calls=3))
     assert outcome.usage.tool_calls == len(RAN) == 3
     assert outcome.stopped_because is tether.StopReason.MAX_TOOL_CALLS
+
+
+# --- a hook writes what is new: its cost does not grow with the run ------------------------
+
+
+def test_a_snapshot_makes_only_the_new_entries_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of 900 calls snapshotted at each hook (restored with ``reuse=``): a snapshot
+    makes JSON of the entries appended since the last one only, and a restore takes only
+    those as the snapshot's (before: every entry of both tails, at every hook)."""
+    from tether.run import _snapshot
+
+    guard = Guard(loops=tether.LoopPolicy(max_no_progress=None))
+    run = guard.start(task="t")
+    for i in range(900):
+        run.proceed()
+        run.call_tool("lookup", lambda q: "found", {"q": str(i)})
+    run = guard.restore(run.snapshot(), reuse=run)
+    made: list[Any] = []
+    flat = _snapshot._flat
+    monkeypatch.setattr(_snapshot, "_flat", lambda e: made.append(e) or flat(e))
+    docs = [run.snapshot()]
+    for q in ("x-1", "x-2"):
+        run.proceed()
+        run.call_tool("lookup", lambda q: "found", {"q": q})
+        before = len(made)
+        doc = run.snapshot()
+        assert len(made) - before == 1  # the new call's line of the transcript, only
+        for tail in ("partial", "transcript"):  # the entries written before: made once
+            was, now = docs[-1][tail]["entries"], doc[tail]["entries"]
+            assert len(now) == len(was) + 1 and all(map(operator.is_, was, now))
+        assert guard.restore(doc, reuse=run) is run
+        docs.append(doc)
+    assert len(doc["transcript"]["entries"]) == 902

@@ -82,7 +82,7 @@ def write(body: Mapping[str, Any], form: Form, keys: tuple[bytes, ...]) -> dict[
     """The document of ``body`` (its fields, redacted already) as a ``form``: headed by its
     version and form, signed with the first of ``keys`` when there is one."""
     doc = {"version": DOCUMENT_VERSION, "form": _FORMS[form]}
-    doc.update(body)
+    doc.update(body)  # a body headed already (a snapshot's) keeps its order
     if keys:
         doc[SIGNATURE] = sign(doc, keys)
     return doc

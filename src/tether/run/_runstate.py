@@ -69,13 +69,18 @@ class Tail(list[Mapping[str, Any]]):
     ``keep`` and ``2 * keep`` entries; reading it (``list(tail)``) gives the newest ``keep``.
     """
 
-    __slots__ = ("by_tool", "keep", "omitted")
+    __slots__ = ("by_tool", "doc", "keep", "omitted", "settled")
 
     def __init__(self, keep: int | None, entries: Any = ()) -> None:
         super().__init__(entries)
         self.keep = keep
         self.omitted = 0
         self.by_tool: Counter[str] = Counter()
+        #: the first entries as a document holds them (JSON), made once each: a snapshot
+        #: adds what was appended since (``_snapshot._tail``); None after a trim
+        self.doc: list[Any] | None = None
+        #: how many of the first entries are a snapshot's JSON already (``_snapshot._settle``)
+        self.settled = 0
         self._trim(self.keep or 0)
 
     def append(self, entry: Mapping[str, Any]) -> None:
@@ -94,6 +99,8 @@ class Tail(list[Mapping[str, Any]]):
                 self.by_tool[tool] += 1
         self.omitted += cut
         del self[:cut]
+        self.doc = None
+        self.settled = max(0, self.settled - cut)
 
     def as_views(self) -> Tail:
         """This tail with each recorded call as its view, a plain dict (a call kept as its

@@ -62,16 +62,25 @@ _COUNTS = (
 
 
 def _tail(tail: Tail) -> dict[str, Any]:
-    # a recorded call is its redacted JSON view already, and an entry read back from a
-    # snapshot is JSON as it was written: both kept as they are (no secret in the state)
-    # PlainEntry's type first: isinstance of RecordedEntry (a Mapping) asks the ABC's registry
-    entries = [
-        dict(e)
-        if type(e) is PlainEntry or isinstance(e, RecordedEntry)
-        else _flat(e) or jsonable(e)
-        for e in tail
-    ]
-    return {"entries": entries, "omitted": tail.omitted, "by_tool": dict(tail.by_tool)}
+    """A tail as a document holds it: each entry made JSON once, when first written (the
+    tail keeps what it made, ``tail.doc``; an entry is never changed once appended), so a
+    hook's snapshot costs the entries appended since the last one, not the run's length."""
+    done = tail.doc
+    if done is None or len(done) > len(tail):
+        done = []
+    if len(done) < len(tail):
+        # a recorded call is its redacted JSON view already, and an entry read back from a
+        # snapshot is JSON as it was written: both kept as they are (no secret in the state)
+        # PlainEntry's type first: isinstance of RecordedEntry (a Mapping) asks the ABC's
+        # registry
+        done = done + [
+            dict(e)
+            if type(e) is PlainEntry or isinstance(e, RecordedEntry)
+            else _flat(e) or jsonable(e)
+            for e in tail[len(done) :]
+        ]
+        tail.doc = done
+    return {"entries": list(done), "omitted": tail.omitted, "by_tool": dict(tail.by_tool)}
 
 
 def _flat(entry: Any) -> dict[str, Any] | None:
@@ -115,13 +124,22 @@ def _untail(keep: int | None, doc: Any) -> Tail:
 def snapshot(run: RunState) -> dict[str, Any]:
     """Everything the guards of ``run`` need to go on, as plain data: redacted (no secret
     in clear: an effect's arguments, the result), and signed when the guard has a key."""
-    return write(_document(run), Form.SNAPSHOT, run.guard.signing_keys)
+    doc = _document(run)  # headed by its version and form already: not copied to be
+    keys = run.guard.signing_keys
+    return write(doc, Form.SNAPSHOT, keys) if keys else doc
+
+
+#: the head of every snapshot (a snapshot is written at every hook of a framework that keeps
+#: the run in its state: its fields are laid out once, in the dict it is returned in)
+_VERSION, _FORM = DOCUMENT_VERSION, Form.SNAPSHOT.value
 
 
 def _document(run: RunState) -> dict[str, Any]:
     loops = settled(run)
     stop = run._stop
     return {
+        "version": _VERSION,
+        "form": _FORM,
         **run_fields(run),  # the run, its request, its effects (redacted), its ledger
         "task": run.task,
         "scopes": list(run.scopes),
@@ -343,9 +361,9 @@ def _settle(s: RunState, guard: RunSettings, doc: Mapping[str, Any]) -> bool:
     if not all(isinstance(entries, list) for _, entries in tails):  # as long as the tails
         return False
     for tail, entries in tails:
-        for i, entry in enumerate(tail):
-            if type(entry) is not PlainEntry:  # a new entry: the snapshot's JSON of it
-                e = entries[i]
-                tail[i] = PlainEntry(e) if isinstance(e, Mapping) else e
+        for i in range(tail.settled, len(tail)):  # the new entries: the snapshot's JSON of each
+            e = entries[i]
+            tail[i] = PlainEntry(e) if isinstance(e, Mapping) else e
+        tail.settled = len(tail)
     continue_here(s, float(elapsed))
     return True
