@@ -108,9 +108,8 @@ def _not_done(s: RunState) -> bool:
 
 class Run:
     """One guarded run of an agent (see :class:`tether.Guard`): a front that owns the run's
-    state and its parts (steps, tool calls, model calls, compensations, ending), each given
-    the state, and decides their order; the counters (``steps``, ``cost_usd``...) are the
-    state's."""
+    state and its parts (steps, tool calls, model calls, compensations, ending), each given the
+    state, and decides their order; the counters (``steps``, ``cost_usd``...) are the state's."""
 
     guard: _FromState[RunSettings] = _FromState()
     task: _FromState[str] = _FromState()
@@ -378,13 +377,10 @@ class Run:
     progress = _answered_by("_steps", Steps.progress)
     observe_state = _answered_by("_steps", Steps.observe_state)
 
-    #: two copies of one run's snapshot as one, by the union of their entries (a framework's
-    #: state reducer: docs/run.md, "Copies of a run merge"); see ``_document.merge``
-    merged = staticmethod(merge)
+    merged = staticmethod(merge)  # two copies of a run as one (docs/run.md: copies merge)
 
     def snapshot(self) -> dict[str, Any]:
-        """The run as plain data (JSON-able), for a framework that keeps it in its own state
-        (LangGraph's checkpoint); ``guard.restore(doc)`` continues it, in any process."""
+        """The run as plain data, for a framework's state: ``guard.restore(doc)`` goes on."""
         from tether.run._snapshot import snapshot
 
         return snapshot(self._state)
