@@ -137,15 +137,19 @@ def test_a_warm_start_takes_no_lock(pg_dsn: str, warm: str, store: str) -> None:
 
 
 def test_a_cold_start_waits_for_the_schema_lock(pg_dsn: str) -> None:
-    """The tables missing: a store waits for the worker holding the lock (here, times out)."""
+    """The tables missing: a store waits for the worker holding the lock (here, times out:
+    tether's StoreUnavailable saying so, never the driver's LockNotAvailable)."""
     import psycopg
+
+    from tether import StoreUnavailable
 
     dsn, drop = fresh_schema(pg_dsn, lock_timeout="100")
     try:
         with psycopg.connect(pg_dsn, autocommit=True) as holder:
             holder.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK,))
-            with pytest.raises(psycopg.errors.LockNotAvailable):
+            with pytest.raises(StoreUnavailable, match="lock_timeout ran out") as refused:
                 PostgresDocuments(dsn).close()
+            assert isinstance(refused.value.__cause__, psycopg.errors.LockNotAvailable)
     finally:
         drop()
 

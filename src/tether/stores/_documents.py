@@ -215,9 +215,19 @@ class PostgresDocuments:
 
     def create_schema(self, statements: Sequence[str]) -> None:
         """Create tables and indexes (``... IF NOT EXISTS``), one worker at a time when a
-        fleet starts cold (stores/_schema.py); nothing but one query when they exist."""
-        with self._pool.connection() as conn:
-            create_schema(conn, statements)
+        fleet starts cold (stores/_schema.py); nothing but one query when they exist. The
+        server unreachable or refusing: :class:`StoreUnavailable`."""
+        import psycopg
+
+        errors: tuple[type[BaseException], ...] = (psycopg.Error, *self._errors)
+        try:
+            with self._pool.connection() as conn:
+                create_schema(conn, statements)
+        except errors as exc:
+            raise StoreUnavailable(
+                f"the documents' PostgreSQL at {safe_url(self.dsn)} could not be used to create "
+                f"its tables ({type(exc).__name__}: {safe_url(str(exc))})"
+            ) from exc
 
     def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
         body = json.dumps(doc, default=str)

@@ -122,12 +122,23 @@ class PostgresLedgerBackend:
                 raise self._unavailable(exc) from exc
             except self._pool_errors as exc:
                 raise self._unavailable(exc) from exc
+            except self._psycopg.Error as exc:  # the server refused: a read-only standby, ...
+                raise self._unavailable(exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        """A statement's failure, said as what it was: the server did not answer (a broken
+        connection, the pool empty), or it answered with an error (its SQLSTATE: a lock
+        that timed out, a read-only database, a refused right)."""
+        state = getattr(exc, "sqlstate", None)
+        said = f"{type(exc).__name__}: {safe_url(str(exc).strip())}"
+        if state is None:
+            return StoreUnavailable(
+                f"the ledger's PostgreSQL at {self.dsn} did not answer ({said})"
+            )
         return StoreUnavailable(
-            f"the ledger's PostgreSQL at {self.dsn} did not answer ({type(exc).__name__}: "
-            f"{safe_url(str(exc))})"
+            f"the ledger's PostgreSQL at {self.dsn} refused the statement (SQLSTATE {state}, "
+            f"{said})"
         )
 
     @staticmethod

@@ -25,6 +25,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from tether._errors import StoreUnavailable
 from tether.clock import SystemClock
 
 __all__ = ["SCHEMA_LOCK", "create_schema", "sqlite_create", "sqlite_wal"]
@@ -58,7 +59,51 @@ def _objects(statements: Sequence[str]) -> tuple[list[str], list[str]] | None:
 def create_schema(conn: Any, statements: Sequence[str]) -> bool:
     """Run ``statements`` (each ``CREATE ... IF NOT EXISTS`` or ``DROP ... IF EXISTS``) on
     ``conn``, an autocommit psycopg connection, safely beside other workers doing the same;
-    True when they ran, False when everything was there already (no lock taken)."""
+    True when they ran, False when everything was there already (no lock taken).
+
+    Objects made at the same moment by a session that does not take tether's lock (an
+    older tether in a rolling deploy, a migration tool) fail the creation on the catalog's
+    unique index: it is tried again once, and finds them made. Any other refusal of the
+    server (the role may not create tables, ``lock_timeout`` ran out while another worker
+    held the lock, a read-only standby) is :class:`tether.StoreUnavailable` saying so; a
+    connection that broke is the caller's (its error has no SQLSTATE)."""
+    try:
+        return _create(conn, statements)
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) not in _MADE_MEANWHILE:
+            raise _refused(exc, statements) from exc
+    try:
+        return _create(conn, statements)
+    except Exception as exc:
+        raise _refused(exc, statements) from exc
+
+
+#: SQLSTATEs of objects another session made meanwhile: unique_violation (the catalog's
+#: index), duplicate_table, duplicate_object
+_MADE_MEANWHILE = frozenset({"23505", "42P07", "42710"})
+
+
+def _refused(exc: Exception, statements: Sequence[str]) -> Exception:
+    """What to raise for ``exc``, raised while creating tether's tables: the error itself when
+    the connection broke (no answer, no SQLSTATE: the caller's to try again), else
+    :class:`tether.StoreUnavailable` naming the tables and what the server said."""
+    state = getattr(exc, "sqlstate", None)
+    if state is None:
+        return exc
+    names = ", ".join((_objects(statements) or ([], []))[0]) or "its tables"
+    why = {
+        "55P03": "lock_timeout ran out while another worker was creating them",
+        "42501": "the role may not create them (create them beforehand, or grant CREATE)",
+        "25006": "the database is read-only (a standby?)",
+    }.get(state, "the server refused the statement")
+    said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return StoreUnavailable(
+        f"tether's tables in PostgreSQL ({names}) could not be created: {why} "
+        f"({type(exc).__name__}, SQLSTATE {state}: {said}); nothing was written"
+    )
+
+
+def _create(conn: Any, statements: Sequence[str]) -> bool:
     objects = _objects(statements)
     if objects is not None:
         made, dropped = objects
