@@ -516,3 +516,53 @@ def test_the_real_openai_sdks_429_is_retried_after_the_tokens_reset(server: Scri
 
     assert tether.RetryPolicy(max_attempts=2, clock=clock).call(call) == "ok"
     assert 0.44 <= calls[1] - calls[0] < 2.0
+
+
+# --- plain builtin exceptions: classified once per shape ------------------------------
+
+
+def _reset() -> ConnectionResetError:
+    return ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+
+
+def test_a_plain_builtin_error_is_classified_once_per_shape() -> None:
+    """What users' tools raise most (a builtin error, nothing set on it, nothing chained)
+    keeps one verdict per type and errno: the retry failure path does not walk it again."""
+    first = classify(_reset())
+    assert first.kind == T and first.outcome_unknown
+    assert classify(_reset()) is first
+    assert classify(ConnectionResetError(errno.ETIMEDOUT, "x")) is not first  # another errno
+    assert classify(TimeoutError()) is classify(TimeoutError())
+
+    def silent(exc: BaseException) -> Verdict | None:
+        return None
+
+    tether.register_classifier(silent)  # asked first, says nothing: the rules' verdict
+    try:
+        assert classify(_reset()) is first
+    finally:
+        tether.unregister_classifier(silent)
+
+
+def test_a_builtin_error_carrying_more_is_classified_whole() -> None:
+    """An attribute set on it, a cause, or a registered classifier: the whole walk, as
+    before (none of them read from the memo)."""
+    classify(_reset())  # the plain shape remembered
+    told = _reset()
+    told.status_code = 429  # type: ignore[attr-defined]
+    assert classify(told).kind == R
+    try:
+        raise ConnectionResetError(errno.ECONNRESET, "reset") from PermissionError("no")
+    except ConnectionResetError as exc:
+        assert classify(exc).kind == T  # the outer network error is the stronger evidence
+        assert classify(exc) is not classify(_reset())
+
+    def mine(exc: BaseException) -> Verdict | None:
+        return Verdict(Kind.PERMANENT, "mine") if isinstance(exc, ConnectionResetError) else None
+
+    tether.register_classifier(mine)
+    try:
+        assert classify(_reset()).reason == "mine"
+    finally:
+        tether.unregister_classifier(mine)
+    assert classify(_reset()).kind == T

@@ -304,15 +304,26 @@ def session_lost(exc: BaseException) -> bool:
     return _SESSION_LOST[0] in said.lower()
 
 
-def _from_exception(exc: BaseException, now_wall: float | None) -> tuple[int, Verdict] | None:
-    """The verdict one exception carries by itself, with its strength; None if none."""
+def _registered(exc: BaseException) -> Verdict | None:
+    """The verdict of the first registered classifier that gives one."""
     for fn in list(_classifiers):
         try:
             verdict = fn(exc)
         except Exception:  # a broken classifier never breaks classification
             continue
         if isinstance(verdict, Verdict):
-            return _REGISTERED, verdict
+            return verdict
+    return None
+
+
+def _from_exception(
+    exc: BaseException, now_wall: float | None, registered: bool = True
+) -> tuple[int, Verdict] | None:
+    """The verdict one exception carries by itself, with its strength; None if none.
+    ``registered``: the registered classifiers are asked first (False: the rules alone)."""
+    verdict = _registered(exc) if registered and _classifiers else None
+    if verdict is not None:
+        return _REGISTERED, verdict
     names = {cls.__name__ for cls in type(exc).__mro__}
     if isinstance(exc, DeadlineExceeded):
         return _PROTOCOL, Verdict(Kind.PERMANENT, "the call's deadline was exceeded", timeout=True)
@@ -470,10 +481,46 @@ def classify(
         )
 
 
+#: the verdicts of plain builtin exceptions, by (type, errno): what users' tools raise most
+#: (``ConnectionResetError``, ``TimeoutError``...), classified once per shape
+_PLAIN: dict[tuple[type, Any], Verdict] = {}
+
+
+def _plain_key(exc: BaseException) -> tuple[type, Any] | None:
+    """The shape of an exception whose verdict the built-in rules give from its type and
+    errno alone: a builtin type, no attribute set on it, nothing chained (None: not)."""
+    kind = type(exc)
+    if (
+        kind.__module__ != "builtins"
+        or exc.__dict__
+        or exc.__cause__ is not None
+        or (exc.__context__ is not None and not exc.__suppress_context__)
+    ):
+        return None
+    return kind, getattr(exc, "errno", None)
+
+
 def _classify_exception(exc: BaseException, now: float | None) -> Verdict:
+    key = _plain_key(exc)
+    if key is None:
+        return _classify_chain(exc, now)
+    # one exception, nothing chained: the registered classifiers first, as the walk asks
+    # them, then the built-in rules' verdict for its shape
+    verdict = _registered(exc) if _classifiers else None
+    if verdict is not None:
+        return verdict
+    found = _PLAIN.get(key)
+    if found is None:
+        found = _classify_chain(exc, now, registered=False)
+        if len(_PLAIN) < 512:  # errnos are open-ended: the memo is not
+            _PLAIN[key] = found
+    return found
+
+
+def _classify_chain(exc: BaseException, now: float | None, registered: bool = True) -> Verdict:
     best: tuple[int, Verdict] | None = None
     for link in _chain(exc):
-        found = _from_exception(link, now)
+        found = _from_exception(link, now, registered)
         if found is not None and (best is None or found[0] > best[0]):
             best = found
             if found[0] >= _PROTOCOL:
