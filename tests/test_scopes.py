@@ -807,7 +807,7 @@ def race(budget: tether.TokenBudget, clock: tether.VirtualClock, plans: dict[str
     round trip to the budget's store); when each one's call goes out."""
     import heapq
 
-    from tether.stores._tokens import TokenAsk
+    from tether._sansio import Call
 
     timers = [(clock.now(), i, name) for i, name in enumerate(plans)]
     started: set[str] = set()
@@ -820,13 +820,13 @@ def race(budget: tether.TokenBudget, clock: tether.VirtualClock, plans: dict[str
         try:
             step = plan.send(None) if name in started else next(plan)
             started.add(name)
-            while isinstance(step, TokenAsk):
-                step = plan.send(budget._ops.exchange(step))
+            while isinstance(step, Call):
+                step = plan.send(step.fn(*step.args))
         except StopIteration:
             out[name] = clock.now()
             continue
         order += 1
-        heapq.heappush(timers, (clock.now() + step, order, name))
+        heapq.heappush(timers, (clock.now() + step.seconds, order, name))
     return out
 
 

@@ -47,22 +47,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from tether._sansio import Plan, adrive, drive
 from tether.clock import Clock, system_clock
 from tether.effects._canonical import canonical_json
 from tether.effects._codec import Codec, JsonCodec
-from tether.effects._once import (
-    Step,
-    adrive,
-    aexecute,
-    check_call,
-    claim_at_once,
-    claim_plan,
-    drive,
-    execute,
-)
+from tether.effects._once import aexecute, check_call, claim_at_once, claim_plan, execute
 from tether.effects._recorder import NOT_FOUND, EffectFailed, Recorder, current_key
 from tether.stores._ledger_logic import LedgerBackend, Record, State
 
@@ -252,7 +244,7 @@ class Ledger:
         """
         lease = check_call(key, lease, timeout)
         plan = self._claim_plan(key, lease, lookup, args, kwargs)
-        owner, found = await adrive(plan, self.clock, self.backend)
+        owner, found = await adrive(plan, self.clock)
         if found is not NOT_FOUND:
             return found  # type: ignore[no-any-return]
         call = lambda: fn(*args, **kwargs)  # noqa: E731
@@ -265,7 +257,7 @@ class Ledger:
         lookup: Callable[[str], Any] | None,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-    ) -> Generator[Step, Any, tuple[str, Any]]:
+    ) -> Plan[tuple[str, Any]]:
         payload = _payload_hash(args, kwargs) if args or kwargs else None
         return claim_plan(self._records, self.wait, self.poll_interval, key, payload, lease, lookup)
 

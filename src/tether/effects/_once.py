@@ -2,10 +2,12 @@
 
 :func:`claim_plan` holds the decisions before an effect runs: claim the key (waiting up
 to the ledger's ``wait`` for another worker's claim), replay a recorded outcome, or
-reconcile a takeover through ``lookup``. It yields the store steps it needs and the
-sleeps between claims; :func:`drive` runs them in this thread, :func:`adrive` on the
-event loop (a store that does I/O in a worker thread, never cut in half by a
-cancellation). What follows, running the effect and recording its outcome, is
+reconcile a takeover through ``lookup``. It is a plan of tether's one step vocabulary
+(:mod:`tether._sansio`): it yields the store steps it needs (a
+:class:`~tether._sansio.Call`; from async code, a store that does I/O answers in a
+worker thread, never cut in half by a cancellation) and the sleeps between claims, run by
+:func:`~tether._sansio.drive` in this thread or :func:`~tether._sansio.adrive` on the
+event loop. What follows, running the effect and recording its outcome, is
 :func:`execute` and :func:`aexecute`: the same settlements (the :class:`Recorder`'s),
 told apart only where Python tells them apart: a sync effect past its timeout cannot be
 stopped (it keeps its claim and records itself when it ends), an async one is cancelled.
@@ -14,41 +16,20 @@ stopped (it keeps its claim and records itself when it ends), an async one is ca
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable, Generator
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, TypeVar
 
 from tether._errors import UnknownOutcome
-from tether.clock import Clock
+from tether._sansio import Call, Plan, Sleep
 from tether.effects._heartbeat import heartbeat
 from tether.effects._recorder import NOT_FOUND, Recorder, current_key
 from tether.effects._steps import off_loop, settle
 from tether.stores._ledger_logic import Record, State
 
-__all__ = [
-    "Step",
-    "adrive",
-    "aexecute",
-    "check_call",
-    "claim_at_once",
-    "claim_plan",
-    "drive",
-    "execute",
-]
+__all__ = ["aexecute", "check_call", "claim_at_once", "claim_plan", "execute"]
 
 T = TypeVar("T")
-
-
-class Step(NamedTuple):
-    """A store step (``fn(*args)``), or a sleep of ``args[0]`` seconds (``fn`` None).
-
-    ``undo`` and ``skipped`` say how to undo a step a cancellation interrupted
-    (see :func:`tether.effects._steps.off_loop`); only the async driver needs them.
-    """
-
-    fn: Callable[..., Any] | None
-    args: tuple[Any, ...]
-    undo: Callable[[Any], None] | None = None
-    skipped: Callable[[], object] | None = None
 
 
 _NUMBERS = (int, float)
@@ -77,10 +58,18 @@ def claim_plan(
     payload: str | None,
     lease: float,
     lookup: Callable[[str], Any] | None,
-) -> Generator[Step, Any, tuple[str, Any]]:
+) -> Plan[tuple[str, Any]]:
     """Claim ``key``; returns (owner, the outcome to hand back, or NOT_FOUND: run it)."""
     clock = r.ledger.clock
     deadline = clock.now() + wait if wait else 0.0
+    backend = r.ledger.backend
+    # from async code: a store step off the event loop, undone as ``undo`` says when a
+    # cancellation interrupts it (this process's memory: called as it is)
+    away = not getattr(backend, "in_memory", False)
+
+    def step(fn: Callable[..., Any], args: tuple[Any, ...], undo: Any, skipped: Any) -> Call:
+        off = partial(off_loop, backend, fn, undo=undo, skipped=skipped) if away else None
+        return Call(fn, args, off)
 
     def unclaim(claimed: tuple[str, Record | None, Any] | None) -> None:
         if claimed is not None and claimed[2] is NOT_FOUND:
@@ -88,10 +77,10 @@ def claim_plan(
 
     while True:
         last = not wait or clock.now() >= deadline
-        claimed = yield Step(r.try_claim, (key, payload, lease, last), unclaim)
+        claimed = yield step(r.try_claim, (key, payload, lease, last), unclaim, None)
         if claimed is not None:
             break
-        yield Step(None, (min(poll_interval, max(0.0, deadline - clock.now())),))
+        yield Sleep(min(poll_interval, max(0.0, deadline - clock.now())))
     owner, previous, replay = claimed
     if replay is not NOT_FOUND or previous is None:
         return owner, replay
@@ -103,7 +92,7 @@ def claim_plan(
     def untouched() -> None:  # the lookup never ran: the record is as it was
         r.unclaim(key, owner, previous)
 
-    found = yield Step(r.reconcile, (key, owner, previous, lookup), give_back, untouched)
+    found = yield step(r.reconcile, (key, owner, previous, lookup), give_back, untouched)
     return owner, found
 
 
@@ -119,49 +108,6 @@ def claim_at_once(
     if previous is not None:
         found = r.reconcile(key, owner, previous, lookup)
     return owner, found
-
-
-class _Cursor:
-    """Where a driver is in its plan: the answer to its last step, then its result."""
-
-    __slots__ = ("answer", "plan")
-
-    def __init__(self, plan: Generator[Step, Any, Any]) -> None:
-        self.plan = plan
-        self.answer: Any = None
-
-    def next(self) -> Step | None:
-        """The plan's next step, or None once it returned (its result in ``answer``)."""
-        try:
-            return self.plan.send(self.answer)
-        except StopIteration as done:
-            self.answer = done.value
-            return None
-
-
-def drive(plan: Generator[Step, Any, T], clock: Clock) -> T:
-    """Run a plan's steps in this thread."""
-    cursor = _Cursor(plan)
-    while (step := cursor.next()) is not None:
-        if step.fn is None:
-            clock.sleep(step.args[0])
-            cursor.answer = None
-        else:
-            cursor.answer = step.fn(*step.args)
-    return cursor.answer  # type: ignore[no-any-return]
-
-
-async def adrive(plan: Generator[Step, Any, T], clock: Clock, backend: Any) -> T:
-    """Run a plan's steps from async code: store steps off the event loop."""
-    cursor = _Cursor(plan)
-    while (step := cursor.next()) is not None:
-        if step.fn is None:
-            await clock.asleep(step.args[0])
-            cursor.answer = None
-        else:
-            undo, skipped = step.undo, step.skipped
-            cursor.answer = await off_loop(backend, step.fn, *step.args, undo=undo, skipped=skipped)
-    return cursor.answer  # type: ignore[no-any-return]
 
 
 def execute(

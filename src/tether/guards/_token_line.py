@@ -2,54 +2,30 @@
 what it tells the store.
 
 :class:`Line` decides, sans I/O, when a caller asks the store for its place and how long
-it waits between: a plan (a generator) that yields pauses (seconds) and
-:class:`~tether.stores._tokens.TokenAsk` (one round trip), driven by :func:`drive` in a
-thread or :func:`adrive` on an event loop, so that ``reserve`` and ``areserve`` are one
-behaviour. :class:`Outbox` keeps what responses said until the next round trip carries it.
+it waits between: a plan of tether's one step vocabulary (:mod:`tether._sansio`) that
+yields pauses (:class:`~tether._sansio.Sleep`) and round trips (a
+:class:`~tether._sansio.Call` of the store's ``exchange`` with a
+:class:`~tether.stores._tokens.TokenAsk`), run by :func:`~tether._sansio.drive` in a
+thread or :func:`~tether._sansio.adrive` on an event loop, so that ``reserve`` and
+``areserve`` are one behaviour. :class:`Outbox` keeps what responses said until the next
+round trip carries it.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 from tether._errors import LimiterTimeout
+from tether._sansio import Call, Plan, Sleep
 from tether.stores._tokens import Settlement, TokenAsk
 
 if TYPE_CHECKING:
     from tether.clock import Clock
     from tether.stores._tokens import Answer, Four, TokenConfig, TokenOps
 
-__all__ = ["Line", "Outbox", "Plan", "adrive", "drive"]
-
-T = TypeVar("T")
-#: a step of a plan: a pause on the clock (seconds) or a conversation with the store
-Step = float | TokenAsk
-Plan = Generator[Step, Any, T]
-
-
-def drive(plan: Plan[T], clock: Clock, ops: TokenOps) -> T:
-    """Run a plan in this thread: its pauses on ``clock``, its asks to ``ops``."""
-    try:
-        step = next(plan)
-        while True:
-            ask = isinstance(step, TokenAsk)
-            step = plan.send(ops.exchange(step) if ask else clock.sleep(step))  # type: ignore[arg-type, func-returns-value]
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-async def adrive(plan: Plan[T], clock: Clock, ops: TokenOps) -> T:
-    """Run a plan on the event loop."""
-    try:
-        step = next(plan)
-        while True:
-            ask = isinstance(step, TokenAsk)
-            step = plan.send(await ops.aexchange(step) if ask else await clock.asleep(step))  # type: ignore[arg-type, func-returns-value]
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+__all__ = ["Line", "Outbox", "Plan"]
 
 
 class Outbox:
@@ -57,8 +33,8 @@ class Outbox:
     its next reservation (no round trip of its own), at once for a pause or the family's
     first answer, or after a second without any."""
 
-    def __init__(self, name: str, cfg: TokenConfig, clock: Clock) -> None:
-        self.name, self.cfg, self.clock = name, cfg, clock
+    def __init__(self, name: str, cfg: TokenConfig, clock: Clock, ops: TokenOps) -> None:
+        self.name, self.cfg, self.clock, self.ops = name, cfg, clock, ops
         self._lock = threading.Lock()
         self._pending = Settlement()
         self._sent_at = -math.inf  # when this process last told the store what it learned
@@ -90,7 +66,12 @@ class Outbox:
         """Send what is pending (if anything)."""
         pending = self.take()
         if pending is not None:
-            yield TokenAsk(self.name, self.clock.wall(), self.cfg, pending)
+            yield self.exchange(TokenAsk(self.name, self.clock.wall(), self.cfg, pending))
+
+    def exchange(self, ask: TokenAsk) -> Call:
+        """The round trip that carries ``ask`` to the store."""
+        ops = self.ops
+        return Call(ops.exchange, (ask,), ops.aexchange)
 
     def reset(self) -> None:
         with self._lock:
@@ -136,14 +117,16 @@ class Line:
                 admitted = answer[0]
                 pause = self._after(answer, waited, max_wait)
             if pause:
-                yield pause
+                yield Sleep(pause)
                 waited += pause
             if admitted:
                 return waited
 
-    def _ask(self, need: Four, horizon: float) -> TokenAsk:
+    def _ask(self, need: Four, horizon: float) -> Call:
         out = self.outbox
-        return TokenAsk(out.name, self.clock.wall(), out.cfg, out.take(), need, horizon)
+        return out.exchange(
+            TokenAsk(out.name, self.clock.wall(), out.cfg, out.take(), need, horizon)
+        )
 
     def _gate(self, waited: float, max_wait: float | None) -> float:
         """The pause while the probe is still out (0: none; no need to ask meanwhile)."""

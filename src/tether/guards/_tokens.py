@@ -20,6 +20,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, cast
 
+from tether._sansio import adrive, drive
 from tether.clock import Clock, system_clock
 from tether.guards._token_calibration import (
     Estimator,
@@ -29,7 +30,7 @@ from tether.guards._token_calibration import (
     rate_limit_headers,
     settlement_of,
 )
-from tether.guards._token_line import Line, Outbox, Plan, adrive, drive
+from tether.guards._token_line import Line, Outbox, Plan
 from tether.providers import provider_of
 from tether.stores._base import bind_name
 from tether.stores._memory import default_store
@@ -143,7 +144,7 @@ class TokenBudget:
         self.store: Store = store if store is not None else default_store
         self.clock: Clock = clock or system_clock
         self._ops = token_ops(self.store)
-        self._outbox = Outbox(self.name, self.config, self.clock)
+        self._outbox = Outbox(self.name, self.config, self.clock, self._ops)
         self._line = Line(self._outbox, self.horizon)
         self._estimator = Estimator()
         self._lock = threading.Lock()
@@ -182,7 +183,7 @@ class TokenBudget:
         wait would be longer.
         """
         plan = reserve_plan(self, estimated_input_tokens, max_output_tokens, max_wait, urgency)
-        return drive(plan, self.clock, self._ops)
+        return drive(plan, self.clock)
 
     async def areserve(
         self,
@@ -194,7 +195,7 @@ class TokenBudget:
     ) -> Reservation:
         """The async form of :meth:`reserve`."""
         plan = reserve_plan(self, estimated_input_tokens, max_output_tokens, max_wait, urgency)
-        return await adrive(plan, self.clock, self._ops)
+        return await adrive(plan, self.clock)
 
     def _settle_plan(
         self, r: Reservation, usage: tuple[int | None, int | None], headers: Any, status: Any
@@ -230,7 +231,7 @@ class TokenBudget:
         not make (by hand, or another budget object's) raises ValueError.
         """
         plan = self._settle_plan(reservation, (input_tokens, output_tokens), headers, status)
-        drive(plan, self.clock, self._ops)
+        drive(plan, self.clock)
 
     async def asettle(
         self,
@@ -243,11 +244,11 @@ class TokenBudget:
     ) -> None:
         """The async form of :meth:`settle`."""
         plan = self._settle_plan(reservation, (input_tokens, output_tokens), headers, status)
-        await adrive(plan, self.clock, self._ops)
+        await adrive(plan, self.clock)
 
     def flush(self) -> None:
         """Send what this process learned and has not sent yet (e.g. before it exits)."""
-        drive(self._outbox.flush(), self.clock, self._ops)
+        drive(self._outbox.flush(), self.clock)
 
     def view(self) -> dict[str, Any]:
         """The shared state: the limits in force, the buckets' levels, a pause."""
@@ -334,12 +335,12 @@ class Tickets:
 
 def drive_for(budget: TokenBudget, plan: Plan[Any]) -> Any:
     """Run ``plan`` (steps of ``budget``) in this thread."""
-    return drive(plan, budget.clock, budget._ops)
+    return drive(plan, budget.clock)
 
 
 async def adrive_for(budget: TokenBudget, plan: Plan[Any]) -> Any:
     """Run ``plan`` (steps of ``budget``) on the event loop."""
-    return await adrive(plan, budget.clock, budget._ops)
+    return await adrive(plan, budget.clock)
 
 
 def budgets_for(budgets: Any) -> tuple[TokenBudget, ...]:

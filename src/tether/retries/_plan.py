@@ -1,26 +1,28 @@
 """The attempt loop's decisions, without I/O: what to do next, and why.
 
-One call under a retry policy is a plan: a generator that yields the steps it needs
-(:class:`Op`: take a breaker permit, ask the limiter, make the attempt, sleep, record an
-outcome, spend the budget) and gets each step's answer back (or its exception thrown
-in). It returns the attempt's result, or raises the error the caller gets: the last
-error itself, :class:`tether.DeadlineExceeded`, or a guard's refusal.
+One call under a retry policy is a plan of tether's one step vocabulary
+(:mod:`tether._sansio`): a generator that yields :class:`~tether._sansio.Call` steps
+(take a breaker permit, ask the limiter, make the attempt, record an outcome, spend the
+budget) and :class:`~tether._sansio.Sleep` steps, and gets each step's answer back (or
+its exception thrown in). It returns the attempt's result, or raises the error the caller
+gets: the last error itself, :class:`tether.DeadlineExceeded`, or a guard's refusal.
 
-The sync and the async driver (:mod:`tether.retries._drive`) run the same plan, the
-sync one with the guards' sync methods and the clock's ``sleep``, the async one with
-their async twins and ``asleep``, so the two cannot drift. This module imports nothing
-else of the retries package.
+The sync and the async driver of :mod:`tether._sansio` run the same plan, the sync one
+with the guards' sync methods and the clock's ``sleep``, the async one with their async
+twins and ``asleep``, so the two cannot drift. This module imports nothing else of the
+retries package: the attempt itself comes in as an :class:`Attempts` pair.
 """
 
 from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from tether import backoff
 from tether._errors import CircuitOpenError, DeadlineExceeded, LimiterTimeout
+from tether._sansio import Call, Plan, Sleep
 from tether.classification._classify import Kind, Verdict
 from tether.telemetry._emit import emit_retry, safe_call
 from tether.telemetry._events import RetryEvent, RetryHook
@@ -32,12 +34,10 @@ if TYPE_CHECKING:
     from tether.guards._limiter import AdaptiveLimiter
 
 __all__ = [
+    "Attempts",
     "CallState",
     "Jitter",
-    "Op",
-    "Plan",
     "Settings",
-    "Step",
     "Waits",
     "attempt_plan",
     "attempt_timeout",
@@ -54,28 +54,19 @@ class Jitter(enum.StrEnum):
     NONE = "none"
 
 
-class Op(enum.Enum):
-    """A step the plan asks its driver for."""
+class Attempts(NamedTuple):
+    """The attempt of one call, in its two forms (made by :mod:`tether.retries._drive`).
 
-    ACQUIRE = "acquire"  # a breaker permit; raises CircuitOpenError
-    ADMIT = "admit"  # the limiter's answer: (wait, admitted)
-    ATTEMPT = "attempt"  # call the function once, within ``timeout``
-    SLEEP = "sleep"  # wait ``seconds`` on the clock
-    RECORD = "record"  # the breaker learns an outcome (permit, verdict or None)
-    FEEDBACK = "feedback"  # the limiter learns an outcome (verdict or None)
-    SPEND = "spend"  # the budget pays for a retry (timeout: bool) -> bool
-    REFUND = "refund"  # the budget is refunded a success
+    ``straight(st)`` is a whole attempt of a :func:`straight` policy: the breaker's permit
+    (kept in ``st.permit``), the call, its success recorded; the policy's first attempt is
+    this same step made without a plan. ``one(timeout, n)`` is the call alone, for a plan
+    that asks its guards step by step. ``astraight`` and ``aone``: their async forms.
+    """
 
-
-class Step(NamedTuple):
-    op: Op
-    arg: Any = None
-    verdict: Verdict | None = None
-    attempt: int = 0
-
-
-#: a plan: yields steps, gets their answers, returns the result
-Plan = Generator[Step, Any, Any]
+    straight: Callable[[CallState], Any]
+    astraight: Callable[[CallState], Awaitable[Any]] | None
+    one: Callable[[float | None, int], Any]
+    aone: Callable[[float | None, int], Awaitable[Any]] | None
 
 
 class Settings(Protocol):
@@ -97,6 +88,20 @@ class Settings(Protocol):
     name: str
     classifier: Callable[[BaseException], Verdict]
     rng: random.Random
+
+
+class _Permit:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+#: no breaker, or the breaker refused before calling
+NO_PERMIT: Any = _Permit("NO_PERMIT")
 
 
 class Waits:
@@ -140,30 +145,19 @@ class Waits:
 class CallState:
     """The mutable state of one call: attempts, waits, the clock readings."""
 
-    __slots__ = ("attempt", "deadline_at", "name", "start", "total_wait", "verdict", "waits")
+    __slots__ = (
+        "attempt", "deadline_at", "name", "permit", "start", "total_wait", "verdict", "waits"
+    )  # fmt: skip
 
     def __init__(self, settings: Settings, name: str, deadline: float | None) -> None:
         self.name = name
         self.attempt = 0
+        self.permit: object = NO_PERMIT  # the breaker's permit of the attempt in flight
         self.start = settings.clock.now()
         self.deadline_at = None if deadline is None else self.start + deadline
         self.waits: Waits | None = None  # made at the first failure: most calls succeed
         self.total_wait = 0.0
         self.verdict: Verdict | None = None
-
-
-class _Permit:
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-#: no breaker, or the breaker refused before calling
-NO_PERMIT: Any = _Permit("NO_PERMIT")
 
 
 def _probe() -> str:
@@ -174,43 +168,52 @@ def _probe() -> str:
 
 
 def attempt_plan(
-    s: Settings, st: CallState, first_error: Exception | None = None, permit: object = NO_PERMIT
-) -> Plan:
-    """The attempt loop; ``first_error``: the first attempt was made already (under the
-    breaker's ``permit``, if it took one) and failed."""
+    s: Settings, st: CallState, attempts: Attempts, first_error: Exception | None = None
+) -> Plan[Any]:
+    """The attempt loop; ``first_error``: the first attempt was made already (straight,
+    under the breaker's permit in ``st.permit``) and failed."""
     if first_error is not None:
         st.attempt = 1
-        failure = yield from _after_failure(s, st, first_error, permit)
-        yield Step(Op.SLEEP, failure)
+        failure = yield from _after_failure(s, st, first_error, st.permit)
+        yield Sleep(failure)
+    if straight(s):  # each attempt one step: the one the policy makes first without a plan
+        attempt = Call(attempts.straight, (st,), attempts.astraight)
+        while True:
+            try:
+                return (yield attempt)
+            except Exception as exc:
+                failure = yield from _after_failure(s, st, exc, st.permit)
+            yield Sleep(failure)
+    breaker, limiter, budget = s.breaker, s.limiter, s.budget
     while True:
         permit = NO_PERMIT
         try:
             timeout = attempt_timeout(s, st)
-            if s.breaker is not None:  # first: a caller it refuses never asks the limiter
-                permit = yield Step(Op.ACQUIRE)
+            if breaker is not None:  # first: a caller it refuses never asks the limiter
+                permit = yield Call(breaker._acquire, (), breaker._aacquire)
             # a probe is paced by the breaker (one at a time), not queued behind the limiter;
             # the stores are imported only by a policy with a limiter (not by import tether)
-            if s.limiter is not None and permit != _probe():
+            if limiter is not None and permit != _probe():
                 while not (yield from _admission(s, st)):
                     # turned away: the breaker may have opened meanwhile, and a caller must
                     # not go out later on a permit of before the trip (nor queue for it)
-                    if s.breaker is not None:
+                    if breaker is not None:
                         permit = NO_PERMIT  # a call's permit needs no giving back
-                        permit = yield Step(Op.ACQUIRE)
+                        permit = yield Call(breaker._acquire, (), breaker._aacquire)
                         if permit == _probe():
                             break
-            result = yield Step(Op.ATTEMPT, timeout, None, st.attempt)
+            result = yield Call(attempts.one, (timeout, st.attempt), attempts.aone)
         except Exception as exc:
             wait = yield from _after_failure(s, st, exc, permit)
         else:
-            if s.breaker is not None:
-                yield Step(Op.RECORD, permit)
-            if s.limiter is not None:
-                yield Step(Op.FEEDBACK)
-            if s.budget is not None:
-                yield Step(Op.REFUND)
+            if breaker is not None:
+                yield Call(breaker._record, (permit, None), breaker._arecord)
+            if limiter is not None:
+                yield Call(limiter.record, (None,), limiter.arecord)
+            if budget is not None:
+                yield Call(budget.on_success, (), budget.aon_success)
             return result
-        yield Step(Op.SLEEP, wait)
+        yield Sleep(wait)
 
 
 def straight(s: Settings) -> bool:
@@ -232,25 +235,24 @@ def attempt_timeout(s: Settings, st: CallState) -> float | None:
     return left if s.attempt_timeout is None else min(s.attempt_timeout, left)
 
 
-def _admission(s: Settings, st: CallState) -> Generator[Step, Any, bool]:
+def _admission(s: Settings, st: CallState) -> Plan[bool]:
     """Ask the limiter once and wait for its answer: True once admitted (after the wait for
     the slot), False after the wait a refusal asks for (with jitter: ask again then);
     raises past the deadline."""
     assert s.limiter is not None
-    wait, admitted = yield Step(Op.ADMIT)
+    limiter = s.limiter
+    wait, admitted = yield Call(limiter.try_acquire, (), limiter.atry_acquire)
     if not admitted:  # spread the callers that were turned away
         wait += s.rng.uniform(0.0, min(wait, 1.0) + 0.05)
     if st.deadline_at is not None and s.clock.now() + wait >= st.deadline_at:
-        raise LimiterTimeout(s.limiter.name, wait)
+        raise LimiterTimeout(limiter.name, wait)
     st.total_wait += wait
     if wait > 0:
-        yield Step(Op.SLEEP, wait)
+        yield Sleep(wait)
     return bool(admitted)
 
 
-def _after_failure(
-    s: Settings, st: CallState, exc: Exception, permit: object
-) -> Generator[Step, Any, float]:
+def _after_failure(s: Settings, st: CallState, exc: Exception, permit: object) -> Plan[float]:
     """What follows a failed attempt: the wait before the next one, or raise."""
     if isinstance(exc, CircuitOpenError | LimiterTimeout) and permit is NO_PERMIT:
         # a breaker or limiter refused (ours, or one inside the function): it says when to
@@ -258,10 +260,11 @@ def _after_failure(
         raise exc
     verdict = s.classifier(exc)
     st.verdict = verdict
-    if s.breaker is not None and permit is not NO_PERMIT:
-        yield Step(Op.RECORD, permit, verdict)
-    if s.limiter is not None:
-        yield Step(Op.FEEDBACK, None, verdict)
+    breaker, limiter = s.breaker, s.limiter
+    if breaker is not None and permit is not NO_PERMIT:
+        yield Call(breaker._record, (permit, verdict), breaker._arecord)
+    if limiter is not None:
+        yield Call(limiter.record, (verdict,), limiter.arecord)
     if not verdict.retryable or st.attempt >= s.max_attempts:
         raise exc
     if s.breaker is not None:
@@ -277,10 +280,19 @@ def _after_failure(
             f"{s.name}: the next attempt would start after the deadline "
             f"(attempt {st.attempt} failed: {verdict.reason})"
         ) from exc
-    if s.budget is not None and not (yield Step(Op.SPEND, verdict.timeout)):
+    budget = s.budget
+    if budget is not None and not (yield Call(_spend, (budget, bool(verdict.timeout)), _aspend)):
         raise exc
     event = RetryEvent(st.name or s.name, st.attempt, verdict, delay, exc, now - st.start)
     emit_retry(event)
     safe_call(s.on_retry, event)
     st.total_wait += delay
     return delay
+
+
+def _spend(budget: RetryBudget, timeout: bool) -> bool:
+    return budget.try_spend(timeout=timeout)
+
+
+async def _aspend(budget: RetryBudget, timeout: bool) -> bool:
+    return await budget.atry_spend(timeout=timeout)

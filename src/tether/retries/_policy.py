@@ -1,7 +1,9 @@
 """The retry policy: its settings, and the thin sync and async shells of its attempt loop.
 
-The decisions are the plan's (:mod:`tether.retries._plan`), the I/O the drivers'
-(:mod:`tether.retries._drive`): ``call`` and ``acall`` only pick the driver.
+The decisions are the plan's (:mod:`tether.retries._plan`), the attempts
+:mod:`tether.retries._drive`'s, the I/O tether's one driver pair's (:mod:`tether._sansio`):
+``call`` and ``acall`` only pick the driver. Every call's first attempt is the plan's own
+straight attempt step, made without a plan; a failure goes on in the plan.
 
 Retry at one layer only: a policy's call running inside another policy's call (same
 thread or asyncio task, tracked by a context variable) makes exactly one attempt and
@@ -17,18 +19,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
+from tether._sansio import adrive, drive
 from tether.classification._classify import Verdict, classify
 from tether.clock import Clock, system_clock
 from tether.retries._drive import (
     IN_ATTEMPT,
-    adrive,
-    afirst_attempt,
-    drive,
-    first_attempt,
+    aattempts,
+    astraight_attempt,
+    attempts,
     retry_context,
+    straight_attempt,
 )
 from tether.retries._job import JOB_CAP, Job
-from tether.retries._plan import NO_PERMIT, CallState, Jitter, Waits, attempt_plan, straight
+from tether.retries._plan import CallState, Jitter, Waits, attempt_plan, straight
 from tether.telemetry import enabled as _recording
 from tether.telemetry._attempts import AttemptHook, retry_spans
 from tether.telemetry._events import RetryHook
@@ -303,12 +306,13 @@ class RetryPolicy:
     ) -> T:
         st = CallState(self, self._own_name or self._span_name(fn), deadline)
         try:
-            permit = NO_PERMIT
             if first is None and self._straight:
-                result, first, permit = first_attempt(self, st, call, hook)
-                if first is None:
-                    return result  # type: ignore[no-any-return]
-            return drive(self, attempt_plan(self, st, first, permit), call, hook)
+                try:
+                    return straight_attempt(self, call, hook, st)
+                except Exception as exc:
+                    first = exc
+            plan = attempt_plan(self, st, attempts(self, call, hook), first)
+            return drive(plan, self.clock)  # type: ignore[no-any-return]
         finally:
             _mark(self._left(st))
 
@@ -352,12 +356,14 @@ class RetryPolicy:
     ) -> T:
         st = CallState(self, self._own_name or self._span_name(fn), deadline)
         try:
-            first, permit = None, NO_PERMIT
+            first = None
             if self._straight:
-                result, first, permit = await afirst_attempt(self, st, call, hook)
-                if first is None:
-                    return result  # type: ignore[no-any-return]
-            return await adrive(self, attempt_plan(self, st, first, permit), call, hook)
+                try:
+                    return await astraight_attempt(self, call, hook, st)
+                except Exception as exc:
+                    first = exc
+            plan = attempt_plan(self, st, aattempts(self, call, hook), first)
+            return await adrive(plan, self.clock)
         finally:
             _mark(self._left(st))
 

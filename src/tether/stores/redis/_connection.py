@@ -5,7 +5,8 @@ a *plan*: a generator that yields ``(script, key, args)`` and receives the scrip
 answer, or None when Redis cannot be reached (then the part answers from
 :attr:`Connection.fallback`, this process's memory). :meth:`Connection.drive` runs a
 plan on the sync client and :meth:`Connection.adrive` on the asyncio one, so the two
-shells cannot drift.
+shells cannot drift: each script is a :class:`~tether._sansio.Call` of :meth:`run`
+(awaited: :meth:`arun`), run by tether's one pair of drivers (:mod:`tether._sansio`).
 
 When Redis cannot be reached the connection logs one warning, tries Redis again every
 ``reconnect_interval`` seconds and goes back to it (with another log line) once it
@@ -27,6 +28,8 @@ from collections import Counter
 from collections.abc import Generator
 from typing import Any, TypeVar
 
+from tether import _sansio
+from tether._sansio import Call
 from tether.clock import system_clock
 from tether.redaction._redact import safe_url
 from tether.stores._base import redis_client
@@ -217,23 +220,25 @@ class Connection:
             self._aloop = loop
         return self._ascripts
 
+    def steps(self, plan: Plan[T]) -> _sansio.Plan[T]:
+        """A plan's scripts as steps of tether's one vocabulary: each a call of :meth:`run`
+        (:meth:`arun` on an event loop), its answer sent back to the plan."""
+        send, run, arun = plan.send, self.run, self.arun
+        answer: Any = None
+        while True:
+            try:
+                script = send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            answer = yield Call(run, script, arun)
+
     def drive(self, plan: Plan[T]) -> T:
         """Run a plan with the sync client: each script it asks for, then its answer."""
-        try:
-            step = next(plan)
-            while True:
-                step = plan.send(self.run(*step))
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+        return _sansio.drive(self.steps(plan))
 
     async def adrive(self, plan: Plan[T]) -> T:
         """Run a plan with the asyncio client."""
-        try:
-            step = next(plan)
-            while True:
-                step = plan.send(await self.arun(*step))
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+        return await _sansio.adrive(self.steps(plan))
 
     def bind(self, kind: str, name: str, config: str) -> str | None:
         """Keep ``config`` beside the state of ``kind:name`` if it has none; the other one if
