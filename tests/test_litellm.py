@@ -8,6 +8,7 @@ import gc
 import json
 import logging
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,25 +23,35 @@ from litellm import Router
 from scripted_server import Reply, ScriptedServer
 from tether import (
     Budget,
+    CircuitOpenError,
     Guard,
     Price,
     PriceTable,
     RetryPolicy,
     Stopped,
     StopReason,
+    VirtualClock,
     classify,
 )
+from tether.integrations._common import model_breaker
 from tether.integrations.litellm import (
+    TetherLogger,
     acompletion,
     completion,
     guarded_router,
     litellm_usage,
 )
+from tether.stores import MemoryStore
 
 #: LiteLLM's own types make pydantic warn (TypedDicts with ReadOnly items) on first use: not
 #: this code's warnings
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*ReadOnly. qualifier:UserWarning"),
+    # LiteLLM's sync calls leave event loops and sockets of their own unclosed (its logging
+    # worker's), collected whenever the GC runs, in any test: LiteLLM's, not this code's
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning"
+    ),
     # LiteLLM's stream reader reads a field pydantic 2.11 deprecated: its warning, not ours
     pytest.mark.filterwarnings(
         "ignore:Accessing the 'model_(computed_)?fields' attribute:DeprecationWarning"
@@ -431,3 +442,123 @@ def test_a_stream_s_worst_case_stops_before_the_request(server: ScriptedServer, 
         stream_completion(run, shell, messages=HI, max_tokens=1000, **direct(server))
     assert attempts(server) == 0
     assert run.outcome.stopped_because is StopReason.MAX_COST
+
+
+# --- TetherLogger: LiteLLM's Router as the caller ---------------------------------------------
+
+
+#: one logger in LiteLLM's process-wide callbacks, as a user installs it (LiteLLM copies its
+#: callbacks into lists of its own on first use: a second instance would not be called)
+LOGGER = TetherLogger()
+
+
+@pytest.fixture
+def logger() -> TetherLogger:
+    if LOGGER not in litellm.callbacks:
+        litellm.callbacks = [*litellm.callbacks, LOGGER]
+    return LOGGER
+
+
+def routed_through(
+    logger: TetherLogger, run: Any, r: Any, shell: str, model: str = MODEL, **kw: Any
+) -> Any:
+    """``router.completion`` / ``acompletion`` inside ``logger.serving(run)``; the events
+    LiteLLM logs after the reply awaited (they run after the call returns)."""
+    if shell == "sync":
+        with logger.serving(run):
+            try:
+                return r.completion(model=model, messages=HI, **kw)
+            finally:
+                settle(logger)
+
+    async def go() -> Any:
+        with logger.serving(run):
+            try:
+                return await r.acompletion(model=model, messages=HI, **kw)
+            finally:
+                for _ in range(200):  # LiteLLM logs in tasks of its own
+                    if not logger._held:
+                        break
+                    await asyncio.sleep(0.01)
+
+    return asyncio.run(go())
+
+
+def settle(logger: TetherLogger) -> None:
+    for _ in range(200):  # a sync call's events run in LiteLLM's logging threads
+        if not logger._held:
+            return
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("shell", ROUTED)
+def test_the_logger_counts_a_router_s_reply_at_tether_s_price(
+    server: ScriptedServer, logger: TetherLogger, shell: str
+) -> None:
+    """A Router as the caller, the logger in its callbacks: the reply is one model call of
+    the run, its usage counted and priced at tether's table."""
+    server.handler = lambda seen: ok()
+    with guard().start("hi") as run:
+        routed_through(logger, run, router(server), shell)
+    usage = run.outcome.usage
+    assert (usage.model_calls, usage.input_tokens, usage.cache_read_tokens) == (1, 600, 400)
+    assert usage.cost_usd == pytest.approx((600 * 2.0 + 400 * 0.2 + 100 * 8.0) / 1e6)
+
+
+@pytest.mark.parametrize("shell", ROUTED)
+def test_the_logger_stops_a_request_past_the_budget_before_it_is_sent(
+    server: ScriptedServer, logger: TetherLogger, shell: str
+) -> None:
+    """A request whose worst case passes the cost budget: the Router's call raises
+    ``Stopped`` from the pre-call hook and nothing reaches the provider."""
+    server.handler = lambda seen: ok()
+    deployment = {"model_name": MODEL, "litellm_params": {**direct(server), "max_tokens": 1000}}
+    r = Router(model_list=[deployment], retry_after=0)
+    with guard(max_cost_usd=0.001).start("hi") as run, pytest.raises(Stopped):
+        routed_through(logger, run, r, shell, max_tokens=1000)
+    assert attempts(server) == 0
+    assert run.outcome.stopped_because is StopReason.MAX_COST
+
+
+@pytest.mark.parametrize("shell", ROUTED)
+def test_the_logger_s_failure_events_open_tether_s_breaker(
+    server: ScriptedServer, logger: TetherLogger, shell: str
+) -> None:
+    """503 every time, the Router retrying on its own (num_retries=7: 8 attempts alone).
+    Each failed attempt feeds the provider's breaker (threshold: twice the guard's 2
+    attempts; the guard's clock virtual, so no probe is due). Async, an attempt's failure
+    is told in the request's path: the fifth attempt is refused before it is sent (8 → 4).
+    Sync, LiteLLM logs it from a thread of its own, after the Router may have retried: the
+    breaker is open after the request all the same, and the next request is refused with
+    nothing sent."""
+    server.handler = lambda seen: overloaded()
+    with pytest.raises(litellm.ServiceUnavailableError):
+        router(server, num_retries=7).completion(model=MODEL, messages=HI)
+    assert attempts(server) == 8  # alone
+
+    server.requests.clear()
+    g = Guard(budget=Budget(max_steps=30), prices=PRICES, retry=RetryPolicy(max_attempts=2),
+              store=MemoryStore(), clock=VirtualClock())  # fmt: skip
+    with g.start("hi") as run, pytest.raises(Exception):
+        routed_through(logger, run, router(server, num_retries=7), shell)
+    if shell == "async":
+        assert attempts(server) == 4
+    else:
+        assert 4 <= attempts(server) <= 8
+    assert model_breaker(g, MODEL).state == "open"
+    server.requests.clear()
+    with g.start("hi") as run, pytest.raises(CircuitOpenError):
+        routed_through(logger, run, router(server), shell)
+    assert attempts(server) == 0
+
+
+@pytest.mark.parametrize("shell", ROUTED)
+def test_the_logger_stops_the_run_on_a_permanent_failure(
+    server: ScriptedServer, logger: TetherLogger, shell: str
+) -> None:
+    """A 401 (tether classifies it as permanent): the run stops with its reason."""
+    server.handler = lambda seen: Reply(401, {"error": {"message": "bad key", "type": "auth"}})
+    with guard().start("hi") as run, pytest.raises(litellm.AuthenticationError):
+        routed_through(logger, run, router(server), shell)
+    assert run.outcome.stopped_because is not None
+    assert run.outcome.stopped_because is not StopReason.GOAL_REACHED

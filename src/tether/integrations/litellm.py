@@ -29,22 +29,33 @@ never replayed, the usage seen counted.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any
 
-from tether import ModelTurn, RetryPolicy, Run
+from tether import ModelTurn, RetryPolicy, Run, Stopped
 from tether._errors import require
-from tether.integrations._common import AsyncGuardedStream, GuardedStream, _StreamUsage
+from tether.integrations._common import (
+    AsyncGuardedStream,
+    GuardedStream,
+    _StreamUsage,
+    model_breaker,
+)
 from tether.providers._usage import RequestUsage
 from tether.providers.litellm import usage as litellm_usage
 
 require("litellm", "litellm")
 
+from litellm.integrations.custom_logger import CustomLogger  # noqa: E402 - after the extra check
+
 __all__ = [
     "AsyncLiteLLMStream",
     "GuardedRouter",
     "LiteLLMStream",
+    "TetherLogger",
     "acompletion",
     "completion",
     "guarded_router",
@@ -236,3 +247,183 @@ class GuardedRouter:
 def guarded_router(router: Any, run: Run, policy: RetryPolicy | None = None) -> GuardedRouter:
     """``router`` (a ``litellm.Router``) under ``run``: see :class:`GuardedRouter`."""
     return GuardedRouter(router, run, policy)
+
+
+# --- LiteLLM as the caller: a CustomLogger --------------------------------------------------
+
+#: the run the requests of this context serve (``TetherLogger.serving``)
+_SERVING: ContextVar[Run | None] = ContextVar("tether_litellm_run", default=None)
+#: a sync Router's turn, opened by ``pre_call_check`` (the deployment only) and named by the
+#: call's id in ``log_pre_api_call`` right after, in the same thread
+_OPENED: ContextVar[_Held | None] = ContextVar("tether_litellm_opened", default=None)
+
+
+class _Held:
+    """One attempt's turn, from LiteLLM's pre-call hook to its success or failure event."""
+
+    __slots__ = ("model", "permit", "run", "turn")
+
+    def __init__(self, run: Run, model: str, turn: ModelTurn, permit: object) -> None:
+        self.run, self.model, self.turn, self.permit = run, model, turn, permit
+
+
+def _group(kwargs: Mapping[str, Any]) -> str:
+    """The guard's name for a request's model: the Router's model group, else the model."""
+    params = kwargs.get("litellm_params")
+    metadata = kwargs.get("metadata") or (
+        params.get("metadata") if isinstance(params, Mapping) else None
+    )
+    group = metadata.get("model_group") if isinstance(metadata, Mapping) else None
+    return _bare(str(group or kwargs.get("model") or ""))
+
+
+class TetherLogger(CustomLogger):  # type: ignore[misc]
+    """tether's budgets, prices and breaker for users who keep LiteLLM (a ``Router``, the
+    proxy) as the caller and its retry layer: ``litellm.callbacks = [TetherLogger()]``, and
+    each request made inside ``with logger.serving(run):``.
+
+    * **Before each attempt** (``async_pre_call_deployment_hook`` on every async call,
+      ``pre_call_check`` on a sync Router's): the run's checks and the request's
+      reservations (its worst case against the cost budget and the scopes, its place in the
+      fleet token budget) as a model turn opens, and the provider's breaker asked; a run
+      that may not send raises :class:`tether.Stopped` (an open breaker
+      ``CircuitOpenError``) and nothing is sent. The proxy's ``async_pre_call_hook`` checks
+      the model is priced under a cost budget and the run has not stopped.
+    * **After it** (``log_success_event`` / ``async_log_success_event``): the reply's usage
+      counted and priced (tether's table, else LiteLLM's ``response_cost``), the breaker told.
+    * **A failed attempt** (``async_post_call_failure_deployment_hook`` in an async call's
+      path, before the Router's next attempt; ``log_failure_event`` for a sync call, after
+      it): the breaker told (a retryable failure counts toward opening it, and an open one
+      refuses the next attempt before it is sent), the reservation given back; a failure
+      tether classifies as permanent stops the run with its reason.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._held: dict[str, _Held] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def serving(run: Run) -> Iterator[Run]:
+        """The requests made in this block (this thread, this task and the tasks it starts)
+        count in ``run``."""
+        token = _SERVING.set(run)
+        try:
+            yield run
+        finally:
+            _SERVING.reset(token)
+
+    # --- before ---------------------------------------------------------------------------
+
+    def _opened(self, run: Run, model: str, turn: ModelTurn) -> _Held:
+        try:
+            permit = model_breaker(run.guard, model)._acquire()
+        except BaseException as exc:
+            turn.gave_way(exc)
+            raise
+        return _Held(run, model, turn, permit)
+
+    def _keep(self, call_id: Any, held: _Held) -> None:
+        with self._lock:
+            self._held[str(call_id)] = held
+
+    async def async_pre_call_deployment_hook(
+        self, kwargs: dict[str, Any], call_type: Any
+    ) -> dict[str, Any] | None:
+        run = _SERVING.get()
+        if run is None:
+            return None
+        model = _group(kwargs)
+        turn = await run.amodel_turn(model, max_output=_max_output(kwargs)).aopen()
+        self._keep(kwargs.get("litellm_call_id"), self._opened(run, model, turn))
+        return None
+
+    def pre_call_check(self, deployment: dict[str, Any]) -> dict[str, Any] | None:
+        run = _SERVING.get()
+        if run is None:
+            return None
+        model = _bare(str(deployment.get("model_name") or ""))
+        params = deployment.get("litellm_params") or {}
+        turn = run.model_turn(model, max_output=_max_output(params)).open()
+        _OPENED.set(self._opened(run, model, turn))
+        return None
+
+    def log_pre_api_call(self, model: Any, messages: Any, kwargs: dict[str, Any]) -> None:
+        held = _OPENED.get()
+        if held is not None:
+            _OPENED.set(None)
+            self._keep(kwargs.get("litellm_call_id"), held)
+
+    async def async_pre_call_hook(
+        self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any
+    ) -> dict[str, Any] | None:
+        run = _SERVING.get()
+        if run is not None:
+            if run.stopped is not None:
+                raise Stopped(run.stopped, run.stop_detail)
+            run.check_model(_group(data))
+        return None
+
+    # --- after ----------------------------------------------------------------------------
+
+    def _take(self, kwargs: Mapping[str, Any]) -> _Held | None:
+        with self._lock:
+            return self._held.pop(str(kwargs.get("litellm_call_id")), None)
+
+    def _succeeded(self, kwargs: dict[str, Any], response_obj: Any) -> None:
+        held = self._take(kwargs)
+        if held is None:
+            return
+        model_breaker(held.run.guard, held.model)._record(held.permit, None)
+        _record(
+            held.run,
+            held.turn,
+            held.model,
+            litellm_usage(response_obj),
+            _response_cost(response_obj),
+        )
+
+    def _failed(self, kwargs: dict[str, Any]) -> None:
+        held = self._take(kwargs)
+        if held is None:
+            return
+        exc = kwargs.get("exception")
+        if not isinstance(exc, BaseException):
+            exc = RuntimeError(str(exc or "the LiteLLM call failed"))
+        breaker = model_breaker(held.run.guard, held.model)
+        verdict = breaker.classifier(exc)
+        breaker._record(held.permit, verdict)
+        if verdict is not None and not verdict.retryable and isinstance(exc, Exception):
+            held.turn.fail(exc)  # the run stops with the failure's reason
+        else:
+            held.turn.gave_way(exc)  # LiteLLM retries it: the reservation goes back
+
+    def log_success_event(
+        self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._succeeded(kwargs, response_obj)
+
+    async def async_log_success_event(
+        self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._succeeded(kwargs, response_obj)
+
+    def log_failure_event(
+        self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._failed(kwargs)
+
+    async def async_post_call_failure_deployment_hook(
+        self, request_data: Mapping[str, Any], exception: Exception, call_type: Any, **more: Any
+    ) -> None:
+        """An async attempt's failure, told in the request's path before LiteLLM retries it
+        (its log event comes later): the breaker knows it before the next attempt."""
+        self._failed(
+            {"litellm_call_id": request_data.get("litellm_call_id"), "exception": exception}
+        )
+
+    async def async_log_failure_event(
+        self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._failed(kwargs)
