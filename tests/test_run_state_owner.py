@@ -23,13 +23,11 @@ OWNER = "tether/run/_runstate.py"
 #: (they are to receive what they read and return what Run applies; a count only falls)
 KNOWN: dict[str, int] = {
     "tether/run/_ending.py": 10,
-    "tether/run/_hung.py": 3,
+    "tether/run/_hung.py": 1,
     "tether/run/_modelcalls.py": 3,
-    "tether/run/_rollback.py": 7,
-    "tether/run/_run.py": 6,
+    "tether/run/_run.py": 5,
     "tether/run/_steps.py": 10,
-    "tether/run/_stops.py": 1,  # a stop check sets the escalation flag (#41): to return it
-    "tether/run/_toolcall.py": 3,
+    "tether/run/_toolcall.py": 2,
     "tether/run/_tooldecisions.py": 15,
     "tether/run/_toolgate.py": 2,
 }

@@ -10,7 +10,7 @@ from tether import telemetry
 from tether._errors import CircuitOpenError
 from tether.run._health import UNRESPONSIVE_AFTER, ToolHealth, ToolUnresponsive
 from tether.run._outcome import StopReason, ToolError
-from tether.run._runstate import RunState
+from tether.run._runstate import RunState, escalate
 from tether.run._toolkit import (
     NOT_ANSWERING,
     _Call,
@@ -88,9 +88,7 @@ class HungTools:
         if self.s.guard.on_hung_tool == "tell_model":
             return ToolError(call.name, NOT_ANSWERING, cause_kind="unavailable")
         issue = f"{exc}; it was not started again"
-        if issue not in self.s._issues:
-            self.s._issues.append(issue)
-        self.s._escalate = True
+        escalate(self.s, *(() if issue in self.s._issues else (issue,)))
         if exc.hanging >= UNRESPONSIVE_AFTER:  # it holds worker threads
             return self.s._halt(StopReason.HUNG_TOOLS, str(exc))
         breaker = self.s.guard.breaker(call.name).name

@@ -13,7 +13,7 @@ from tether.effects._canonical import jsonable
 from tether.redaction._redact import redact
 from tether.run._governance import JournalEntry
 from tether.run._handoff import SOME_STEP
-from tether.run._runstate import RunState
+from tether.run._runstate import RunState, escalate, open_issue
 from tether.run._tool import _is_async
 
 __all__ = ["Rollback"]
@@ -112,11 +112,10 @@ class Rollback:
             return None
         fn = entry.compensate or (given or {}).get(entry.tool)
         if fn is None:
-            self.s._issues.append(
-                f"{entry.tool} completed and has no compensation here: undo it by hand"
-            )
             entry.state = "failed"
-            self.s._escalate = True
+            escalate(
+                self.s, f"{entry.tool} completed and has no compensation here: undo it by hand"
+            )
         return fn
 
     def _undo_key(self, entry: JournalEntry, index: int) -> str:
@@ -158,9 +157,10 @@ class Rollback:
     def _undo_elsewhere(self, entry: JournalEntry, exc: EffectInProgress) -> None:
         """Another worker holds this compensation's claim: it is being done there (or, if
         that worker died, it is taken over once its lease ends). Nothing for a person yet."""
-        self.s._issues.append(
+        open_issue(
+            self.s,
             f"undoing {entry.tool} is being done by another worker (it holds the claim "
-            "until its lease ends): roll back again after that to confirm it"
+            "until its lease ends): roll back again after that to confirm it",
         )
         _log.info(
             "tether: run %s: the compensation of %s is being done by another worker",
@@ -171,20 +171,21 @@ class Rollback:
     def _undo_failed(self, entry: JournalEntry, exc: Exception) -> None:
         """A compensation that failed (after its retries) or may have happened: a person
         takes over, with the facts."""
-        self.s._escalate = True
         self.s.note_error(exc)
         if isinstance(exc, UnknownOutcome):
             entry.state = "unknown"
-            self.s._unconfirmed.append(entry.tool)
-            self.s._issues.append(
+            escalate(
+                self.s,
                 f"undoing {entry.tool} may or may not have happened: check before "
-                "undoing it by hand"
+                "undoing it by hand",
+                unconfirmed=entry.tool,
             )
         else:
             entry.state = "failed"
-            self.s._issues.append(
+            escalate(
+                self.s,
                 f"undoing {entry.tool} failed ({type(exc).__name__}): it is still done; "
-                "undo it by hand"
+                "undo it by hand",
             )
         _log.error(
             "tether: run %s: the compensation of %s failed: %s",

@@ -34,7 +34,7 @@ from tether.run._ending import Ending
 from tether.run._modelcalls import ModelCalls
 from tether.run._options import ModelRequest, ModelUsage, ToolOptions
 from tether.run._outcome import Outcome, Status, Stopped, StopReason
-from tether.run._runstate import RunState, Tail
+from tether.run._runstate import RunState, Tail, escalate
 from tether.run._settings import RunSettings
 from tether.run._steps import Steps
 from tether.run._toolcall import ToolPipeline
@@ -404,5 +404,5 @@ class Run:
 
     def escalate(self, detail: str = "") -> None:
         """Hand the run to a person now; raises Stopped (swallowed by the with-block)."""
-        self._state._escalate = True
+        escalate(self._state)
         raise self._state._halt(StopReason.ESCALATED, detail or "escalated by the agent's code")

@@ -46,7 +46,9 @@ __all__ = [
     "count_call",
     "count_failure",
     "count_rows",
+    "escalate",
     "inherit",
+    "open_issue",
     "load_checkpoint",
     "load_document",
     "not_made",
@@ -738,3 +740,21 @@ def _elsewhere(tool: str) -> str:
         "after that document (a LangGraph fork replayed from before the effect, a thread "
         "picked up by another worker), it runs again"
     )
+
+
+# --- what the parts decide of a run's ending, applied here (one owner of these fields) ------
+
+
+def escalate(s: RunState, *issues: str, unconfirmed: str | None = None) -> None:
+    """The run is a person's at its end (a handoff filed): ``issues`` are what is open for
+    them, ``unconfirmed`` the tool whose effect may or may not have happened."""
+    for issue in issues:
+        open_issue(s, issue)
+    if unconfirmed is not None:
+        s._unconfirmed.append(unconfirmed)
+    s._escalate = True
+
+
+def open_issue(s: RunState, issue: str) -> None:
+    """Something a person must know or do when the run ends (its outcome's ``open_issues``)."""
+    s._issues.append(issue)

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar
 
 from tether.run._outcome import StopReason
+from tether.run._runstate import escalate
 
 if TYPE_CHECKING:
     from tether.run._runstate import RunState
@@ -120,7 +121,7 @@ class EscalationSteps(Check):
     def __call__(self, s: RunState) -> str | None:
         esc = s.guard.escalation
         if esc is not None and esc.max_steps is not None and s.steps >= esc.max_steps:
-            s._escalate = True
+            escalate(s)
             return f"step count passed {esc.max_steps}"
         return None
 

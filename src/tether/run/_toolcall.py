@@ -13,7 +13,7 @@ from tether.run._health import ToolHealth
 from tether.run._hung import HungTools
 from tether.run._options import ToolOptions
 from tether.run._outcome import StopReason
-from tether.run._runstate import RunState, call_over
+from tether.run._runstate import RunState, call_over, escalate
 from tether.run._tool import _is_async, check_reference
 from tether.run._tooldecisions import ToolDecisions
 from tether.run._toolgate import ToolGate
@@ -118,7 +118,7 @@ class ToolPipeline:
         """A hand-over tool ran: the customer is a person's now. The run ends (at the next
         step, so that the tool's result is in the conversation) ``"escalated"``, its handoff
         filed as a case."""
-        self.s._escalate = True
+        escalate(self.s)
         self.s._halt(StopReason.HANDED_OVER, f"{call.name} handed the customer to a person")
 
     def call(
