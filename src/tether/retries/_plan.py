@@ -218,7 +218,7 @@ def attempt_plan(
 
 def straight(s: Settings) -> bool:
     """Whether a call's first attempt can be made straight by its driver, without the
-    plan (:func:`tether.retries._drive.first_attempt`): no limiter to ask, no budget to
+    plan (:func:`tether.retries._drive.straight_attempt`): no limiter to ask, no budget to
     refund; a breaker's permit is taken before it and its success recorded after it, as
     the plan would. A failure goes on in the plan (``attempt_plan(first_error=...)``)."""
     return s.limiter is None and s.budget is None
