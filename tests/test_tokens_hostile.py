@@ -603,22 +603,6 @@ def test_what_an_ask_that_crossed_a_newer_one_says_is_not_dropped(redis_url: str
         store.close()
 
 
-def test_the_headers_are_read_as_of_when_the_call_went_out(store: Any) -> None:
-    """A call's answer took 6 s; its headers say 1,000 tokens left, as the provider counted
-    when it admitted the call. The fleet's level becomes 1,000 and 6 s of refill (600), not
-    1,000: dated at the answer, every reading pulled the level below the provider's, and
-    the fleet used 62-75% of an OpenAI-style limit in saturation (the provider's bucket
-    refilling to full unused)."""
-    clock = VirtualClock()
-    b = calibrated(store, clock)
-    r = b.reserve(estimated_input_tokens=0, max_output_tokens=100)
-    clock.advance(6.0)
-    headers = {"x-ratelimit-limit-tokens": "6000", "x-ratelimit-remaining-tokens": "1000"}
-    b.settle(r, input_tokens=0, output_tokens=100, headers=headers, status=200)
-    b.flush()
-    assert b.view()["levels"]["tokens"] == pytest.approx(1_600, abs=1.0)
-
-
 def test_a_probe_whose_answer_was_lost_does_not_hold_the_family_for_its_timeout(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -54,9 +54,6 @@ class Reservation:
     waited: float
     #: who made it and its number (its budget settles each id once; "": never made)
     id: str = ""
-    #: when the call went out (the budget's wall clock; 0: unknown): the moment its
-    #: response's rate-limit headers describe (the provider counted the call then)
-    sent_at: float = 0.0
 
 
 def _number(raw: str | None) -> float | None:
@@ -196,10 +193,7 @@ def settlement_of(
     usage (at most what the call can have used, :func:`max_usage`), the headers' limits and
     levels, a 429's pause (its Retry-After, else the reset of an exhausted bucket; at most
     ``max_pause`` seconds)."""
-    # the headers' levels are the provider's when it admitted the call, not when its answer
-    # arrived: dated at the answer, they ignore the refill meanwhile (seconds for a long
-    # answer), and the fleet's level, lowered to them, fell behind the provider's for good
-    s = Settlement(seen_at=min(now, r.sent_at) if r.sent_at > 0 else now)
+    s = Settlement(seen_at=now)
     s.refund = _refund(r, input_tokens, output_tokens, status is None or status != 429)
     limits, remaining, resets = rate_limit_headers(headers, now)
     s.limit, s.remaining = limits, remaining

@@ -280,10 +280,7 @@ def reserve_plan(
         budget.waited += waited
         budget.longest_wait = max(budget.longest_wait, waited)
     ticket = budget._tickets.issue()
-    sent_at = budget.clock.wall()  # its wait is over: it goes out now
-    return Reservation(
-        budget.name, need, estimated_input_tokens, max_output_tokens, waited, ticket, sent_at
-    )
+    return Reservation(budget.name, need, estimated_input_tokens, max_output_tokens, waited, ticket)
 
 
 def _nothing() -> Plan[None]:
