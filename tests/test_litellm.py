@@ -33,7 +33,6 @@ from tether import (
     VirtualClock,
     classify,
 )
-from tether.integrations._common import model_breaker
 from tether.integrations.litellm import (
     TetherLogger,
     acompletion,
@@ -456,6 +455,11 @@ LOGGER = TetherLogger()
 def logger() -> TetherLogger:
     if LOGGER not in litellm.callbacks:
         litellm.callbacks = [*litellm.callbacks, LOGGER]
+    manager = litellm.logging_callback_manager  # where LiteLLM's own setup registers them
+    manager.add_litellm_success_callback(LOGGER)
+    manager.add_litellm_async_success_callback(LOGGER)
+    manager.add_litellm_failure_callback(LOGGER)
+    manager.add_litellm_async_failure_callback(LOGGER)
     return LOGGER
 
 
@@ -545,7 +549,8 @@ def test_the_logger_s_failure_events_open_tether_s_breaker(
         assert attempts(server) == 4
     else:
         assert 4 <= attempts(server) <= 8
-    assert model_breaker(g, MODEL).state == "open"
+    with g.start("probe") as probe:
+        assert probe.model_turn(MODEL).breaker.state == "open"
     server.requests.clear()
     with g.start("hi") as run, pytest.raises(CircuitOpenError):
         routed_through(logger, run, router(server), shell)

@@ -42,7 +42,6 @@ from tether.integrations._common import (
     AsyncGuardedStream,
     GuardedStream,
     _StreamUsage,
-    model_breaker,
 )
 from tether.providers._usage import RequestUsage
 from tether.providers.litellm import usage as litellm_usage
@@ -261,10 +260,11 @@ _OPENED: ContextVar[_Held | None] = ContextVar("tether_litellm_opened", default=
 class _Held:
     """One attempt's turn, from LiteLLM's pre-call hook to its success or failure event."""
 
-    __slots__ = ("model", "permit", "run", "turn")
+    __slots__ = ("breaker", "model", "permit", "run", "turn")
 
     def __init__(self, run: Run, model: str, turn: ModelTurn, permit: object) -> None:
         self.run, self.model, self.turn, self.permit = run, model, turn, permit
+        self.breaker = turn.breaker
 
 
 def _group(kwargs: Mapping[str, Any]) -> str:
@@ -318,7 +318,7 @@ class TetherLogger(CustomLogger):  # type: ignore[misc]
 
     def _opened(self, run: Run, model: str, turn: ModelTurn) -> _Held:
         try:
-            permit = model_breaker(run.guard, model)._acquire()
+            permit = turn.breaker._acquire()
         except BaseException as exc:
             turn.gave_way(exc)
             raise
@@ -375,7 +375,7 @@ class TetherLogger(CustomLogger):  # type: ignore[misc]
         held = self._take(kwargs)
         if held is None:
             return
-        model_breaker(held.run.guard, held.model)._record(held.permit, None)
+        held.breaker._record(held.permit, None)
         _record(
             held.run,
             held.turn,
@@ -391,7 +391,7 @@ class TetherLogger(CustomLogger):  # type: ignore[misc]
         exc = kwargs.get("exception")
         if not isinstance(exc, BaseException):
             exc = RuntimeError(str(exc or "the LiteLLM call failed"))
-        breaker = model_breaker(held.run.guard, held.model)
+        breaker = held.breaker
         verdict = breaker.classifier(exc)
         breaker._record(held.permit, verdict)
         if verdict is not None and not verdict.retryable and isinstance(exc, Exception):
