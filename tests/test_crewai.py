@@ -817,3 +817,25 @@ def test_kickoff_refuses_a_streaming_crew(shell: str) -> None:
     with pytest.raises(ValueError, match="stream"):
         SHELLS[shell](streaming_crew(pay, [PAY]), guard=guard(), side_effects=["pay"])
     assert paid == []
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_rate_limited_model_is_retried_at_one_layer(
+    server: ScriptedServer, shell: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """429s until the end: CrewAI wraps every LLM's call in its own rate-limit retries (3
+    attempts, sleeping the Retry-After); under a 2-attempt policy tether is the one layer: 2
+    requests, not 2 x 3."""
+    import time as real_time
+
+    slept: list[float] = []
+    monkeypatch.setattr(real_time, "sleep", slept.append)  # CrewAI's own waits, not slept
+    limited = Reply(429, {"error": {"message": "slow down", "type": "rate_limit_error"}},
+                    headers={"retry-after": "1"})  # fmt: skip
+    script(server, lambda i: limited)
+    _, pay = payments()
+    g = Guard(budget=Budget(max_steps=30), prices=PRICES,
+              retry=RetryPolicy(base=0.001, max_attempts=2))  # fmt: skip
+    outcome = SHELLS[shell](crew_with(server, pay), guard=g)
+    assert model_calls(server) == 2
+    assert outcome.usage.retries == 1 and outcome.status != "success"

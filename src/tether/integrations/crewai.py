@@ -124,6 +124,15 @@ def _count(turn: ModelTurn, llm: Any, before: tuple[int, int, int, int]) -> None
         turn.record(unmeasured=True)
 
 
+def _own(method: Any) -> Any:
+    """The LLM's own call, without the rate-limit retries CrewAI wraps every ``BaseLLM``
+    subclass's ``call``/``acall`` in (they sleep and ask again inside tether's attempt:
+    two retry layers); tether's policy is the one layer."""
+    if getattr(method, "_crewai_rate_limit_wrapped", False):
+        return getattr(method, "__wrapped__", method)
+    return method
+
+
 class _GuardedLLM:
     """An agent's LLM object answering through the kickoff's run (installed on the object
     for the kickoff's time, removed after): each call one ``run.model_turn``, its attempts
@@ -132,8 +141,8 @@ class _GuardedLLM:
     def __init__(self, llm: Any, policy: RetryPolicy) -> None:
         self.llm = llm
         self.policy = policy
-        self.call = type(llm).call.__get__(llm)
-        self.acall = type(llm).acall.__get__(llm)
+        self.call = _own(type(llm).call).__get__(llm)
+        self.acall = _own(type(llm).acall).__get__(llm)
 
     def _ends(self, run: Run, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
         """The run ends before this call: stopped, a CrewAI limit reached, or a budget."""

@@ -212,7 +212,7 @@ def _loaded(folder: str) -> TauData:
 def _quiet() -> None:
     logging.getLogger("tether").setLevel(logging.CRITICAL)
     for name in ("httpx", "httpx2", "openai", "anthropic", "openai.agents", "pydantic_ai",
-                 "google_adk", "strands"):  # fmt: skip
+                 "google_adk", "strands", "crewai"):  # fmt: skip
         logging.getLogger(name).setLevel(logging.CRITICAL)
     warnings.simplefilter("ignore")
 

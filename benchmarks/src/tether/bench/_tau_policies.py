@@ -388,7 +388,16 @@ POLICIES: dict[str, Runner] = {
     "tether-adk": _virtual(lambda e: _frameworks().adk(e, tethered=True)),
     "strands": _virtual(lambda e: _frameworks().strands(e, tethered=False)),
     "tether-strands": _virtual(lambda e: _frameworks().strands(e, tethered=True)),
+    "crewai": _virtual(lambda e: _crewai().crewai(e, tethered=False)),
+    "tether-crewai": _virtual(lambda e: _crewai().crewai(e, tethered=True)),
 }
+
+
+def _crewai() -> Any:
+    """CrewAI's policies (run where it is installed: .venv-crewai)."""
+    from tether.bench import _tau_crewai
+
+    return _tau_crewai
 
 
 def _frameworks() -> Any:
@@ -405,7 +414,8 @@ def _frameworks() -> Any:
 #: ``tether``'s (the same loop and decisions, async) at three times the cost, spent building
 #: the OpenAI SDK's requests.
 #: ``adk``, ``tether-adk``, ``strands`` and ``tether-strands`` run where those frameworks are
-#: installed (``.venv-frameworks``), so only when named.
+#: installed (``.venv-frameworks``), so only when named; ``crewai`` and ``tether-crewai``
+#: likewise (``.venv-crewai``).
 EXTRA_POLICIES = (
     "tether-no-lookup",
     "tether-blind-lookup",
@@ -415,13 +425,15 @@ EXTRA_POLICIES = (
     "tether-adk",
     "strands",
     "tether-strands",
+    "crewai",
+    "tether-crewai",
 )
 DEFAULT_POLICIES = tuple(p for p in POLICIES if p not in EXTRA_POLICIES)
 
 
 #: the package each framework policy needs (``all`` takes a policy whose package is installed)
 _NEEDS = {"adk": "google.adk", "tether-adk": "google.adk", "strands": "strands",
-          "tether-strands": "strands"}  # fmt: skip
+          "tether-strands": "strands", "crewai": "crewai", "tether-crewai": "crewai"}  # fmt: skip
 
 
 def installed() -> list[str]:
