@@ -7,9 +7,10 @@ raising the OpenAI SDK's errors when the endpoint refuses, as CrewAI's OpenAI pr
 CrewAI caps packages below the main venv's pins, so these policies run where it is
 installed (``.venv-crewai``): ``--tau-policy crewai --tau-policy tether-crewai``.
 
-* ``crewai``: ``Agent`` and ``Task`` with CrewAI's defaults: ``max_iter=25`` (then its
-  "best final answer" request), ``max_retry_limit=2`` (a task whose model call raised runs
-  again from its start, tools and all), ``ToolUsage``'s own handling of a tool that raised.
+* ``crewai``: ``Agent`` and ``Task`` with CrewAI's defaults: its LLMs' rate-limit retries
+  (3 attempts on a 429, the ``Retry-After`` waited, on the episode's clock here),
+  ``max_iter=25`` (then its "best final answer" request), ``max_retry_limit=2`` (a task
+  whose model call raised runs again from its start, tools and all).
 * ``tether-crewai``: the same crew through ``TetherCrew(guard, side_effects=LOOKUPS)``.
 """
 
@@ -105,7 +106,17 @@ def _crew() -> Any:
     return Crew(agents=[agent], tasks=[task], verbose=False)
 
 
+def _waits_on(episode: Any) -> None:
+    """CrewAI's own rate-limit retries (every ``BaseLLM``'s ``call``/``acall``: 3 attempts,
+    the ``Retry-After`` or 1 s doubling) wait on the episode's clock, not in real time."""
+    from crewai.llms import retry
+
+    retry.run_with_rate_limit_retry.__kwdefaults__["sleep"] = episode.clock.sleep
+    retry.arun_with_rate_limit_retry.__kwdefaults__["sleep"] = episode.clock.asleep
+
+
 async def crewai(episode: Any, tethered: bool) -> Ending:
+    _waits_on(episode)
     crew = _crew()
     if not tethered:
         try:
