@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -204,7 +205,7 @@ def _verdict_from_response(
             break
     if code is None and codes:
         code = codes[0]
-    if kind is None and status in (400, 402, 403, 429) and QUOTA_MESSAGES.search(message):
+    if kind is None and status in (400, 402, 403, 429) and re.search(QUOTA_MESSAGES, message):
         kind, reason = Kind.QUOTA, "quota or spend limit (from the error message)"
     if kind is None and status is not None:
         if status == 429:

@@ -63,7 +63,9 @@ def _header(headers: Any, name: str) -> str | None:
         return None
 
 
-_DURATION = re.compile(
+# the patterns of this module are compiled when first used (re's cache keeps them), not
+# at ``import tether``
+_DURATION = (
     r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?"
     r"(?:(\d+(?:\.\d+)?)ms)?$"
 )
@@ -94,7 +96,7 @@ def _parse_reset(value: str, now_wall: float) -> float | None:
         return sane_wait(seconds)
     if len(value) > 64:
         return None
-    match = _DURATION.match(value)
+    match = re.match(_DURATION, value)
     if match and any(match.groups()):
         h, m, s, ms = (float(g) if g else 0.0 for g in match.groups())
         return sane_wait(h * 3600 + m * 60 + s + ms / 1000)
@@ -141,12 +143,11 @@ _NAMED = {
 }
 # how an error names the limit it hit: "on tokens per min (TPM)", "50,000 input tokens per
 # minute", "requests per day (RPD)"; the phrase with "per" first, then the error's type
-_PER = re.compile(
-    r"\b(?:(input|output)[ _-]tokens?|(tokens?)|(requests?))\s+per\s+(?:min|minute|day|hour)\b"
-    r"|\b(?:(TPM|TPD)|(RPM|RPD))\b",
-    re.IGNORECASE,
+_PER = (
+    r"(?i)\b(?:(input|output)[ _-]tokens?|(tokens?)|(requests?))\s+per\s+(?:min|minute|day|hour)\b"
+    r"|\b(?:(TPM|TPD)|(RPM|RPD))\b"
 )
-_WORDS = re.compile(r"\b(?:(input|output)[ _-]tokens?|(tokens?)|(requests?))\b", re.IGNORECASE)
+_WORDS = r"(?i)\b(?:(input|output)[ _-]tokens?|(tokens?)|(requests?))\b"
 
 
 def limit_named(codes: Sequence[str], message: str) -> str | None:
@@ -156,7 +157,7 @@ def limit_named(codes: Sequence[str], message: str) -> str | None:
     error's type (OpenAI's ``"tokens"`` / ``"requests"``); then the one bucket word the
     message uses, when it uses one kind only.
     """
-    found = _PER.search(message[:2000])
+    found = re.search(_PER, message[:2000])
     if found:
         io, tokens, _requests, tpm, _rpm = found.groups()
         if io:
@@ -167,7 +168,7 @@ def limit_named(codes: Sequence[str], message: str) -> str | None:
         if lowered in ("tokens", "requests", "input_tokens", "output_tokens"):
             return lowered.removesuffix("_tokens")
     kinds: set[str] = set()
-    for io, tokens, _requests in _WORDS.findall(message[:2000]):
+    for io, tokens, _requests in re.findall(_WORDS, message[:2000]):
         kinds.add(io.lower() if io else "tokens" if tokens else "requests")
     return kinds.pop() if len(kinds) == 1 else None
 

@@ -4,7 +4,6 @@ exception names, each with the verdict it stands for (pure data)."""
 from __future__ import annotations
 
 import errno
-import re
 
 from tether.providers import anthropic, openai_chat
 
@@ -125,11 +124,11 @@ GRPC_PERMANENT = frozenset(
         "CANCELLED",
     }
 )
-# Anthropic sends these as a 400 with no machine-readable code: a documented fallback.
-QUOTA_MESSAGES = re.compile(
-    r"credit balance is too low|reached your specified (?:api )?usage limits|"
-    r"exceeded your current quota|spend limit",
-    re.IGNORECASE,
+# Anthropic sends these as a 400 with no machine-readable code: a documented fallback (a
+# pattern, compiled when first used)
+QUOTA_MESSAGES = (
+    r"(?i)credit balance is too low|reached your specified (?:api )?usage limits|"
+    r"exceeded your current quota|spend limit"
 )
 # names of exception classes of httpx, requests, urllib3, aiohttp and the LLM SDKs,
 # matched on the class hierarchy so that none of them needs importing
