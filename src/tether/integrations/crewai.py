@@ -50,6 +50,7 @@ from tether.integrations._common import (
 )
 from tether.integrations._crewai_asks import HUMAN_INPUT, AskThroughTether, watching_tool_hooks
 from tether.integrations._crewai_flow import flow_key, keep, kept_run
+from tether.integrations._crewai_limits import asks_for_a_forced_answer, paced, timed, within_limits
 from tether.providers import crewai as profile
 
 require("crewai", "crewai")
@@ -63,9 +64,6 @@ _RUN: contextvars.ContextVar[Run | None] = contextvars.ContextVar("tether_crewai
 #: set on a tool function this module wrapped
 _MARK = "__tether_guarded__"
 
-#: how long CrewAI's RPMController waits when an agent used its max_rpm
-_MINUTE = 60.0
-
 
 def _current() -> Run:
     run = _RUN.get()
@@ -75,38 +73,6 @@ def _current() -> Run:
             "kickoff (tether.integrations.crewai.kickoff): it cannot go on unguarded"
         )
     return run
-
-
-#: the agent's task deadline (``max_execution_time``): (on the run's clock, the limit, the role)
-_DEADLINE: contextvars.ContextVar[tuple[float, float, str] | None] = contextvars.ContextVar(
-    "tether_crewai_deadline", default=None
-)
-
-
-def _within_crewai_limits(run: Run) -> bool:
-    """False when the agent's ``max_execution_time`` has passed (the run then stopped)."""
-    if run.stopped is not None:
-        return False
-    deadline = _DEADLINE.get()
-    if deadline is not None and run.clock.now() >= deadline[0]:
-        _, limit, role = deadline
-        run.halt(StopReason.TIMEOUT, f"agent {role!r} used its max_execution_time ({limit:g} s)")
-        return False
-    return True
-
-
-def _forced_answer() -> str:
-    from crewai.utilities.i18n import I18N_DEFAULT
-
-    return str(I18N_DEFAULT.errors("force_final_answer"))
-
-
-def _asks_for_a_forced_answer(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
-    """The call is CrewAI's request for a "best final answer" after ``max_iter``."""
-    messages = args[0] if args else kwargs.get("messages")
-    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], Mapping):
-        return False
-    return messages[-1].get("content") == _forced_answer()
 
 
 def _model_name(llm: Any) -> str:
@@ -146,9 +112,9 @@ class _GuardedLLM:
 
     def _ends(self, run: Run, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
         """The run ends before this call: stopped, a CrewAI limit reached, or a budget."""
-        if not _within_crewai_limits(run):
+        if not within_limits(run):
             return True
-        if _asks_for_a_forced_answer(args, kwargs):
+        if asks_for_a_forced_answer(args, kwargs):
             run.halt(StopReason.MAX_STEPS, "a CrewAI agent used its max_iter without an answer")
             return True
         return not run.proceed()
@@ -188,7 +154,7 @@ def _tool_runner(name: str, fn: Callable[..., Any], options: dict[str, Any]) -> 
             call: Callable[..., Any] = lambda **a: fn(a.pop("input"), **a)  # noqa: E731
         else:
             call = fn
-        if not _within_crewai_limits(run):
+        if not within_limits(run):
             return f"stopped: {run.stopped.value if run.stopped else ''}"
         try:  # CrewAI runs a reply's calls in threads: the run admits each under its lock
             return run.call_tool(name, call, kwargs, **options)
@@ -204,7 +170,7 @@ def _tool_runner(name: str, fn: Callable[..., Any], options: dict[str, Any]) -> 
 def _atool_runner(name: str, fn: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
     async def guarded(**kwargs: Any) -> Any:
         run = _current()
-        if not _within_crewai_limits(run):
+        if not within_limits(run):
             return f"stopped: {run.stopped.value if run.stopped else ''}"
         try:
             return await run.acall_tool(name, fn, kwargs, **options)
@@ -215,55 +181,6 @@ def _atool_runner(name: str, fn: Callable[..., Any], options: dict[str, Any]) ->
 
     setattr(guarded, _MARK, True)
     return guarded
-
-
-def _timed(agent: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """The agent's task under its ``max_execution_time`` as a deadline on the run's clock,
-    in place of CrewAI's thread (which lets the task run on and raises once it is over)."""
-    role = str(getattr(agent, "role", ""))
-
-    def execute(task_prompt: str, task: Any, timeout: float) -> Any:
-        token = _DEADLINE.set((_current().clock.now() + timeout, timeout, role))
-        try:
-            return agent._execute_without_timeout(task_prompt, task)
-        finally:
-            _DEADLINE.reset(token)
-
-    async def aexecute(task_prompt: str, task: Any, timeout: float) -> Any:
-        token = _DEADLINE.set((_current().clock.now() + timeout, timeout, role))
-        try:
-            return await agent._aexecute_without_timeout(task_prompt, task)
-        finally:
-            _DEADLINE.reset(token)
-
-    return execute, aexecute
-
-
-def _paced(controller: Any) -> Callable[[], None]:
-    """CrewAI's ``max_rpm`` wait for the next minute, on the run's clock and within its time."""
-
-    def wait_for_next_minute() -> None:
-        run = _current()
-        now, limit, deadline = run.clock.now(), run.budget.max_seconds, _DEADLINE.get()
-        if run.stopped is not None:
-            pass
-        elif limit is not None and run.elapsed + _MINUTE > limit:
-            run.halt(
-                StopReason.TIMEOUT,
-                f"CrewAI's max_rpm ({controller.max_rpm}) waits for the next minute, past "
-                f"the run's max_seconds ({limit:g} s)",
-            )
-        elif deadline is not None and now + _MINUTE > deadline[0]:
-            run.halt(
-                StopReason.TIMEOUT,
-                f"CrewAI's max_rpm ({controller.max_rpm}) waits for the next minute, past "
-                f"agent {deadline[2]!r}'s max_execution_time ({deadline[1]:g} s)",
-            )
-        else:
-            run.clock.sleep(_MINUTE)
-        controller._current_rpm = 0
-
-    return wait_for_next_minute
 
 
 def _overrides_arun(tool: Any) -> bool:
@@ -373,11 +290,11 @@ class TetherCrew:
             for holder in [crew, *crew.agents]:
                 controller = getattr(holder, "_rpm_controller", None)
                 if controller is not None and "_wait_for_next_minute" not in controller.__dict__:
-                    _set(controller, "_wait_for_next_minute", _paced(controller))
+                    _set(controller, "_wait_for_next_minute", paced(controller, _current))
                     patched.append((controller, ("_wait_for_next_minute",)))
             for agent in crew.agents:
                 if getattr(agent, "max_execution_time", None) is not None:
-                    execute, aexecute = _timed(agent)
+                    execute, aexecute = timed(agent, _current)
                     _set(agent, "_execute_with_timeout", execute)
                     _set(agent, "_aexecute_with_timeout", aexecute)
                     patched.append((agent, ("_execute_with_timeout", "_aexecute_with_timeout")))
