@@ -390,7 +390,16 @@ POLICIES: dict[str, Runner] = {
     "tether-strands": _virtual(lambda e: _frameworks().strands(e, tethered=True)),
     "crewai": _virtual(lambda e: _crewai().crewai(e, tethered=False)),
     "tether-crewai": _virtual(lambda e: _crewai().crewai(e, tethered=True)),
+    "litellm": _virtual(lambda e: _litellm().litellm_loop(e, tethered=False)),
+    "tether-litellm": _virtual(lambda e: _litellm().litellm_loop(e, tethered=True)),
 }
+
+
+def _litellm() -> Any:
+    """The LiteLLM policies (run where LiteLLM is installed: .venv-crewai)."""
+    from tether.bench import _tau_litellm
+
+    return _tau_litellm
 
 
 def _crewai() -> Any:
@@ -414,8 +423,8 @@ def _frameworks() -> Any:
 #: ``tether``'s (the same loop and decisions, async) at three times the cost, spent building
 #: the OpenAI SDK's requests.
 #: ``adk``, ``tether-adk``, ``strands`` and ``tether-strands`` run where those frameworks are
-#: installed (``.venv-frameworks``), so only when named; ``crewai`` and ``tether-crewai``
-#: likewise (``.venv-crewai``).
+#: installed (``.venv-frameworks``), so only when named; ``crewai``, ``tether-crewai``,
+#: ``litellm`` and ``tether-litellm`` likewise (``.venv-crewai``).
 EXTRA_POLICIES = (
     "tether-no-lookup",
     "tether-blind-lookup",
@@ -427,13 +436,16 @@ EXTRA_POLICIES = (
     "tether-strands",
     "crewai",
     "tether-crewai",
+    "litellm",
+    "tether-litellm",
 )
 DEFAULT_POLICIES = tuple(p for p in POLICIES if p not in EXTRA_POLICIES)
 
 
 #: the package each framework policy needs (``all`` takes a policy whose package is installed)
 _NEEDS = {"adk": "google.adk", "tether-adk": "google.adk", "strands": "strands",
-          "tether-strands": "strands", "crewai": "crewai", "tether-crewai": "crewai"}  # fmt: skip
+          "tether-strands": "strands", "crewai": "crewai", "tether-crewai": "crewai",
+          "litellm": "litellm", "tether-litellm": "litellm"}  # fmt: skip
 
 
 def installed() -> list[str]:
