@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -175,6 +176,8 @@ def test_bench_says_its_progress_off_a_terminal(capsys: pytest.CaptureFixture[st
     assert "tether bench: agents started" in captured.err
     assert "tether bench: fleet started" in captured.err
     assert "started" not in captured.out
+    # the time it took, and the machine's load it took it at
+    assert re.search(r"tether bench: [0-9.]+ s \(.*; load [0-9.?]+ -> [0-9.?]+ on", captured.out)
 
 
 def test_version_command() -> None:

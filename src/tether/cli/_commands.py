@@ -250,7 +250,7 @@ def _bench(args: argparse.Namespace) -> int:
     suites = args.suite or ["all"]
     if "all" in suites:  # the default set, and whatever else was named
         suites = list(dict.fromkeys([*bench.SUITES, *(s for s in suites if s != "all")]))
-    started = time.perf_counter()
+    started, load = time.perf_counter(), _load()
     progress = _progress_printer()
     try:
         results = bench.run(
@@ -276,7 +276,10 @@ def _bench(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     print_tables(results)
     _print_serve(results["suites"].get("serve"))
-    print(f"\ntether bench: {elapsed:.1f} s (seed {args.seed}, {args.tasks} tasks per agent cell)")
+    print(
+        f"\ntether bench: {elapsed:.1f} s (seed {args.seed}, {args.tasks} tasks per agent cell; "
+        f"load {load} -> {_load()} on {os.cpu_count() or '?'} cores)"
+    )
     command = (
         "tether " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if len(sys.argv) > 1
@@ -608,3 +611,11 @@ def _replayed(letter: Any, force: bool, again: bool, replay: Callable[[], Any]) 
     else:
         print(f"replayed {letter.id}{' (forced)' if force else ''}: {result!r}")
     return 0
+
+
+def _load() -> str:
+    """The machine's 1-minute load average (what the bench's time depends on), or "?"."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except (AttributeError, OSError):  # not on this platform
+        return "?"
