@@ -29,6 +29,7 @@ from tether.run._document import (
 )
 from tether.run._outcome import Usage
 from tether.run._runstate import (
+    COUNTED,
     HasState,
     RunState,
     Tail,
@@ -48,17 +49,8 @@ __all__ = ["SNAPSHOT_VERSION", "restore", "snapshot"]
 #: The layout of a snapshot: the run document's (``_document``); a newer one is refused.
 SNAPSHOT_VERSION = DOCUMENT_VERSION
 
-_COUNTS = (
-    "steps",
-    "model_calls",
-    "tool_calls",
-    "retries",
-    "input_tokens",
-    "output_tokens",
-    "cache_write_tokens",
-    "cache_read_tokens",
-    "unpriced_calls",
-)
+#: the whole-number counts: ``COUNTED`` but its last, ``cost_usd`` (a float, read on its own)
+_COUNTS = COUNTED[:-1]
 
 
 def _tail(tail: Tail) -> dict[str, Any]:
