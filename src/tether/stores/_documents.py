@@ -7,14 +7,22 @@ import enum
 import json
 import re
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from tether._errors import CheckpointError, StoreUnavailable, require
+from tether.clock import SystemClock
 from tether.redaction._redact import safe_url
 from tether.stores._schema import create_schema, sqlite_create, sqlite_wal
 from tether.stores._sql import DIALECTS, POSTGRES, SQLITE, DocumentSql
+from tether.stores._sqlfailures import (
+    TX_ATTEMPTS,
+    pg_unavailable,
+    retried,
+    sqlite_unavailable,
+    tx_backoff,
+)
 
 __all__ = [
     "DocKind",
@@ -24,6 +32,8 @@ __all__ = [
     "Sql",
     "SqliteDocuments",
 ]
+
+T = TypeVar("T")
 
 
 class DocKind(enum.StrEnum):
@@ -123,28 +133,44 @@ class SqliteDocuments:
         with self._lock:
             sqlite_create(self._db, statements)
 
-    def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
+    @contextmanager
+    def _file(self) -> Iterator[None]:
+        """The file held (this store's lock); a file locked past the timeout, read-only, full
+        or out of reach: :class:`StoreUnavailable`; a programming error is sqlite3's own."""
+        import sqlite3
+
         with self._lock:
+            try:
+                yield
+            except sqlite3.Error as exc:
+                failure = sqlite_unavailable(exc, "the documents", self.path)
+                if failure is None:
+                    raise
+                raise failure from exc
+
+    def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
+        with self._file():
             self._db.execute(self._q.put, (kind, doc_id, created_at, json.dumps(doc, default=str)))
 
     def get(self, kind: str, doc_id: str) -> str | None:
-        with self._lock:
+        with self._file():
             row = self._db.execute(self._q.get, (kind, doc_id)).fetchone()
         return None if row is None else str(row[0])
 
     def list(self, kind: str, limit: int) -> list[tuple[str, str]]:
-        with self._lock:
+        with self._file():
             rows = self._db.execute(self._q.list, (kind, limit)).fetchall()
         return [(str(r[0]), str(r[1])) for r in reversed(rows)]
 
     def delete(self, kind: str, doc_id: str) -> None:
-        with self._lock:
+        with self._file():
             self._db.execute(self._q.delete, (kind, doc_id))
 
     @contextmanager
     def sql(self, *, write: bool = False) -> Iterator[Sql]:
-        """This database's connection, held; ``write=True``: one transaction."""
-        with self._lock:
+        """This database's connection, held; ``write=True``: one transaction. A file that
+        cannot be used now: :class:`StoreUnavailable` (the transaction rolled back)."""
+        with self._file():
             if not write:
                 yield Sql(self._db, self.dialect)
                 return
@@ -229,34 +255,67 @@ class PostgresDocuments:
                 f"its tables ({type(exc).__name__}: {safe_url(str(exc))})"
             ) from exc
 
+    def _failed(self, exc: BaseException, attempts: int = 1) -> StoreUnavailable | None:
+        return pg_unavailable(
+            exc, f"the documents (table {self.table})", self.dsn, attempts=attempts
+        )
+
+    def _use(self, statement: Callable[[Any], T]) -> T:
+        """``statement(conn)`` on a connection of the pool (one statement, its own
+        transaction): sent again when the server rolled it back (a serialization failure, a
+        deadlock), :class:`StoreUnavailable` when the database cannot be used now; a
+        programming error is psycopg's own."""
+        import psycopg
+
+        errors: tuple[type[BaseException], ...] = (psycopg.Error, *self._errors)
+        for attempt in range(1, TX_ATTEMPTS + 1):
+            try:
+                with self._pool.connection() as conn:
+                    return statement(conn)
+            except errors as exc:
+                if retried(exc) and attempt < TX_ATTEMPTS:
+                    SystemClock().sleep(tx_backoff(attempt))
+                    continue
+                failure = self._failed(exc, attempt)
+                if failure is None:
+                    raise
+                raise failure from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def put(self, kind: str, doc_id: str, doc: dict[str, Any], created_at: float) -> None:
         body = json.dumps(doc, default=str)
-        with self._pool.connection() as conn:
-            conn.execute(self._q.put, (kind, doc_id, created_at, body))
+        self._use(lambda conn: conn.execute(self._q.put, (kind, doc_id, created_at, body)))
 
     def get(self, kind: str, doc_id: str) -> str | None:
-        with self._pool.connection() as conn:
-            row = conn.execute(self._q.get, (kind, doc_id)).fetchone()
+        row = self._use(lambda conn: conn.execute(self._q.get, (kind, doc_id)).fetchone())
         return None if row is None else str(row[0])
 
     def list(self, kind: str, limit: int) -> list[tuple[str, str]]:
-        with self._pool.connection() as conn:
-            rows = conn.execute(self._q.list, (kind, limit)).fetchall()
+        rows = self._use(lambda conn: conn.execute(self._q.list, (kind, limit)).fetchall())
         return [(str(r[0]), str(r[1])) for r in reversed(rows)]
 
     def delete(self, kind: str, doc_id: str) -> None:
-        with self._pool.connection() as conn:
-            conn.execute(self._q.delete, (kind, doc_id))
+        self._use(lambda conn: conn.execute(self._q.delete, (kind, doc_id)))
 
     @contextmanager
     def sql(self, *, write: bool = False) -> Iterator[Sql]:
-        """A connection of the pool; ``write=True``: one transaction."""
-        with self._pool.connection() as conn:
-            if not write:
-                yield Sql(conn, self.dialect)
-                return
-            with conn.transaction():
-                yield Sql(conn, self.dialect)
+        """A connection of the pool; ``write=True``: one transaction. The database that
+        cannot be used now: :class:`StoreUnavailable` (the transaction rolled back)."""
+        import psycopg
+
+        errors: tuple[type[BaseException], ...] = (psycopg.Error, *self._errors)
+        try:
+            with self._pool.connection() as conn:
+                if not write:
+                    yield Sql(conn, self.dialect)
+                    return
+                with conn.transaction():
+                    yield Sql(conn, self.dialect)
+        except errors as exc:
+            failure = self._failed(exc)
+            if failure is None:
+                raise
+            raise failure from exc
 
     def close(self) -> None:
         self._pool.close()

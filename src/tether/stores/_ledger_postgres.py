@@ -6,8 +6,12 @@ was a round trip per checkout): a connection found broken on its first statement
 server restarted, or killed it while it sat idle) is thrown away and the statement sent
 again once on a fresh one, so a restart costs the calls in flight at that moment, not
 every call after it. Every statement here may be sent twice: each is idempotent for its
-owner (a repeat of the owner's own claim is claimed again, see ``decide_claim``). Leases
-are measured on the server's clock (``clock_timestamp()``).
+owner (a repeat of the owner's own claim is claimed again, see ``decide_claim``). A step
+whose transaction the server rolled back (a serialization failure under ``SERIALIZABLE`` or
+``REPEATABLE READ``, a deadlock: SQLSTATE 40001/40P01) left nothing and is sent again, three
+attempts in all. What a failure means (StoreUnavailable or a programming error) is
+``stores/_sqlfailures.py``'s. Leases are measured on the server's clock
+(``clock_timestamp()``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import re
 import threading
 from typing import Any
 
-from tether._errors import StoreUnavailable, require
+from tether._errors import require
+from tether.clock import SystemClock
 from tether.redaction._redact import safe_url
 from tether.stores._documents import open_pool
 from tether.stores._ledger_logic import (
@@ -29,6 +34,7 @@ from tether.stores._ledger_logic import (
     decide_complete,
 )
 from tether.stores._schema import create_schema
+from tether.stores._sqlfailures import TX_ATTEMPTS, pg_unavailable, retried, tx_backoff
 
 __all__ = ["PostgresLedgerBackend"]
 
@@ -74,6 +80,7 @@ class PostgresLedgerBackend:
         self.round_trips = 0  # statements sent to the server
         self._count_lock = threading.Lock()
         self.reconnects = 0  # statements sent again after a broken idle connection
+        self.rollbacks = 0  # steps sent again after the server rolled their transaction back
         # no probe per checkout: a connection found broken is replaced in _exec
         self._pool, self._pool_errors = open_pool(
             dsn, f"tether-ledger-{table}", pool_size, probe=False
@@ -101,45 +108,41 @@ class PostgresLedgerBackend:
         return f"PostgresLedgerBackend({self.dsn!r}, table={self.table!r})"
 
     def _exec(self, fn: Any) -> Any:
+        """``fn(conn)`` on a connection of the pool, sent again (on a fresh connection) when
+        it broke before answering anything (it had died while idle), or when the server
+        rolled its transaction back (a serialization failure or a deadlock, SQLSTATE
+        40001/40P01: :data:`TX_ATTEMPTS` attempts in all; each step of ``fn`` that had
+        committed is idempotent for its owner, and the one that failed left nothing). The
+        database that cannot be used: :class:`StoreUnavailable`; a programming error is
+        psycopg's own, with a note."""
         lost = (self._psycopg.OperationalError, self._psycopg.InterfaceError)
-        for attempt in (1, 2):
+        reconnected, rolled_back = False, 0
+        while True:
             counting = None
             try:
                 with self._pool.connection(timeout=10.0) as conn:
                     counting = _Counting(conn, self)
                     return fn(counting)
-            except lost as exc:
-                # a connection that broke before answering anything had died while idle:
-                # the pool throws it away, and the statement goes once more on a fresh one
+            except self._psycopg.Error as exc:  # the pool's errors are psycopg's too
                 if (
-                    attempt == 1
+                    not reconnected
+                    and isinstance(exc, lost)
                     and counting is not None
                     and not counting.answered
                     and counting.broken
                 ):
+                    reconnected = True
                     self.reconnects += 1
                     continue
-                raise self._unavailable(exc) from exc
-            except self._pool_errors as exc:
-                raise self._unavailable(exc) from exc
-            except self._psycopg.Error as exc:  # the server refused: a read-only standby, ...
-                raise self._unavailable(exc) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
-        """A statement's failure, said as what it was: the server did not answer (a broken
-        connection, the pool empty), or it answered with an error (its SQLSTATE: a lock
-        that timed out, a read-only database, a refused right)."""
-        state = getattr(exc, "sqlstate", None)
-        said = f"{type(exc).__name__}: {safe_url(str(exc).strip())}"
-        if state is None:
-            return StoreUnavailable(
-                f"the ledger's PostgreSQL at {self.dsn} did not answer ({said})"
-            )
-        return StoreUnavailable(
-            f"the ledger's PostgreSQL at {self.dsn} refused the statement (SQLSTATE {state}, "
-            f"{said})"
-        )
+                if retried(exc) and rolled_back < TX_ATTEMPTS - 1:
+                    rolled_back += 1
+                    self.rollbacks += 1
+                    SystemClock().sleep(tx_backoff(rolled_back))
+                    continue
+                failure = pg_unavailable(exc, "the ledger", self.dsn, attempts=rolled_back + 1)
+                if failure is None:
+                    raise
+                raise failure from exc
 
     @staticmethod
     def _row(row: Any) -> Record | None:

@@ -23,6 +23,7 @@ from tether.stores._ledger_logic import (
     decide_complete,
 )
 from tether.stores._schema import sqlite_create, sqlite_wal
+from tether.stores._sqlfailures import sqlite_unavailable
 
 __all__ = ["SqliteLedgerBackend"]
 
@@ -67,10 +68,35 @@ _SETTLE = (
 )
 
 
+class _Held:
+    """The connection held (the backend's lock) for one step; a file that cannot be used now
+    (locked past the timeout, read-only, full): :class:`tether.StoreUnavailable`, and a
+    programming error sqlite3's own (``stores/_sqlfailures.py``)."""
+
+    __slots__ = ("_lock", "_path")
+
+    def __init__(self, lock: threading.Lock, path: str) -> None:
+        self._lock, self._path = lock, path
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        self._lock.release()
+        if exc is not None:
+            import sqlite3
+
+            if isinstance(exc, sqlite3.Error):
+                failure = sqlite_unavailable(exc, "the ledger", self._path)
+                if failure is not None:
+                    raise failure from exc
+
+
 class SqliteLedgerBackend:
     def __init__(self, path: str, *, timeout: float = 30.0) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._held = _Held(self._lock, path)
         import sqlite3  # imported when first used: `import tether` loads no sqlite3
 
         try:
@@ -99,7 +125,7 @@ class SqliteLedgerBackend:
     @contextmanager
     def _immediate(self) -> Iterator[None]:
         """A write transaction taken at once (``BEGIN IMMEDIATE``): decide, then write."""
-        with self._lock:
+        with self._held:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield
@@ -125,7 +151,7 @@ class SqliteLedgerBackend:
             now + record.expires_at,
             now,
         )
-        with self._lock:  # a fresh key: one statement, its own transaction
+        with self._held:  # a fresh key: one statement, its own transaction
             if self._cur.execute(_INSERT_NEW, fresh).rowcount == 1:
                 return True, None
         new = record.at(now)
@@ -139,12 +165,12 @@ class SqliteLedgerBackend:
         return self._decided(new.key, decide)
 
     def get(self, key: str) -> Record | None:
-        with self._lock:
+        with self._held:
             return self._select(key)
 
     def renew(self, key: str, owner: str, lease: float, now: float | None, ttl: float) -> bool:
         until = (time.time() if now is None else now) + lease
-        with self._lock:
+        with self._held:
             cur = self._db.execute(
                 "UPDATE tether_ledger SET lease_until = MAX(lease_until, ?), "
                 "expires_at = MAX(expires_at, MAX(lease_until, ?) + ?) "
@@ -160,7 +186,7 @@ class SqliteLedgerBackend:
             sql, params = _DONE, (s.result, expires, s.key, s.owner)
         else:
             sql, params = _SETTLE, (s.state.value, s.result, s.error, expires, s.key, s.owner)
-        with self._lock:  # the owner's live claim: one statement, its own transaction
+        with self._held:  # the owner's live claim: one statement, its own transaction
             if self._cur.execute(sql, params).rowcount == 1:
                 return Completion.RECORDED
 
@@ -178,7 +204,7 @@ class SqliteLedgerBackend:
 
     def mark_unknown(self, s: Settlement) -> None:
         now = time.time() if s.now is None else s.now
-        with self._lock:  # the rule of unknown_at, where may_mark_unknown
+        with self._held:  # the rule of unknown_at, where may_mark_unknown
             self._db.execute(
                 "UPDATE tether_ledger SET state = 'unknown', detail = ?, "
                 "lease_until = CASE WHEN ? THEN lease_until ELSE MIN(lease_until, ?) END, "
@@ -188,14 +214,14 @@ class SqliteLedgerBackend:
             )
 
     def release(self, key: str, owner: str) -> None:
-        with self._lock:
+        with self._held:
             self._db.execute(
                 "DELETE FROM tether_ledger WHERE key = ? AND state = 'pending' AND owner = ?",
                 (key, owner),
             )
 
     def forget(self, key: str) -> None:
-        with self._lock:
+        with self._held:
             self._db.execute("DELETE FROM tether_ledger WHERE key = ?", (key,))
 
     def records(self, state: State | None = None, limit: int = 100) -> list[Record]:
@@ -206,10 +232,10 @@ class SqliteLedgerBackend:
             params.append(state.value)
         sql += " ORDER BY created_at LIMIT ?"
         params.append(limit)
-        with self._lock:
+        with self._held:
             rows = self._db.execute(sql, params).fetchall()
         return [Record.from_values(row) for row in rows]
 
     def close(self) -> None:
-        with self._lock:
+        with self._held:
             self._db.close()

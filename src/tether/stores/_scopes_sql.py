@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 from tether._errors import StoreUnavailable
+from tether.clock import SystemClock
 from tether.stores._documents import PostgresDocuments, Sql, SqliteDocuments
 from tether.stores._scopes import (
     Answer,
@@ -33,6 +34,7 @@ from tether.stores._scopes import (
     scopes_reserve,
     scopes_settle,
 )
+from tether.stores._sqlfailures import TX_ATTEMPTS, retried, tx_backoff
 
 __all__ = ["SqlScopes"]
 
@@ -87,15 +89,16 @@ class SqlScopes:
 
     @contextmanager
     def _reachable(self) -> Iterator[None]:
-        """The database unreachable: :class:`StoreUnavailable`."""
-        errors = self._errors()
+        """The database unreachable or refusing: :class:`StoreUnavailable` saying what the
+        store said (its SQLSTATE, or the SQLite file's error)."""
+        errors: tuple[type[BaseException], ...] = (StoreUnavailable, *self._errors())
         try:
             yield
         except errors as exc:
+            said = str(exc) if isinstance(exc, StoreUnavailable) else f"{type(exc).__name__}: {exc}"
             raise StoreUnavailable(
                 f"the budget scopes' database ({self.store.dialect}) could not be used "
-                f"({type(exc).__name__}: {exc}): the budget scopes cannot be checked, so no "
-                "request was sent"
+                f"({said}): the budget scopes cannot be checked, so no request was sent"
             ) from exc
 
     # --- reading and writing the state machine's mappings -----------------------------------
@@ -150,15 +153,24 @@ class SqlScopes:
         )
 
     def _apply(self, names: Sequence[str], call_id: str, step: Any) -> Any:
-        """Run ``step(calls, scopes)`` on the scopes ``names`` in one transaction."""
-        with self._tx() as sql:
-            scopes = self._scopes(sql, names)
-            before = [json.dumps(f) for _, f in scopes]
-            calls = self._calls(sql, call_id) if call_id else {}
-            calls_before = dict(calls)
-            result = step(calls, scopes, sql)
-            self._write(sql, scopes, before, calls, calls_before)
-            return result
+        """Run ``step(calls, scopes)`` on the scopes ``names`` in one transaction, run again
+        from the start when the server rolled it back (a serialization failure or a
+        deadlock: nothing of it was kept), :data:`TX_ATTEMPTS` attempts in all."""
+        for attempt in range(1, TX_ATTEMPTS + 1):
+            try:
+                with self._tx() as sql:
+                    scopes = self._scopes(sql, names)
+                    before = [json.dumps(f) for _, f in scopes]
+                    calls = self._calls(sql, call_id) if call_id else {}
+                    calls_before = dict(calls)
+                    result = step(calls, scopes, sql)
+                    self._write(sql, scopes, before, calls, calls_before)
+                    return result
+            except StoreUnavailable as exc:
+                if attempt == TX_ATTEMPTS or not retried(exc):
+                    raise
+                SystemClock().sleep(tx_backoff(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # --- the operations (ScopeOps) ----------------------------------------------------------
 
