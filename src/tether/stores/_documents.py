@@ -20,6 +20,7 @@ from tether.stores._sqlfailures import (
     TX_ATTEMPTS,
     pg_unavailable,
     retried,
+    safe_dsn,
     sqlite_unavailable,
     tx_backoff,
 )
@@ -211,7 +212,7 @@ def open_pool(
     except errors as exc:
         pool.close()
         raise StoreUnavailable(
-            f"cannot connect to PostgreSQL ({name}) at {safe_url(dsn)} ({exc}); check the DSN "
+            f"cannot connect to PostgreSQL ({name}) at {safe_dsn(dsn)} ({exc}); check the DSN "
             "and that the server is up"
         ) from exc
     return pool, errors
@@ -251,7 +252,7 @@ class PostgresDocuments:
                 create_schema(conn, statements)
         except errors as exc:
             raise StoreUnavailable(
-                f"the documents' PostgreSQL at {safe_url(self.dsn)} could not be used to create "
+                f"the documents' PostgreSQL at {safe_dsn(self.dsn)} could not be used to create "
                 f"its tables ({type(exc).__name__}: {safe_url(str(exc))})"
             ) from exc
 

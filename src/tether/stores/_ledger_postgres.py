@@ -22,7 +22,6 @@ from typing import Any
 
 from tether._errors import require
 from tether.clock import SystemClock
-from tether.redaction._redact import safe_url
 from tether.stores._documents import open_pool
 from tether.stores._ledger_logic import (
     COLUMNS,
@@ -34,7 +33,7 @@ from tether.stores._ledger_logic import (
     decide_complete,
 )
 from tether.stores._schema import create_schema
-from tether.stores._sqlfailures import TX_ATTEMPTS, pg_unavailable, retried, tx_backoff
+from tether.stores._sqlfailures import TX_ATTEMPTS, pg_unavailable, retried, safe_dsn, tx_backoff
 
 __all__ = ["PostgresLedgerBackend"]
 
@@ -75,7 +74,7 @@ class PostgresLedgerBackend:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", table):
             raise ValueError(f"table must be a plain SQL identifier, got {table!r}")
         self._psycopg: Any = require("psycopg", "postgres")
-        self.dsn = safe_url(dsn)
+        self.dsn = safe_dsn(dsn)
         self.table = table
         self.round_trips = 0  # statements sent to the server
         self._count_lock = threading.Lock()

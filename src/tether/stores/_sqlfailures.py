@@ -57,7 +57,7 @@ _WHY = {
     "40001": "a serialization failure: the transaction was rolled back",
     "40P01": "a deadlock: the transaction was rolled back",
 }
-_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
 
 # SQLite's primary result codes of a file that cannot be used now: busy, locked, out of
 # memory, read-only, interrupted, an I/O error, full, cannot be opened, a lock protocol error
@@ -90,7 +90,7 @@ def tx_backoff(attempt: int) -> float:
 
 def _said(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {safe_url(text[0])}" if text else type(exc).__name__
+    return f"{type(exc).__name__}: {safe_dsn(text[0])}" if text else type(exc).__name__
 
 
 def pg_unavailable(
