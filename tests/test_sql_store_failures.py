@@ -194,6 +194,25 @@ def test_a_programming_error_stays_the_drivers_with_a_note(
 # --- the ledger: a transaction rolled back by the server is run again ------------------------
 
 
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_ledger_whose_table_is_gone_raises_the_drivers_error_and_runs_nothing(
+    pg_dsn: str, table: Callable[[], str], shell: str
+) -> None:
+    """The ledger's table dropped under it is a programming error, not an outage: psycopg's
+    UndefinedTable, permanent, with a note naming the ledger; the effect does not run
+    (before: StoreUnavailable, transient, retried as if the server would come back)."""
+    name = table()
+    ran: list[int] = []
+    with Ledger.postgres(pg_dsn, table=name) as ledger:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {name}")
+        with pytest.raises(psycopg.errors.UndefinedTable) as wrong:
+            _once(ledger, shell, "refund-A-1", lambda: ran.append(1))
+    assert ran == []
+    assert any("the ledger's PostgreSQL" in note for note in wrong.value.__notes__)
+    assert tether.classify(wrong.value).kind is tether.Kind.PERMANENT
+
+
 def _once(ledger: Ledger, shell: str, key: str, fn: Callable[[], Any]) -> Any:
     if shell == "sync":
         return ledger.once(key, fn)
@@ -409,6 +428,23 @@ def _sqlite_ledger(path: Path) -> Ledger:
     ledger = Ledger.sqlite(str(path))
     ledger.backend._db.execute("PRAGMA busy_timeout = 100")  # type: ignore[attr-defined]
     return ledger
+
+
+def test_a_sqlite_ledger_opened_on_a_locked_file_is_store_unavailable(tmp_path: Path) -> None:
+    """Another process holds the ledger's file past the timeout while a worker opens it:
+    StoreUnavailable naming the file (before: sqlite3's DatabaseError, permanent)."""
+    from tether.stores._ledger_sqlite import SqliteLedgerBackend
+
+    path = tmp_path / "ledger.db"
+    Ledger.sqlite(str(path)).close()
+    holder = _locked(path)
+    try:
+        with pytest.raises(StoreUnavailable, match="SQLITE_BUSY") as failed:
+            SqliteLedgerBackend(str(path), timeout=0.1)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert str(path) in str(failed.value)
 
 
 @pytest.mark.parametrize("shell", SHELLS)

@@ -110,6 +110,9 @@ class SqliteLedgerBackend:
             # new cursor per statement
             self._cur = self._db.cursor()
         except sqlite3.DatabaseError as exc:
+            failure = sqlite_unavailable(exc, "the ledger", path)  # locked, read-only, full
+            if failure is not None:
+                raise failure from exc
             raise sqlite3.DatabaseError(
                 f"cannot open the tether ledger at {path!r}: {exc}; check that the path is "
                 "writable and the file is a SQLite database"
