@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -196,15 +199,25 @@ def overhead_rows(suite: dict[str, Any]) -> Table:
 MARKDOWN_WIDTH = 80
 
 
-def fit_columns(
-    head: list[str], rows: list[list[str]], width: int = MARKDOWN_WIDTH
-) -> list[tuple[list[str], list[list[str]]]]:
-    """The table as one or more tables whose Markdown lines fit ``width``: the first two
-    columns (what a row is: scenario and policy) in each, the other columns packed in order.
-    A table that fits stays whole; a column too wide on its own gets a table of its own."""
+def _markdown_width(head: list[str], rows: list[list[str]], column: int) -> int:
+    """A column's width in a Markdown table: its header and its widest cell, whole."""
+    return max(len(head[column]), *(len(r[column]) for r in rows))
 
-    def wide(column: int) -> int:  # "| cell " for the column's widest cell
-        return 3 + max(len(head[column]), *(len(r[column]) for r in rows))
+
+def fit_columns(
+    head: list[str],
+    rows: list[list[str]],
+    width: int = MARKDOWN_WIDTH,
+    measure: Callable[[list[str], list[list[str]], int], int] = _markdown_width,
+) -> list[tuple[list[str], list[list[str]]]]:
+    """The table as one or more tables whose lines fit ``width``: the first two columns
+    (what a row is: scenario and policy) in each, the other columns packed in order. A
+    table that fits stays whole; a column too wide on its own gets a table of its own.
+    ``measure`` gives a column's width (its cells, its header); a drawn column takes 3 more
+    (``"| cell "``, as a box's ``"│ cell "``), and the line 1 more."""
+
+    def wide(column: int) -> int:
+        return 3 + measure(head, rows, column)
 
     keys = list(range(min(2, len(head))))
     base = 1 + sum(wide(c) for c in keys)
@@ -240,8 +253,10 @@ def markdown_tables(results: dict[str, Any]) -> str:
 
 def narrow_table(title: str, head: list[str], rows: list[list[str]], width: int) -> str:
     """A table for a narrow terminal: each row a block, its first two cells as the block's
-    heading and the others as ``header: value`` pairs filled into lines of ``width``."""
-    lines = [title, "=" * min(len(title), width)]
+    heading and the others as ``header: value`` pairs filled into lines of ``width`` (a
+    pair longer than a line wrapped between its words, never inside one)."""
+    lines = textwrap.wrap(title, width, break_long_words=False, break_on_hyphens=False)
+    lines.append("=" * min(len(title), width))
     for row in rows:
         lines.append(" / ".join(c for c in row[:2] if c))
         line = " "
@@ -250,34 +265,74 @@ def narrow_table(title: str, head: list[str], rows: list[list[str]], width: int)
             if len(line) + len(pair) > width and line.strip():
                 lines.append(line.rstrip(";"))
                 line = " "
+            if len(line) + len(pair) > width:  # one pair wider than a line: its words wrapped
+                *whole, line = textwrap.wrap(
+                    pair, width, initial_indent=" ", subsequent_indent="    ",
+                    break_long_words=False, break_on_hyphens=False,
+                )  # fmt: skip
+                lines.extend(whole)
+                continue
             line += pair
         if line.strip():
             lines.append(line.rstrip(";"))
     return "\n".join(lines) + "\n"
 
 
+def _screen_width(head: list[str], rows: list[list[str]], column: int) -> int:
+    """A column's width on the screen: its widest cell, or its header's longest word (the
+    header is wrapped between its words)."""
+    return max(*(len(w) for w in head[column].split()), *(len(r[column]) for r in rows))
+
+
+def screen_width() -> int:
+    """The width the tables are laid out for: the terminal's; piped or written to a file,
+    ``$COLUMNS`` if it is set, else 80."""
+    from rich.console import Console
+
+    console = Console()
+    if console.is_terminal:
+        return console.width
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else MARKDOWN_WIDTH
+
+
+def render_tables(results: dict[str, Any], width: int) -> Iterator[Any]:
+    """Every table of the results as rich renderables that fit ``width``: a table too wide is
+    cut into tables that keep its first two columns (scenario, policy) with as many of the
+    others as fit; one still too wide (a long cell) becomes one block per row. No cell is
+    cut: a header wraps between its words, a cell never wraps."""
+    from rich.table import Table
+    from rich.text import Text
+
+    for title, (whole_head, whole_rows) in _rows(results).items():
+        pieces = fit_columns(whole_head, whole_rows, width, _screen_width)
+        for i, (head, rows) in enumerate(pieces, 1):
+            name = f"{title} ({i} of {len(pieces)})" if len(pieces) > 1 else title
+            widths = [_screen_width(head, rows, c) for c in range(len(head))]
+            if 1 + sum(3 + w for w in widths) > width:
+                yield Text(narrow_table(name, head, rows, width))
+                continue
+            drawn = Table(title=name, show_lines=False)
+            for h, w in zip(head, widths, strict=True):
+                header = textwrap.fill(h, w, break_long_words=False, break_on_hyphens=False)
+                drawn.add_column(header, no_wrap=True, min_width=w)
+            for r in rows:
+                drawn.add_row(*r)
+            yield drawn
+
+
 def print_tables(results: dict[str, Any]) -> None:
     try:
         from rich.console import Console
-        from rich.table import Table
     except ImportError:  # the cli extra is not installed: plain text
         print(markdown_tables(results))
         return
     from tether.bench._summary import summaries
 
-    console = Console(width=None if Console().is_terminal else 200)
-    for title, (head, rows) in _rows(results).items():
-        table = Table(title=title, show_lines=False)
-        for h in head:
-            table.add_column(h, overflow="fold")
-        for r in rows:
-            table.add_row(*r)
-        if console.measure(table).maximum <= console.width:
-            console.print(table)
-        else:  # a terminal too narrow for the table: one block per row, never 3-letter columns
-            console.print(
-                narrow_table(title, head, rows, console.width), highlight=False, markup=False
-            )
+    width = screen_width()
+    console = Console(width=width)
+    for renderable in render_tables(results, width):
+        console.print(renderable, highlight=False, markup=False)
     for line in summaries(results):
         console.print(line, highlight=False, markup=False)
 
