@@ -385,3 +385,21 @@ def test_scale_rows_at_tiny_sizes() -> None:
         "soak"
     ]
     assert len(table) == 4 and all(r[3] for r in table)
+
+
+def test_the_overhead_suite_skips_the_servers_it_cannot_reach(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without Redis or PostgreSQL (`make bench` on a bare machine) their rows say they were
+    skipped and which variable to set; the suite does not fail (it raised StoreUnavailable
+    for Redis)."""
+    from tether.bench._overhead import run_overhead
+
+    monkeypatch.setenv("TETHER_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("TETHER_PG_DSN", "postgresql://postgres@127.0.0.1:1/test")
+    out = run_overhead(quick=True)
+    redis_note = "skipped: StoreUnavailable (set TETHER_REDIS_URL)"
+    assert out["ledger_redis_new_key"] == {"tether": {"note": redis_note}}
+    assert out["breaker_success_path"]["redis"]["note"].endswith("(set TETHER_REDIS_URL)")
+    assert out["ledger_postgres_new_key"]["tether"]["note"].endswith("(set TETHER_PG_DSN)")
+    assert "ratio" in out["ledger_sqlite_new_key"]["tether"]  # the rest is measured

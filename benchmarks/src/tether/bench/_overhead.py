@@ -103,6 +103,27 @@ def _echo(**kwargs: Any) -> int:
     return len(kwargs)
 
 
+def _ping_redis(url: str) -> None:
+    """Raise if Redis at ``url`` does not answer."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=2.0)
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
+def _ping_postgres(dsn: str) -> None:
+    """Raise :class:`tether.StoreUnavailable` if PostgreSQL at ``dsn`` does not answer."""
+    import psycopg
+
+    try:
+        psycopg.connect(dsn, connect_timeout=2).close()
+    except psycopg.OperationalError as exc:
+        raise tether.StoreUnavailable(f"PostgreSQL did not answer ({exc})") from None
+
+
 def _breakers(number: int) -> dict[str, dict[str, Any]]:
     """One breaker-guarded call on the success path, per store: time and round trips."""
     import os
@@ -122,6 +143,7 @@ def _breakers(number: int) -> dict[str, dict[str, Any]]:
     url = os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
     for label, ttl in (("redis", 1.0), ("redis_exact", 0.0)):
         try:
+            _ping_redis(url)  # else the store falls back to memory and that would be timed
             with RedisStore(url, prefix="tether-bench", cache_ttl=ttl) as store:
                 shared = tether.CircuitBreaker("bench", store=store)
                 shared.call(target)
@@ -655,27 +677,29 @@ def _ledgers(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
     # Redis: SET NX + SET on the same server
     url = os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
     prefix = f"tether-bench-{tag}"
-    try:
+    try:  # the ledger connects on its first call: a server that is not there fails in here
         redis_ledger = tether.Ledger.redis(url, prefix=prefix, allow_lost_records=True)
         rfloor = _redis_floor(url, prefix + "-floor")
-    except Exception as exc:
-        out["ledger_redis_new_key"] = {
-            "tether": {"note": f"skipped: {type(exc).__name__} (set TETHER_REDIS_URL)"}
-        }
-    else:
-        out["ledger_redis_new_key"] = _against(
+        row = _against(
             redis_ledger, "r", rfloor, "set_nx_set", number=30 if quick else 60, reps=reps
         )
         _drop(redis_ledger, url)
-        out["ledger_redis_new_key"]["tether"]["round_trips_per_call"] = _round_trips(
+        row["tether"]["round_trips_per_call"] = _round_trips(
             lambda u: tether.Ledger.redis(u, prefix=prefix + "-rt", allow_lost_records=True),
             url,
             "r",
         )
+    except Exception as exc:  # Redis unreachable: say so, as for PostgreSQL, and go on
+        out["ledger_redis_new_key"] = {
+            "tether": {"note": f"skipped: {type(exc).__name__} (set TETHER_REDIS_URL)"}
+        }
+    else:
+        out["ledger_redis_new_key"] = row
 
     # PostgreSQL: INSERT … ON CONFLICT, and the two-statement floor, on the same server
     dsn = os.environ.get("TETHER_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
     try:
+        _ping_postgres(dsn)  # before the ledger's pool, which logs each refused connection
         pg = tether.Ledger.postgres(dsn, table=f"tether_bench_{tag}")
         pfloor = _pg_floor(dsn, f"tether_bench_floor_{tag}")
     except Exception as exc:

@@ -261,6 +261,8 @@ def narrow_table(title: str, head: list[str], rows: list[list[str]], width: int)
         lines.append(" / ".join(c for c in row[:2] if c))
         line = " "
         for h, cell in zip(head[2:], row[2:], strict=True):
+            if not cell:  # nothing to say (a peer has no goal)
+                continue
             pair = f" {h}: {cell};"
             if len(line) + len(pair) > width and line.strip():
                 lines.append(line.rstrip(";"))
@@ -306,12 +308,12 @@ def render_tables(results: dict[str, Any], width: int) -> Iterator[Any]:
 
     for title, (whole_head, whole_rows) in _rows(results).items():
         pieces = fit_columns(whole_head, whole_rows, width, _screen_width)
-        for i, (head, rows) in enumerate(pieces, 1):
+        measured = [(h, r, [_screen_width(h, r, c) for c in range(len(h))]) for h, r in pieces]
+        if any(1 + sum(3 + w for w in widths) > width for _, _, widths in measured):
+            yield Text(narrow_table(title, whole_head, whole_rows, width))
+            continue
+        for i, (head, rows, widths) in enumerate(measured, 1):
             name = f"{title} ({i} of {len(pieces)})" if len(pieces) > 1 else title
-            widths = [_screen_width(head, rows, c) for c in range(len(head))]
-            if 1 + sum(3 + w for w in widths) > width:
-                yield Text(narrow_table(name, head, rows, width))
-                continue
             drawn = Table(title=name, show_lines=False)
             for h, w in zip(head, widths, strict=True):
                 header = textwrap.fill(h, w, break_long_words=False, break_on_hyphens=False)
