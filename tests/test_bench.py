@@ -403,3 +403,56 @@ def test_the_overhead_suite_skips_the_servers_it_cannot_reach(
     assert out["breaker_success_path"]["redis"]["note"].endswith("(set TETHER_REDIS_URL)")
     assert out["ledger_postgres_new_key"]["tether"]["note"].endswith("(set TETHER_PG_DSN)")
     assert "ratio" in out["ledger_sqlite_new_key"]["tether"]  # the rest is measured
+
+
+TAU_DATA = os.environ.get("TETHER_TAU_DATA", "")
+
+
+@pytest.mark.skipif(not TAU_DATA, reason="TETHER_TAU_DATA is not set")
+def test_an_unknown_tau_task_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """--tau-task with an id the domain lacks: a clear error and exit 2 (it was a
+    ZeroDivisionError traceback), before any suite runs."""
+    assert main(["bench", "--suite", "tau", "--tau-task", "99999", "--tau-data", TAU_DATA]) == 2
+    err = capsys.readouterr().err
+    assert "unknown tau task(s) 99999: retail has 114 tasks, ids 0 to 113" in err
+
+
+@pytest.mark.skipif(not TAU_DATA, reason="TETHER_TAU_DATA is not set")
+@pytest.mark.parametrize(
+    ("policy", "package", "extra", "venv"),
+    [("adk", "google.adk", "adk", ".venv-frameworks"),
+     ("tether-strands", "strands", "strands", ".venv-frameworks"),
+     ("crewai", "crewai", "crewai", ".venv-crewai"),
+     ("litellm", "litellm", "litellm", ".venv-crewai")],
+)  # fmt: skip
+def test_a_framework_tau_policy_without_its_framework_says_what_to_install(
+    capsys: pytest.CaptureFixture[str], policy: str, package: str, extra: str, venv: str
+) -> None:
+    """A framework's tau policy where the framework is not installed: which extra (or venv)
+    to install, exit 2 (it was a ModuleNotFoundError traceback)."""
+    import importlib.util
+
+    try:
+        present = importlib.util.find_spec(package) is not None
+    except ModuleNotFoundError:
+        present = False
+    if present:
+        pytest.skip(f"{package} is installed here")
+    argv = ["bench", "--suite", "tau", "--tau-policy", policy, "--tau-data", TAU_DATA]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{policy} need {package}, which is not installed here" in err
+    assert f"pip install 'tether[{extra}]'" in err and venv in err
+
+
+@pytest.mark.skipif(not TAU_DATA, reason="TETHER_TAU_DATA is not set")
+def test_the_last_line_names_agent_tasks_only_when_the_agents_suite_ran(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--suite tau` ends without "1000 tasks per agent cell" (no agent cell ran)."""
+    argv = ["bench", "--suite", "tau", "--tau-task", "0", "--tau-policy", "tether",
+            "--tau-lambda", "0", "--tau-seeds", "1", "--tau-data", TAU_DATA]  # fmt: skip
+    assert main(argv) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("tether bench: ") and "(seed 7; load " in last
+    assert "agent cell" not in last

@@ -33,8 +33,16 @@ def test_an_unmeasured_pass_k_reads_undefined_never_zero() -> None:
     head, rows = tables["tau retail: every metric"]
     row = dict(zip(head, rows[0], strict=True))
     assert (row["pass^2"], row["pass^3"], row["pass^4"]) == ("100.0%", UNDEFINED, UNDEFINED)
-    (_summary_head, summary_rows) = next(v for k, v in tables.items() if "graded" in k)
-    assert f"100.0% / {UNDEFINED}" in summary_rows[0]
+    (summary_head, summary_rows) = next(v for k, v in tables.items() if "graded" in k)
+    headline = dict(zip(summary_head, summary_rows[0], strict=True))
+    assert headline["λ=0.5 pass^1 / pass^2"] == "100.0% / 100.0%"  # the highest k measured
+
+
+def test_one_seed_heads_its_column_pass_1_alone() -> None:
+    """With 1 seed only pass^1 is measured: the headline column shows it, not "— " beside it."""
+    tables = tau_tables(_tau(seeds=1))
+    head, rows = next(v for k, v in tables.items() if "graded" in k)
+    assert dict(zip(head, rows[0], strict=True))["λ=0.5 pass^1"] == "100.0%"
 
 
 def test_a_summary_line_per_suite_groups_policies_with_the_same_figures() -> None:
@@ -43,12 +51,50 @@ def test_a_summary_line_per_suite_groups_policies_with_the_same_figures() -> Non
         "tether": {"duplicate_effects": 0, "runaway": 0, "false_stops": 0, "success": 0.75, "escalated": 0.25},
         "naive": {"duplicate_effects": 7, "runaway": 3, "false_stops": 0, "success": 0.5, "escalated": 0.0}}}}}  # fmt: skip
     lines = _summary.summaries({"suites": {"tau": _tau(seeds=4), "agents": agents}})
-    assert lines[0] == ("agents (1 scenarios): tether: 0 duplicate effects, 0 runaway, "
-                        "0 false stops, 75.0% success, 25.0% handed to a person; naive: 7 duplicate "
-                        "effects, 3 runaway, 0 false stops, 50.0% success, 0.0% handed to a person")  # fmt: skip
-    assert lines[1] == ("tau retail: tether, tether-langchain: pass^1 at least 100.0%, 0 duplicate "
-                        "effects, 0 dishonest endings; naive: pass^1 at least 25.0%, 0 duplicate "
-                        "effects, 4 dishonest endings")  # fmt: skip
+    assert lines[0] == ("agents (1 scenarios; " + _summary.AGENTS_LEAD + "): tether: 0 duplicate "
+                        "effects, 0 dishonest endings, 0 runaway tasks, 0 false stops, 25.0% handed "
+                        "to a person, 75.0% succeeded; naive: 7 duplicate effects, 0 dishonest "
+                        "endings, 3 runaway tasks, 0 false stops, 0.0% handed to a person, "
+                        "50.0% succeeded")  # fmt: skip
+    assert lines[1] == ("tau retail: tether, tether-langchain: lowest pass^1 100.0% (λ=0), 0 "
+                        "duplicate effects, 0 dishonest endings; naive: lowest pass^1 25.0% "
+                        "(λ=0), 0 duplicate effects, 4 dishonest endings")  # fmt: skip
+
+
+def test_the_agents_line_says_what_tether_does_instead_and_counts_in_words() -> None:
+    """The agents line says tether hands over where a peer pays twice or ends dishonestly,
+    counts the dishonest endings (a cut reply accepted as done), and says "1 ending"."""
+    cell = {"duplicate_effects": 1, "runaway": 0, "false_stops": 0, "success": 0.5,
+            "escalated": 0.0, "stopped": {"ACCEPTED_TRUNCATED": 1}}  # fmt: skip
+    (line,) = _summary.summaries({"suites": {"agents": {"scenarios": {"truncated": {"policies": {
+        "naive": cell}}}}}})  # fmt: skip
+    assert "hands it to a person" in line
+    assert "naive: 1 duplicate effect, 1 dishonest ending, 0 runaway tasks" in line
+
+
+def test_the_contention_experiment_has_a_summary_line() -> None:
+    """Each backoff's calls against full jitter's (tether's)."""
+    contention = {"none": {"calls": 5050, "completion_s": 942.7},
+                  "full": {"calls": 754, "completion_s": 26.81}}  # fmt: skip
+    lines = _summary.summaries({"suites": {"fleet": {"scenarios": {}, "contention": contention}}})
+    assert lines == ["contention (100 clients, one resource): full jitter (tether's backoff): "
+                     "754 calls, 26.8 s; none: 5,050 calls (6.7x), 942.7 s"]  # fmt: skip
+
+
+def test_a_goal_that_does_not_hold_on_a_busy_machine_says_the_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Above the cores at the run's start or end, a goal that does not hold names the load."""
+    from tether.bench._report import overhead_rows
+
+    monkeypatch.setattr(_summary.os, "cpu_count", lambda: 2)
+    row = {"step": {"tether": {"ns_per_call": 1.0, "ratio": 1.5, "vs": "loop", "ratio_min": 1.4,
+                               "ratio_max": 1.6, "goal": 1.2, "holds": False}}}  # fmt: skip
+    _head, rows = overhead_rows(row, _summary.busy([12.2, 3.0]))
+    assert rows[0][-1] == "<= 1.2x: does not hold (load 12 on 2 cores)"
+    assert _summary.busy([1.5, 2.0]) is None
+    _head, rows = overhead_rows(row, _summary.busy([1.5, 2.0]))
+    assert rows[0][-1] == "<= 1.2x: does not hold"
 
 
 def test_a_wide_table_becomes_blocks_that_fit_the_terminal() -> None:

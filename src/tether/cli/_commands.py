@@ -273,12 +273,13 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     finally:
         progress.close()
-    elapsed = time.perf_counter() - started
-    print_tables(results)
+    elapsed, end_load = time.perf_counter() - started, _load()
+    print_tables(results, [float(x) for x in (load, end_load) if x != "?"])
     _print_serve(results["suites"].get("serve"))
+    tasks = f", {args.tasks} tasks per agent cell" if "agents" in results["suites"] else ""
     print(
-        f"\ntether bench: {elapsed:.1f} s (seed {args.seed}, {args.tasks} tasks per agent cell; "
-        f"load {load} -> {_load()} on {os.cpu_count() or '?'} cores)"
+        f"\ntether bench: {elapsed:.1f} s (seed {args.seed}{tasks}; "
+        f"load {load} -> {end_load} on {os.cpu_count() or '?'} cores)"
     )
     command = (
         "tether " + " ".join(shlex.quote(a) for a in sys.argv[2:])

@@ -108,9 +108,11 @@ def run(
             f"fleet: {', '.join([*FLEET_SCENARIOS, 'provider-limits', *tenant_scenarios])}"
         )
     if "tau" in suites or "tau-live" in suites:  # before anything runs: a usage error
-        from tether.bench._tau import resolve_folder
+        from tether.bench._tau import check_tau, resolve_folder
 
         tau_data = resolve_folder(tau_data)
+        # the tau-live suite's policies are its own: only its task ids are checked
+        check_tau(tau_data, tau_policies if "tau" in suites else None, tau_tasks)
     workers = workers or min(2, os.cpu_count() or 1)
     note = progress or (lambda message, total: None)
     out: dict[str, Any] = {"seed": seed, "suites": {}}

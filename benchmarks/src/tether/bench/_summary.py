@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["load_note", "summaries"]
+__all__ = ["busy", "load_note", "summaries"]
 
 #: the one-minute load per core above which the overhead suite's timings are noisy
 BUSY = 0.75
@@ -33,6 +33,19 @@ def _grouped(figures: dict[str, str]) -> str:
     return "; ".join(f"{', '.join(names)}: {said}" for said, names in groups.items())
 
 
+def _count(n: int, noun: str) -> str:
+    """``"1 dishonest ending"``, ``"2 dishonest endings"``."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
+#: what the agents suite's summary says first: what the columns mean for the reader
+AGENTS_LEAD = (
+    "where a loop pays twice (duplicate effects), reports a cut reply as done (dishonest "
+    "endings) or runs away, tether stops the task or hands it to a person: fewer successes, "
+    "none of them false"
+)
+
+
 def _agents(suite: dict[str, Any]) -> str:
     by = _policies(
         (p, m) for entry in suite["scenarios"].values() for p, m in entry["policies"].items()
@@ -41,17 +54,36 @@ def _agents(suite: dict[str, Any]) -> str:
     def said(policy: str) -> str:
         cells = by[policy]
         dup = sum(c["duplicate_effects"] for c in cells)
+        dishonest = sum(c.get("stopped", {}).get("ACCEPTED_TRUNCATED", 0) for c in cells)
         runaway = sum(c["runaway"] for c in cells)
         false = sum(c["false_stops"] for c in cells)
         success = sum(c["success"] for c in cells) / len(cells)
         escalated = sum(c.get("escalated", 0.0) for c in cells) / len(cells)
         return (
-            f"{dup:,} duplicate effects, {runaway:,} runaway, {false:,} false stops, "
-            f"{success:.1%} success, {escalated:.1%} handed to a person"
+            f"{_count(dup, 'duplicate effect')}, {_count(dishonest, 'dishonest ending')}, "
+            f"{_count(runaway, 'runaway task')}, {_count(false, 'false stop')}, "
+            f"{escalated:.1%} handed to a person, {success:.1%} succeeded"
         )
 
     figures = {policy: said(policy) for policy in by}
-    return f"agents ({len(suite['scenarios'])} scenarios): " + _grouped(figures)
+    return f"agents ({len(suite['scenarios'])} scenarios; {AGENTS_LEAD}): " + _grouped(figures)
+
+
+def _contention(contention: dict[str, Any]) -> str | None:
+    """The AWS article's experiment: calls and time of each backoff, against tether's (full
+    jitter, ``RetryPolicy``'s)."""
+    if "full" not in contention:
+        return None
+    full = contention["full"]
+    others = "; ".join(
+        f"{name}: {m['calls']:,} calls ({m['calls'] / full['calls']:.1f}x), {m['completion_s']:.1f} s"
+        for name, m in contention.items()
+        if name != "full"
+    )
+    return (
+        f"contention (100 clients, one resource): full jitter (tether's backoff): "
+        f"{full['calls']:,} calls, {full['completion_s']:.1f} s; {others}"
+    )
 
 
 def _fleet(suite: dict[str, Any]) -> str | None:
@@ -76,17 +108,19 @@ def _tau(suite: dict[str, Any]) -> list[str]:
     lines = []
     for domain, entry in suite["scenarios"].items():
         by = _policies(
-            (p, m) for lam in entry["lambda"].values() for p, m in lam["policies"].items()
+            (p, {**m, "lam": lam})
+            for lam, cell in entry["lambda"].items()
+            for p, m in cell["policies"].items()
         )
 
         def said(policy: str, by: dict[str, list[dict[str, Any]]] = by) -> str:
             cells = by[policy]
-            worst = min(c["pass^1"] for c in cells)
+            worst = min(cells, key=lambda c: c["pass^1"])
             dup = sum(c["duplicate_effects"] for c in cells)
             dishonest = sum(c["dishonest_endings"] for c in cells)
             return (
-                f"pass^1 at least {worst:.1%}, {dup} duplicate effects, "
-                f"{dishonest} dishonest endings"
+                f"lowest pass^1 {worst['pass^1']:.1%} (λ={worst['lam']}), "
+                f"{_count(dup, 'duplicate effect')}, {_count(dishonest, 'dishonest ending')}"
             )
 
         lines.append(f"tau {domain}: " + _grouped({policy: said(policy) for policy in by}))
@@ -117,6 +151,14 @@ def load_note() -> str | None:
     )
 
 
+def busy(loads: Iterable[float]) -> str | None:
+    """``"load 12 on 2 cores"`` when a load measured at the run's start or end is above the
+    machine's cores (its timings are not to be trusted); None otherwise."""
+    highest = max(loads, default=0.0)
+    cores = os.cpu_count() or 1
+    return f"load {highest:.0f} on {cores} cores" if highest > cores else None
+
+
 def summaries(results: dict[str, Any]) -> list[str]:
     """One line per suite that has a verdict to give."""
     suites = results.get("suites", {})
@@ -125,6 +167,7 @@ def summaries(results: dict[str, Any]) -> list[str]:
         lines.append(_agents(suites["agents"]))
     if "fleet" in suites:
         lines.append(_fleet(suites["fleet"]))
+        lines.append(_contention(suites["fleet"].get("contention", {})))
     if "tau" in suites:
         lines.extend(_tau(suites["tau"]))
     if "overhead" in suites:

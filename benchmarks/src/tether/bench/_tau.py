@@ -241,6 +241,35 @@ def _cell(
     return policy, lam, episodes, time.process_time() - started
 
 
+def check_tau(
+    folder: str, policies: Iterable[str] | None, tasks: Sequence[str] | None
+) -> list[str]:
+    """The policies to run; ValueError (a usage error, before anything runs) for a policy
+    that does not exist or whose framework is not installed, or a task id the domain lacks."""
+    from tether.bench._tau_policies import DEFAULT_POLICIES, POLICIES, installed, missing
+
+    names = list(policies or DEFAULT_POLICIES)
+    if "all" in names:
+        names = list(dict.fromkeys([*installed(), *(p for p in names if p != "all")]))
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown:
+        raise ValueError(
+            f"unknown tau policy(s) {', '.join(unknown)}; choose from {', '.join(POLICIES)}"
+        )
+    lacking = missing(names)
+    if lacking:
+        raise ValueError(lacking)
+    if tasks:
+        ids = [str(t["id"]) for t in load_tasks(folder)]
+        absent = [t for t in tasks if t not in ids]
+        if absent:
+            raise ValueError(
+                f"unknown tau task(s) {', '.join(absent)}: {domain_of(folder)} has "
+                f"{len(ids)} tasks, ids {ids[0]} to {ids[-1]}"
+            )
+    return names
+
+
 def run_tau(
     folder: str | None,
     *,
@@ -252,17 +281,8 @@ def run_tau(
     progress: Callable[[str, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the suite; ``suites.tau`` of the bench's JSON."""
-    from tether.bench._tau_policies import DEFAULT_POLICIES, POLICIES, installed
-
     folder = resolve_folder(folder)
-    names = list(policies or DEFAULT_POLICIES)
-    if "all" in names:
-        names = list(dict.fromkeys([*installed(), *(p for p in names if p != "all")]))
-    unknown = [p for p in names if p not in POLICIES]
-    if unknown:
-        raise ValueError(
-            f"unknown tau policy(s) {', '.join(unknown)}; choose from {', '.join(POLICIES)}"
-        )
+    names = check_tau(folder, policies, tasks)
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     lams = [float(x) for x in lambdas]

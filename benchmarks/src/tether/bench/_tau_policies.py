@@ -448,6 +448,28 @@ _NEEDS = {"adk": "google.adk", "tether-adk": "google.adk", "strands": "strands",
           "litellm": "litellm", "tether-litellm": "litellm"}  # fmt: skip
 
 
+#: where each framework policy runs: its extra and the repository's venv that has it
+_WHERE = {"google.adk": ("adk", ".venv-frameworks"), "strands": ("strands", ".venv-frameworks"),
+          "crewai": ("crewai", ".venv-crewai"), "litellm": ("litellm", ".venv-crewai")}  # fmt: skip
+
+
+def missing(names: list[str]) -> str | None:
+    """Why some of ``names`` cannot run here (their framework is not installed), else None."""
+    ready = set(installed())
+    lacking = [p for p in names if p in _NEEDS and p not in ready]
+    if not lacking:
+        return None
+    said = []
+    for package in dict.fromkeys(_NEEDS[p] for p in lacking):
+        extra, venv = _WHERE[package]
+        who = ", ".join(p for p in lacking if _NEEDS[p] == package)
+        said.append(
+            f"{who} need {package}, which is not installed here: pip install "
+            f"'tether[{extra}]' (in a checkout, `make {venv}/.installed` builds {venv} with it)"
+        )
+    return "tau policy " + "; ".join(said)
+
+
 def installed() -> list[str]:
     """Every policy this environment can run (``--tau-policy all``)."""
     import importlib.util
