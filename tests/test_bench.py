@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -214,7 +215,7 @@ def test_overhead_suite_reports_every_case() -> None:
         "langchain_middleware": "langchain_middlewares",
     }
     assert set(out) == set(rows) | {"breaker_success_path"}
-    assert len(seen) == 6 and all(m.startswith("overhead: ") for m in seen)
+    assert len(seen) == 12 and all(m.startswith("overhead: ") for m in seen)
     for case, peer in rows.items():
         ours = out[case]["tether"]
         assert ours["vs"] == peer and peer in out[case], case
@@ -456,3 +457,72 @@ def test_the_last_line_names_agent_tasks_only_when_the_agents_suite_ran(
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("tether bench: ") and "(seed 7; load " in last
     assert "agent cell" not in last
+
+
+def test_the_overhead_progress_names_the_step_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a step of the overhead suite runs, the last progress message names it (ending
+    " …"); it named the step that had just finished."""
+    from tether.bench import _overhead, _scale
+
+    seen: list[str] = []
+    running: dict[str, str] = {}
+
+    def step(name: str, result: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            running[name] = seen[-1]
+            return result
+
+        return run
+
+    for name, result in [("_guarded", {}), ("_retry_rows", {}), ("_retry_without_otel", {}),
+                         ("_ledgers", {}), ("_prices", {}), ("_breakers", {}),
+                         ("_import_times", {})]:  # fmt: skip
+        monkeypatch.setattr(_overhead, name, step(name, result))
+    monkeypatch.setattr(_scale, "langchain_middleware", step("langchain", {}))
+    _overhead.run_overhead(quick=True, progress=lambda message, total: seen.append(message))
+    assert running["_ledgers"] == "overhead: ledgers against their statements …"
+    assert running["_breakers"] == "overhead: breaker …"
+    assert running["_guarded"] == "overhead: guarded runs against tenacity + a counter …"
+    assert seen[-1] == "overhead: import time"
+
+
+def test_the_fleet_reports_its_cells_as_they_end_not_after_the_agents() -> None:
+    """The fleet's cells go to the workers first: their progress comes as each ends, not all
+    after the agents suite's (a piped run was silent for minutes)."""
+    seen: list[str] = []
+    bench.run(["agents", "fleet"], tasks=3, scenarios=["truncated", "outage-5"],
+              progress=lambda message, total: seen.append(message))  # fmt: skip
+    first_fleet = next(i for i, m in enumerate(seen) if m.startswith("fleet: outage-5"))
+    last_agents = max(i for i, m in enumerate(seen) if m.startswith("agents: "))
+    assert first_fleet < last_agents, seen
+    assert any(m.startswith("fleet: contention / full") for m in seen)
+
+
+def test_piped_progress_speaks_every_few_seconds_while_a_step_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Off a terminal a line comes at most `every` seconds apart even while a long step sends
+    nothing, naming the step running and the count done."""
+    import time
+
+    from tether.cli._commands import _Lines
+
+    lines = _Lines(every=0.05)
+    lines("fleet: outage / tether …", 5)
+    time.sleep(0.3)
+    lines.close()
+    err = capsys.readouterr().err
+    assert "tether bench: fleet started" in err
+    assert "tether bench: fleet: outage / tether … (0 of 5 done, " in err
+
+
+def test_bench_help_names_the_default_set_and_what_all_means(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`bench --help` says 'all' is the default set, not every suite, and no longer claims
+    "under a minute" without a measured figure."""
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "'default' (or 'all', its older name: not every suite), the default set" in out
+    assert "under a minute" not in out and "59.8 s on an idle 2-core machine" in out

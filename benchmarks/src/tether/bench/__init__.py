@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from typing import Any
 
 from tether.bench._agents import POLICIES, run_cell
@@ -41,6 +41,8 @@ EXTRA_SUITES = ("soak", "tau", "tau-live", "fleet-live", "serve")
 #: The policies of the tau suite.
 TAU_POLICIES = tuple(_TAU_POLICIES)
 CLIENTS, CAPACITY = 1000, 100
+#: the backoffs of the contention experiment (the AWS article's)
+CONTENTION = ("none", "full", "equal", "decorrelated")
 
 
 def _agents_job(job: tuple[str, str, int, int]) -> tuple[str, str, dict[str, Any]]:
@@ -139,20 +141,40 @@ def run(
             from tether.bench._provider_limits import PROVIDER_LIMITS, PROVIDER_POLICIES
 
             limit_jobs = [(p, m, seed) for p in PROVIDER_POLICIES for m in PROVIDER_LIMITS]
-        limit_futures = [pool.submit(_limits_job, j) for j in limit_jobs]
         # the slowest cells first, so that both workers finish together
-        fleet_futures = [pool.submit(_fleet_job, j) for j in fleet_jobs]
-        agent_futures = [pool.submit(_agents_job, j) for j in agent_jobs]
+        kinds: dict[Future[tuple[str, str, dict[str, Any]]], str] = {}
+        kinds.update({pool.submit(_limits_job, j): "limits" for j in limit_jobs})
+        kinds.update({pool.submit(_fleet_job, j): "fleet" for j in fleet_jobs})
+        kinds.update({pool.submit(_agents_job, j): "agents" for j in agent_jobs})
+        done: dict[str, dict[tuple[str, str], dict[str, Any]]] = {
+            "limits": {},
+            "fleet": {},
+            "agents": {},
+        }
+        tenants = [n for n in tenant_scenarios if "fleet" in suites and n in (scenarios or ())]
+        fleet_total = (
+            len(fleet_jobs)
+            + (len(CONTENTION) if fleet_jobs else 0)
+            + len(limit_jobs)
+            + len(tenants)
+        )
+        # every cell reported as it ends, whichever suite it is of (the fleet's cells run first)
+        for fut in as_completed(kinds):
+            first, second, cell = fut.result()
+            done[kinds[fut]][first, second] = cell
+            if kinds[fut] == "agents":
+                note(f"agents: {first} / {second}", len(agent_jobs))
+            elif kinds[fut] == "fleet":
+                note(f"fleet: {first} / {second}", fleet_total)
+            else:
+                note(f"fleet: provider-limits / {first} / {second}", fleet_total)
         if agent_jobs:
             cells: dict[str, Any] = {}
-            for fut in agent_futures:
-                scenario, policy, cell = fut.result()
+            for scenario, policy, _, _ in agent_jobs:  # in the jobs' order, as before
+                cell = done["agents"][scenario, policy]
                 cells.setdefault(scenario, {"policies": {}})["policies"][policy] = cell
-                note(f"agents: {scenario} / {policy}", len(agent_jobs))
             out["suites"]["agents"] = {"scenarios": cells}
-        for name in tenant_scenarios:  # seconds, in this process
-            if "fleet" not in suites or name not in (scenarios or ()):
-                continue
+        for name in tenants:  # seconds, in this process
             from tether.bench._tenants import TENANT_POLICIES, TENANT_STORES, run_tenants
 
             kind = TENANT_STORES[name]
@@ -160,11 +182,11 @@ def run(
             out["suites"].setdefault("fleet", {"scenarios": {}})[name] = {
                 "policies": {p: run_tenants(p, seed=seed, store=kind) for p in policies}
             }
-            note(f"fleet: {name}", 1)
+            note(f"fleet: {name}", fleet_total)
         if fleet_jobs:
             fleet: dict[str, Any] = {}
-            for fut in fleet_futures:
-                scenario, policy, cell = fut.result()
+            for scenario, policy, _ in fleet_jobs:
+                cell = done["fleet"][scenario, policy]
                 shape = FLEET_SCENARIOS[scenario]
                 calls, seconds = lower_bounds(scenario, CLIENTS, CAPACITY)
                 entry = fleet.setdefault(
@@ -180,22 +202,22 @@ def run(
                     },
                 )
                 entry["policies"][policy] = cell
-                note(f"fleet: {scenario} / {policy}", len(fleet_jobs))
+            jitters = {}
+            for j in CONTENTION:  # seconds each, in this process
+                note(f"fleet: contention / {j} …", fleet_total)
+                jitters[j] = contention(j, seed=seed)
+                note(f"fleet: contention / {j}", fleet_total)
             out["suites"]["fleet"] = {
                 **out["suites"].get("fleet", {}),
                 "scenarios": fleet,
-                "contention": {
-                    j: contention(j, seed=seed) for j in ("none", "full", "equal", "decorrelated")
-                },
+                "contention": jitters,
             }
         if limit_jobs:
             from tether.bench._provider_limits import AGENTS, REAL_LIMITS
 
             cells = {}
-            for fut in limit_futures:
-                policy, misconfig, cell = fut.result()
-                cells.setdefault(policy, {})[misconfig] = cell
-                note(f"fleet: provider-limits / {policy} / {misconfig}", len(limit_jobs))
+            for policy, misconfig, _ in limit_jobs:
+                cells.setdefault(policy, {})[misconfig] = done["limits"][policy, misconfig]
             out["suites"].setdefault("fleet", {"scenarios": {}})["provider-limits"] = {
                 "agents": AGENTS,
                 "real_limits": {

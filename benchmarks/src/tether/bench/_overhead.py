@@ -821,25 +821,37 @@ def run_overhead(
     implementations interleaved, 7 rounds (3 with ``quick``), the median ratio with its
     min and max."""
     note = progress or _silent
-    total = 6
     # tether's logger as users have it (not silenced): its retry lines are INFO, off by default
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    out.update(_guarded(quick))
-    note("overhead: guarded runs against tenacity + a counter", total)
-    out.update(_retry_rows(quick))
-    out["retry_3_failures_no_opentelemetry"] = _retry_without_otel(quick)
-    note("overhead: retries against tenacity", total)
-    out.update(_ledgers(quick))
-    note("overhead: ledgers against their statements", total)
-    out["record_model_call_prices_extra"] = _prices(quick)
-    from tether.bench._scale import langchain_middleware
 
-    out["langchain_middleware"] = langchain_middleware(_interleaved, _row, quick)
-    note("overhead: prices", total)
-    out["breaker_success_path"] = _breakers(2_000 if quick else 10_000)
-    note("overhead: breaker", total)
-    out["import_tether"] = _import_times(quick)
-    note("overhead: import time", total)
+    def retries() -> None:
+        out.update(_retry_rows(quick))
+        out["retry_3_failures_no_opentelemetry"] = _retry_without_otel(quick)
+
+    def prices() -> None:
+        from tether.bench._scale import langchain_middleware
+
+        out["record_model_call_prices_extra"] = _prices(quick)
+        out["langchain_middleware"] = langchain_middleware(_interleaved, _row, quick)
+
+    def breaker() -> None:
+        out["breaker_success_path"] = _breakers(2_000 if quick else 10_000)
+
+    def imports() -> None:
+        out["import_tether"] = _import_times(quick)
+
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("guarded runs against tenacity + a counter", lambda: out.update(_guarded(quick))),
+        ("retries against tenacity", retries),
+        ("ledgers against their statements", lambda: out.update(_ledgers(quick))),
+        ("prices and LangChain's middlewares", prices),
+        ("breaker", breaker),
+        ("import time", imports),
+    ]
+    for label, step in steps:  # "…": the step now running; then its end, counted
+        note(f"overhead: {label} …", len(steps))
+        step()
+        note(f"overhead: {label}", len(steps))
     return out
 
 
