@@ -2,7 +2,8 @@
 
 Everything runs through the real library objects; the agent, fleet and tau suites run on
 virtual time and are deterministic for a seed; the overhead and soak suites run on real
-time. The default set (``SUITES``) runs in under a minute; the others run when named.
+time. The default set (``SUITES``) runs in about a minute on an idle 2-core machine; the
+others run when named.
 
 >>> results = run(suites=["agents"], tasks=20, scenarios=["stuck-search"])  # doctest: +SKIP
 >>> results = run(suites=["tau"], tau_data="../tau2-bench/data/tau2/domains/retail")  # doctest: +SKIP
@@ -88,6 +89,9 @@ def run(
 ) -> dict[str, Any]:
     """Run the chosen suites; returns the DESIGN.md JSON layout (plus series for plots).
 
+    ``progress(message, total)`` hears of each step: the message starts with the suite
+    (``"fleet: outage / tether"``); it ends with ``" …"`` when it names the step now running,
+    else a step of ``total`` has ended.
     ``tau_data`` is the τ²-bench domain folder of the tau suite (else ``$TETHER_TAU_DATA``);
     ``tau_policies``, ``tau_lambdas``, ``tau_tasks`` (task ids) and ``tau_seeds`` narrow it.
     """
