@@ -21,16 +21,7 @@ OWNER = "tether/run/_runstate.py"
 
 #: the parts of a run that still write its state's private fields themselves, and how often
 #: (they are to receive what they read and return what Run applies; a count only falls)
-KNOWN: dict[str, int] = {
-    "tether/run/_ending.py": 10,
-    "tether/run/_hung.py": 1,
-    "tether/run/_modelcalls.py": 3,
-    "tether/run/_run.py": 5,
-    "tether/run/_steps.py": 10,
-    "tether/run/_toolcall.py": 2,
-    "tether/run/_tooldecisions.py": 15,
-    "tether/run/_toolgate.py": 2,
-}
+KNOWN: dict[str, int] = {}
 
 _MUTATORS = frozenset(
     {"append", "appendleft", "extend", "update", "clear", "pop", "popitem", "add", "discard"}

@@ -21,7 +21,16 @@ from tether.run._outcome import (
     deferred_messages,
     deferred_partial,
 )
-from tether.run._runstate import RunState
+from tether.run._runstate import (
+    RunState,
+    end_step_span,
+    end_with,
+    ended_as,
+    file_case,
+    note_filed,
+    pending_saved,
+    unconfirm_effects,
+)
 
 if TYPE_CHECKING:
     from tether.records._records import Records
@@ -69,7 +78,7 @@ class Ending:
                 f"the ledger could not be read ({type(exc).__name__}): what this run's effects "
                 "did is not confirmed; check the provider's records"
             )
-            self.s._unconfirmed.extend(tool for tool, _, _ in self.s._effects)
+            unconfirm_effects(self.s)
             return []
 
     def _status(self, reason: StopReason) -> Status:
@@ -144,9 +153,9 @@ class Ending:
                 doc = write(doc, Form.CHECKPOINT, self.s.guard.signing_keys)
                 checkpoint_id = self.s.guard.checkpoints.save(doc, self.s.clock.wall())
                 if self.s._pending is not None and not amend:
-                    self.s._pending = replace(self.s._pending, checkpoint_id=checkpoint_id)
-                    self.s.guard._approvals().put(self.s._pending, self.s.clock.wall())
-                    pending = self.s._pending.to_doc()
+                    saved = pending_saved(self.s, checkpoint_id)
+                    self.s.guard._approvals().put(saved, self.s.clock.wall())
+                    pending = saved.to_doc()
             except Exception as exc:  # a failing store never loses the outcome
                 _log.error("tether: run %s: checkpoint failed: %s", self.s.run_id, redact(str(exc)))
                 issues.append(f"checkpoint failed: {type(exc).__name__}")
@@ -173,7 +182,7 @@ class Ending:
                 records.handoffs if records is not None and into_records else None,
             ):
                 delivery = _Delivery(sink)
-                self.s._case_filed = delivery.deliver(handoff) or self.s._case_filed
+                file_case(self.s, delivery.deliver(handoff))
                 issues.extend(delivery.errors)
             if not self.s._case_filed:  # nobody has the case: the customer is promised nobody
                 message = self._message(said, facts, undone, case_filed=False)
@@ -182,7 +191,7 @@ class Ending:
                     "the handoff reached no one (give Guard(records=...) or "
                     "Escalation(sink=...)): the customer was promised no person"
                 )
-        self.s._outcome = Outcome(
+        outcome = Outcome(
             status,
             reason,
             self.s._result,
@@ -201,21 +210,21 @@ class Ending:
             omitted["omitted"],
             tuple(self.s.models),
         )
-        self._record(self.s._outcome, task, steps)
+        end_with(self.s, outcome)
+        self._record(outcome, task, steps)
         if amend:
-            return self.s._outcome
-        telemetry.end_step(self.s._step_span)
-        self.s._step_span = None
+            return outcome
+        end_step_span(self.s)
         telemetry.record_stop(
             reason.value, status, **{"tether.run_id": self.s.run_id, "tether.steps": usage.steps}
         )
-        telemetry.notify("stop", self.s._outcome)
+        telemetry.notify("stop", outcome)
         if self.s.guard.on_stop is not None:
             try:
-                self.s.guard.on_stop(self.s._outcome)
+                self.s.guard.on_stop(outcome)
             except Exception:
                 _log.exception("tether: on_stop hook raised; ignored")
-        return self.s._outcome
+        return outcome
 
     def _ended_as(self, record: Mapping[str, Any]) -> None:
         """This run was resumed from a checkpoint it has moved past (a redelivered job, a
@@ -228,8 +237,8 @@ class Ending:
         except (KeyError, TypeError, ValueError):
             return  # a record we cannot read: the run resumes as before
         detail = str(record.get("detail") or "")
-        self.s._stop, self.s._result = (reason, detail), record.get("result")
-        self.s._outcome = Outcome(
+        ended_as(self.s, reason, detail, record.get("result"))
+        outcome = Outcome(
             status,
             reason,
             self.s._result,
@@ -247,6 +256,7 @@ class Ending:
             record.get("pending_approval"),
             int(record.get("partial_omitted") or 0),
         )
+        end_with(self.s, outcome)
         _log.info(
             "tether: run %s was resumed from checkpoint %s, which it has moved past: its "
             "recorded outcome (%s) stands",
@@ -317,7 +327,7 @@ class Ending:
         try:
             doc = write(body, Form.RECORD, self.s.guard.signing_keys)
             records.runs.save(doc, self.s.clock.wall())
-            self.s._filed.add(outcome.checkpoint_id)
+            note_filed(self.s, outcome.checkpoint_id)
         except Exception as exc:  # a failing store never loses the outcome
             _log.error(
                 "tether: run %s: its record could not be written: %s",
@@ -355,7 +365,7 @@ def _join_incident(
         )
         issues.append(f"incident filing failed: {type(exc).__name__}")
         return handoff, False
-    s._case_filed = True
+    file_case(s)
     if not opened:
         _log.info("tether: run %s joins the open incident %s (%s)", s.run_id, case_id, dependency)
     return replace(handoff, id=case_id), not opened

@@ -10,7 +10,11 @@ from tether import telemetry
 from tether._errors import CircuitOpenError
 from tether.run._health import UNRESPONSIVE_AFTER, ToolHealth, ToolUnresponsive
 from tether.run._outcome import StopReason, ToolError
-from tether.run._runstate import RunState, escalate
+from tether.run._runstate import (
+    RunState,
+    escalate,
+    tool_health,
+)
 from tether.run._toolkit import (
     NOT_ANSWERING,
     _Call,
@@ -34,10 +38,7 @@ class HungTools:
             return None
         if self.s.guard.on_hung_tool == "wait":
             return None
-        health = self.s._health.get(call.name)
-        if health is None:
-            health = self.s._health[call.name] = ToolHealth()
-        return health
+        return tool_health(self.s, call.name)
 
     def _unresponsive(self, name: str) -> ToolUnresponsive | None:
         """The tool stopped answering in this run: it holds ``UNRESPONSIVE_AFTER`` hung

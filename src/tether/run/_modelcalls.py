@@ -12,7 +12,11 @@ from tether._errors import CircuitOpenError
 from tether.run._options import ModelRequest
 from tether.run._outcome import Stopped, StopReason
 from tether.run._pricing import UnknownModelError
-from tether.run._runstate import RunState
+from tether.run._runstate import (
+    RunState,
+    count_model_call,
+    model_checked,
+)
 from tether.run._scopes import RunScopes
 from tether.run._turn import ModelTurn
 
@@ -164,7 +168,7 @@ class ModelCalls:
                 "the cost budget cannot hold for it",
                 model,
             )
-        self.s._checked_models.add(model)
+        model_checked(self.s, model)
 
     def model_call_gave_way(self, exc: BaseException) -> None:
         """A model call that gave way to a fallback model after ``exc``: its token
@@ -257,19 +261,15 @@ class ModelCalls:
                 )
             else:
                 cost_usd = 0.0
-        self.s.model_calls += 1
-        if model and model not in self.s.models:
-            self.s.models.append(model)
-        self.s.input_tokens += input_tokens
-        self.s.output_tokens += output_tokens
-        self.s.cache_write_tokens += cache_write_tokens
-        self.s.cache_read_tokens += cache_read_tokens
-        if cost_usd is None:
-            self.s.unpriced_calls += 1
-        else:
-            self.s.cost_usd += cost_usd
-            self.s._last_costs = [*self.s._last_costs[-1:], cost_usd]
-        self.s._last_tokens = input_tokens + output_tokens + cache_write_tokens + cache_read_tokens
+        count_model_call(
+            self.s,
+            model,
+            input_tokens,
+            output_tokens,
+            cache_write_tokens,
+            cache_read_tokens,
+            cost_usd,
+        )
         self.scopes.settle(
             cost_usd, input_tokens + cache_write_tokens + cache_read_tokens, output_tokens
         )

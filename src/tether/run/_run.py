@@ -27,14 +27,23 @@ from typing import (
     overload,
 )
 
-from tether import telemetry
 from tether.classification._classify import classify
 from tether.run._document import merge
 from tether.run._ending import Ending
 from tether.run._modelcalls import ModelCalls
 from tether.run._options import ModelRequest, ModelUsage, ToolOptions
 from tether.run._outcome import Outcome, Status, Stopped, StopReason
-from tether.run._runstate import RunState, Tail, escalate
+from tether.run._runstate import (
+    RunState,
+    Tail,
+    close_span,
+    escalate,
+    keep_error,
+    keep_result,
+    note_compensations,
+    open_span,
+    reach_goal,
+)
 from tether.run._settings import RunSettings
 from tether.run._steps import Steps
 from tether.run._toolcall import ToolPipeline
@@ -101,7 +110,7 @@ def _not_done(s: RunState) -> bool:
         s._halt(StopReason.DECLINED, f"{tool}: rejected: {why}")
         return True
     tool, error = next(iter(s._failed_effects.items()))
-    s._error = s._error or error
+    keep_error(s, error)
     s._halt(StopReason.PERMANENT_ERROR, f"{tool} failed and was not done ({error})")
     return True
 
@@ -168,11 +177,7 @@ class Run:
     # --- the with-block and the ending ------------------------------------------------
 
     def __enter__(self) -> Self:
-        s = self._state
-        s._span_cm = telemetry.span(
-            "tether.run", **{"tether.run_id": s.run_id, "tether.task": s.task[:200]}
-        )
-        s._span_cm.__enter__()
+        open_span(self._state)
         return self
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
@@ -184,8 +189,7 @@ class Run:
                 f"{type(exc).__name__}: {verdict.reason}",
             )
         self.finish()
-        if self._state._span_cm is not None:
-            self._state._span_cm.__exit__(None, None, None)
+        close_span(self._state)
         return isinstance(exc, Stopped)
 
     async def __aenter__(self) -> Self:
@@ -252,7 +256,7 @@ class Run:
         had; a run that had ended gets its outcome amended (and escalates when something
         could not be undone)."""
         s = self._state
-        s._compensated.extend(done)
+        note_compensations(s, done)
         if s._escalate and s._stop is None:
             s._halt(StopReason.ESCALATED, "a compensation could not be made")
         if s._stop is None and not s._began and s._resumed_stop is not None:
@@ -388,10 +392,9 @@ class Run:
     def succeed(self, result: Any = None) -> None:
         """The goal is reached: the result kept; proceed() is False from now on (see _not_done)."""
         s = self._state
-        s._result = result
+        keep_result(s, result)
         if not _not_done(s) and s.stopped is not StopReason.GOAL_REACHED:
-            s._stop = None
-            s._halt(StopReason.GOAL_REACHED)
+            reach_goal(s)
 
     def stop(self, reason: StopReason, detail: str = "") -> None:
         """End the run now for ``reason``; raises Stopped (swallowed by the with-block)."""

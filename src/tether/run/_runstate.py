@@ -616,12 +616,23 @@ def call_over(s: RunState, action: str) -> None:
         s._loops.end_action(action)
 
 
-def completed(s: RunState, tool: str, action: str, allowed: bool, retries: int) -> None:
+def completed(
+    s: RunState,
+    tool: str,
+    action: str,
+    allowed: bool,
+    retries: int,
+    journal: JournalEntry | None = None,
+) -> None:
     """A call completed: recorded as a repeat candidate as it leaves the flight, at the
     next admission (or snapshot), under the lock: no lock taken here, so a call's success
-    path takes the lock once."""
+    path takes the lock once. Its retries counted; ``journal``: how to compensate it; a
+    failed effect of its tool is done after all (the model tried again)."""
     s._loops.complete(tool, action, allowed)
     s.retries += retries
+    if journal is not None:
+        s._journal.append(journal)
+    s._failed_effects.pop(tool, None)
 
 
 def settled(s: RunState) -> LoopState:
@@ -755,6 +766,249 @@ def escalate(s: RunState, *issues: str, unconfirmed: str | None = None) -> None:
     s._escalate = True
 
 
-def open_issue(s: RunState, issue: str) -> None:
-    """Something a person must know or do when the run ends (its outcome's ``open_issues``)."""
+def open_issue(s: RunState, issue: str, *, once: bool = False) -> None:
+    """Something a person must know or do when the run ends (its outcome's ``open_issues``);
+    ``once``: not again when it is open already."""
+    if not (once and issue in s._issues):
+        s._issues.append(issue)
+
+
+# --- what the parts decide, applied here: the one module that writes these fields ----
+# (tests/test_run_state_owner.py counts writes from elsewhere: the parts read the state
+# and call these, each named for the change it makes)
+
+
+def begin(s: RunState) -> Stopped | None:
+    """A step or a tool call begins (the run does more than roll back); returns the
+    :class:`tether.Stopped` to raise instead when the run has stopped (nothing begins)."""
+    if s._stop is not None:
+        return Stopped(*s._stop)
+    s._began = True
+    return None
+
+
+def count_step(s: RunState) -> None:
+    """A new step: counted, nothing said of it yet (its progress, its judged calls); its
+    telemetry span follows the last one's (while nothing records, one check)."""
+    s.steps += 1
+    s._step_progress = False
+    s._step_counted = False
+    s._step_calls = 0
+    if s._step_span is not None:
+        telemetry.end_step(s._step_span)
+    s._step_span = (
+        telemetry.start_step(**{"tether.run_id": s.run_id, "tether.step": s.steps})
+        if telemetry.enabled()
+        else None
+    )
+
+
+def end_step(s: RunState) -> tuple[StopReason, str] | None:
+    """The step that just ended, accounted for the no-progress detector: progress resets
+    its count (and extends ``max_steps`` by ``progress_extension``, up to its ceiling);
+    a step without it counts, unless its only calls were allowed repeats (polling is
+    not judged). Returns the stop the detector calls for, or None."""
+    budget = s.budget
+    if s._step_progress:
+        s._no_progress = 0
+        if budget.progress_extension and s._max_steps is not None:
+            ceiling = budget.max_steps_ceiling
+            extended = s._max_steps + budget.progress_extension
+            s._max_steps = extended if ceiling is None else min(extended, ceiling)
+    elif s._step_counted or s._step_calls <= 0:
+        s._no_progress += 1
+    limit = s.guard.loops.max_no_progress
+    if limit is not None and s._no_progress >= limit and s.steps >= s.guard.loops.min_steps:
+        return StopReason.NO_PROGRESS, f"{s._no_progress} steps in a row added nothing new"
+    return None
+
+
+def progressed(s: RunState) -> None:
+    """This step made progress (a new fact, a result not seen before, a new state)."""
+    s._step_progress = True
+
+
+def judge_step(s: RunState) -> None:
+    """This step made a call that is no allowed repeat: the step is judged for progress."""
+    s._step_counted = True
+
+
+def note_result(s: RunState, digest: str) -> None:
+    """A call's result (its digest): one not among the last ``state_window`` is progress."""
+    results = s._results
+    if digest not in results:
+        results[digest] = None
+        if len(results) > s.guard.loops.state_window:
+            results.popitem(last=False)
+        s._step_progress = True
+
+
+# --- a tool's options and its health ------------------------------------------------
+
+
+def label_effect(s: RunState, tool: str, text: str) -> None:
+    """What the customer reads for ``tool``'s effect, from here on."""
+    s._labels[tool] = text
+
+
+def refer_effect(s: RunState, tool: str, reference: Any) -> None:
+    """The field of ``tool``'s result (or a function of it) that is its effect's
+    reference, from here on (None: none)."""
+    if reference is None:
+        s._references.pop(tool, None)
+    else:
+        s._references[tool] = reference
+
+
+def tool_health(s: RunState, tool: str) -> ToolHealth:
+    """The health record of ``tool`` in this run (its timed-out attempts, hung threads)."""
+    health = s._health.get(tool)
+    if health is None:
+        health = s._health[tool] = ToolHealth()
+    return health
+
+
+# --- effects, failures, approvals ---------------------------------------------------
+
+
+def withdraw_effect(s: RunState, key: str) -> None:
+    """The effect under ledger ``key`` was not made (a person declined it)."""
+    s._effects = [e for e in s._effects if e[2] != key]
+
+
+def effect_failed(s: RunState, tool: str, error: str) -> None:
+    """``tool``'s effect failed for good (``error``, redacted) and is not done: the run
+    may not end ``success`` unless it is done after all."""
+    s._failed_effects[tool] = error
+
+
+def mark_uncertain(s: RunState, tool: str, issue: str) -> None:
+    """``tool``'s effect may or may not have happened: a person checks (``issue``)."""
+    s._unconfirmed.append(tool)
     s._issues.append(issue)
+
+
+def unconfirm_effects(s: RunState) -> None:
+    """What the run's effects did could not be read: none of them is confirmed."""
+    s._unconfirmed.extend(tool for tool, _, _ in s._effects)
+
+
+def ask_approval(s: RunState, record: ApprovalRecord) -> None:
+    """The call that waits for a person's approval (``record``, redacted)."""
+    s._pending = record
+
+
+def pending_saved(s: RunState, checkpoint_id: str) -> ApprovalRecord:
+    """The pending approval, now naming the checkpoint the run was saved in."""
+    from dataclasses import replace  # a run waiting for approval only
+
+    assert s._pending is not None
+    s._pending = replace(s._pending, checkpoint_id=checkpoint_id)
+    return s._pending
+
+
+def decline(s: RunState, action: str, tool: str, why: str) -> bool:
+    """A person rejected the call ``action`` (of ``tool``) for ``why``; returns whether
+    it had been rejected already (asked again after the model was told: the run ends)."""
+    again = action in s._declined
+    s._declined[action] = [tool, why]
+    return again
+
+
+# --- model calls --------------------------------------------------------------------
+
+
+def model_checked(s: RunState, model: str) -> None:
+    """``model`` was checked against the cost budget once (priced, or known free)."""
+    s._checked_models.add(model)
+
+
+def count_model_call(
+    s: RunState,
+    model: str,
+    input_tokens: int,
+    output_tokens: int,
+    cache_write_tokens: int,
+    cache_read_tokens: int,
+    cost_usd: float | None,
+) -> None:
+    """A model call counted into the run's usage (``cost_usd`` None: unpriced), and kept
+    as the last call's cost and tokens (what the next one is estimated from)."""
+    s.model_calls += 1
+    if model and model not in s.models:
+        s.models.append(model)
+    s.input_tokens += input_tokens
+    s.output_tokens += output_tokens
+    s.cache_write_tokens += cache_write_tokens
+    s.cache_read_tokens += cache_read_tokens
+    if cost_usd is None:
+        s.unpriced_calls += 1
+    else:
+        s.cost_usd += cost_usd
+        s._last_costs = [*s._last_costs[-1:], cost_usd]
+    s._last_tokens = input_tokens + output_tokens + cache_write_tokens + cache_read_tokens
+
+
+# --- the ending ---------------------------------------------------------------------
+
+
+def keep_result(s: RunState, result: Any) -> None:
+    """The run's result (``run.succeed(result)``)."""
+    s._result = result
+
+
+def keep_error(s: RunState, error: str) -> None:
+    """The failure that ends the run, already redacted (unless one was kept)."""
+    s._error = s._error or error
+
+
+def reach_goal(s: RunState) -> None:
+    """The goal is reached: the run stops ``GOAL_REACHED`` whatever stopped it before."""
+    s._stop = None
+    s._halt(StopReason.GOAL_REACHED)
+
+
+def note_compensations(s: RunState, done: list[dict[str, Any]]) -> None:
+    """What a rollback undid (newest first)."""
+    s._compensated.extend(done)
+
+
+def file_case(s: RunState, filed: bool = True) -> None:
+    """Whether the run's handoff reached a sink or the records (once it did, it did)."""
+    s._case_filed = filed or s._case_filed
+
+
+def note_filed(s: RunState, checkpoint_id: str | None) -> None:
+    """The run's record was filed, at ``checkpoint_id``."""
+    s._filed.add(checkpoint_id)
+
+
+def end_with(s: RunState, outcome: Outcome) -> None:
+    """The run's outcome."""
+    s._outcome = outcome
+
+
+def ended_as(s: RunState, reason: StopReason, detail: str, result: Any) -> None:
+    """The run ended as a record of it says (another worker ended it first): its stop
+    and its result (its outcome follows, :func:`end_with`)."""
+    s._stop, s._result = (reason, detail), result
+
+
+def open_span(s: RunState) -> None:
+    """The run's telemetry span begins (``with guard.start(...)``)."""
+    s._span_cm = telemetry.span(
+        "tether.run", **{"tether.run_id": s.run_id, "tether.task": s.task[:200]}
+    )
+    s._span_cm.__enter__()
+
+
+def close_span(s: RunState) -> None:
+    """The run's telemetry span ends, with its last step's."""
+    if s._span_cm is not None:
+        s._span_cm.__exit__(None, None, None)
+
+
+def end_step_span(s: RunState) -> None:
+    """The last step's telemetry span ends (the run ended)."""
+    telemetry.end_step(s._step_span)
+    s._step_span = None

@@ -13,7 +13,12 @@ from tether.run._health import ToolHealth
 from tether.run._hung import HungTools
 from tether.run._options import ToolOptions
 from tether.run._outcome import StopReason
-from tether.run._runstate import RunState, call_over, escalate
+from tether.run._runstate import (
+    RunState,
+    call_over,
+    escalate,
+    refer_effect,
+)
 from tether.run._tool import _is_async, check_reference
 from tether.run._tooldecisions import ToolDecisions
 from tether.run._toolgate import ToolGate
@@ -93,10 +98,7 @@ class ToolPipeline:
         if "reference" in options:  # the field of its result (or a function) that is its reference
             reference = options["reference"]
             check_reference(name, reference)
-            if reference is None:
-                self.s._references.pop(name, None)
-            else:
-                self.s._references[name] = reference
+            refer_effect(self.s, name, reference)
         hands_over = options.get("hands_over", False)
         if not isinstance(hands_over, bool):
             raise TypeError(

@@ -31,11 +31,20 @@ from tether.run._outcome import Stopped, StopReason, ToolError
 from tether.run._runstate import (
     RunState,
     admit,
+    begin,
     call_over,
     completed,
     count_failure,
+    effect_failed,
+    escalate,
+    judge_step,
+    label_effect,
+    mark_uncertain,
     not_made,
     note_effect,
+    note_result,
+    open_issue,
+    withdraw_effect,
 )
 from tether.run._stops import TOOL_CHECKS, first_stop
 from tether.run._toolkit import (
@@ -72,9 +81,9 @@ class ToolDecisions:
         allow_repeat: int | None = None,
     ) -> _Call:
         s = self.s
-        if s._stop is not None:
-            raise s._halt(*s._stop)
-        s._began = True
+        stopped = begin(s)
+        if stopped is not None:
+            raise stopped
         b = s.budget
         # a non-idempotent call's timeout is the ledger's business: the attempt it abandons
         # keeps its claim until it really ends, so that nothing runs it a second time
@@ -87,7 +96,8 @@ class ToolDecisions:
             raise s._halt(StopReason.TIMEOUT, f"time budget ({b.max_seconds:g} s) exceeded")
         hung = hung_threads() - s._hung_base
         if hung >= b.max_hung_threads:
-            s._escalate = s._escalate or s.guard.on_hung_tool == "hand_over"
+            if s.guard.on_hung_tool == "hand_over":
+                escalate(s)
             raise s._halt(StopReason.HUNG_TOOLS, f"{hung} tool calls are still hanging in threads")
         ignore = (*VOLATILE_FIELDS, *volatile) if volatile else None
         action, key, text, strings = intent_keys_and_text(name, args, s._scope, ignore)
@@ -106,7 +116,7 @@ class ToolDecisions:
                 not_made(s, action)
                 raise lost
         if allow_repeat is None and name not in s.guard.loops.allow_repeat:
-            s._step_counted = True
+            judge_step(s)
         return _Call(name, args, action, key, s.steps, policy, allow_repeat, text, strings)
 
     def _timed(self, timeout: float | None) -> float | None:
@@ -130,7 +140,7 @@ class ToolDecisions:
                 raise ValueError(
                     f"label of tool {name!r} must be a non-empty string, got {label!r}"
                 )
-            self.s._labels[name] = label.strip()
+            label_effect(self.s, name, label.strip())
 
     def _effect_timeout(self, timeout: float | None) -> float | None:
         """An effect's timeout: the tool's (or the policy's), never past the run's time."""
@@ -177,13 +187,19 @@ class ToolDecisions:
         # only completed calls count as repeats: a call that failed is the business of
         # max_identical_failures, so a model retrying a dead dependency is not a "loop"
         allowed = call.allow_repeat is not None  # the call leaves the flight recorded
-        completed(s, call.name, call.action, allowed, call.policy._retries())
-        if compensate is not None:
-            key = call.action if idempotent else call.key
-            self.s._journal.append(
-                JournalEntry(call.name, call.args, key, result, not idempotent, compensate)
+        journal = (  # how to compensate it; a failed effect of its tool is done after all
+            None
+            if compensate is None
+            else JournalEntry(
+                call.name,
+                call.args,
+                call.action if idempotent else call.key,
+                result,
+                not idempotent,
+                compensate,
             )
-        s._failed_effects.pop(call.name, None)  # done after all (the model tried again)
+        )
+        completed(s, call.name, call.action, allowed, call.policy._retries(), journal)
         try:
             encoded, found = canonical_and_strings(result)
         except (TypeError, ValueError):
@@ -196,12 +212,7 @@ class ToolDecisions:
         s.transcript.append({"step": call.step, "tool": call.name, "ok": True})
         text = encoded if encoded is not None else repr(result)
         digest = hashlib.sha256(f"{call.name}\x00{text}".encode()).hexdigest()
-        results = s._results
-        if digest not in results:
-            results[digest] = None
-            if len(results) > s.guard.loops.state_window:
-                results.popitem(last=False)
-            s._step_progress = True
+        note_result(s, digest)  # progress when not seen before
         if s.guard.escalation is not None:  # no escalation: no retry limit to check
             self._check_retry_escalation()
         return result
@@ -209,7 +220,7 @@ class ToolDecisions:
     def _check_retry_escalation(self) -> None:
         esc = self.s.guard.escalation
         if esc is not None and esc.max_retries is not None and self.s.retries > esc.max_retries:
-            self.s._escalate = True
+            escalate(self.s)
             raise self.s._halt(StopReason.ESCALATED, f"retries passed {esc.max_retries}")
 
     def _after_failure(self, call: _Call, exc: Exception, flying: bool = False) -> BaseException:
@@ -219,7 +230,7 @@ class ToolDecisions:
         either under way or failed)."""
         try:
             if not (isinstance(exc, ToolUnresponsive) and exc.before):
-                self.s.retries += call.policy._retries()
+                self.s.count_retries(call.policy._retries())
             entry = {"step": call.step, "tool": call.name, "ok": False, "error": type(exc).__name__}
             if isinstance(exc, UnknownOutcome):  # what a person must check (the case shows it)
                 entry.update(args=redact(jsonable(call.args)), key=exc.key)
@@ -227,7 +238,7 @@ class ToolDecisions:
             if isinstance(exc, Stopped | ReturnedAwaitable):  # the latter: the code's mistake
                 return exc
             if isinstance(exc, Declined):  # a "no": nothing done; the run ends at the next step
-                self.s._effects = [e for e in self.s._effects if e[2] != call.key]  # none made
+                withdraw_effect(self.s, call.key)  # none made
                 said = _said(exc.reason) if exc.reason else "declined"
                 self.s._halt(StopReason.DECLINED, f"{call.name}: {said}")
                 return ToolError(call.name, f"declined: {said}", cause_kind="declined")
@@ -238,19 +249,21 @@ class ToolDecisions:
                     exc.name, f"{call.name}: its dependency is down (circuit open)"
                 )
             if isinstance(exc, EffectInProgress):  # one request, two runs: the other one has it
-                self.s._issues.append(
+                open_issue(
+                    self.s,
                     f"{call.name} is being done by another worker of this request (it holds the "
                     f"claim until its lease ends); its result will be in the ledger (key "
-                    f"{exc.key[:16]}…): do not do it again"
+                    f"{exc.key[:16]}…): do not do it again",
                 )
                 return self.s._halt(
                     StopReason.IN_PROGRESS, f"{call.name} is being done by another worker"
                 )
             if isinstance(exc, UnknownOutcome):
-                self.s._unconfirmed.append(call.name)
-                self.s._issues.append(
+                mark_uncertain(
+                    self.s,
+                    call.name,
                     f"{call.name} may have happened: its outcome is unknown; check the provider's "
-                    f"records before trying it again (ledger key {exc.key[:16]}…)"
+                    f"records before trying it again (ledger key {exc.key[:16]}…)",
                 )
                 return self.s._halt(
                     StopReason.UNKNOWN_OUTCOME, f"{call.name} may or may not have happened"
@@ -285,7 +298,7 @@ class ToolDecisions:
                 key == call.key for _, _, key in self.s._effects
             ):  # never "success" (Run.succeed)
                 text = f"{type(exc).__name__}: {str(exc).strip()}".rstrip(": ")
-                self.s._failed_effects[call.name] = str(redact(text))[:500]
+                effect_failed(self.s, call.name, str(redact(text))[:500])
             if isinstance(exc, self.s.guard.model_errors):  # a business rule, said on purpose
                 return ToolError(call.name, f"rejected: {_said(str(exc))}", cause_kind="rejected")
             if verdict.kind is Kind.QUOTA:
@@ -340,8 +353,7 @@ class ToolDecisions:
             key=call.key,
         )
         issue = f"{call.name} failed permanently; dead letter {letter.id}"
-        if issue not in self.s._issues:  # the model asking again joins the same letter
-            self.s._issues.append(issue)
+        open_issue(self.s, issue, once=True)  # the model asking again joins the same letter
 
 
 def _tool_budgets(s: RunState) -> tuple[StopReason, str] | None:
@@ -361,9 +373,10 @@ def _placeholders(s: RunState, name: str, args: Any) -> Exception | None:
         return None
     fields = ", ".join(p.removeprefix("args.") for p in lost)
     if s._resumed_from is not None:
-        s._issues.append(
+        open_issue(
+            s,
             f"{name} was not resumed: its argument {fields} was redacted when the run was "
-            "stored (secrets are never kept); ask the customer for it again"
+            "stored (secrets are never kept); ask the customer for it again",
         )
         return s._halt(
             StopReason.FAILED,

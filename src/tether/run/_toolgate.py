@@ -22,7 +22,12 @@ from tether.run._governance import (
     needs_approval,
 )
 from tether.run._outcome import StopReason
-from tether.run._runstate import RunState, count_call
+from tether.run._runstate import (
+    RunState,
+    ask_approval,
+    count_call,
+    decline,
+)
 from tether.run._tooldecisions import ToolDecisions
 from tether.run._toolkit import (
     _already_claimed,
@@ -115,15 +120,18 @@ class ToolGate:
         now = self.s.clock.wall()
         if record is not None and record.status == gov.REJECTED:
             raise self._rejected(call, record)
-        self.s._pending = ApprovalRecord(
-            record_id,
-            self.s.run_id,
-            call.name,
-            redact(jsonable(call.args)),
-            call.action,
-            gov.PENDING,
-            now,
-            task=str(redact(self.s.task)),
+        ask_approval(
+            self.s,
+            ApprovalRecord(
+                record_id,
+                self.s.run_id,
+                call.name,
+                redact(jsonable(call.args)),
+                call.action,
+                gov.PENDING,
+                now,
+                task=str(redact(self.s.task)),
+            ),
         )
         raise self.s._halt(StopReason.AWAITING_APPROVAL, f"{call.name} needs a person's approval")
 
@@ -134,9 +142,8 @@ class ToolGate:
         why = _said(record.note) if record.note else "a person said no"
         self.s.transcript.append({"step": call.step, "tool": call.name, "ok": False,
                                   "error": "ApprovalRejected"})  # fmt: skip
-        if call.action in self.s._declined:  # asked again after it was told: the run ends
-            self.s._halt(StopReason.DECLINED, f"{call.name}: rejected: {why}")
-        self.s._declined[call.action] = [call.name, why]
+        if decline(self.s, call.action, call.name, why):  # asked again after it was told
+            self.s._halt(StopReason.DECLINED, f"{call.name}: rejected: {why}")  # the run ends
         return ApprovalRejected(call.name, f"rejected: {why}", cause_kind="declined")
 
     def _use_approval(self, approvals: Any, record: ApprovalRecord) -> None:
