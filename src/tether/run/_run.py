@@ -64,7 +64,8 @@ __all__ = ["Run"]
 
 
 class _FromState(Generic[T]):
-    """An attribute of the run's state, read (and, where the state allows, set) on the run."""
+    """An attribute of the run's state, read (and, where the state allows, set) on the run;
+    a private one (``run._loops``) is read only: its state's module alone writes it."""
 
     __slots__ = ("name",)
 
@@ -79,6 +80,8 @@ class _FromState(Generic[T]):
         return self if run is None else getattr(run._state, self.name)
 
     def __set__(self, run: Run, value: T) -> None:
+        if self.name.startswith("_"):
+            raise AttributeError(f"run.{self.name} is read only (the run's state owns it)")
         setattr(run._state, self.name, value)
 
 
