@@ -320,7 +320,7 @@ def _encoded(args: Any, ignore: Paths | None, path: str = "args") -> tuple[str, 
     top, deep = rules(ignore)
     if top and type(args) is dict and not top.isdisjoint(args):  # isdisjoint: a C loop
         args = {k: v for k, v in args.items() if k not in top}
-    elif top and isinstance(args, Mapping) and type(args) is not dict:
+    elif top and type(args) is not dict and isinstance(args, Mapping):
         args = {k: v for k, v in args.items() if not (isinstance(k, str) and k in top)}
     for parts in deep:
         args = _without(args, parts)
@@ -382,7 +382,12 @@ def intent_keys_and_text(
     the record's redaction judges without splitting the text), else None."""
     _check(tool, scope)
     top, deep = rules(ignore)
-    whole = not deep and (not top or not isinstance(args, Mapping) or top.isdisjoint(args))
+    whole = not deep and (
+        not top
+        # a dict first: isinstance of an ABC runs Python code (abc's __instancecheck__)
+        or (type(args) is not dict and not isinstance(args, Mapping))
+        or top.isdisjoint(args)
+    )
     text, strings = _encoded(args, ignore)
     action = digest(tool, text)
     key = digest(tool, text, scope) if scope else action

@@ -526,11 +526,13 @@ def admit(
     action: str,
     cap: int | None,
     budgets: Callable[[RunState], tuple[StopReason, str] | None],
+    judged: bool = False,
 ) -> tuple[StopReason, str] | str | None:
     """The tool-call budgets (``budgets``: the run's tool checks, ``run._stops``), the
     repeat checks and the identical-failures limit for a call, and when none holds, the call
     counted (its slot taken, its action in flight), as one step: calls made from several
-    threads at once cannot all pass one check before any is counted. Returns why the run
+    threads at once cannot all pass one check before any is counted; ``judged``: the call
+    judges its step for progress (no allowed repeat), once admitted. Returns why the run
     stops (nothing taken), what the model is told of a call held back (a str: identical
     calls under way could reach the identical-failures limit), or None."""
     with s._admission:
@@ -552,6 +554,8 @@ def admit(
         loops.begin_action(action)  # ended when the call is settled, whatever it became
         s.tool_calls += 1
         s._step_calls += 1
+        if judged:
+            s._step_counted = True
     return None
 
 

@@ -185,7 +185,8 @@ class ToolPipeline:
             if health is not None:
                 self.hung._refuse_unresponsive(call, before=True)
             # completed: the call leaves the flight when it is recorded (_after_success)
-            return self.s.through_breaker(lambda: self.hung._within(call, attempt), timeout=timeout)
+            within = functools.partial(self.hung._within, call, attempt)  # no frame of its own
+            return self.s.through_breaker(within, timeout=timeout)
         except ControlSignal as carried:  # the framework's own control flow
             self.decide._not_made(call)  # its slot given back
             raise carried.signal from None

@@ -105,18 +105,22 @@ class ToolDecisions:
         # under the run's lock, the only place they are checked (another thread may take the
         # last slot). The run's stops come first (an earlier stop, its time, hung tools), a
         # refusal of this call alone last: it never hides a stop.
-        refused = admit(s, name, action, allow_repeat, _tool_budgets)
+        # a call that is no allowed repeat judges its step for progress (once it is made: a
+        # call holding a placeholder is judged once it is known to be made)
+        judged = allow_repeat is None and name not in s.guard.loops.allow_repeat
+        placeholder = REDACTED in text if text is not None else _holds_placeholder(args)
+        refused = admit(s, name, action, allow_repeat, _tool_budgets, judged and not placeholder)
         if refused is not None:
             if isinstance(refused, str):  # held back: the model is told, the run goes on
                 raise ToolError(name, refused, cause_kind="unavailable")
             raise s._halt(*refused)
-        if REDACTED in text if text is not None else _holds_placeholder(args):
+        if placeholder:
             lost = _placeholders(s, name, args)
             if lost is not None:  # not made: its slot given back
                 not_made(s, action)
                 raise lost
-        if allow_repeat is None and name not in s.guard.loops.allow_repeat:
-            judge_step(s)
+            if judged:
+                judge_step(s)
         return _Call(name, args, action, key, s.steps, policy, allow_repeat, text, strings)
 
     def _timed(self, timeout: float | None) -> float | None:
