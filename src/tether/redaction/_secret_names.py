@@ -76,9 +76,20 @@ _state: dict[str, Any] = {"mask_pii": True}
 _tiers: dict[str, int] = {}  # normalised-name cache: 0 not a secret, 1 weak, 2 strong
 
 
+#: the patterns of :func:`_normalise`, compiled at its first name (a name not seen before is
+#: normalised on every tool call whose record holds one: no look-up in ``re``'s cache)
+_WORDS: tuple[re.Pattern[str], re.Pattern[str]] | None = None
+
+
 def _normalise(name: str) -> str:
-    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name.strip())
-    return re.sub(r"[-. ]", "_", name.lower()).strip("_")
+    global _WORDS
+    if _WORDS is None:  # two threads at once: each compiles, either pair is kept
+        _WORDS = (
+            re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])"),
+            re.compile(r"[-. ]"),
+        )
+    case, separators = _WORDS
+    return separators.sub("_", case.sub("_", name.strip()).lower()).strip("_")
 
 
 def _tier(name: str) -> int:

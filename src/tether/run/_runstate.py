@@ -25,7 +25,10 @@ from tether.run._outcome import Family, Outcome, Stopped, StopReason, Usage
 from tether.run._tokens import RunTokens, urgency
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from tether.run._settings import RunSettings
+    from tether.run._stops import Check
 
 T = TypeVar("T")
 
@@ -525,7 +528,7 @@ def admit(
     tool: str,
     action: str,
     cap: int | None,
-    budgets: Callable[[RunState], tuple[StopReason, str] | None],
+    budgets: Iterable[Check],
     judged: bool = False,
 ) -> tuple[StopReason, str] | str | None:
     """The tool-call budgets (``budgets``: the run's tool checks, ``run._stops``), the
@@ -538,9 +541,10 @@ def admit(
     with s._admission:
         if s._stop is not None:  # stopped by another thread since this call began
             return s._stop
-        stop = budgets(s)
-        if stop is not None:
-            return stop
+        for check in budgets:  # run._stops.first_stop, without a frame of its own per call
+            detail = check(s)
+            if detail is not None:
+                return check.reason, detail
         loops = s._loops
         if loops._done:  # calls completed since: recorded before the check reads them
             loops.settle()

@@ -46,7 +46,7 @@ from tether.run._runstate import (
     open_issue,
     withdraw_effect,
 )
-from tether.run._stops import TOOL_CHECKS, first_stop
+from tether.run._stops import TOOL_CHECKS
 from tether.run._toolkit import (
     QUOTA_REACHED,
     REJECTED,
@@ -109,7 +109,7 @@ class ToolDecisions:
         # call holding a placeholder is judged once it is known to be made)
         judged = allow_repeat is None and name not in s.guard.loops.allow_repeat
         placeholder = REDACTED in text if text is not None else _holds_placeholder(args)
-        refused = admit(s, name, action, allow_repeat, _tool_budgets, judged and not placeholder)
+        refused = admit(s, name, action, allow_repeat, TOOL_CHECKS, judged and not placeholder)
         if refused is not None:
             if isinstance(refused, str):  # held back: the model is told, the run goes on
                 raise ToolError(name, refused, cause_kind="unavailable")
@@ -358,11 +358,6 @@ class ToolDecisions:
         )
         issue = f"{call.name} failed permanently; dead letter {letter.id}"
         open_issue(self.s, issue, once=True)  # the model asking again joins the same letter
-
-
-def _tool_budgets(s: RunState) -> tuple[StopReason, str] | None:
-    """The run's tool-call budgets (``run._stops``), for :func:`admit` to check under its lock."""
-    return first_stop(s, TOOL_CHECKS)
 
 
 def _placeholders(s: RunState, name: str, args: Any) -> Exception | None:
