@@ -41,7 +41,8 @@ def _gaps_widened(monkeypatch: pytest.MonkeyPatch) -> None:
     then met in every run of a test, not now and then (CPython switches threads every 5 ms).
     The patched names must exist (monkeypatch raises otherwise), so a test cannot go on
     passing with its gaps no longer widened."""
-    monkeypatch.setattr(_tooldecisions, "first_stop", _then_yield(_tooldecisions.first_stop))
+    for check in _tooldecisions.TOOL_CHECKS:  # the budgets admit checks under its lock
+        monkeypatch.setattr(type(check), "__call__", _then_yield(type(check).__call__))
     monkeypatch.setattr(LoopState, "check_action", _then_yield(LoopState.check_action))
     monkeypatch.setattr(LoopState, "end_action", _then_yield(LoopState.end_action))
 

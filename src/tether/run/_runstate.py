@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from tether.run._settings import RunSettings
-    from tether.run._stops import Check
 
 T = TypeVar("T")
 
@@ -38,25 +37,55 @@ _FAMILY_EVENTS = {Family.LOOP: "tether.loop_detected", Family.BUDGET: "tether.bu
 __all__ = [
     "COUNTED",
     "Entries",
-    "RECOVERY_COOLDOWNS",
     "HasState",
+    "RECOVERY_COOLDOWNS",
     "RunState",
     "Tail",
+    "ToolCheck",
     "admit",
+    "ask_approval",
+    "begin",
     "call_over",
+    "close_span",
     "completed",
     "continue_here",
     "count_call",
     "count_failure",
+    "count_model_call",
     "count_rows",
+    "count_step",
+    "decline",
+    "effect_failed",
+    "end_step",
+    "end_step_span",
+    "end_with",
+    "ended_as",
     "escalate",
+    "file_case",
     "inherit",
-    "open_issue",
+    "judge_step",
+    "keep_error",
+    "keep_result",
+    "label_effect",
     "load_checkpoint",
     "load_document",
+    "mark_uncertain",
+    "model_checked",
     "not_made",
+    "note_compensations",
     "note_effect",
+    "note_filed",
+    "note_result",
+    "open_issue",
+    "open_span",
+    "pending_saved",
+    "progressed",
+    "reach_goal",
+    "refer_effect",
     "settled",
+    "tool_health",
+    "unconfirm_effects",
+    "withdraw_effect",
 ]
 
 #: How long one call may wait for an open breaker's probes, in breaker cooldowns (the
@@ -518,6 +547,16 @@ class HasState(Protocol):
     _state: RunState
 
 
+class ToolCheck(Protocol):
+    """A stop condition of the run's tool calls (a ``run._stops.Check``): its reason, and
+    why it holds for a run (None: it does not)."""
+
+    @property
+    def reason(self) -> StopReason: ...
+
+    def __call__(self, s: RunState, /) -> str | None: ...
+
+
 # --- a tool call's slot: taken, given back, settled, each in one step among the run's threads
 # (a framework may run one reply's calls in threads: a check apart from its count lets them all
 # pass). The state's lock is held only for that bookkeeping, never while a tool runs.
@@ -528,7 +567,7 @@ def admit(
     tool: str,
     action: str,
     cap: int | None,
-    budgets: Iterable[Check],
+    budgets: Iterable[ToolCheck],
     judged: bool = False,
 ) -> tuple[StopReason, str] | str | None:
     """The tool-call budgets (``budgets``: the run's tool checks, ``run._stops``), the
