@@ -8,6 +8,7 @@ import math
 import os
 import shlex
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from typing import Any
@@ -248,7 +249,7 @@ def _bench(args: argparse.Namespace) -> int:
             raise
         print(BENCH_MISSING, file=sys.stderr)
         return 2
-    from tether.bench._report import print_tables, strip_series, write_report
+    from tether.bench._report import print_tables, screen_width, strip_series, write_report
 
     suites = args.suite or ["default"]
     if "default" in suites or "all" in suites:  # the default set, and whatever else was named
@@ -281,10 +282,11 @@ def _bench(args: argparse.Namespace) -> int:
     print_tables(results, [float(x) for x in (load, end_load) if x != "?"])
     _print_serve(results["suites"].get("serve"))
     tasks = f", {args.tasks} tasks per agent cell" if "agents" in results["suites"] else ""
-    print(
-        f"\ntether bench: {elapsed:.1f} s (seed {args.seed}{tasks}; "
+    last = (
+        f"tether bench: {elapsed:.1f} s (seed {args.seed}{tasks}; "
         f"load {load} -> {end_load} on {os.cpu_count() or '?'} cores)"
     )
+    print("\n" + textwrap.fill(last, screen_width(), break_on_hyphens=False))
     command = (
         "tether " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if len(sys.argv) > 1
