@@ -18,12 +18,14 @@ FW_TESTS := tests/test_adk.py tests/test_strands.py tests/test_pickle.py tests/c
 # the library so `make test` (tests/test_bench*.py) and `make bench` run this checkout's copy
 BENCH := benchmarks
 # CrewAI pins openai, mcp and pydantic below CONSTRAINTS' pins, and LiteLLM's newer releases
-# python-dateutil (through boto3): their adapters' tests run in a venv of their own too
+# python-dateutil (through boto3): their adapters' tests run in a venv of their own too (with
+# redis: the fleet-live litellm-router scenario's Router and token budget share Redis)
 CREW := .venv-crewai
 CREW_STAMP := $(CREW)/.installed
 CREW_CONSTRAINTS := constraints-crewai.txt
 CREW_TESTS := tests/test_crewai.py tests/test_litellm.py tests/conformance/test_crewai_venv.py tests/test_outages_crewai.py \
 	tests/test_crewai_threads.py tests/test_tau_crewai.py tests/test_tau_litellm.py \
+	tests/test_fleet_live_litellm.py \
 	"tests/test_docs.py::test_examples_run[crewai.md]" "tests/test_docs.py::test_examples_run[litellm.md]"
 FW_OUT := --ignore=tests/test_adk.py --ignore=tests/test_strands.py \
 	--ignore=tests/test_usage_streams_google.py --ignore=tests/test_usage_streams_bedrock.py \
@@ -32,6 +34,7 @@ FW_OUT := --ignore=tests/test_adk.py --ignore=tests/test_strands.py \
 	--ignore=tests/test_outages_frameworks.py --ignore=tests/test_outages_crewai.py \
 	--ignore=tests/test_tau_crewai.py --ignore=tests/test_tau_litellm.py \
 	--ignore=tests/conformance/test_crewai_venv.py --ignore=tests/test_crewai_threads.py \
+	--ignore=tests/test_fleet_live_litellm.py \
 	--deselect "tests/test_docs.py::test_examples_run[adk.md]" \
 	--deselect "tests/test_docs.py::test_examples_run[strands.md]" \
 	--deselect "tests/test_docs.py::test_examples_run[crewai.md]" \
@@ -54,7 +57,7 @@ $(FW_STAMP): pyproject.toml $(BENCH)/pyproject.toml $(FW_CONSTRAINTS)
 
 $(CREW_STAMP): pyproject.toml $(CREW_CONSTRAINTS)
 	$(PYTHON) -m venv $(CREW)
-	$(CREW)/bin/python -m pip install --quiet -e '.[crewai,litellm,dev]' -c $(CREW_CONSTRAINTS)
+	$(CREW)/bin/python -m pip install --quiet -e '.[crewai,litellm,redis,dev]' -c $(CREW_CONSTRAINTS)
 	touch $(CREW_STAMP)
 
 install: $(STAMP)
@@ -105,7 +108,7 @@ constraints-frameworks:
 constraints-crewai:
 	rm -rf $(CREW)
 	$(PYTHON) -m venv $(CREW)
-	$(CREW)/bin/python -m pip install --quiet --upgrade -e '.[crewai,litellm,dev]'
+	$(CREW)/bin/python -m pip install --quiet --upgrade -e '.[crewai,litellm,redis,dev]'
 	$(CREW)/bin/python -m pytest -p no:cacheprovider $(CREW_TESTS)
 	{ echo "# Every package .venv-crewai takes, pinned: resolved on $$(date -u +%F) by \`make constraints-crewai\`"; \
 	  $(CREW)/bin/python -m pip freeze --all --exclude-editable | grep -v '^tether[= ]' | sort -f; } > $(CREW_CONSTRAINTS)

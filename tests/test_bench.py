@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -139,6 +140,18 @@ def test_cli_rejects_unknown_scenarios(capsys: pytest.CaptureFixture[str]) -> No
     err = capsys.readouterr().err
     assert "unknown scenario(s) nope" in err
     assert "stuck-search" in err
+
+
+def test_the_litellm_router_scenario_says_where_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Where LiteLLM is not installed (this venv cannot hold its pins), the fleet-live
+    litellm-router scenario says how to run it and exits 2, before anything runs."""
+    if importlib.util.find_spec("litellm") is not None:
+        pytest.skip("LiteLLM is installed here: tests/test_fleet_live_litellm.py runs it")
+    assert main(["bench", "--suite", "fleet-live", "--scenario", "litellm-router"]) == 2
+    err = capsys.readouterr().err
+    assert "litellm-router scenario needs LiteLLM" in err
+    assert ".venv-crewai/bin/tether bench --suite fleet-live --scenario litellm-router" in err
+    assert "Traceback" not in err
 
 
 def test_cli_rejects_bad_flags() -> None:

@@ -38,6 +38,7 @@ from typing import Any
 
 from tether import ModelTurn, RetryPolicy, Run, Stopped
 from tether._errors import require
+from tether.guards._tokens import estimate_tokens
 from tether.integrations._common import (
     AsyncGuardedStream,
     GuardedStream,
@@ -75,6 +76,14 @@ def _bare(model: str) -> str:
 def _max_output(kwargs: Mapping[str, Any]) -> int | None:
     value = kwargs.get("max_tokens", kwargs.get("max_completion_tokens"))
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _estimate(kwargs: Mapping[str, Any]) -> int | None:
+    """The request's prompt in tokens, estimated (its messages and tools, about four
+    characters a token; the token budget corrects the estimate from the replies' usage):
+    what the fleet token budget reserves for it. None: no messages (nothing reserved)."""
+    messages = kwargs.get("messages")
+    return estimate_tokens(messages, kwargs.get("tools")) if messages else None
 
 
 def _response_cost(reply: Any) -> float | None:
@@ -160,7 +169,7 @@ def _request(kwargs: dict[str, Any]) -> dict[str, Any]:
 def _send(run: Run, fn: Any, kwargs: dict[str, Any], policy: RetryPolicy | None) -> Any:
     model = _bare(str(kwargs.get("model") or ""))
     request = _request(kwargs)
-    with run.model_turn(model, max_output=_max_output(kwargs)) as turn:
+    with run.model_turn(model, estimate=_estimate(kwargs), max_output=_max_output(kwargs)) as turn:
         if request.get("stream"):
 
             def open_first() -> tuple[Any, Any, Any]:
@@ -179,7 +188,9 @@ def _send(run: Run, fn: Any, kwargs: dict[str, Any], policy: RetryPolicy | None)
 async def _asend(run: Run, fn: Any, kwargs: dict[str, Any], policy: RetryPolicy | None) -> Any:
     model = _bare(str(kwargs.get("model") or ""))
     request = _request(kwargs)
-    async with run.amodel_turn(model, max_output=_max_output(kwargs)) as turn:
+    async with run.amodel_turn(
+        model, estimate=_estimate(kwargs), max_output=_max_output(kwargs)
+    ) as turn:
         if request.get("stream"):
 
             async def open_first() -> tuple[Any, Any, Any]:
@@ -335,7 +346,8 @@ class TetherLogger(CustomLogger):  # type: ignore[misc]
         if run is None:
             return None
         model = _group(kwargs)
-        turn = await run.amodel_turn(model, max_output=_max_output(kwargs)).aopen()
+        turn = run.amodel_turn(model, estimate=_estimate(kwargs), max_output=_max_output(kwargs))
+        await turn.aopen()
         self._keep(kwargs.get("litellm_call_id"), self._opened(run, model, turn))
         return None
 

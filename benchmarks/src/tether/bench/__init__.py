@@ -107,12 +107,18 @@ def run(
     valid = list(
         dict.fromkeys([*SCENARIOS, *FLEET_SCENARIOS, "provider-limits", *tenant_scenarios])
     )
-    bad = [s for s in scenarios or () if s not in valid]
+    bad = [s for s in scenarios or () if s not in [*valid, "litellm-router"]]
     if bad:
         raise ValueError(
             f"unknown scenario(s) {', '.join(bad)}; agents: {', '.join(SCENARIOS)}; "
-            f"fleet: {', '.join([*FLEET_SCENARIOS, 'provider-limits', *tenant_scenarios])}"
+            f"fleet: {', '.join([*FLEET_SCENARIOS, 'provider-limits', *tenant_scenarios])}; "
+            "fleet-live: outage-10, outage-35, provider-limits, litellm-router"
         )
+    if "fleet-live" in suites and "litellm-router" in (scenarios or ()):
+        from tether.bench._live_litellm import litellm_missing
+
+        if missing := litellm_missing():  # a usage error, before anything runs
+            raise ValueError(missing)
     if "tau" in suites or "tau-live" in suites:  # before anything runs: a usage error
         from tether.bench._tau import check_tau, resolve_folder
 

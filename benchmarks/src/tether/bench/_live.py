@@ -393,7 +393,8 @@ def run_live_suite(
 ) -> dict[str, Any]:
     """The fleet-live suite: each outage of LIVE_SCENARIOS (or those of ``scenarios``), the
     shard's capacity and the Redis load projected from them, and the provider-limits
-    scenario (:mod:`tether.bench._live_limits`; ``scenarios`` may name it alone)."""
+    scenario (:mod:`tether.bench._live_limits`; ``scenarios`` may name it alone); the
+    litellm-router scenario (:mod:`tether.bench._live_litellm`) only when named."""
     note = progress or (lambda message, total: None)
     names = [n for n in LIVE_SCENARIOS if not scenarios or n in scenarios]
     live = {}
@@ -410,4 +411,9 @@ def run_live_suite(
 
         out["provider-limits"] = run_live_limits_suite(seed=seed)
         note("fleet-live: provider-limits", len(names) + 1)
+    if scenarios and "litellm-router" in scenarios:  # only when named: it needs LiteLLM
+        from tether.bench._live_litellm import run_litellm_suite
+
+        out["litellm-router"] = run_litellm_suite(seed=seed)
+        note("fleet-live: litellm-router", len(names) + 1)
     return out

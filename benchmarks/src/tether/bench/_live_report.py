@@ -1,5 +1,6 @@
 """The tables of the fleet-live suite: the outages (live beside simulated), where their
-calls went, the Redis load they project, and the provider-limits scenario."""
+calls went, the Redis load they project, the provider-limits scenario and the
+litellm-router one."""
 
 from __future__ import annotations
 
@@ -121,6 +122,23 @@ def _limits(limits: dict[str, Any]) -> tuple[str, Table]:
     return title, (head, rows)
 
 
+def _litellm(router: dict[str, Any]) -> tuple[str, Table]:
+    head = ["configuration", "success", "requests", "429s / 1000 req", "TPM used", "wall s",
+            "load"]  # fmt: skip
+    rows = [
+        [config, f"{m['success']:.1%}", str(m["requests"]), f"{m['throttled_per_1000']:.1f}",
+         f"{m['tpm_share_of_limit']:.0%}", f"{m['wall_s']:.1f}", f"{m['load']:.1f}"]
+        for config, m in router["runs"].items()
+    ]  # fmt: skip
+    limits = router["real_limits"]
+    title = (
+        f"fleet-live litellm-router ({router['agents']} agents in {router['workers']} "
+        f"processes; the key's real limits {limits['requests_per_minute']:,.0f} RPM, "
+        f"{limits['tokens_per_minute']:,.0f} TPM, set in LiteLLM's Router or tether's budget)"
+    )
+    return title, (head, rows)
+
+
 def live_tables(suite: dict[str, Any]) -> dict[str, Table]:
     """The fleet-live suite's tables, by title."""
     tables: dict[str, Table] = {}
@@ -137,5 +155,8 @@ def live_tables(suite: dict[str, Any]) -> dict[str, Table]:
         tables[title] = table
     if suite.get("provider-limits"):
         title, table = _limits(suite["provider-limits"])
+        tables[title] = table
+    if suite.get("litellm-router"):
+        title, table = _litellm(suite["litellm-router"])
         tables[title] = table
     return tables
