@@ -153,7 +153,7 @@ def _worker_main(
     else:
         import tether
         from tether.integrations.litellm import acompletion
-        from tether.stores import RedisStore
+        from tether.stores.redis._store import RedisStore
 
         store = RedisStore(redis_url, prefix=prefix)
         budget = tether.TokenBudget("openai", "gpt-", store=store, **real.as_budget())
