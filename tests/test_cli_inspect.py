@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -59,6 +60,25 @@ def test_dlq_list_has_a_header_iso_times_and_masks_as_the_page(
     (doc,) = [d for d in json.loads(capsys.readouterr().out) if d["id"] == letter_id]
     assert ISO.match(doc["at"]) and doc["args"]["api_key"] == "[redacted]"
     assert email not in json.dumps(doc)
+
+
+def test_dlq_list_is_newest_first(where: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """As its help says and as `records list`: the newest letter first, --limit keeps the
+    newest (before: oldest first on both stores)."""
+    tag, later = uuid.uuid4().hex[:8], time.time() + 3e9  # after any other test's letters
+    opened = DeadLetters.postgres(where) if Records.is_dsn(where) else DeadLetters.sqlite(where)
+    with opened as letters:
+        ids = [
+            letters.park(
+                tool=f"t{i}_{tag}", args={}, error=ValueError("no"), run_id="r", task="t", at=at
+            ).id
+            for i, at in enumerate((later, later + 1, later + 2))
+        ]
+    assert main(["dlq", "--db", where, "list", "--limit", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == [ids[2], ids[1]]
+    assert main(["dlq", "--db", where, "list", "--json", "--limit", "2"]) == 0
+    assert [d["id"] for d in json.loads(capsys.readouterr().out)] == [ids[2], ids[1]]
 
 
 def test_dlq_show_gives_iso_times(where: str, capsys: pytest.CaptureFixture[str]) -> None:

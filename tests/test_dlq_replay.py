@@ -98,10 +98,16 @@ def test_a_replay_needs_a_name_and_resolves_the_runs_case_linked_both_ways(
         assert "replayed by dana" in case["resolution"]
         run = records.runs.get(records.dead_letters.get(letter_id).run_id)
         assert run is not None and run["handoff_id"] == case_id  # the letter reaches its case
+    with tether.Records.open(where) as records:
+        first = records.dead_letters.get(letter_id)
     assert main([*replay, "--by", "erin"]) == 0  # again: not run again, the case stays dana's
     assert charged == ["c_2"]
+    out = capsys.readouterr().out
+    assert "replayed before by dana" in out and "unchanged" in out
     with tether.Records.open(where) as records:
         assert records.handoffs.get(case_id)["resolved_by"] == "dana"
+        again = records.dead_letters.get(letter_id)  # a replay that ran nothing changes nothing
+        assert (again.replayed_by, again.replayed_at) == ("dana", first.replayed_at)
 
 
 def test_a_failed_replay_leaves_the_case_open(

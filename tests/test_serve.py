@@ -207,8 +207,11 @@ def test_a_dead_letter_is_replayed_at_most_once(world: World) -> None:
     c = client(world)
     path = f"/dead-letters/{world.letter.id}/replay"
     assert post(c, path, by="dana").status_code == 303
-    assert post(c, path, by="dana").status_code == 303  # a second click
+    first = world.records.dead_letters.get(world.letter.id)
+    assert post(c, path, by="erin").status_code == 303  # a second click, by someone else
     assert [r["redacted"] for r in world.replayed] == [["args.api_key"]]
+    again = world.records.dead_letters.get(world.letter.id)  # not run: the letter unchanged
+    assert (again.replayed_by, again.replayed_at) == ("dana", first.replayed_at)
     page = c.get(f"/dead-letters/{world.letter.id}").text
     assert "replayed" in page and "The handler returned" in page and "charged" in page
 

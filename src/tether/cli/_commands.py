@@ -640,13 +640,22 @@ def _replayed(letter: Any, force: bool, again: bool, replay: Callable[[], Any]) 
         print(f"tether dlq: the handler failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     if again:
+        who = f" by {letter.replayed_by}" if letter.replayed_by else ""
+        when = f" at {_iso(letter.replayed_at)}" if letter.replayed_at else ""
         print(
-            f"{letter.id} was replayed before: the handler was not called again (its "
-            f"recorded result: {result!r}); pass --force to call it again"
+            f"{letter.id} was replayed before{who}{when}: the handler was not called again "
+            f"and the letter is unchanged (its recorded result: {result!r}); pass --force "
+            "to call it again"
         )
     else:
         print(f"replayed {letter.id}{' (forced)' if force else ''}: {result!r}")
     return 0
+
+
+def _iso(at: Any) -> Any:
+    from tether.cli._inspect import iso
+
+    return iso(at)
 
 
 def _load() -> str:

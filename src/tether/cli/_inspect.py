@@ -98,7 +98,8 @@ def dead_letters(where: str) -> Iterator[Any]:
 
 
 def list_letters(letters: Any, as_json: bool, limit: int) -> int:
-    found = [shown(letter.to_doc()) for letter in letters.list(limit=limit)]
+    # the store gives the newest ``limit`` oldest first: shown newest first, as ``records list``
+    found = [shown(letter.to_doc()) for letter in reversed(letters.list(limit=limit))]
     if as_json:
         print(json.dumps(found, indent=2, default=str))
         return 0

@@ -374,7 +374,24 @@ class DeadLetters(_Collection):
         ``redacted`` keyword (the list of redacted paths, e.g. ``["args.api_key"]``) and
         fill those values itself (from your secret store); a handler without it is
         refused with :class:`RedactedArguments` before it is called.
+
+        A replay that does not call the handler (the letter was replayed before: its
+        recorded result is returned) leaves the letter as it was: who replayed it and when
+        stay those of the replay that ran.
         """
+        return self._replay(letter_id, handler, force=force, ledger=ledger, lookup=lookup, by=by)[0]
+
+    def _replay(
+        self,
+        letter_id: str,
+        handler: Callable[..., Any],
+        *,
+        force: bool = False,
+        ledger: Ledger | None = None,
+        lookup: Callable[[str], Any] | None = None,
+        by: str = "",
+    ) -> tuple[Any, bool]:
+        """:meth:`replay`, and whether this call ran the handler."""
         letter = self.get(letter_id)
         extra: dict[str, Any] = {}
         if letter.redacted:
@@ -385,12 +402,17 @@ class DeadLetters(_Collection):
         base = f"dead-letter:{letter.key or letter.id}"
         key = f"{base}:forced:{os.urandom(16).hex()}" if force else _next_replay(ledger, base)
 
+        ran: list[bool] = []
+
         def call() -> Any:
+            ran.append(True)
             if isinstance(letter.args, dict):
                 return handler(**letter.args, **extra)
             return handler(letter.args, **extra)
 
         result = ledger.once(key, call, lookup=lookup)
+        if letter.replayed and not ran:  # a recorded result: the letter stays as it was
+            return result, False
         from tether.clock import system_clock
 
         # who replayed it, when (``by``: the operator page's name; "" from code or the CLI)
@@ -403,7 +425,7 @@ class DeadLetters(_Collection):
             }
         )
         self.store.put(self.kind, letter.id, done.to_doc(), letter.at)
-        return result
+        return result, bool(ran)
 
     def last_replay(self, letter_id: str) -> dict[str, Any] | None:
         """The letter's latest replay, as its ledger records it: ``{"state": "done",

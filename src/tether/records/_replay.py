@@ -46,14 +46,15 @@ def replay_letter(
     ("dead letter … replayed by …"), naming the letter. What the replay raises
     (:class:`tether.RedactedArguments`, :class:`tether.EffectInProgress`,
     :class:`tether.UnknownOutcome`, the handler's failure) is raised, and nothing is
-    resolved."""
+    resolved. A replay that did not call the handler (its recorded result returned)
+    changes neither the letter nor the case."""
     by = by.strip() if isinstance(by, str) else ""
     if not by:
         raise ValueError("say who replays it: a replay runs a side effect again")
     letters = records.dead_letters
     letter = letters.get(letter_id)  # a KeyError for no such letter, before anything runs
-    result = letters.replay(letter_id, handler, by=by, force=force, lookup=lookup)
-    case = case_of_run(records, letter.run_id)
+    result, ran = letters._replay(letter_id, handler, by=by, force=force, lookup=lookup)
+    case = case_of_run(records, letter.run_id) if ran else None
     if case is None or case.get("state") == CaseState.RESOLVED or case.get("incident"):
         return result
     try:
