@@ -4,7 +4,10 @@ and PostgreSQL alike, with headers or JSON, ISO times, and the page's redaction.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -124,6 +127,55 @@ def test_bad_input_is_a_clear_error_with_exit_2(
     Records.sqlite(db).close()
     assert main(["records", "list", "--db", db, "--limit", "0"]) == 2
     assert "--limit must be 1..1000" in capsys.readouterr().err
+
+
+def test_a_store_that_cannot_be_used_is_one_clear_line_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pg_dsn: str
+) -> None:
+    """Before: a traceback ending in StoreUnavailable after the pool's 10 s wait, or in
+    CheckpointError. Now: one line naming the store and the DSN without its password; exit
+    1 when the server does not answer, 2 when what was given is wrong; within seconds."""
+    started = time.monotonic()
+    assert main(["dlq", "list", "--db", "postgresql://postgres:hunter2@127.0.0.1:1/x"]) == 1
+    err = capsys.readouterr().err
+    assert time.monotonic() - started < 5
+    assert err.startswith("tether dlq list: cannot use the dead letters at postgresql://")
+    assert "hunter2" not in err and len(err.strip().splitlines()) == 1
+    base, _, _ = pg_dsn.rpartition("/")
+    missing_db = f"{base}/tether_no_such_{uuid.uuid4().hex[:8]}"
+    assert main(["records", "list", "--db", missing_db]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tether records list: cannot use the records at ")
+    assert "does not exist" in err and len(err.strip().splitlines()) == 1
+    text = tmp_path / "passwd"
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n" * 10)
+    for argv in (["dlq", "list", "--db", str(text)], ["records", "list", "--db", str(text)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "file is not a database" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`tether dlq list | head -1`: before, a BrokenPipeError traceback; now nothing on
+    stderr, as Unix tools end when their reader goes away."""
+    db = str(tmp_path / "records.db")
+    with DeadLetters.sqlite(db) as letters:
+        for i in range(300):
+            letters.park(tool=f"t{i}", args={}, error=ValueError("no"), run_id="r", task="t", at=i)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for argv in (["dlq", "list", "--db", db], ["dlq", "list", "--json", "--db", db]):
+        reader = subprocess.Popen(
+            [sys.executable, "-m", "tether.cli", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        assert reader.stdout is not None and reader.stderr is not None
+        reader.stdout.read(10)
+        reader.stdout.close()  # as `head` does once it has its lines
+        with reader.stderr:
+            err = reader.stderr.read().decode()
+        assert reader.wait(60) != 0 and err == "", err
 
 
 def test_dlq_replay_help_states_the_handlers_contract(capsys: pytest.CaptureFixture[str]) -> None:
