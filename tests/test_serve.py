@@ -1730,7 +1730,7 @@ def test_the_command_prunes_sqlite_and_postgres(where: str, capsys: Any) -> None
         records.close()
     assert main(["records", "prune", "--db", where, "--older-than", "30"]) == 0
     out = capsys.readouterr().out
-    assert "removed 201 runs" in out and "1 resolved case" in out
+    assert "  201  runs" in out and "    1  resolved cases" in out
     assert "kept" in out and "pending approvals" in out
     records = Records.open(where)
     try:
@@ -1738,7 +1738,7 @@ def test_the_command_prunes_sqlite_and_postgres(where: str, capsys: Any) -> None
     finally:
         records.close()
     assert main(["records", "prune", "--db", where]) == 0  # the default: 30 days
-    assert "removed 0 runs" in capsys.readouterr().out
+    assert "  0  runs" in capsys.readouterr().out
 
 
 def test_the_command_refuses_bad_arguments(tmp_path: Path, capsys: Any) -> None:

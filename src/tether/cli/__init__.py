@@ -23,13 +23,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def commands(parser: argparse.ArgumentParser) -> list[str]:
+    """The parser's commands, sorted (what the no-command message names)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return sorted(action.choices)
+    return []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # a command is needed: usage on stderr, as argparse's errors
         parser.print_usage(sys.stderr)
         print(
-            "tether: a command is needed (bench, demo, dlq, records, serve); "
+            f"tether: a command is needed ({', '.join(commands(parser))}); "
             "`tether --help` lists them",
             file=sys.stderr,
         )

@@ -102,24 +102,31 @@ def register(sub: Any) -> None:
     dlq = sub.add_parser("dlq", help="dead letters: list, show, replay")
     dlq.add_argument("--db", help=db_help)
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
-    listing = dlq_sub.add_parser("list", help="list dead letters, newest first")
+    listing = dlq_sub.add_parser(
+        "list",
+        help="list dead letters, newest first",
+        description="The dead letters, newest first: ID, when it was parked (UTC), the tool, "
+        "its error, TIMES (how many times the same call was asked and failed for good: a "
+        "call asked again with a fresh request id joins its letter) and whether it was "
+        "replayed. What it prints is redacted as on the operator page.",
+    )
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    listing.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
+    listing.add_argument(
+        "--limit", type=limit, default=1000, help="at most this many (1..1000, default 1000)"
+    )
     show = dlq_sub.add_parser("show", help="one dead letter as JSON")
     show.add_argument("id")
     replay = dlq_sub.add_parser(
         "replay",
         help="call a handler with a dead letter's arguments (once per letter)",
-        description="Call HANDLER(**arguments) with the dead letter's stored arguments, once per "
-        "letter: the call runs under the letter's ledger key, so a second replay (another "
-        "terminal, a second click on the page) returns the recorded result instead of calling "
-        "the handler again (--force calls it again). The handler is your code: it receives "
-        "the tool's keyword arguments as the model gave them and returns the tool's result "
-        "(JSON-able); an exception means the replay failed and the letter stays. Arguments "
-        "that were redacted when the letter was stored cannot be replayed. --by names who "
-        "replays it, as the page asks: kept on the letter, and once the handler ran the case "
-        "of the letter's run is resolved in that name, linked to the letter (an outage's "
-        "incident is left for a person to close).",
+        description="Call HANDLER with the dead letter's stored arguments, once per letter: "
+        "the call runs under the letter's ledger key, so a second replay (another terminal, "
+        "a second click on the page) returns the recorded result and changes nothing, "
+        "instead of calling the handler again (--force calls it again). "
+        + HANDLER_CONTRACT
+        + " --by names who replays it, as the page asks: kept on the letter, and once the "
+        "handler ran the case of the letter's run is resolved in that name, linked to the "
+        "letter (an outage's incident is left for a person to close).",
     )
     replay.add_argument("id")
     replay.add_argument(
@@ -130,7 +137,9 @@ def register(sub: Any) -> None:
         "resolves; required: a replay runs a side effect again)",
     )
     replay.add_argument(
-        "--handler", required=True, help="module:function to call with the arguments"
+        "--handler",
+        required=True,
+        help="module:function to call with the arguments (the contract: above)",
     )
     replay.add_argument(
         "--lookup",
@@ -144,13 +153,22 @@ def register(sub: Any) -> None:
         action.add_argument("--db", default=argparse.SUPPRESS, help=db_help)
     dlq.set_defaults(run_command=_dlq)
 
-    serve = sub.add_parser("serve", help="the operator page: runs, inbox, dead letters, breakers")
+    serve = sub.add_parser(
+        "serve",
+        help="the operator page: runs, inbox, dead letters, breakers, scopes",
+        description="The operator page over the records a guard files. With --handler, a "
+        "dead letter's page can replay it, at most once per letter. " + HANDLER_CONTRACT,
+    )
     serve.add_argument(
         "--db",
         required=True,
         help="the records: a SQLite file or a PostgreSQL DSN (what Guard(records=...) writes)",
     )
-    serve.add_argument("--redis", help="a Redis URL, for the breakers page")
+    serve.add_argument(
+        "--redis",
+        help="a Redis URL: the breakers and the budget scopes a fleet shares there (the "
+        "Breakers and Scopes pages)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     _defaulted(serve, "--port", int, 8765, "port")
     serve.add_argument(
@@ -158,7 +176,10 @@ def register(sub: Any) -> None:
         default=os.environ.get("TETHER_SERVE_TOKEN"),
         help="require this token (default $TETHER_SERVE_TOKEN); needed off loopback",
     )
-    serve.add_argument("--handler", help="module:function that replays dead letters")
+    serve.add_argument(
+        "--handler",
+        help="module:function that replays dead letters (the contract: above)",
+    )
     serve.add_argument(
         "--allowed-host",
         action="append",
@@ -196,6 +217,36 @@ def register(sub: Any) -> None:
 
     add_records_commands(records_sub)
     add_scopes_commands(sub)
+
+
+def limit(text: str) -> int:
+    """``--limit`` of a list command: a whole number from 1 to 1000 (argparse refuses
+    anything else with exit code 2, naming the option)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 1000:
+        raise argparse.ArgumentTypeError(f"must be 1..1000, got {text[:40]!r}")
+    return n
+
+
+#: what a dead letter's replay handler is (``dlq replay --help``, ``serve --help``)
+HANDLER_CONTRACT = (
+    "The handler is your function, module:function importable from the current "
+    "directory: def handler(**arguments) -> result. It is called with the tool's keyword "
+    "arguments as the letter stored them (handler(arguments) when they were not an "
+    "object). Some arguments may have been redacted when the letter was stored (a secret, "
+    "a card number: their value is '[redacted]'): then the handler must take a keyword "
+    "'redacted' (or **kwargs), the list of their paths (e.g. ['args.api_key']), and fill "
+    "those values itself from your secret store; a handler without it is refused before "
+    "it is called. What it returns is the replay's result (JSON-able), recorded; the "
+    "letter is then replayed. An exception means the replay failed: recorded as failed, "
+    "the letter stays, and the next replay calls the handler again. It is called at most "
+    "once per letter, but a process that dies while it runs leaves the outcome unknown: "
+    "make it idempotent (an idempotency key your API takes, e.g. from the arguments); "
+    "`tether dlq replay --lookup` reads your records to say whether it happened."
+)
 
 
 #: the most days ``--older-than`` takes (a ``datetime.timedelta`` holds no more)
@@ -555,16 +606,25 @@ def _records(args: argparse.Namespace) -> int:
     with Records.open(args.db) as records:
         before = os.path.getsize(args.db) if not Records.is_dsn(args.db) else None
         pruned = records.prune(timedelta(days=args.older_than), vacuum=True)
+    removed = (
+        (pruned.runs, "runs"),
+        (pruned.checkpoints, "checkpoints"),
+        (pruned.approvals, "approvals"),
+        (pruned.handoffs, "resolved cases"),
+        (pruned.dead_letters, "replayed dead letters"),
+        (pruned.ledger, "expired ledger records"),
+    )
+    width = max(len(f"{n:,}") for n, _ in removed)
+    print(f"tether records prune: removed, older than {args.older_than:g} days:")
+    for n, what in removed:
+        print(f"  {n:>{width},}  {what}")
     print(
-        f"tether records prune: removed {pruned.runs} runs, {pruned.checkpoints} checkpoints, "
-        f"{pruned.approvals} approvals, {pruned.handoffs} resolved cases, {pruned.dead_letters} "
-        f"replayed dead letters and {pruned.ledger} expired ledger records older than "
-        f"{args.older_than:g} days; kept pending approvals, decisions not yet resumed, open "
-        "cases, dead letters not yet replayed, their runs, and ledger records inside their ttl"
+        "kept: pending approvals, decisions not yet resumed, open cases, dead letters\n"
+        "not yet replayed (and their runs), ledger records inside their ttl"
     )
     if before is not None:
         after = os.path.getsize(args.db)
-        print(f"{args.db}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+        print(f"the file, vacuumed: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
     return 0
 
 

@@ -117,7 +117,8 @@ def list_letters(letters: Any, as_json: bool, limit: int) -> int:
         )
         for doc in found
     ]
-    print(_table(("ID", "AT (UTC)", "TOOL", "ERROR", "ASKED", "REPLAYED"), rows))
+    # TIMES: how many times the same call was asked and failed (``asked``, see --help)
+    print(_table(("ID", "AT (UTC)", "TOOL", "ERROR", "TIMES", "REPLAYED"), rows))
     return 0
 
 
@@ -141,16 +142,39 @@ def add_records_commands(records_sub: Any) -> None:
     listing.add_argument(
         "--db", required=True, help="the records: a SQLite file or a PostgreSQL DSN"
     )
-    listing.add_argument("--status", help="only runs that ended so (success, failed, ...)")
-    listing.add_argument("--reason", help="only runs stopped for this reason (max_cost, ...)")
+    from tether.cli._commands import limit
+    from tether.run._outcome import STATUSES, StopReason
+
+    statuses = [str(s) for s in STATUSES]
     listing.add_argument(
-        "--limit", type=int, default=50, help="at most this many (1..1000, default 50)"
+        "--status",
+        type=_one_of(statuses),
+        help=f"only runs that ended so: {', '.join(statuses)}",
+    )
+    listing.add_argument(
+        "--reason",
+        type=_one_of([r.value for r in StopReason]),
+        help="only runs stopped for this reason (a tether.StopReason value: max_cost, "
+        "timeout, permanent_error, ...)",
+    )
+    listing.add_argument(
+        "--limit", type=limit, default=50, help="at most this many (1..1000, default 50)"
     )
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     listing.set_defaults(run_command=records_list)
-    show = records_sub.add_parser("show", help="one run's record as JSON: outcome, usage, issues")
+    show = records_sub.add_parser(
+        "show",
+        help="one run's record: outcome, totals, issues",
+        description="One run's record, redacted as on the operator page: its outcome, "
+        "what it counted by name (steps, model calls, tool calls, retries, tokens, cost) "
+        "and the rest of the record; --json: the whole document, with those totals "
+        "under 'totals'.",
+    )
     show.add_argument("run_id")
     show.add_argument("--db", required=True, help="the records: a SQLite file or a PostgreSQL DSN")
+    show.add_argument(
+        "--json", action="store_true", help="print the record as JSON (with 'totals')"
+    )
     show.set_defaults(run_command=records_show)
 
 
@@ -160,8 +184,6 @@ def records_list(args: argparse.Namespace) -> int:
     if missing(args.db):
         return _refused("records list", f"{args.db}: no such file (give the SQLite file your "
                         "Records.sqlite(...) writes, or a PostgreSQL DSN)")  # fmt: skip
-    if not 1 <= args.limit <= 1000:
-        return _refused("records list", f"--limit must be 1..1000, got {args.limit}")
     with Records.open(args.db) as records:
         page = records.runs.search(status=args.status, reason=args.reason, limit=args.limit)
         docs = [records.runs.get(r["run_id"]) for r in page.runs] if args.json else []
@@ -188,6 +210,17 @@ def records_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_of(values: Sequence[str]) -> Any:
+    """An argparse type: one of ``values``, else an error naming them (exit code 2)."""
+
+    def parse(text: str) -> str:
+        if text not in values:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is none of: {', '.join(values)}")
+        return text
+
+    return parse
+
+
 def _cost(usd: Any) -> str:
     return f"${usd:.4f}" if isinstance(usd, int | float) else "unknown"
 
@@ -203,4 +236,51 @@ def records_show(args: argparse.Namespace) -> int:
     if doc is None:
         print(f"tether records show: no run {args.run_id!r} in {args.db}", file=sys.stderr)
         return 1
-    return show_doc(doc)
+    totals = run_totals(doc)
+    if args.json:
+        return show_doc({**doc, "totals": totals})
+    print(_run_text(shown(doc), totals))
+    return 0
+
+
+def run_totals(doc: dict[str, Any]) -> dict[str, Any]:
+    """What a run counted, by name: its ``counts`` rows (one per copy of the run that
+    counted: ``[sequence, steps, model_calls, ...]``, docs/run.md) summed."""
+    from tether.run._runstate import COUNTED
+
+    rows = doc.get("counts")
+    sums = [0.0] * len(COUNTED)
+    if isinstance(rows, dict):
+        for row in rows.values():
+            if isinstance(row, list):  # [sequence, *counts in COUNTED's order]
+                for i, v in enumerate(row[1 : len(COUNTED) + 1]):
+                    if isinstance(v, int | float) and not isinstance(v, bool):
+                        sums[i] += v
+    return {
+        name: (round(v, 6) if name == "cost_usd" else int(v))
+        for name, v in zip(COUNTED, sums, strict=True)
+    }
+
+
+#: the fields the human view of ``records show`` shows first, in this order
+_HEAD = ("run_id", "status", "reason", "task", "result", "started_at", "ended_at")
+
+
+def _run_text(doc: dict[str, Any], totals: dict[str, Any]) -> str:
+    """One run for a person: its outcome, its totals by name, then the rest of the record
+    (the raw ``counts`` rows left out: the totals are what they add up to)."""
+    lines = [f"{k}: {doc[k]}" for k in _HEAD if doc.get(k) not in (None, "")]
+    lines.append("totals:")
+    for name, value in totals.items():
+        if name == "cost_usd":
+            lines.append(f"  cost: ${value:.4f}")
+        else:
+            lines.append(f"  {name.replace('_', ' ')}: {value:,}")
+    # the totals stand for the raw rows, the usage and its copies at the top level
+    rest = {k: v for k, v in doc.items() if k not in (*_HEAD, *totals, "counts", "usage")}
+    for key, value in rest.items():
+        if value in (None, "", [], {}):
+            continue
+        text = json.dumps(value, indent=2, default=str) if isinstance(value, dict | list) else value
+        lines.append(f"{key}: {text}")
+    return "\n".join(lines)
