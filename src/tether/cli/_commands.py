@@ -112,7 +112,7 @@ def register(sub: Any) -> None:
     )
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     listing.add_argument(
-        "--limit", type=limit, default=1000, help="at most this many (1..1000, default 1000)"
+        "--limit", type=_limit, default=1000, help="at most this many (1..1000, default 1000)"
     )
     show = dlq_sub.add_parser("show", help="one dead letter as JSON")
     show.add_argument("id")
@@ -219,18 +219,6 @@ def register(sub: Any) -> None:
     add_scopes_commands(sub)
 
 
-def limit(text: str) -> int:
-    """``--limit`` of a list command: a whole number from 1 to 1000 (argparse refuses
-    anything else with exit code 2, naming the option)."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 1000:
-        raise argparse.ArgumentTypeError(f"must be 1..1000, got {text[:40]!r}")
-    return n
-
-
 #: what a dead letter's replay handler is (``dlq replay --help``, ``serve --help``)
 HANDLER_CONTRACT = (
     "The handler is your function, module:function importable from the current "
@@ -251,6 +239,12 @@ HANDLER_CONTRACT = (
 
 #: the most days ``--older-than`` takes (a ``datetime.timedelta`` holds no more)
 MAX_DAYS = 999_999_999
+
+
+def _limit(text: str) -> int:
+    from tether.cli._inspect import limit
+
+    return limit(text)
 
 
 def _days(text: str) -> float:

@@ -19,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "add_records_commands",
+    "limit",
     "dead_letters",
     "list_letters",
     "missing",
@@ -142,7 +143,6 @@ def add_records_commands(records_sub: Any) -> None:
     listing.add_argument(
         "--db", required=True, help="the records: a SQLite file or a PostgreSQL DSN"
     )
-    from tether.cli._commands import limit
     from tether.run._outcome import STATUSES, StopReason
 
     statuses = [str(s) for s in STATUSES]
@@ -208,6 +208,18 @@ def records_list(args: argparse.Namespace) -> int:
     if page.total > len(page.runs):
         print(f"({len(page.runs)} of {page.total} runs that match; --limit for more)")
     return 0
+
+
+def limit(text: str) -> int:
+    """``--limit`` of a list command: a whole number from 1 to 1000 (argparse refuses
+    anything else with exit code 2, naming the option)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 1000:
+        raise argparse.ArgumentTypeError(f"must be 1..1000, got {text[:40]!r}")
+    return n
 
 
 def _one_of(values: Sequence[str]) -> Any:
