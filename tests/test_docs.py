@@ -1,4 +1,5 @@
-"""The examples in the README and in docs/ run: each file's python blocks, in order."""
+"""The examples in the README and in docs/ run: each page's python blocks in order, sharing
+one namespace; the README's blocks each alone, as it says (a reader copies one block)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
+
+#: pages whose every block runs on its own, in a namespace of its own
+ALONE = {"README.md"}
 
 #: pages of the extras that ``all`` leaves out: `make test` runs them in .venv-frameworks or
 #: .venv-crewai, where their framework is installed (and fails there when it is not)
@@ -33,7 +37,8 @@ FRAMEWORK_WARNINGS = [
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_examples_run(path: Path) -> None:
-    """Every ```python block of the file runs, sharing one namespace, top to bottom."""
+    """Every ```python block of the file runs, top to bottom, sharing one namespace (the
+    README's: each in a fresh one)."""
     blocks = BLOCK.findall(path.read_text())
     namespace: dict[str, object] = {"__name__": f"docs_{path.stem}"}
     with warnings.catch_warnings():
@@ -42,6 +47,8 @@ def test_examples_run(path: Path) -> None:
                 warnings.filterwarnings(action, message, category)
             __import__(OUTSIDE_ALL[path.name])  # missing: a failure, never a skip
         for i, code in enumerate(blocks):
+            if path.name in ALONE:
+                namespace = {"__name__": f"docs_{path.stem}_{i}"}
             exec(compile(code, f"{path.name}[block {i}]", "exec"), namespace)
 
 
