@@ -212,8 +212,9 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> N
     stderr, as Unix tools end when their reader goes away."""
     db = str(tmp_path / "records.db")
     with DeadLetters.sqlite(db) as letters:
-        for i in range(300):
-            letters.park(tool=f"t{i}", args={}, error=ValueError("no"), run_id="r", task="t", at=i)
+        for i in range(400):  # 400 rows of 250+ characters: more than a pipe's buffer holds
+            tool = f"t{i}_" + "x" * 250
+            letters.park(tool=tool, args={}, error=ValueError("no"), run_id="r", task="t", at=i)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     for argv in (["dlq", "list", "--db", db], ["dlq", "list", "--json", "--db", db]):
         reader = subprocess.Popen(
