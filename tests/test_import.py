@@ -142,3 +142,71 @@ def test_the_first_run_loads_what_it_uses() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert '"$uuid":"00000000-0000-0000-0000-000000000001"' in out.stdout
     assert '"$dec":"1.5"' in out.stdout and '"$bytes":"eA=="' in out.stdout
+
+
+#: the dataclasses a first run may create (each compiles its methods at import, 2-5 M
+#: instructions on Python 3.11): public values users replace, compare and read fields of,
+#: and ``_Call``, which the tool pipeline copies with ``dataclasses.replace``; a value only
+#: tether makes and reads is a plain slots class (``tether._frozen``)
+FIRST_RUN_DATACLASSES = {
+    "tether.classification._classify.Verdict",
+    "tether.providers._usage.RequestUsage",
+    "tether.records._approvals.ApprovalRecord",
+    "tether.retries._policy.RetryStats",
+    "tether.run._budget.Budget",
+    "tether.run._handoff.CustomerMessages",
+    "tether.run._handoff.Escalation",
+    "tether.run._handoff.HandoffRecord",
+    "tether.run._loops.LoopPolicy",
+    "tether.run._outcome.Meaning",
+    "tether.run._outcome.Outcome",
+    "tether.run._outcome.Usage",
+    "tether.run._pricing.Price",
+    "tether.run._scopes.ScopeView",
+    "tether.run._tool.Tool",
+    "tether.run._toolkit._Call",
+    "tether.telemetry._events.BreakerEvent",
+    "tether.telemetry._events.RetryEvent",
+}
+
+
+def test_the_first_run_makes_no_dataclass_only_tether_reads() -> None:
+    """The stores' configurations, a call's options, the compensation journal and a
+    handoff's delivery are plain slots classes: the first run creates only the dataclasses
+    of FIRST_RUN_DATACLASSES."""
+    code = (
+        "import tether\nrun = tether.Guard().start(task='first')\n"
+        "run.call_tool('lookup', lambda order: {'order': order}, {'order': 'A1'})\n"
+        "run.succeed('done')\nimport dataclasses, json, sys\n"
+        "print(json.dumps(sorted(f'{m}.{n}' for m, mod in list(sys.modules.items())\n"
+        "    if m.startswith('tether') for n, v in vars(mod).items()\n"
+        "    if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == m)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert sorted(set(json.loads(out.stdout)) - FIRST_RUN_DATACLASSES) == []
+
+
+def test_a_frozen_value_reads_as_the_dataclass_it_was() -> None:
+    """A store's configuration compares, hashes, shows, pickles and refuses assignment as
+    the frozen dataclass it replaced."""
+    import copy
+    import dataclasses
+    import pickle
+
+    from tether.stores._logic import BreakerConfig, BudgetConfig, config_text
+
+    cfg = BreakerConfig(4, 30.0, 2, 0, 5, 0.5)
+    same = BreakerConfig(
+        failure_threshold=4, cooldown=30.0, half_open_max_calls=2, window=0, min_calls=5,
+        failure_rate=0.5, probe_interval=0.0,
+    )  # fmt: skip
+    assert cfg == same and hash(cfg) == hash(same) and cfg != BudgetConfig(1, 2, 3, 4)
+    assert cfg != BreakerConfig(4, 30.0, 2, 0, 5, 0.5, 1.0)
+    assert repr(cfg) == (
+        "BreakerConfig(failure_threshold=4, cooldown=30.0, half_open_max_calls=2, window=0, "
+        "min_calls=5, failure_rate=0.5, probe_interval=0.0)"
+    )
+    assert config_text(cfg) == repr(cfg)[len("BreakerConfig(") : -1]
+    assert pickle.loads(pickle.dumps(cfg)) == cfg == copy.deepcopy(cfg)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.cooldown = 1.0  # type: ignore[misc]

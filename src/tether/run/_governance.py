@@ -19,7 +19,6 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from tether.effects._canonical import jsonable
@@ -135,17 +134,41 @@ def call_limits(policies: tuple[tuple[Callable[..., Any], bool], ...]) -> dict[s
     return limits
 
 
-@dataclass(slots=True)
 class JournalEntry:
-    """A completed call with a compensation, in the order calls completed."""
+    """A completed call with a compensation, in the order calls completed (a plain slots
+    class: a dataclass would compile its methods at import, see :mod:`tether._frozen`)."""
 
-    tool: str
-    args: Any  # redacted in checkpoints
-    key: str  # the original call's ledger key (or its intent, for an idempotent call)
-    result: Any
-    in_ledger: bool  # the result is the ledger's record (replayable after a restart)
-    compensate: Callable[[Any], Any] | None = None
-    state: str = "done"  # "done" -> "compensated" | "unknown" | "failed"
+    __slots__ = ("args", "compensate", "in_ledger", "key", "result", "state", "tool")
+    _FIELDS = ("tool", "args", "key", "result", "in_ledger", "compensate", "state")
+
+    def __init__(
+        self,
+        tool: str,
+        args: Any,
+        key: str,
+        result: Any,
+        in_ledger: bool,
+        compensate: Callable[[Any], Any] | None = None,
+        state: str = "done",
+    ) -> None:
+        self.tool = tool
+        self.args = args  # redacted in checkpoints
+        self.key = key  # the original call's ledger key (or its intent, for an idempotent call)
+        self.result = result
+        self.in_ledger = in_ledger  # the result is the ledger's record (replayable after a restart)
+        self.compensate = compensate
+        self.state = state  # "done" -> "compensated" | "unknown" | "failed"
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._FIELDS)
+        return f"JournalEntry({shown})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not JournalEntry or not isinstance(other, JournalEntry):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self._FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a dataclass with eq
 
     def to_doc(self) -> dict[str, Any]:
         from tether.redaction._redact import redact

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tether.run._outcome import MEANINGS, Status, StopReason
@@ -230,10 +230,14 @@ _UNCONFIRMABLE = frozenset(
 _PROMISES = frozenset({"escalated", "partial", "unconfirmed", "handed_over", "outage"})
 
 
-@dataclass
 class _Delivery:
-    sink: Sink | None
-    errors: list[str] = field(default_factory=list)
+    """Where an ending's handoff goes, and what went wrong on the way."""
+
+    __slots__ = ("errors", "sink")
+
+    def __init__(self, sink: Sink | None) -> None:
+        self.sink = sink
+        self.errors: list[str] = []
 
     def deliver(self, record: HandoffRecord) -> bool:
         """True when the record reached the sink (someone has the case)."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from tether import telemetry
 from tether._errors import ControlSignal, Declined
+from tether._frozen import Frozen, set_fields
 from tether.records import _approvals as gov
 from tether.records._approvals import ApprovalRecord
 from tether.redaction._redact import REDACTED, masks_pii, redact
@@ -52,19 +53,54 @@ class _Call:
     strings: list[str] | None = None  # the keys and string values of that text, if collected
 
 
-@dataclass(frozen=True, slots=True)
-class _Options:
+class _Options(Frozen):
     """The options of one call, checked (see :meth:`tether.Run.call_tool`)."""
 
-    timeout: float | None = None
-    idempotent: bool = True
-    lookup: Callable[[str], Any] | None = None
-    requires_approval: Any = False
-    compensate: Any = None
-    volatile: tuple[str, ...] = ()
-    allow_repeat: int | None = None
-    passthrough: tuple[type[BaseException], ...] = ()
-    hands_over: bool = False
+    __slots__ = _fields = (
+        "timeout",
+        "idempotent",
+        "lookup",
+        "requires_approval",
+        "compensate",
+        "volatile",
+        "allow_repeat",
+        "passthrough",
+        "hands_over",
+    )
+    timeout: float | None
+    idempotent: bool
+    lookup: Callable[[str], Any] | None
+    requires_approval: Any
+    compensate: Any
+    volatile: tuple[str, ...]
+    allow_repeat: int | None
+    passthrough: tuple[type[BaseException], ...]
+    hands_over: bool
+
+    def __init__(
+        self,
+        timeout: float | None = None,
+        idempotent: bool = True,
+        lookup: Callable[[str], Any] | None = None,
+        requires_approval: Any = False,
+        compensate: Any = None,
+        volatile: tuple[str, ...] = (),
+        allow_repeat: int | None = None,
+        passthrough: tuple[type[BaseException], ...] = (),
+        hands_over: bool = False,
+    ) -> None:
+        set_fields(
+            self,
+            timeout,
+            idempotent,
+            lookup,
+            requires_approval,
+            compensate,
+            volatile,
+            allow_repeat,
+            passthrough,
+            hands_over,
+        )
 
 
 #: a call without options: nothing to check (most calls)

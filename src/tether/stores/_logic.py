@@ -14,10 +14,13 @@ object made with the same name and another configuration is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
-from dataclasses import dataclass, fields
+from collections.abc import Iterable
 from typing import Any
+
+from tether._frozen import Frozen, set_fields
 
 __all__ = [
     "CALL",
@@ -98,15 +101,46 @@ PROBE_GROWTH = 2.0
 PROBE_ASK_AGAIN = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerConfig:
+class BreakerConfig(Frozen):
+    """A breaker's configuration (frozen; a plain slots class, see :mod:`tether._frozen`)."""
+
+    __slots__ = _fields = (
+        "failure_threshold",
+        "cooldown",
+        "half_open_max_calls",
+        "window",
+        "min_calls",
+        "failure_rate",
+        "probe_interval",
+    )
     failure_threshold: int
     cooldown: float  # the longest wait before a probe
     half_open_max_calls: int  # successful probes that close the breaker
     window: int  # 0: no failure-rate rule
     min_calls: int
     failure_rate: float
-    probe_interval: float = 0.0  # the first probe's wait (0: always ``cooldown``)
+    probe_interval: float  # the first probe's wait (0: always ``cooldown``)
+
+    def __init__(
+        self,
+        failure_threshold: int,
+        cooldown: float,
+        half_open_max_calls: int,
+        window: int,
+        min_calls: int,
+        failure_rate: float,
+        probe_interval: float = 0.0,
+    ) -> None:
+        set_fields(
+            self,
+            failure_threshold,
+            cooldown,
+            half_open_max_calls,
+            window,
+            min_calls,
+            failure_rate,
+            probe_interval,
+        )
 
 
 def next_probe_wait(f: Fields, now: float, cfg: BreakerConfig) -> float:
@@ -126,8 +160,19 @@ def next_probe_wait(f: Fields, now: float, cfg: BreakerConfig) -> float:
     return float(min(cfg.cooldown, PROBE_GROWTH * max(f["open_wait"], cfg.probe_interval), grown))
 
 
-@dataclass(frozen=True, slots=True)
-class LimiterConfig:
+class LimiterConfig(Frozen):
+    """A limiter's configuration (frozen; a plain slots class)."""
+
+    __slots__ = _fields = (
+        "initial_rate",
+        "min_rate",
+        "max_rate",
+        "burst",
+        "horizon",
+        "beta",
+        "increase",
+        "decrease_interval",
+    )
     initial_rate: float
     min_rate: float
     max_rate: float
@@ -137,20 +182,54 @@ class LimiterConfig:
     increase: float  # additive increase, as a fraction of the rate per second
     decrease_interval: float
 
+    def __init__(
+        self,
+        initial_rate: float,
+        min_rate: float,
+        max_rate: float,
+        burst: float,
+        horizon: float,
+        beta: float,
+        increase: float,
+        decrease_interval: float,
+    ) -> None:
+        set_fields(
+            self,
+            initial_rate,
+            min_rate,
+            max_rate,
+            burst,
+            horizon,
+            beta,
+            increase,
+            decrease_interval,
+        )
 
-@dataclass(frozen=True, slots=True)
-class BudgetConfig:
+
+class BudgetConfig(Frozen):
+    """A retry budget's configuration (frozen; a plain slots class)."""
+
+    __slots__ = _fields = ("capacity", "retry_cost", "timeout_cost", "refund")
     capacity: float
     retry_cost: float
     timeout_cost: float
     refund: float
+
+    def __init__(
+        self, capacity: float, retry_cost: float, timeout_cost: float, refund: float
+    ) -> None:
+        set_fields(self, capacity, retry_cost, timeout_cost, refund)
 
 
 @functools.lru_cache(maxsize=256)
 def config_text(cfg: BreakerConfig | BudgetConfig | LimiterConfig) -> str:
     """A configuration as one line of text, the same in every process: what a store keeps
     beside a name's state, and what an error shows when a name is reused differently."""
-    return ", ".join(f"{f.name}={getattr(cfg, f.name)!r}" for f in fields(cfg))
+    if isinstance(cfg, Frozen):
+        names: Iterable[str] = cfg._fields
+    else:  # a dataclass (the token budgets' configuration)
+        names = [f.name for f in dataclasses.fields(cfg)]
+    return ", ".join(f"{name}={getattr(cfg, name)!r}" for name in names)
 
 
 def _breaker_defaults(f: Fields) -> None:
