@@ -85,7 +85,7 @@ def test_import_tether_loads_no_store() -> None:
 #: priced call, the records' queries with records, the checkpoint and dead-letter stores
 #: (and the document stores under them) with checkpoints, the token budgets with a token
 #: budget, the budget scopes' stores with scopes, fallbacks with a chain, compensations with
-#: the first rollback
+#: the first rollback, ``tether.Tool`` with the first tool (a call asks only ``_toolfn``)
 FIRST_RUN_LAZY = [
     "uuid",
     "platform",
@@ -107,6 +107,7 @@ FIRST_RUN_LAZY = [
     "tether.stores._scopes",
     "tether.run._fallbacks",
     "tether.run._rollback",
+    "tether.run._tool",
 ]
 
 
@@ -128,6 +129,7 @@ def test_the_first_run_loads_what_it_uses() -> None:
         "tether.stores._scopes": "tether.BudgetScopes().limit('t', max_tokens=10)",
         "tether.run._fallbacks": "tether.Guard(fallbacks=['claude-haiku-4-5'])",
         "tether.run._rollback": "tether.Guard().start().rollback()",
+        "tether.run._tool": "tether.Tool('lookup', lambda order: order)",
     }
     for module, feature in features.items():
         probe = f"import tether, sys\n{feature}\nprint({module!r} in sys.modules)"
@@ -163,7 +165,6 @@ FIRST_RUN_DATACLASSES = {
     "tether.run._outcome.Usage",
     "tether.run._pricing.Price",
     "tether.run._scopes.ScopeView",
-    "tether.run._tool.Tool",
     "tether.run._toolkit._Call",
     "tether.telemetry._events.BreakerEvent",
     "tether.telemetry._events.RetryEvent",

@@ -14,7 +14,7 @@ from tether.redaction._redact import redact
 from tether.run._governance import JournalEntry
 from tether.run._handoff import SOME_STEP
 from tether.run._runstate import RunState, escalate, open_issue
-from tether.run._tool import _is_async
+from tether.run._toolfn import _is_async
 
 __all__ = ["Rollback"]
 

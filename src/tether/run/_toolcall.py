@@ -19,8 +19,8 @@ from tether.run._runstate import (
     escalate,
     refer_effect,
 )
-from tether.run._tool import _is_async, check_reference
 from tether.run._tooldecisions import ToolDecisions
+from tether.run._toolfn import _is_async, check_reference
 from tether.run._toolgate import ToolGate
 from tether.run._toolkit import (
     NO_OPTIONS,

@@ -18,7 +18,7 @@ from tether.records import _approvals as gov
 from tether.records._approvals import ApprovalRecord
 from tether.redaction._redact import REDACTED, masks_pii, redact
 from tether.retries._policy import RetryPolicy
-from tether.run._tool import _is_async
+from tether.run._toolfn import _is_async
 
 #: An intent approved and used this many times in one run asks no more (a loop).
 MAX_APPROVALS_PER_INTENT = 20
