@@ -211,3 +211,46 @@ def test_a_frozen_value_reads_as_the_dataclass_it_was() -> None:
     assert pickle.loads(pickle.dumps(cfg)) == cfg == copy.deepcopy(cfg)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.cooldown = 1.0  # type: ignore[misc]
+
+
+def test_the_first_run_compiles_few_dataclass_methods() -> None:
+    """Python 3.11 compiles each method a dataclass makes, at import: the first run's
+    dataclasses share ``==``, ``hash`` and ``repr`` (``tether._frozen.Value``) and compile
+    only their ``__init__`` and frozen ``__setattr__`` / ``__delattr__`` (134 before)."""
+    code = (
+        "import sys\nmade = []\n"
+        "def seen(frame, event, arg):\n"
+        "    if event == 'call' and frame.f_code.co_name == '__create_fn__':\n"
+        "        made.append(1)\n"
+        "sys.setprofile(seen)\nimport tether\nrun = tether.Guard().start(task='first')\n"
+        "run.call_tool('lookup', lambda order: {'order': order}, {'order': 'A1'})\n"
+        "run.succeed('done')\nsys.setprofile(None)\nprint(len(made))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout) <= 50
+
+
+def test_a_public_value_keeps_its_dataclass_methods() -> None:
+    """A public value on ``Value`` compares, hashes and shows as the frozen dataclass with
+    the same fields does, and is a dataclass (``replace``, ``fields``, ``asdict``)."""
+    import dataclasses
+
+    from tether.run._outcome import Outcome, StopReason, Usage
+
+    twin = dataclasses.make_dataclass(
+        "Usage", [(f.name, f.type, f.default) for f in dataclasses.fields(Usage)], frozen=True
+    )
+    usage, other = Usage(steps=2, cost_usd=0.5), twin(steps=2, cost_usd=0.5)
+    assert repr(usage) == repr(other) and hash(usage) == hash(other)
+    assert usage == Usage(steps=2, cost_usd=0.5) != Usage(steps=3) and usage != other
+    assert dataclasses.replace(usage, steps=3) == Usage(steps=3, cost_usd=0.5)
+    assert dataclasses.asdict(usage) == dataclasses.asdict(other)
+    outcome = Outcome("success", StopReason.GOAL_REACHED, result={"a": 1}, usage=usage)
+    assert repr(outcome).startswith("Outcome(status='success', stopped_because=<StopReason.")
+    assert outcome == dataclasses.replace(outcome) and outcome != dataclasses.replace(
+        outcome, detail="x"
+    )
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(outcome)  # its result is a dict
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        usage.steps = 1  # type: ignore[misc]

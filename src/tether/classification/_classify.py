@@ -38,6 +38,7 @@ from tether._errors import (
     StoreUnavailable,
     TransientError,
 )
+from tether._frozen import Value
 from tether.classification._headers import (
     _header,
     limit_named,
@@ -72,8 +73,8 @@ class Kind(enum.Enum):
     QUOTA = "quota"  # a spend or credit limit: retries will not help until it resets
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class Verdict(Value):
     """The classification of one failure."""
 
     kind: Kind

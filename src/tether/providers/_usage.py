@@ -8,11 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tether._frozen import Value
+
 __all__ = ["RequestUsage", "UsageReader", "count", "model_of", "stream_usage"]
 
 
-@dataclass(frozen=True, slots=True)
-class RequestUsage:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class RequestUsage(Value):
     """The tokens of one model request, as the price reads them: ``input_tokens`` are the
     prompt tokens neither written to nor read from a cache."""
 

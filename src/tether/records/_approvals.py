@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tether._errors import TetherError
+from tether._frozen import Value
 
 __all__ = [
     "APPROVED",
@@ -51,8 +52,8 @@ class ApprovalError(TetherError, ValueError):
     """An approval that cannot be given: no such checkpoint, nothing pending, decided already."""
 
 
-@dataclass(frozen=True, slots=True)
-class ApprovalRecord:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class ApprovalRecord(Value):
     """One call that needs (or had) a person's decision."""
 
     id: str

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
+from tether._frozen import Value
 from tether._sansio import adrive, drive
 from tether.classification._classify import Verdict, classify
 from tether.clock import Clock, system_clock
@@ -73,8 +74,8 @@ _SETTINGS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class RetryStats:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class RetryStats(Value):
     """What the last call of a policy did, in this thread or task."""
 
     attempts: int

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tether._frozen import Value
+
 __all__ = ["Budget"]
 
 
-@dataclass(frozen=True, slots=True)
-class Budget:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class Budget(Value):
     """Limits counted in code (a limit that exists only in the prompt is a request).
 
     Every limit is None (unlimited) by default except ``max_identical_failures``.

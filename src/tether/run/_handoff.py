@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tether._frozen import Value
 from tether.run._outcome import MEANINGS, Status, StopReason
 
 __all__ = ["SOME_STEP", "CustomerMessages", "Escalation", "HandoffRecord", "webhook"]
@@ -26,8 +27,8 @@ DEFAULT_TRIGGERS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class HandoffRecord:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class HandoffRecord(Value):
     """What a person gets when a run is handed over: the case, its history, the facts."""
 
     id: str
@@ -59,8 +60,8 @@ class HandoffRecord:
 Sink = Callable[[HandoffRecord], object]
 
 
-@dataclass(frozen=True, slots=True)
-class Escalation:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class Escalation(Value):
     """When a run goes to a person, and where the handoff record is delivered.
 
     A run escalates when it stops for one of ``on`` (default: circuit open, identical
@@ -109,8 +110,8 @@ def webhook(url: str, *, timeout: float = 10.0, headers: dict[str, str] | None =
     return send
 
 
-@dataclass(frozen=True, slots=True)
-class CustomerMessages:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class CustomerMessages(Value):
     """Short, honest texts for the customer: no stack trace, no internals, no hostnames.
 
     ``{done}`` is filled with facts read from the ledger ("Done: ..."), so an

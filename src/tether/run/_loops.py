@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from tether._frozen import Value
 from tether.run._outcome import StopReason
 
 __all__ = ["LoopPolicy", "LoopState"]
@@ -49,8 +50,8 @@ def _caps(allow: object) -> dict[str, int]:
     return caps
 
 
-@dataclass(frozen=True, slots=True)
-class LoopPolicy:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class LoopPolicy(Value):
     """When repetition means stuck.
 
     * ``max_repeats``: the N-th identical call (same tool, same canonical arguments,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from tether._errors import TetherError
+from tether._frozen import Value
 
 __all__ = [
     "MEANINGS",
@@ -95,8 +96,8 @@ class ToolError(TetherError):
         super().__init__(f"{tool}: {model_message}" if tool else model_message)
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class Usage(Value):
     """What a run spent."""
 
     steps: int = 0
@@ -150,8 +151,8 @@ class Family(enum.StrEnum):
     WAIT = "wait"  # the run waits and goes on later: an approval, a scope, another worker
 
 
-@dataclass(frozen=True, slots=True)
-class Meaning:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class Meaning(Value):
     """What a stop reason means for the run's ending, in one place (:data:`MEANINGS`).
 
     ``status``: the status the reason always gives (None: decided by what was done:
@@ -207,8 +208,8 @@ MEANINGS: dict[StopReason, Meaning] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class Outcome(Value):
     """The end of a run: a result, or a partial result and a reason.
 
     ``status``: ``"success"`` (goal reached), ``"escalated"`` (a handoff was made),

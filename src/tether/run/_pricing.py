@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from tether._frozen import Value
+
 __all__ = ["PRICES", "PRICES_READ_ON", "Price", "PriceTable", "UnknownModelError"]
 
 _log = logging.getLogger("tether")
@@ -41,8 +43,8 @@ _warned_lock = threading.Lock()
 _SUFFIX = re.compile(r"(-\d{8}|-\d{4}-\d{2}-\d{2}|-latest|@[\w.-]+)?")
 
 
-@dataclass(frozen=True, slots=True)
-class Price:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class Price(Value):
     """USD per million tokens."""
 
     input: float

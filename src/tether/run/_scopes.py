@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tether._frozen import Value
 from tether.clock import Clock, system_clock
 from tether.run._outcome import Outcome, StopReason, Usage
 from tether.run._pricing import UnknownModelError
@@ -35,8 +36,8 @@ _LIMIT_NAMES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class ScopeView:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class ScopeView(Value):
     """One scope as the operator reads it: its limits, what it spent (in its window),
     what calls in flight hold, and the runs waiting on it (run id -> checkpoint id)."""
 

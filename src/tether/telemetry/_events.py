@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from tether._frozen import Value
+
 if TYPE_CHECKING:
     from tether.classification._classify import Verdict
 
 __all__ = ["BreakerEvent", "RetryEvent", "RetryHook"]
 
 
-@dataclass(frozen=True, slots=True)
-class RetryEvent:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class RetryEvent(Value):
     """One failed attempt that will be retried after ``delay`` seconds."""
 
     name: str
@@ -23,8 +25,8 @@ class RetryEvent:
     elapsed: float  # seconds since the call started
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerEvent:
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class BreakerEvent(Value):
     """A circuit breaker changed state."""
 
     name: str
