@@ -46,7 +46,12 @@ LIVE_LIMITS_OPENAI = Limits(requests=600, tokens=460_000)
 STYLES = {"anthropic": LIVE_LIMITS, "openai": LIVE_LIMITS_OPENAI}
 #: the configured limits as a share of the real ones; "redis-timeouts": configured right,
 #: the workers' Redis stalls now and then (see _StallingProxy) and they fall back to memory
-LIVE_MISCONFIGS = {"configured-2x-high": 2.0, "configured-2x-low": 0.5, "redis-timeouts": 1.0}
+LIVE_MISCONFIGS = {
+    "configured-right": 1.0,
+    "configured-2x-high": 2.0,
+    "configured-2x-low": 0.5,
+    "redis-timeouts": 1.0,
+}
 AGENTS, WORKERS = 200, 4
 #: the Redis of the "redis-timeouts" run stops answering for STALL seconds every STALL_EVERY
 #: (longer than the store's 0.5 s socket timeout: each stall is a timeout and a fallback)
@@ -220,8 +225,21 @@ def _provider_main(
         finally:
             writer.close()
 
+    levels: list[tuple[float, float]] = []  # (when, the binding bucket's level) every 0.5 s
+
+    async def sample() -> None:
+        bucket = provider.buckets["input" if style == "anthropic" else "tokens"]
+        while True:
+            now = time.time()
+            with provider._lock:
+                bucket.refill(now)
+                levels.append((now, bucket.level))
+            await asyncio.sleep(0.5)
+
     async def main() -> None:
+        sampler = asyncio.create_task(sample())
         await serve_until(handle, port_q, stop)
+        sampler.cancel()
         s = provider.stats
         result_q.put(
             {
@@ -230,6 +248,7 @@ def _provider_main(
                 "admitted": s.admitted,
                 "served": s.served,
                 "throttles": throttles,
+                "levels": levels,
             }
         )
 
@@ -279,6 +298,7 @@ def _worker_main(
     finished: list[float] = []
     failed: list[str] = []
     states: list[tuple[float, str]] = []  # (when, state): this process's token budget's store
+    lags: list[tuple[float, float]] = []  # (when, how late a 20 ms sleep woke): the event loop
 
     async def agent(key: str, client: Any) -> None:
         a = _agent(seed, key)
@@ -330,7 +350,7 @@ def _worker_main(
                 api_key="bench", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0
             )
             client = topenai.guarded(raw, policy=RetryPolicy(), token_budget=budget)
-        watch = asyncio.create_task(_watch(store, budget.name, states))
+        watch = asyncio.create_task(_watch(store, budget.name, states, lags))
         await asyncio.gather(*(agent(k, client) for k in keys))
         watch.cancel()
         await raw.close()
@@ -344,25 +364,31 @@ def _worker_main(
             "round_trips": store.round_trips,
             "fallbacks": fallbacks[0],
             "states": states,
+            "lags": lags,
             "scripts": dict(store.scripts_run),
             "answers": dict(store._tokens.answers),
         }
     )
 
 
-async def _watch(store: Any, name: str, states: list[tuple[float, str]]) -> None:
+async def _watch(
+    store: Any, name: str, states: list[tuple[float, str]], lags: list[tuple[float, float]]
+) -> None:
     """Note each change of where this process's token budget stands (every 20 ms): ``redis``
     (its store answers), ``grace`` (Redis away, nothing admitted from memory yet),
     ``local`` (admitting its share from memory)."""
     from tether.stores.redis._tokens import AWAY_GRACE
 
     tokens = store._tokens
+    asked = time.time()
     while True:
         now = time.time()
+        lags.append((now, now - asked - 0.02))
         since = tokens.away.get(name)
         state = "redis" if since is None else "grace" if now - since < AWAY_GRACE else "local"
         if not states or states[-1][1] != state:
             states.append((now, state))
+        asked = time.time()
         await asyncio.sleep(0.02)
 
 
@@ -427,6 +453,13 @@ def run_live_limits(
         ready_q.get(timeout=120)
     start_at = start["at"].value = time.time() + 0.2
     start["go"].set()
+    store_levels: list[tuple[float, float, float]] = []
+    poller = _poll_store(
+        redis_url or os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        f"{prefix}:tokens:{{{'anthropic:claude' if style == 'anthropic' else 'openai:gpt-'}}}",
+        "lvl1" if style == "anthropic" else "lvl3",
+        store_levels,
+    )
     results = []
     for _ in procs:
         try:
@@ -440,6 +473,8 @@ def run_live_limits(
     provider.join(timeout=5)
     if proxy is not None:
         proxy.close()
+    poller.set()
+    served["store_levels"] = store_levels
     stats = Stats(requests=served["requests"], throttled=served["throttled"])
     stats.admitted = [tuple(e) for e in served["admitted"]]
     stats.served = [tuple(e) for e in served["served"]]
@@ -476,6 +511,28 @@ def run_live_limits(
         "failures": failures[:5],
         "trace": _trace(served, results, keys, workers, start_at, end, proxy, real, style),
     }
+
+
+def _poll_store(url: str, key: str, field: str, out: list[tuple[float, float, float]]) -> Any:
+    """Sample the shared bucket every 0.5 s in a thread: (when, its line, its level at the
+    line's end); returns the event that stops it."""
+    import threading
+
+    import redis
+
+    stop = threading.Event()
+    client = redis.Redis.from_url(url)
+
+    def loop() -> None:
+        while not stop.wait(0.5):
+            seconds, micros = client.time()
+            now = int(seconds) + micros / 1e6
+            t, lvl = client.hmget(key, "t", field)
+            if t is not None and lvl is not None:
+                out.append((time.time(), float(t) - now, float(lvl)))
+
+    threading.Thread(target=loop, daemon=True).start()
+    return stop
 
 
 def _state_at(states: list[Any], at: float) -> tuple[str, float]:
@@ -535,13 +592,32 @@ def _trace(
         for x in now_states:
             time_in[x] = time_in.get(x, 0.0) + 1.0
     total = sum(time_in.values()) or 1.0
-    # per 5 s: the input admitted as a share of the limit, and the agents not ended yet
+    # per 5 s: the input admitted as a share of the limit, the agents not ended yet, the
+    # provider's bucket (mean level, share of its capacity), the shared line (mean seconds)
+    # and the workers' event loops (mean lateness of a 20 ms sleep, seconds)
     ended = sorted(start_at + t for r in results for t in r.get("finished", []))
+
+    def per_5s(points: list[Any], at: int) -> list[tuple[float, float]]:
+        return [(e[0], e[-1]) for e in points if start_at + at <= e[0] < start_at + at + 5]
+
+    lags = [e for r in results for e in r.get("lags", [])]
     series = []
     for b in range(0, int(end - start_at) + 5, 5):
         got = sum(bins.get(b + i, 0.0) for i in range(5)) * 12.0 / limit
         left = len(keys) - sum(1 for t in ended if t < start_at + b + 5)
-        series.append((b, round(got, 2), left))
+        level = [v for _, v in per_5s(served.get("levels", []), b)]
+        line = [e[1] for e in served.get("store_levels", []) if 0 <= e[0] - start_at - b < 5]
+        lag = [v for _, v in per_5s(lags, b)]
+        series.append(
+            (
+                b,
+                round(got, 2),
+                left,
+                round(statistics.mean(level) / limit, 3) if level else None,
+                round(statistics.mean(line), 2) if line else None,
+                round(statistics.mean(lag), 3) if lag else None,
+            )
+        )
     return {
         "throttles": throttles,
         "series": series,
