@@ -55,9 +55,12 @@ $(FW_STAMP): pyproject.toml $(BENCH)/pyproject.toml $(FW_CONSTRAINTS)
 		-c $(FW_CONSTRAINTS)
 	touch $(FW_STAMP)
 
-$(CREW_STAMP): pyproject.toml $(CREW_CONSTRAINTS)
+$(CREW_STAMP): pyproject.toml $(BENCH)/pyproject.toml $(CREW_CONSTRAINTS)
 	$(PYTHON) -m venv $(CREW)
 	$(CREW)/bin/python -m pip install --quiet -e '.[crewai,litellm,redis,dev]' -c $(CREW_CONSTRAINTS)
+	# the benchmark without its own dependencies (tether[all] would move CrewAI's pins): the
+	# processes a fleet-live scenario spawns import tether.bench from the venv
+	$(CREW)/bin/python -m pip install --quiet --no-deps -e $(BENCH)
 	touch $(CREW_STAMP)
 
 install: $(STAMP)

@@ -207,6 +207,26 @@ def test_a_store_that_cannot_be_used_is_one_clear_line_at_once(
         assert "file is not a database" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("dsn", "secrets"),
+    [
+        ("postgresql://postgres:se%ZZcret@127.0.0.1:5432/test", ["se%ZZcret", "cret"]),
+        ("postgresql://postgres:hun@ter2@127.0.0.1:5432/test", ["hun@ter2", "ter2"]),
+        ("postgresql://postgres:s3cr3t@127.0.0.1:1/x", ["s3cr3t"]),
+    ],
+)
+def test_a_malformed_dsn_never_shows_its_password(
+    dsn: str, secrets: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: libpq's reason repeated the password of a URL it could not read
+    (``invalid percent-encoded token: "se%ZZcret"``) or split at an ``@`` inside it
+    (``failed to resolve host 'ter2@127.0.0.1'``), and the line printed it."""
+    assert main(["dlq", "list", "--db", dsn]) in (1, 2)
+    err = capsys.readouterr().err
+    assert err.startswith("tether dlq list: cannot use the dead letters at postgresql://")
+    assert [s for s in secrets if s in err] == [], err
+
+
 def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:
     """`tether dlq list | head -1`: before, a BrokenPipeError traceback; now nothing on
     stderr, as Unix tools end when their reader goes away."""

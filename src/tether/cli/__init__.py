@@ -107,11 +107,34 @@ def _unreachable(args: argparse.Namespace) -> tuple[int, str] | None:
         refused = reason.startswith("FATAL:")
         reason = " ".join(reason.removeprefix("FATAL:").split())
         store = _STORES.get(args.command, "the store")
-        return (2 if refused else 1), (
+        return (2 if refused else 1), _scrubbed(
             f"cannot use {store} at {safe_dsn(db)}: {safe_dsn(reason)}"
-            + ("" if refused else " (is the server up and the address right?)")
+            + ("" if refused else " (is the server up and the address right?)"),
+            db,
         )
     return None
+
+
+def _scrubbed(text: str, dsn: str) -> str:
+    """``text`` without the DSN's password, however the driver quoted it: libpq repeats the
+    part of a malformed URL it could not read (``invalid percent-encoded token: "pw"``) and
+    splits a password holding ``@`` at the wrong place (``failed to resolve host
+    'rest@host'``), so each piece of the password is masked where it appears."""
+    from urllib.parse import unquote
+
+    password = ""
+    _, sep, rest = dsn.partition("://")
+    if sep:
+        authority = rest.split("/", 1)[0].split("?", 1)[0]
+        userinfo = authority.rpartition("@")[0]
+        password = userinfo.partition(":")[2]
+    pieces = {password, unquote(password)}
+    for piece in list(pieces):
+        pieces.update(piece.replace(":", "@").split("@"))
+    for piece in sorted(pieces, key=len, reverse=True):
+        if len(piece) >= 3:
+            text = text.replace(piece, "***")
+    return text
 
 
 def _one_line(exc: BaseException) -> str:
