@@ -123,7 +123,8 @@ def test_dlq_replay_twice_runs_the_handler_once(
     assert main(["dlq", "--db", db, *replay]) == 0
     assert main(["dlq", *replay, "--db", db]) == 0  # --db after the action works too
     out = capsys.readouterr().out
-    assert "replayed before: the handler was not called again" in out
+    assert "was replayed before by dana at " in out
+    assert "the handler was not called again and the letter is unchanged" in out
     assert calls == ["a@b.c"]
     assert main(["dlq", "--db", db, *replay, "--force"]) == 0
     assert calls == ["a@b.c", "a@b.c"]
