@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-import queue as queue_mod
 import time
 import uuid
 from collections import Counter
@@ -23,6 +22,7 @@ from typing import Any
 
 from tether._errors import Picklable
 from tether.bench._wire import serve_until
+from tether.bench._workers import start_workers
 
 __all__ = ["LIVE_SCENARIOS", "run_live", "run_live_suite"]
 
@@ -310,7 +310,7 @@ def run_live(
     bound_s = outage + clients / capacity
     give_up = 3.0 * bound_s + 30.0
     ctx = multiprocessing.get_context("spawn")
-    port_q, server_q, worker_q, stop = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
+    port_q, server_q, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
     start_at = time.time() + 3.0  # time for the processes to start
     server = ctx.Process(
         target=_server_main,
@@ -322,24 +322,19 @@ def run_live(
     prefix = f"tether-live-{uuid.uuid4().hex[:8]}"
     commands_before = _commands(url)
     share = [clients // workers + (1 if i < clients % workers else 0) for i in range(workers)]
-    procs = [
-        ctx.Process(
-            target=_worker_main,
-            args=(url, prefix, port, n, seed + i, start_at, give_up, worker_q),
-            daemon=True,
-        )
+    workers_args = [
+        {
+            "redis_url": url,
+            "prefix": prefix,
+            "port": port,
+            "clients": n,
+            "seed": seed + i,
+            "start_at": start_at,
+            "give_up": give_up,
+        }
         for i, n in enumerate(share)
     ]
-    for p in procs:
-        p.start()
-    results = []
-    for _ in procs:
-        try:
-            results.append(worker_q.get(timeout=give_up + 60))
-        except queue_mod.Empty:
-            break
-    for p in procs:
-        p.join(timeout=5)
+    results = start_workers(ctx, _worker_main, workers_args).results(timeout=give_up + 60)
     stop.set()
     served = server_q.get(timeout=30)
     server.join(timeout=5)

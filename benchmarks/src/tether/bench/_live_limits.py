@@ -27,7 +27,6 @@ import json
 import math
 import multiprocessing
 import os
-import queue as queue_mod
 import random
 import statistics
 import time
@@ -36,6 +35,7 @@ from typing import Any
 
 from tether.bench._provider import Limits, SimulatedProvider, Stats, share_of_limit
 from tether.bench._wire import serve_until
+from tether.bench._workers import start_workers
 
 __all__ = ["LIVE_LIMITS", "LIVE_MISCONFIGS", "message_reply", "run_live_limits"]
 
@@ -415,8 +415,7 @@ def run_live_limits(
         proxy = _StallingProxy(parts.hostname or "127.0.0.1", parts.port or 6379)
         url = f"redis://127.0.0.1:{proxy.port}{parts.path or '/0'}"
     ctx = multiprocessing.get_context("spawn")
-    port_q, provider_q, worker_q, stop = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
-    ready_q = ctx.Queue()
+    port_q, provider_q, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
     start: dict[str, Any] = {"go": ctx.Event(), "at": ctx.Value("d", 0.0)}
     provider = ctx.Process(
         target=_provider_main,
@@ -428,29 +427,21 @@ def run_live_limits(
     prefix = f"tether-live-limits-{uuid.uuid4().hex[:8]}"
     keys = [f"a{i}" for i in range(agents)]
     configured = real.scaled(LIVE_MISCONFIGS[misconfig])
-    procs = [
-        ctx.Process(
-            target=_worker_main,
-            args=(
-                url,
-                prefix,
-                port,
-                keys[i::workers],
-                configured,
-                seed,
-                start,
-                ready_q,
-                worker_q,
-                style,
-            ),
-            daemon=True,
-        )
+    workers_args = [
+        {
+            "redis_url": url,
+            "prefix": prefix,
+            "port": port,
+            "keys": keys[i::workers],
+            "configured": configured,
+            "seed": seed,
+            "start": start,
+            "style": style,
+        }
         for i in range(workers)
     ]
-    for p in procs:
-        p.start()
-    for _ in procs:  # the clock starts when every worker has its imports done
-        ready_q.get(timeout=120)
+    # the clock starts when every worker has its imports done
+    started = start_workers(ctx, _worker_main, workers_args, ready_timeout=120)
     start_at = start["at"].value = time.time() + 0.2
     start["go"].set()
     store_levels: list[tuple[float, float, float]] = []
@@ -460,14 +451,7 @@ def run_live_limits(
         "lvl1" if style == "anthropic" else "lvl3",
         store_levels,
     )
-    results = []
-    for _ in procs:
-        try:
-            results.append(worker_q.get(timeout=300))
-        except queue_mod.Empty:
-            break
-    for p in procs:
-        p.join(timeout=5)
+    results = started.results(timeout=300)
     stop.set()
     served = provider_q.get(timeout=30)
     provider.join(timeout=5)

@@ -30,13 +30,13 @@ import asyncio
 import math
 import multiprocessing
 import os
-import queue as queue_mod
 import random
 import time
 import uuid
 from typing import Any
 
 from tether.bench._provider import Limits, Stats
+from tether.bench._workers import start_workers
 
 __all__ = ["LITELLM_CONFIGS", "LITELLM_LIMITS", "litellm_missing", "run_litellm_router"]
 
@@ -253,8 +253,7 @@ def run_litellm_router(
         raise ValueError(f"config must be one of {', '.join(LITELLM_CONFIGS)}, got {config!r}")
     url = redis_url or os.environ.get("TETHER_REDIS_URL", "redis://127.0.0.1:6379/0")
     ctx = multiprocessing.get_context("spawn")
-    port_q, provider_q, worker_q, stop = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
-    ready_q = ctx.Queue()
+    port_q, provider_q, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
     start: dict[str, Any] = {"go": ctx.Event(), "at": ctx.Value("d", 0.0)}
     provider = ctx.Process(
         target=_provider_main,
@@ -265,40 +264,25 @@ def run_litellm_router(
     port = port_q.get(timeout=60)
     prefix = f"tether-live-litellm-{uuid.uuid4().hex[:8]}"
     keys = [f"a{i}" for i in range(agents)]
-    procs = [
-        ctx.Process(
-            target=_worker_main,
-            args=(
-                config,
-                url,
-                prefix,
-                port,
-                keys[i::workers],
-                real,
-                seed,
-                start,
-                ready_q,
-                worker_q,
-            ),
-            daemon=True,
-        )
+    workers_args = [
+        {
+            "config": config,
+            "redis_url": url,
+            "prefix": prefix,
+            "port": port,
+            "keys": keys[i::workers],
+            "real": real,
+            "seed": seed,
+            "start": start,
+        }
         for i in range(workers)
     ]
-    for p in procs:
-        p.start()
-    for _ in procs:  # the clock starts when every worker has its imports done
-        ready_q.get(timeout=180)
+    # the clock starts when every worker has its imports done
+    started = start_workers(ctx, _worker_main, workers_args, ready_timeout=180)
     load = os.getloadavg()[0]
     start_at = start["at"].value = time.time() + 0.2
     start["go"].set()
-    results = []
-    for _ in procs:
-        try:
-            results.append(worker_q.get(timeout=600))
-        except queue_mod.Empty:
-            break
-    for p in procs:
-        p.join(timeout=5)
+    results = started.results(timeout=600)
     stop.set()
     served = provider_q.get(timeout=30)
     provider.join(timeout=5)
