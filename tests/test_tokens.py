@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import tether
 from tether import LimiterTimeout, TokenBudget, VirtualClock
+from tether.guards._token_calibration import Estimator
 from tether.guards._tokens import estimate_tokens, pick, rate_limit_headers
 from tether.stores import MemoryStore, RedisStore
 from tether.stores._tokens import (
@@ -563,3 +564,70 @@ def test_a_reset_budget_forgets_the_line_it_saw(store: Any) -> None:
     b.reset()
     r = b.reserve(estimated_input_tokens=10, max_output_tokens=20, max_wait=10.0)
     assert r.waited < 10.0
+
+
+# --- what the estimate and the headers say, together -----------------------------------
+
+
+def test_one_under_estimate_keeps_the_reservations_large() -> None:
+    """A usage of 1.5 times the estimate, after fifty exact ones: the next reservations take
+    at least 1.5 times the estimate, and still 1.4 times after ten exact usages (it was 1.2
+    at once: the average forgot it, the next such prompt went out short)."""
+    e = Estimator()
+    for _ in range(50):
+        e.learn(1000, 1000)
+    e.learn(1000, 1500)
+    assert e.need(1000, 0)[1] >= 1500
+    for _ in range(10):
+        e.learn(1000, 1000)
+    assert e.need(1000, 0)[1] >= 1400
+    e.reset()
+    assert e.need(1000, 0)[1] == 1000
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_remaining_header_does_not_count_the_padding_in_flight_twice(
+    store: Any, asynchronous: bool
+) -> None:
+    """Two calls in flight, each reserved 1,500 for the 1,050 expected; the provider's header
+    (with both at their usage) says 1,000 left. After both settle the budget holds what the
+    provider holds, 1,000, not 1,450: the header's level already had the second call at its
+    usage, and its refund of 450 counted again on top (the fleet's buckets above the
+    provider's near an empty bucket: 429s)."""
+    clock = VirtualClock()
+    b = budget(store, clock)
+    calibrated(b)
+    learn = b.reserve(estimated_input_tokens=1000, max_output_tokens=0)
+    b.settle(learn, input_tokens=1500, output_tokens=0)  # 1.5 x: the next take more
+    b.flush()
+    headers = {
+        "anthropic-ratelimit-input-tokens-limit": "6000",
+        "anthropic-ratelimit-input-tokens-remaining": "1000",
+    }
+    used = {"input_tokens": 1050, "output_tokens": 0, "status": 200}
+
+    def steps() -> float:
+        first = b.reserve(estimated_input_tokens=1000, max_output_tokens=0)
+        second = b.reserve(estimated_input_tokens=1000, max_output_tokens=0)
+        assert first.need[1] == second.need[1] > 1050  # padded: 1.5 x
+        b.settle(first, headers=headers, **used)
+        b.flush()
+        b.settle(second, **used)
+        b.flush()
+        return float(b.view()["levels"]["input"])
+
+    async def asteps() -> float:
+        first = await b.areserve(estimated_input_tokens=1000, max_output_tokens=0)
+        second = await b.areserve(estimated_input_tokens=1000, max_output_tokens=0)
+        assert first.need[1] == second.need[1] > 1050  # padded: 1.5 x
+        await b.asettle(first, headers=headers, **used)
+        b.flush()
+        await b.asettle(second, **used)
+        b.flush()
+        level = float(b.view()["levels"]["input"])
+        if isinstance(store, RedisStore):
+            await store.aclose()
+        return level
+
+    level = asyncio.run(asteps()) if asynchronous else steps()
+    assert level == pytest.approx(1000.0, abs=1.0)

@@ -54,6 +54,9 @@ class Reservation:
     waited: float
     #: who made it and its number (its budget settles each id once; "": never made)
     id: str = ""
+    #: what of ``need`` is the estimate's padding, above the usage the estimator expects
+    #: (the fleet's buckets count it as in flight until the call is settled)
+    margin: Four = (0.0, 0.0, 0.0, 0.0)
 
 
 def _number(raw: str | None) -> float | None:
@@ -120,20 +123,34 @@ def estimate_tokens(*parts: Any) -> int:
 
 class Estimator:
     """How far a family's prompt estimates are off: the ratio usage / estimate, learned
-    from the responses (an exponential average), and its mean absolute deviation."""
+    from the responses (an exponential average), its mean absolute deviation, and the
+    largest ratio seen lately (``peak``: it relaxes towards the average by 2% of the gap a
+    response, so one under-estimate keeps the reservations as large for dozens of calls)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.ratio = 1.0
         self.spread = 0.0
+        self.peak = 1.0
 
     def need(self, estimated_input_tokens: int, max_output_tokens: int) -> Four:
-        """What a call reserves: one request, the estimate with its bias and three times
-        its spread (an estimate that falls short near an empty bucket is a 429; one that
-        is too large only holds tokens until the usage gives them back), ``max_tokens``."""
-        factor = min(4.0, max(self.ratio + 3.0 * self.spread, 0.5))
+        """What a call reserves: one request, the estimate times the larger of its bias
+        with three times its spread and the peak (an estimate that falls short near an
+        empty bucket is a 429; one that is too large only holds tokens until the usage
+        gives them back), ``max_tokens``."""
+        with self._lock:
+            factor = min(4.0, max(self.ratio + 3.0 * self.spread, self.peak, 0.5))
         est = math.ceil(estimated_input_tokens * factor)
         return 1.0, float(est), float(max_output_tokens), float(est + max_output_tokens)
+
+    def margin(self, estimated_input_tokens: int, need: Four) -> Four:
+        """What of ``need`` is padding above the usage expected (the estimate times the
+        average ratio): the input and the combined bucket's; output and requests have none
+        (the provider counts ``max_tokens`` as the budget does)."""
+        with self._lock:
+            expected = estimated_input_tokens * self.ratio
+        pad = max(0.0, need[1] - expected)
+        return 0.0, pad, 0.0, pad
 
     def learn(self, estimated: int, used: float) -> None:
         if estimated > 0 and used > 0:
@@ -141,10 +158,11 @@ class Estimator:
                 seen = used / estimated
                 self.spread = 0.9 * self.spread + 0.1 * abs(seen - self.ratio)
                 self.ratio = 0.9 * self.ratio + 0.1 * seen
+                self.peak = max(seen, self.ratio + 0.98 * (self.peak - self.ratio))
 
     def reset(self) -> None:
         with self._lock:
-            self.ratio, self.spread = 1.0, 0.0
+            self.ratio, self.spread, self.peak = 1.0, 0.0, 1.0
 
 
 #: a prompt's tokens are at most this many times its estimate (about four characters a
@@ -194,6 +212,7 @@ def settlement_of(
     levels, a 429's pause (its Retry-After, else the reset of an exhausted bucket; at most
     ``max_pause`` seconds)."""
     s = Settlement(seen_at=now)
+    s.margin = list(r.margin)  # settled: no longer in flight
     s.refund = _refund(r, input_tokens, output_tokens, status is None or status != 429)
     limits, remaining, resets = rate_limit_headers(headers, now)
     s.limit, s.remaining = limits, remaining

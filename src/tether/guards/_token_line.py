@@ -101,7 +101,9 @@ class Line:
         with self._lock:
             self._probe_gate = self._line_until = -math.inf
 
-    def wait(self, need: Four, max_wait: float | None, urgency: float) -> Plan[float]:
+    def wait(
+        self, need: Four, max_wait: float | None, urgency: float, margin: Four | None = None
+    ) -> Plan[float]:
         """The plan of one caller: wait for its place and take it; returns the time waited.
         Raises LimiterTimeout (having taken nothing) when the wait would outlast
         ``max_wait``."""
@@ -113,7 +115,7 @@ class Line:
                 horizon = self._horizon(waited, urgency, max_wait)
                 pause = self._known_line(horizon, waited, max_wait)
             if not pause:
-                answer = yield self._ask(need, horizon)
+                answer = yield self._ask(need, horizon, margin)
                 admitted = answer[0]
                 pause = self._after(answer, waited, max_wait)
             if pause:
@@ -122,10 +124,10 @@ class Line:
             if admitted:
                 return waited
 
-    def _ask(self, need: Four, horizon: float) -> Call:
+    def _ask(self, need: Four, horizon: float, margin: Four | None) -> Call:
         out = self.outbox
         return out.exchange(
-            TokenAsk(out.name, self.clock.wall(), out.cfg, out.take(), need, horizon)
+            TokenAsk(out.name, self.clock.wall(), out.cfg, out.take(), need, horizon, margin)
         )
 
     def _gate(self, waited: float, max_wait: float | None) -> float:

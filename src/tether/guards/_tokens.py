@@ -274,13 +274,16 @@ def reserve_plan(
     caller that waits for its place among other steps of its own (a run's)."""
     _check(estimated_input_tokens, max_output_tokens)
     need = budget._estimator.need(estimated_input_tokens, max_output_tokens)
-    waited = yield from budget._line.wait(need, max_wait, urgency)
+    margin = budget._estimator.margin(estimated_input_tokens, need)
+    waited = yield from budget._line.wait(need, max_wait, urgency, margin)
     with budget._lock:
         budget.reserved += 1
         budget.waited += waited
         budget.longest_wait = max(budget.longest_wait, waited)
     ticket = budget._tickets.issue()
-    return Reservation(budget.name, need, estimated_input_tokens, max_output_tokens, waited, ticket)
+    return Reservation(
+        budget.name, need, estimated_input_tokens, max_output_tokens, waited, ticket, margin
+    )
 
 
 def _nothing() -> Plan[None]:

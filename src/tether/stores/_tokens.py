@@ -28,6 +28,7 @@ both. Times are wall-clock seconds.
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "BUCKETS",
+    "FLY_TAU",
     "MEMBER_EVERY",
     "MEMBER_TTL",
     "PROBE_WAIT",
@@ -58,6 +60,9 @@ PROBE_WAIT = 0.25
 MEMBER_TTL = 30.0
 #: how often a process asks the shared store how many processes share a name (seconds)
 MEMBER_EVERY = 5.0
+#: the margins in flight (see :func:`tokens_settle`) fade with this time constant (seconds):
+#: those of calls whose settlement never came (a process gone) do not hold tokens for good
+FLY_TAU = 60.0
 Fields = dict[str, Any]
 Four = tuple[float, float, float, float]
 #: a reservation's answer: (admitted, wait, retry_in)
@@ -80,7 +85,8 @@ class Settlement:
     ``refund``: tokens to give back per bucket (negative: the usage was above the
     reservation); ``limit``: the limits the headers stated (0: not stated), ``remaining``
     what they said was left (-1: not stated), both as of ``seen_at``; ``pause_until``:
-    a 429's Retry-After; ``answered``: a response arrived (the name is calibrated).
+    a 429's Retry-After; ``answered``: a response arrived (the name is calibrated);
+    ``margin``: the padding of the settled reservations (no longer in flight).
     """
 
     refund: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
@@ -89,14 +95,21 @@ class Settlement:
     seen_at: float = 0.0
     pause_until: float = 0.0
     answered: bool = False
+    margin: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
     def empty(self) -> bool:
-        return not self.answered and not self.pause_until and not any(self.refund)
+        return (
+            not self.answered
+            and not self.pause_until
+            and not any(self.refund)
+            and not any(self.margin)
+        )
 
     def merge(self, other: Settlement) -> None:
         """Add ``other`` (learned later) to this one: refunds add up, the newer headers win."""
         for i in range(4):
             self.refund[i] += other.refund[i]
+            self.margin[i] += other.margin[i]
         if other.seen_at >= self.seen_at:
             for i in range(4):
                 if other.limit[i] > 0:
@@ -122,7 +135,8 @@ class Settlement:
 @dataclass(frozen=True, slots=True)
 class TokenAsk:
     """One conversation of a process with a name in the store: settle ``pending`` (what
-    the process learned since), then, with a ``need``, reserve it within ``horizon``."""
+    the process learned since), then, with a ``need``, reserve it within ``horizon``
+    (``margin``: what of the need is the estimate's padding)."""
 
     name: str
     now: float
@@ -130,6 +144,7 @@ class TokenAsk:
     pending: Settlement | None = None
     need: Four | None = None
     horizon: float = 0.0
+    margin: Four | None = None
 
 
 def _refill(f: Fields, until: float) -> None:
@@ -154,13 +169,25 @@ def _load(f: Fields, now: float, cfg: TokenConfig) -> None:
         f["t"], f["known"], f["probe_until"], f["paused_until"] = now, 0, 0.0, 0.0
         for i in range(4):
             f[f"cap{i}"] = f[f"lvl{i}"] = float(cfg.limits[i])
-        return
     _refill(f, now)
+    # the margins in flight fade (FLY_TAU): a settlement that never comes holds nothing long
+    fade = math.exp(-max(0.0, now - f.get("ft", now)) / FLY_TAU)
+    for i in range(4):
+        f[f"fly{i}"] = f.get(f"fly{i}", 0.0) * fade
+    f["ft"] = max(now, f.get("ft", now))
 
 
 def tokens_settle(f: Fields, now: float, cfg: TokenConfig, s: Settlement) -> None:
-    """Apply what responses said: refunds, the headers' limits and levels, a pause."""
+    """Apply what responses said: refunds, the headers' limits and levels, a pause.
+
+    A ``remaining`` header counts the calls in flight at their real usage, the buckets at
+    what they reserved until their settlements give the padding back: the level it allows
+    is less the margins of the calls still in flight (``fly``, the fleet's, kept by the
+    reservations and their settlements), or each of those refunds would count twice.
+    """
     _load(f, now, cfg)
+    for i in range(4):
+        f[f"fly{i}"] = max(0.0, f[f"fly{i}"] - s.margin[i])
     for i in range(4):
         cap, limit = f[f"cap{i}"], s.limit[i]
         if limit > 0 and limit != cap:
@@ -172,6 +199,7 @@ def tokens_settle(f: Fields, now: float, cfg: TokenConfig, s: Settlement) -> Non
         level = min(cap, f[f"lvl{i}"] + s.refund[i])
         if s.remaining[i] >= 0:
             said = min(cap, s.remaining[i] + cap * max(0.0, f["t"] - s.seen_at) / 60.0)
+            said -= f[f"fly{i}"]
             # the provider has less left than we think (callers outside the fleet, a limit
             # configured too high): believe it. Its first answer (the probe's: nothing else
             # is out) is believed either way
@@ -182,7 +210,14 @@ def tokens_settle(f: Fields, now: float, cfg: TokenConfig, s: Settlement) -> Non
     f["paused_until"] = max(f["paused_until"], s.pause_until)
 
 
-def tokens_reserve(f: Fields, now: float, cfg: TokenConfig, need: Four, horizon: float) -> Answer:
+def tokens_reserve(
+    f: Fields,
+    now: float,
+    cfg: TokenConfig,
+    need: Four,
+    horizon: float,
+    margin: Four | None = None,
+) -> Answer:
     """Take ``need`` from the buckets if the wait for it is within ``horizon``.
 
     Returns ``(admitted, wait, retry_in)``: admitted, go after ``wait`` seconds; or not
@@ -215,6 +250,7 @@ def tokens_reserve(f: Fields, now: float, cfg: TokenConfig, need: Four, horizon:
         cap = f[f"cap{i}"]
         if cap > 0:
             f[f"lvl{i}"] -= min(need[i], cap)
+            f[f"fly{i}"] += min(margin[i], cap) if margin is not None else 0.0
     if not f["known"]:
         f["probe_until"] = now + cfg.probe_timeout
     return True, wait, 0.0
@@ -228,7 +264,7 @@ def tokens_exchange(f: Fields, ask: TokenAsk) -> Answer:
     if ask.need is None:
         _load(f, ask.now, ask.cfg)
         return False, 0.0, 0.0
-    return tokens_reserve(f, ask.now, ask.cfg, ask.need, ask.horizon)
+    return tokens_reserve(f, ask.now, ask.cfg, ask.need, ask.horizon, ask.margin)
 
 
 def tokens_view(f: Fields, now: float, cfg: TokenConfig) -> dict[str, Any]:

@@ -182,6 +182,7 @@ class Tokens:
         with self._lock:
             lost = list(self.lost.get(ask.name, ()))
         args += [seq, *asked, " ".join(map(str, lost))]
+        args += [*(ask.margin or (0.0, 0.0, 0.0, 0.0)), *s.margin]
         r, trial = None, self._may_ask(ask.name, ask.now)
         if trial is not None:
             r = yield ("tokens", self.key(ask.name), args)

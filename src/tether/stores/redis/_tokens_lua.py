@@ -6,7 +6,7 @@ store's token part can both read it without importing each other.
 
 from __future__ import annotations
 
-from tether.stores._tokens import MEMBER_TTL, PROBE_WAIT
+from tether.stores._tokens import FLY_TAU, MEMBER_TTL, PROBE_WAIT
 
 __all__ = ["TOKENS"]
 
@@ -33,6 +33,9 @@ __all__ = ["TOKENS"]
 # process (field r:<id>) and gives back those it finds there, so a reservation nobody
 # waits for does not hold its tokens (nor the probe's place, before the first answer); one
 # not found never ran, and will not (its number is below the one this ask leaves).
+# ARGV[37..40]: the margin of the need (its padding), added to the margins in flight (fields
+# fly0..fly3, fading with FLY_TAU) when admitted; ARGV[41..44]: the margins the settlement's
+# reservations release (a remaining header's level is less those still in flight).
 TOKENS = (
     """
 local function fmt(x) return string.format('%.17g', x) end
@@ -44,9 +47,14 @@ if not now then  -- the server's clock: one clock for every host of the fleet
 end
 local probe_timeout, horizon = tonumber(ARGV[4]), tonumber(ARGV[5])
 local v = redis.call('HMGET', k, 't', 'known', 'probe_until', 'paused_until',
-                     'cap0', 'cap1', 'cap2', 'cap3', 'lvl0', 'lvl1', 'lvl2', 'lvl3')
+                     'cap0', 'cap1', 'cap2', 'cap3', 'lvl0', 'lvl1', 'lvl2', 'lvl3',
+                     'ft', 'fly0', 'fly1', 'fly2', 'fly3')
 local t, known, probe_until, paused_until
-local cap, lvl = {}, {}
+local cap, lvl, fly = {}, {}, {}
+local ft = tonumber(v[13]) or now
+local fade = math.exp(-math.max(0, now - ft) / FLY_TAU)
+for i = 1, 4 do fly[i] = (tonumber(v[13 + i]) or 0) * fade end
+ft = math.max(ft, now)
 if v[1] then
   t, known, probe_until, paused_until = tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
   for i = 1, 4 do cap[i] = tonumber(v[4 + i]); lvl[i] = tonumber(v[8 + i]) end
@@ -99,7 +107,10 @@ if ARGV[36] ~= '' then
   end
   held = kept
 end
--- the settlement: refunds, the headers' limits and levels, a pause
+-- the settlement: the margins it releases, refunds, the headers' limits and levels, a pause
+if not older then
+  for i = 1, 4 do fly[i] = math.max(0, fly[i] - tonumber(ARGV[40 + i])) end
+end
 local s = 13
 local seen_at, pause, answered = tonumber(ARGV[s + 13]), tonumber(ARGV[s + 14]), tonumber(ARGV[s + 15])
 seen_at = now - seen_at  -- an age
@@ -114,6 +125,7 @@ for i = 1, 4 do
     local level = math.min(cap[i], lvl[i] + refund[i])
     if remaining >= 0 then
       local said = math.min(cap[i], remaining + cap[i] * math.max(0, t - seen_at) / 60.0)
+      said = said - fly[i]
       if answered > 0 and known == 0 then level = said else level = math.min(level, said) end
     end
     lvl[i] = level
@@ -140,7 +152,8 @@ local function save()
   redis.call('HSET', k, 't', fmt(t), 'known', known, 'probe_until', fmt(probe_until),
              'paused_until', fmt(paused_until), 'cap0', fmt(cap[1]), 'cap1', fmt(cap[2]),
              'cap2', fmt(cap[3]), 'cap3', fmt(cap[4]), 'lvl0', fmt(lvl[1]), 'lvl1', fmt(lvl[2]),
-             'lvl2', fmt(lvl[3]), 'lvl3', fmt(lvl[4]))
+             'lvl2', fmt(lvl[3]), 'lvl3', fmt(lvl[4]), 'ft', fmt(ft), 'fly0', fmt(fly[1]),
+             'fly1', fmt(fly[2]), 'fly2', fmt(fly[3]), 'fly3', fmt(fly[4]))
   redis.call('PEXPIRE', k, ttl)
 end
 -- save, keep the ask's number, its refunds in all and its answer, and answer
@@ -181,6 +194,7 @@ for i = 1, 4 do
   if cap[i] > 0 then
     lvl[i] = math.min(cap[i], lvl[i] + cap[i] * math.max(0, go - t) / 60.0)
     lvl[i] = lvl[i] - math.min(tonumber(ARGV[9 + i]), cap[i])
+    fly[i] = fly[i] + math.min(tonumber(ARGV[36 + i]), cap[i])
   end
 end
 t = math.max(t, go)
@@ -188,5 +202,6 @@ if known == 0 then probe_until = now + probe_timeout end
 return answer(1, fmt(wait), '0')
 """.replace("PROBE_WAIT", repr(PROBE_WAIT))
     .replace("MEMBER_TTL", repr(MEMBER_TTL))
+    .replace("FLY_TAU", repr(FLY_TAU))
     .replace("HELD", "32")
 )
