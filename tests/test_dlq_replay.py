@@ -6,9 +6,15 @@ incident is never closed by a replay. On SQLite and PostgreSQL (a schema of its 
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -16,6 +22,7 @@ import pytest
 import tether
 from tether import Budget, Guard, StopReason, ToolError, VirtualClock
 from tether.cli import main
+from tether.records._replay import replay_letter
 
 charged: list[str] = []
 
@@ -155,3 +162,148 @@ def test_an_outages_incident_is_never_closed_by_a_replay(
         case = records.handoffs.get(incident)
         assert case["state"] != "resolved" and "dead_letter" not in case
         assert records.dead_letters.get(letter.id).replayed_by == "dana"
+
+
+def slow_charge(customer: str) -> str:
+    """A handler that says it started (a file) and ends when the test lets it (a file)."""
+    Path(os.environ["TETHER_TEST_STARTED"]).write_text("started")
+    release = Path(os.environ["TETHER_TEST_RELEASE"])
+    deadline = time.monotonic() + 60
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with Path(os.environ["TETHER_TEST_CALLS"]).open("a") as calls:
+        calls.write(f"{customer}\n")
+    return f"charged {customer}"
+
+
+def test_two_processes_replaying_one_letter_run_the_handler_once_in_the_first_ones_name(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Dana's replay (another process) holds the letter while its handler runs: Erin's
+    replay is told Dana is replaying it and calls nothing; afterwards the letter and the
+    case name Dana, and a later replay says Dana replayed it."""
+    with tether.Records.open(where) as records:
+        letter_id, _, case_id = a_letter_and_its_case(records)
+    files = {name: tmp_path / name for name in ("started", "release", "calls")}
+    env = {**os.environ, **{f"TETHER_TEST_{n.upper()}": str(p) for n, p in files.items()}}
+    replay = ["dlq", "--db", where, "replay", letter_id, "--handler", "test_dlq_replay:slow_charge"]
+    dana = subprocess.Popen(
+        [sys.executable, "-m", "tether.cli", *replay, "--by", "dana"],
+        cwd=Path(__file__).parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not files["started"].exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert files["started"].exists(), dana.communicate(timeout=5)
+        os.environ.update({k: v for k, v in env.items() if k.startswith("TETHER_TEST_")})
+        assert main([*replay, "--by", "erin"]) == 1
+        assert "is being replayed right now by dana" in capsys.readouterr().err
+    finally:
+        files["release"].write_text("go")
+        out, err = dana.communicate(timeout=60)
+        for name in ("STARTED", "RELEASE", "CALLS"):
+            os.environ.pop(f"TETHER_TEST_{name}", None)
+    assert dana.returncode == 0, err
+    assert files["calls"].read_text() == "c_2\n"  # the handler ran once, in Dana's process
+    assert f"case {case_id} resolved by dana" in out
+    with tether.Records.open(where) as records:
+        letter = records.dead_letters.get(letter_id)
+        assert (letter.replayed, letter.replayed_by) == (True, "dana")
+        assert records.handoffs.get(case_id)["resolved_by"] == "dana"
+    assert main([*replay, "--by", "erin"]) == 0
+    assert "replayed before by dana" in capsys.readouterr().out
+    assert files["calls"].read_text() == "c_2\n"
+
+
+class _After:
+    """A replay ledger whose ``once`` waits for ``done``: a replay that read the letter
+    before the other replay ran, and reaches the ledger after it settled."""
+
+    def __init__(self, ledger: Any, done: threading.Event) -> None:
+        self.ledger, self.done = ledger, done
+
+    def get(self, key: str) -> Any:
+        return self.ledger.get(key)
+
+    def once(self, key: str, fn: Any, **kwargs: Any) -> Any:
+        assert self.done.wait(30)
+        return self.ledger.once(key, fn, **kwargs)
+
+
+def test_a_replay_that_read_the_letter_before_another_ran_leaves_the_letter_to_it(
+    where: str,
+) -> None:
+    """Before: Erin's replay, having read the letter before Dana's ran, found the ledger
+    done and wrote herself as the letter's replayer (the handler never ran for her). Now
+    the letter keeps Dana, who ran it, and Erin is told Dana replayed it."""
+    with tether.Records.open(where) as records:
+        letter_id, _, _ = a_letter_and_its_case(records)
+    done = threading.Event()
+    told: list[Any] = []
+    with tether.Records.open(where) as erins, tether.Records.open(where) as danas:
+        ledger = _After(erins.dead_letters._replay_ledger(), done)
+
+        def erin() -> None:
+            told.append(erins.dead_letters._replay(letter_id, charge_handler, by="erin",
+                                                   ledger=ledger))  # type: ignore[arg-type]  # fmt: skip
+
+        racer = threading.Thread(target=erin)
+        racer.start()
+        try:
+            assert danas.dead_letters.replay(letter_id, charge_handler, by="dana") == "charged c_2"
+            first = danas.dead_letters.get(letter_id)
+        finally:
+            done.set()
+            racer.join(30)
+    assert charged == ["c_2"]
+    with tether.Records.open(where) as records:
+        letter = records.dead_letters.get(letter_id)
+    assert (letter.replayed_by, letter.replayed_at) == ("dana", first.replayed_at)
+    (replayed,) = told
+    assert (replayed.result, replayed.ran, replayed.letter.replayed_by) == (
+        "charged c_2",
+        False,
+        "dana",
+    )
+
+
+def test_a_replay_marks_a_letter_whose_replay_ran_but_was_not_marked_and_closes_its_case(
+    where: str,
+) -> None:
+    """Dana's replay ran the handler (the ledger recorded it) but the letter's write failed:
+    her replay raised and the case stayed open. Before, Erin's replay returned the recorded
+    result and left the case open. Now it marks the letter in Dana's name (the replay that
+    ran it) and resolves the case, linked to the letter as a successful replay is."""
+    with tether.Records.open(where) as records:
+        letter_id, _, case_id = a_letter_and_its_case(records)
+        store = records.dead_letters.store
+        put = store.put
+
+        def full_disk(kind: str, doc_id: str, doc: dict[str, Any], at: float) -> None:
+            if doc.get("replayed"):
+                raise OSError("disk full")
+            put(kind, doc_id, doc, at)
+
+        store.put = full_disk  # type: ignore[method-assign]
+        with pytest.raises(OSError, match="disk full"):
+            replay_letter(records, letter_id, charge_handler, by="dana", at=100.0)
+        store.put = put  # type: ignore[method-assign]
+        assert records.dead_letters.get(letter_id).replayed is False
+        assert records.handoffs.get(case_id)["state"] == "open"
+        replayed = replay_letter(records, letter_id, charge_handler, by="erin", at=200.0)
+        assert charged == ["c_2"]  # not called again
+        letter = records.dead_letters.get(letter_id)
+        case = records.handoffs.get(case_id)
+    assert (letter.replayed, letter.replayed_by) == (True, "dana")
+    assert (case["state"], case["resolved_by"], case["dead_letter"]) == (
+        "resolved",
+        "erin",
+        letter_id,
+    )
+    assert "replayed by dana" in case["resolution"] and "marked by erin" in case["resolution"]
+    assert (replayed.result, replayed.ran, replayed.repaired) == ("charged c_2", False, True)

@@ -11,7 +11,10 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tether.records._collections import DeadLetter, Replayed
 
 __all__ = ["register"]
 
@@ -648,15 +651,17 @@ def _replay(args: argparse.Namespace) -> int:
         except KeyError as exc:
             print(f"tether dlq: {exc.args[0]}", file=sys.stderr)
             return 1
-        again = letter.replayed and not force
         at = system_clock.wall()
 
-        def replay() -> Any:
+        def replay() -> Replayed:
             return replay_letter(
                 records, letter.id, handler, by=by, at=at, force=force, lookup=lookup
             )
 
-        code = _replayed(letter, force, again, replay)
+        def now() -> DeadLetter:
+            return records.dead_letters.get(letter.id)
+
+        code = _replayed(letter.id, force, replay, now)
         case = case_of_run(records, letter.run_id) if code == 0 else None
         if case is not None and case.get("dead_letter") == letter.id:
             print(f"case {case['id']} resolved by {case.get('resolved_by', by)}")
@@ -665,27 +670,30 @@ def _replay(args: argparse.Namespace) -> int:
     return code
 
 
-def _replayed(letter: Any, force: bool, again: bool, replay: Callable[[], Any]) -> int:
-    """Run ``replay`` and say how it went; the exit code."""
+def _replayed(
+    letter_id: str, force: bool, replay: Callable[[], Replayed], now: Callable[[], DeadLetter]
+) -> int:
+    """Run ``replay`` and say how it went (``now``: the letter as it is); the exit code."""
     from tether._errors import EffectInProgress, UnknownOutcome
     from tether.records._collections import RedactedArguments
 
     try:
-        result = replay()
+        replayed = replay()
     except RedactedArguments as exc:
         print(f"tether dlq: {exc}", file=sys.stderr)
         return 2
     except EffectInProgress:
         print(
-            f"tether dlq: {letter.id} is being replayed right now (another terminal or process "
-            "holds its replay, and its handler has not ended): the handler was not called "
-            f"here. Once it ends, `tether dlq show {letter.id}` or a replay again tells how",
+            f"tether dlq: {letter_id} is being replayed right now{_by(now(), 'replaying')} "
+            "(another terminal or process holds its replay, and its handler has not ended): "
+            f"the handler was not called here. Once it ends, `tether dlq show {letter_id}` or "
+            "a replay again tells how",
             file=sys.stderr,
         )
         return 1
     except UnknownOutcome as exc:
         print(
-            f"tether dlq: an earlier replay of {letter.id} may have happened ({exc}); the "
+            f"tether dlq: an earlier replay of {letter_id} may have happened ({exc}); the "
             "handler was not called. Give --lookup module:function to check your records",
             file=sys.stderr,
         )
@@ -693,17 +701,29 @@ def _replayed(letter: Any, force: bool, again: bool, replay: Callable[[], Any]) 
     except Exception as exc:
         print(f"tether dlq: the handler failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    if again:
-        who = f" by {letter.replayed_by}" if letter.replayed_by else ""
-        when = f" at {_iso(letter.replayed_at)}" if letter.replayed_at else ""
+    result, letter = replayed.result, replayed.letter
+    if replayed.repaired:
         print(
-            f"{letter.id} was replayed before{who}{when}: the handler was not called again "
-            f"and the letter is unchanged (its recorded result: {result!r}); pass --force "
-            "to call it again"
+            f"{letter_id} was replayed before{_by(letter, 'replayed')}: its handler ran then "
+            "but the letter was not marked; it is marked now and the handler was not called "
+            f"again (its recorded result: {result!r})"
+        )
+    elif not replayed.ran:
+        print(
+            f"{letter_id} was replayed before{_by(letter, 'replayed')}: the handler was not "
+            f"called again and the letter is unchanged (its recorded result: {result!r}); "
+            "pass --force to call it again"
         )
     else:
-        print(f"replayed {letter.id}{' (forced)' if force else ''}: {result!r}")
+        print(f"replayed {letter_id}{' (forced)' if force else ''}: {result!r}")
     return 0
+
+
+def _by(letter: DeadLetter, which: str) -> str:
+    """ " by NAME at TIME" of the letter's ``which`` ("replayed" or "replaying"), as far as
+    the letter knows them."""
+    who, when = getattr(letter, f"{which}_by"), getattr(letter, f"{which}_at")
+    return (f" by {who}" if who else "") + (f" at {_iso(when)}" if when else "")
 
 
 def _iso(at: Any) -> Any:

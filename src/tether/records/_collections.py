@@ -227,6 +227,10 @@ class DeadLetter:
     #: who replayed it (the operator page's "by"; "" before a replay, or from the CLI) and when
     replayed_by: str = ""
     replayed_at: float | None = None
+    #: who holds its replay's claim, or held it last, and since when (written before the
+    #: handler is called: a replay that finds the letter's replay in flight names them)
+    replaying_by: str = ""
+    replaying_at: float | None = None
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -245,6 +249,8 @@ class DeadLetter:
             "last_at": self.last_at,
             "replayed_by": self.replayed_by,
             "replayed_at": self.replayed_at,
+            "replaying_by": self.replaying_by,
+            "replaying_at": self.replaying_at,
         }
 
     @classmethod
@@ -276,6 +282,18 @@ def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """What a replay did: the handler's result (or the one recorded before), whether this
+    replay called the handler, the letter after it, and whether it marked the letter for an
+    earlier replay whose handler ran but whose mark was not written (``repaired``)."""
+
+    result: Any
+    ran: bool
+    letter: DeadLetter
+    repaired: bool = False
 
 
 class DeadLetters(_Collection):
@@ -377,9 +395,13 @@ class DeadLetters(_Collection):
 
         A replay that does not call the handler (the letter was replayed before: its
         recorded result is returned) leaves the letter as it was: who replayed it and when
-        stay those of the replay that ran.
+        stay those of the replay that ran, even when the two replays raced. Where the
+        replay that ran could not mark the letter (its write failed after the handler
+        returned), the next replay marks it in that replay's name.
         """
-        return self._replay(letter_id, handler, force=force, ledger=ledger, lookup=lookup, by=by)[0]
+        return self._replay(
+            letter_id, handler, force=force, ledger=ledger, lookup=lookup, by=by
+        ).result
 
     def _replay(
         self,
@@ -390,8 +412,10 @@ class DeadLetters(_Collection):
         ledger: Ledger | None = None,
         lookup: Callable[[str], Any] | None = None,
         by: str = "",
-    ) -> tuple[Any, bool]:
-        """:meth:`replay`, and whether this call ran the handler."""
+    ) -> Replayed:
+        """:meth:`replay`, and what it did to the letter."""
+        from tether.clock import system_clock
+
         letter = self.get(letter_id)
         extra: dict[str, Any] = {}
         if letter.redacted:
@@ -401,31 +425,51 @@ class DeadLetters(_Collection):
         ledger = ledger or self._replay_ledger()
         base = f"dead-letter:{letter.key or letter.id}"
         key = f"{base}:forced:{os.urandom(16).hex()}" if force else _next_replay(ledger, base)
-
+        # who replays it (``by``: the operator page's name; "" from code)
+        by = by.strip()[:100]
         ran: list[bool] = []
+        unmarked: list[Exception] = []
 
         def call() -> Any:
+            # Both marks are written while this replay holds the ledger's claim, so a replay
+            # that loses the race reads them: the first names who is replaying it, the
+            # second (before the ledger records the result) who replayed it.
+            self._mark(letter.id, replaying_by=by, replaying_at=system_clock.wall())
             ran.append(True)
-            if isinstance(letter.args, dict):
-                return handler(**letter.args, **extra)
-            return handler(letter.args, **extra)
+            by_name = isinstance(letter.args, dict)
+            result = handler(**letter.args, **extra) if by_name else handler(letter.args, **extra)
+            try:
+                self._mark(
+                    letter.id, replayed=True, replayed_by=by, replayed_at=system_clock.wall()
+                )
+            except Exception as exc:  # the handler ran: the ledger must record its result
+                unmarked.append(exc)
+            return result
 
         result = ledger.once(key, call, lookup=lookup)
-        if letter.replayed and not ran:  # a recorded result: the letter stays as it was
-            return result, False
-        from tether.clock import system_clock
-
-        # who replayed it, when (``by``: the operator page's name; "" from code or the CLI)
-        done = DeadLetter.from_doc(
-            {
-                **letter.to_doc(),
-                "replayed": True,
-                "replayed_by": by.strip()[:100],
-                "replayed_at": system_clock.wall(),
-            }
+        if unmarked:
+            raise unmarked[0]
+        if ran:
+            return Replayed(result, ran=True, letter=self.get(letter.id))
+        now = self.get(letter.id)
+        if now.replayed:  # a recorded result: the letter stays as the replay that ran left it
+            return Replayed(result, ran=False, letter=now)
+        # The handler ran in an earlier replay (the ledger has its result) that could not mark
+        # the letter: it is marked now, in that replay's name (the last to hold the claim).
+        marked = self._mark(
+            letter.id,
+            replayed=True,
+            replayed_by=now.replaying_by or by,
+            replayed_at=now.replaying_at or system_clock.wall(),
         )
-        self.store.put(self.kind, letter.id, done.to_doc(), letter.at)
-        return result, bool(ran)
+        return Replayed(result, ran=False, letter=marked, repaired=True)
+
+    def _mark(self, letter_id: str, **changes: Any) -> DeadLetter:
+        """The letter as it is now (a park may have joined it), with ``changes``, stored."""
+        now = self.get(letter_id)
+        marked = replace(now, **changes)
+        self.store.put(self.kind, now.id, marked.to_doc(), now.at)
+        return marked
 
     def last_replay(self, letter_id: str) -> dict[str, Any] | None:
         """The letter's latest replay, as its ledger records it: ``{"state": "done",

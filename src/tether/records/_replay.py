@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tether.records._collections import CaseState
+from tether.records._collections import CaseState, Replayed
 
 if TYPE_CHECKING:
     from tether.records._records import Records
@@ -39,33 +39,33 @@ def replay_letter(
     at: float,
     force: bool = False,
     lookup: Callable[[str], Any] | None = None,
-) -> Any:
+) -> Replayed:
     """Replay the dead letter ``letter_id`` for ``by`` (a person's name: required, a replay
-    runs a side effect again) and return the handler's result; then the case of the letter's
+    runs a side effect again) and return what it did (the handler's result in it); then the case of the letter's
     run, when it is open and not an outage's incident, is resolved by ``by`` at ``at``
     ("dead letter … replayed by …"), naming the letter. What the replay raises
     (:class:`tether.RedactedArguments`, :class:`tether.EffectInProgress`,
     :class:`tether.UnknownOutcome`, the handler's failure) is raised, and nothing is
     resolved. A replay that did not call the handler (its recorded result returned)
-    changes neither the letter nor the case."""
+    changes neither the letter nor the case, unless the replay that called it could not
+    mark the letter: then this one marks it in that replay's name and resolves the case."""
     by = by.strip() if isinstance(by, str) else ""
     if not by:
         raise ValueError("say who replays it: a replay runs a side effect again")
     letters = records.dead_letters
-    letter = letters.get(letter_id)  # a KeyError for no such letter, before anything runs
-    result, ran = letters._replay(letter_id, handler, by=by, force=force, lookup=lookup)
+    letters.get(letter_id)  # a KeyError for no such letter, before anything runs
+    replayed = letters._replay(letter_id, handler, by=by, force=force, lookup=lookup)
+    letter = replayed.letter
+    ran = replayed.ran or replayed.repaired
     case = case_of_run(records, letter.run_id) if ran else None
     if case is None or case.get("state") == CaseState.RESOLVED or case.get("incident"):
-        return result
+        return replayed
+    note = f"dead letter {letter_id} replayed by {letter.replayed_by}: its handler ran"
+    if replayed.repaired:  # an earlier replay ran it and could not mark the letter
+        note += f" (the letter marked by {by[:100]})"
     try:
-        records.handoffs.resolve(
-            str(case["id"]),
-            by=by,
-            note=f"dead letter {letter_id} replayed by {by[:100]}: its handler ran",
-            at=at,
-            dead_letter=letter_id,
-        )
+        records.handoffs.resolve(str(case["id"]), by=by, note=note, at=at, dead_letter=letter_id)
     except ValueError:  # another replay of the run's letters resolved it meanwhile
         if records.handoffs.get(str(case["id"])).get("state") != CaseState.RESOLVED:
             raise
-    return result
+    return replayed

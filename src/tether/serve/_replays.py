@@ -69,9 +69,10 @@ class Replays(Area):
         except RedactedArguments:
             raise
         except EffectInProgress:  # another replay's handler still runs: not a failure
+            who = self.site.records.dead_letters.get(letter_id).replaying_by
             raise ValueError(
-                f"{letter_id} is being replayed right now (its handler has not ended): this "
-                "replay did not call it. Its page shows how it ends."
+                f"{letter_id} is being replayed right now{f' by {who}' if who else ''} (its "
+                "handler has not ended): this replay did not call it. Its page shows how it ends."
             ) from None
         except Exception as exc:  # the handler's failure: the letter's page shows it
             _log.warning("tether serve: the replay of %s failed: %s", letter_id, type(exc).__name__)
