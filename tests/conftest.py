@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,24 @@ def pg_dsn() -> str:
             pytrace=False,
         )
     return PG_DSN
+
+
+@pytest.fixture
+def table(pg_dsn: str, request: pytest.FixtureRequest) -> Iterator[Callable[[], str]]:
+    """Fresh PostgreSQL table names of this test (named after its module), dropped after it."""
+    import psycopg
+
+    prefix = request.module.__name__.rpartition(".")[2].removeprefix("test_")
+    made: list[str] = []
+
+    def fresh() -> str:
+        made.append(f"{prefix}_{uuid.uuid4().hex[:12]}")
+        return made[-1]
+
+    yield fresh
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for name in made:
+            conn.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 @pytest.fixture(scope="session")

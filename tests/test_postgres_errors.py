@@ -10,38 +10,18 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 import tether
+from pg_sessions import with_setting
 from tether import Checkpoints, Ledger, StoreUnavailable
 from tether.stores._schema import SCHEMA_LOCK
 
 SHELLS = ["sync", "async"]
-
-
-def _with(dsn: str, setting: str) -> str:
-    """``dsn`` with a server setting for its sessions (``options=-c name=value``)."""
-    return f"{dsn}{'&' if '?' in dsn else '?'}options=-c%20{setting.replace('=', '%3D')}"
-
-
-@pytest.fixture
-def table(pg_dsn: str) -> Iterator[Callable[[], str]]:
-    """Fresh table names of this test, dropped after it."""
-    made: list[str] = []
-
-    def fresh() -> str:
-        made.append(f"races_{uuid.uuid4().hex[:12]}")
-        return made[-1]
-
-    yield fresh
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for name in made:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 def once(ledger: Ledger, shell: str, key: str, fn: Callable[[], Any]) -> Any:
@@ -65,7 +45,7 @@ def test_a_claim_the_server_refuses_is_store_unavailable(
     name = table()
     Ledger.postgres(pg_dsn, table=name).close()  # the table exists: a warm start
     ran: list[int] = []
-    ro = Ledger.postgres(_with(pg_dsn, "default_transaction_read_only=on"), table=name)
+    ro = Ledger.postgres(with_setting(pg_dsn, "default_transaction_read_only=on"), table=name)
     with ro, pytest.raises(StoreUnavailable, match="refused the statement") as refused:
         once(ro, shell, "refund-A-1", lambda: ran.append(1))
     assert ran == []
@@ -88,7 +68,7 @@ def test_a_guarded_effect_on_a_refused_ledger_never_runs(
         paid.append(order)
         return "refunded"
 
-    ro = Ledger.postgres(_with(pg_dsn, "default_transaction_read_only=on"), table=name)
+    ro = Ledger.postgres(with_setting(pg_dsn, "default_transaction_read_only=on"), table=name)
     guard = tether.Guard(ledger=ro, retry=tether.RetryPolicy(max_attempts=2, base=0.001))
     with guard.start() as run:
         run.proceed()
@@ -155,7 +135,7 @@ def test_a_schema_lock_that_times_out_is_store_unavailable(
     holder = psycopg.connect(pg_dsn, autocommit=True)
     holder.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK,))
     try:
-        timing_out = _with(pg_dsn, "lock_timeout=200")
+        timing_out = with_setting(pg_dsn, "lock_timeout=200")
         with pytest.raises(StoreUnavailable, match="lock_timeout ran out") as documents:
             Checkpoints.postgres(timing_out, table=table())
         with pytest.raises(StoreUnavailable, match="lock_timeout ran out") as ledger:
@@ -178,7 +158,7 @@ def test_a_claim_whose_row_lock_times_out_says_so(pg_dsn: str, table: Callable[[
     holder.execute(f"SELECT key FROM {name} FOR UPDATE")
     ran: list[int] = []
     try:
-        timing_out = Ledger.postgres(_with(pg_dsn, "lock_timeout=200"), table=name)
+        timing_out = Ledger.postgres(with_setting(pg_dsn, "lock_timeout=200"), table=name)
         with timing_out, pytest.raises(StoreUnavailable, match="refused the statement") as refused:
             timing_out.once("refund-A-1", lambda: ran.append(1))
     finally:

@@ -22,30 +22,11 @@ import psycopg
 import pytest
 
 import tether
+from pg_sessions import with_setting
 from tether import Checkpoints, Ledger, StoreUnavailable
 from tether.stores._ledger_logic import Record, State
 
 SHELLS = ["sync", "async"]
-
-
-def _with(dsn: str, setting: str) -> str:
-    """``dsn`` with a server setting for its sessions (``options=-c name=value``)."""
-    return f"{dsn}{'&' if '?' in dsn else '?'}options=-c%20{setting.replace('=', '%3D')}"
-
-
-@pytest.fixture
-def table(pg_dsn: str) -> Iterator[Callable[[], str]]:
-    """Fresh table names of this test, dropped after it."""
-    made: list[str] = []
-
-    def fresh() -> str:
-        made.append(f"fails_{uuid.uuid4().hex[:12]}")
-        return made[-1]
-
-    yield fresh
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for name in made:
-            conn.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
@@ -113,7 +94,7 @@ def test_documents_whose_lock_times_out_are_store_unavailable(
     holder = psycopg.connect(pg_dsn)
     holder.execute(f"LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE")
     try:
-        timing_out = Checkpoints.postgres(_with(pg_dsn, "lock_timeout=200"), table=name)
+        timing_out = Checkpoints.postgres(with_setting(pg_dsn, "lock_timeout=200"), table=name)
         with timing_out, pytest.raises(StoreUnavailable) as failed:
             OPS[op](timing_out)
     finally:
@@ -160,7 +141,7 @@ def test_documents_on_a_read_only_database_are_store_unavailable(
     classified permanent)."""
     name = table()
     Checkpoints.postgres(pg_dsn, table=name).close()
-    ro = Checkpoints.postgres(_with(pg_dsn, "default_transaction_read_only=on"), table=name)
+    ro = Checkpoints.postgres(with_setting(pg_dsn, "default_transaction_read_only=on"), table=name)
     with ro, pytest.raises(StoreUnavailable, match="SQLSTATE 25006") as refused:
         OPS[op](ro)
     assert "read-only" in str(refused.value)
@@ -170,7 +151,9 @@ def test_a_password_is_never_said(pg_dsn: str, table: Callable[[], str]) -> None
     """The DSN in the error has no password (as a URL, or as keywords)."""
     name = table()
     Checkpoints.postgres(pg_dsn, table=name).close()
-    ro = _with(pg_dsn.replace("postgres@", "postgres:hunter2@"), "default_transaction_read_only=on")
+    ro = with_setting(
+        pg_dsn.replace("postgres@", "postgres:hunter2@"), "default_transaction_read_only=on"
+    )
     with Checkpoints.postgres(ro, table=name) as store, pytest.raises(StoreUnavailable) as failed:
         store.save({"run_id": "run-1"}, 1.0)
     assert "hunter2" not in str(failed.value)
@@ -224,7 +207,7 @@ def _once(ledger: Ledger, shell: str, key: str, fn: Callable[[], Any]) -> Any:
 
 
 def _serializable(dsn: str) -> str:
-    return _with(dsn, "default_transaction_isolation=serializable")
+    return with_setting(dsn, "default_transaction_isolation=serializable")
 
 
 def _conflicting_update(pg_dsn: str, name: str) -> tuple[psycopg.Connection[Any], threading.Thread]:
@@ -524,7 +507,7 @@ def test_scopes_on_a_read_only_database_refuse_the_call(pg_dsn: str, records_tab
     SQLSTATE and no request is sent (before: psycopg's ReadOnlySqlTransaction escaped)."""
     with tether.Records.postgres(pg_dsn, records_table) as records:
         tether.BudgetScopes(records).limit("tenant:acme", max_cost_usd=1.0)
-    ro = _with(pg_dsn, "default_transaction_read_only=on")
+    ro = with_setting(pg_dsn, "default_transaction_read_only=on")
     records = tether.Records.postgres(ro, records_table)
     with records, pytest.raises(StoreUnavailable, match="no request was sent") as refused:
         _scoped_call(records)
