@@ -146,10 +146,9 @@ def test_the_first_run_loads_what_it_uses() -> None:
     assert '"$dec":"1.5"' in out.stdout and '"$bytes":"eA=="' in out.stdout
 
 
-#: the dataclasses a first run may create (each compiles its methods at import, 2-5 M
-#: instructions on Python 3.11): public values users replace, compare and read fields of,
-#: and ``_Call``, which the tool pipeline copies with ``dataclasses.replace``; a value only
-#: tether makes and reads is a plain slots class (``tether._frozen``)
+#: the dataclasses a first run may create: public values users replace, compare and read
+#: fields of (``tether._frozen.frozen_dataclass``: none of their methods compiled); a value
+#: only tether makes and reads is a plain slots class (``tether._frozen.Frozen``)
 FIRST_RUN_DATACLASSES = {
     "tether.classification._classify.Verdict",
     "tether.providers._usage.RequestUsage",
@@ -165,7 +164,6 @@ FIRST_RUN_DATACLASSES = {
     "tether.run._outcome.Usage",
     "tether.run._pricing.Price",
     "tether.run._scopes.ScopeView",
-    "tether.run._toolkit._Call",
     "tether.telemetry._events.BreakerEvent",
     "tether.telemetry._events.RetryEvent",
 }
@@ -213,10 +211,11 @@ def test_a_frozen_value_reads_as_the_dataclass_it_was() -> None:
         cfg.cooldown = 1.0  # type: ignore[misc]
 
 
-def test_the_first_run_compiles_few_dataclass_methods() -> None:
+def test_the_first_run_compiles_no_dataclass_method() -> None:
     """Python 3.11 compiles each method a dataclass makes, at import: the first run's
-    dataclasses share ``==``, ``hash`` and ``repr`` (``tether._frozen.Value``) and compile
-    only their ``__init__`` and frozen ``__setattr__`` / ``__delattr__`` (134 before)."""
+    dataclasses share ``__init__``, ``==``, ``hash``, ``repr`` and the frozen
+    ``__setattr__`` / ``__delattr__`` (``tether._frozen.Value``; 134 compiled before #45,
+    then 50)."""
     code = (
         "import sys\nmade = []\n"
         "def seen(frame, event, arg):\n"
@@ -227,7 +226,7 @@ def test_the_first_run_compiles_few_dataclass_methods() -> None:
         "run.succeed('done')\nsys.setprofile(None)\nprint(len(made))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert int(out.stdout) <= 50
+    assert int(out.stdout) == 0
 
 
 def test_a_public_value_keeps_its_dataclass_methods() -> None:

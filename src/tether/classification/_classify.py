@@ -27,7 +27,6 @@ import errno
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from tether._errors import (
@@ -38,7 +37,7 @@ from tether._errors import (
     StoreUnavailable,
     TransientError,
 )
-from tether._frozen import Value
+from tether._frozen import Value, frozen_dataclass
 from tether.classification._headers import (
     _header,
     limit_named,
@@ -73,7 +72,7 @@ class Kind(enum.Enum):
     QUOTA = "quota"  # a spend or credit limit: retries will not help until it resets
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class Verdict(Value):
     """The classification of one failure."""
 

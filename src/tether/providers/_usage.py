@@ -5,15 +5,14 @@ profile (``usage(reply)`` in each module of :mod:`tether.providers`), counted by
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from tether._frozen import Value
+from tether._frozen import Value, frozen_dataclass
 
 __all__ = ["RequestUsage", "UsageReader", "count", "model_of", "stream_usage"]
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class RequestUsage(Value):
     """The tokens of one model request, as the price reads them: ``input_tokens`` are the
     prompt tokens neither written to nor read from a cache."""

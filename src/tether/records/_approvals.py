@@ -7,11 +7,11 @@ import enum
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from tether._errors import TetherError
-from tether._frozen import Value
+from tether._frozen import Value, frozen_dataclass
 
 __all__ = [
     "APPROVED",
@@ -52,7 +52,7 @@ class ApprovalError(TetherError, ValueError):
     """An approval that cannot be given: no such checkpoint, nothing pending, decided already."""
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class ApprovalRecord(Value):
     """One call that needs (or had) a person's decision."""
 

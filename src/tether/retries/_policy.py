@@ -16,10 +16,9 @@ import functools
 import inspect
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from tether._frozen import Value
+from tether._frozen import Value, frozen_dataclass
 from tether._sansio import adrive, drive
 from tether.classification._classify import Verdict, classify
 from tether.clock import Clock, system_clock
@@ -74,7 +73,7 @@ _SETTINGS = (
 )
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class RetryStats(Value):
     """What the last call of a policy did, in this thread or task."""
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from tether._frozen import Value
+from tether._frozen import Value, frozen_dataclass
 
 __all__ = ["Budget"]
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class Budget(Value):
     """Limits counted in code (a limit that exists only in the prompt is a request).
 

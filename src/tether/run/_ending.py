@@ -408,4 +408,5 @@ def _said(reason: StopReason, status: str) -> str:
 
 
 def _usage_doc(usage: Usage) -> dict[str, Any]:
-    return {name: getattr(usage, name) for name in Usage.__slots__}
+    names: tuple[str, ...] = Usage.__slots__
+    return {name: getattr(usage, name) for name in names}

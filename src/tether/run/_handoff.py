@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from tether._frozen import Value
+from tether._frozen import Value, frozen_dataclass
 from tether.run._outcome import MEANINGS, Status, StopReason
 
 __all__ = ["SOME_STEP", "CustomerMessages", "Escalation", "HandoffRecord", "webhook"]
@@ -27,7 +26,7 @@ DEFAULT_TRIGGERS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class HandoffRecord(Value):
     """What a person gets when a run is handed over: the case, its history, the facts."""
 
@@ -60,7 +59,7 @@ class HandoffRecord(Value):
 Sink = Callable[[HandoffRecord], object]
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class Escalation(Value):
     """When a run goes to a person, and where the handoff record is delivered.
 
@@ -110,7 +109,7 @@ def webhook(url: str, *, timeout: float = 10.0, headers: dict[str, str] | None =
     return send
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class CustomerMessages(Value):
     """Short, honest texts for the customer: no stack trace, no internals, no hostnames.
 

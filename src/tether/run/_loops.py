@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
-from tether._frozen import Value
+from tether._frozen import Value, frozen_dataclass
 from tether.run._outcome import StopReason
 
 __all__ = ["LoopPolicy", "LoopState"]
@@ -50,7 +50,7 @@ def _caps(allow: object) -> dict[str, int]:
     return caps
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class LoopPolicy(Value):
     """When repetition means stuck.
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import enum
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, cast
 
 from tether._errors import TetherError
-from tether._frozen import Value
+from tether._frozen import Value, frozen_dataclass
 
 __all__ = [
     "MEANINGS",
@@ -96,7 +96,7 @@ class ToolError(TetherError):
         super().__init__(f"{tool}: {model_message}" if tool else model_message)
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class Usage(Value):
     """What a run spent."""
 
@@ -151,7 +151,7 @@ class Family(enum.StrEnum):
     WAIT = "wait"  # the run waits and goes on later: an approval, a scope, another worker
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class Meaning(Value):
     """What a stop reason means for the run's ending, in one place (:data:`MEANINGS`).
 
@@ -208,7 +208,7 @@ MEANINGS: dict[StopReason, Meaning] = {
 }
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class Outcome(Value):
     """The end of a run: a result, or a partial result and a reason.
 

@@ -24,10 +24,9 @@ import logging
 import re
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from tether._frozen import Value
+from tether._frozen import Value, frozen_dataclass
 
 __all__ = ["PRICES", "PRICES_READ_ON", "Price", "PriceTable", "UnknownModelError"]
 
@@ -43,7 +42,7 @@ _warned_lock = threading.Lock()
 _SUFFIX = re.compile(r"(-\d{8}|-\d{4}-\d{2}-\d{2}|-latest|@[\w.-]+)?")
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class Price(Value):
     """USD per million tokens."""
 

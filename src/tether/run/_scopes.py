@@ -15,10 +15,9 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tether._frozen import Value
+from tether._frozen import Value, frozen_dataclass
 from tether.clock import Clock, system_clock
 from tether.run._outcome import Outcome, StopReason, Usage
 from tether.run._pricing import UnknownModelError
@@ -36,7 +35,7 @@ _LIMIT_NAMES = {
 }
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class ScopeView(Value):
     """One scope as the operator reads it: its limits, what it spent (in its window),
     what calls in flight hold, and the runs waiting on it (run id -> checkpoint id)."""

@@ -167,4 +167,4 @@ class ToolGate:
         """A call under an approval runs through the ledger whatever ``idempotent`` says."""
         if gate is None or not idempotent:
             return call, idempotent
-        return replace(call, policy=self.s.guard._policy(call.name, timeout, effect=True)), False
+        return call.under(self.s.guard._policy(call.name, timeout, effect=True)), False

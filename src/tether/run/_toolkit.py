@@ -8,7 +8,6 @@ import inspect
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any
 
 from tether import telemetry
@@ -36,21 +35,51 @@ def _said(text: str) -> str:
     return str(redact(first, pii=masks_pii()))[:300]
 
 
-@dataclass(slots=True, eq=False)
 class _Call:
     """The checked context of one tool call (made on every call: a plain slots class,
     whose constructor assigns its fields, where a frozen one would go through
     ``object.__setattr__`` for each; nothing changes it once made)."""
 
-    name: str
-    args: Any
-    action: str  # the intent: what the loop checks compare
-    key: str  # the ledger's key: the intent, scoped by the guard's scope when it has one
-    step: int
-    policy: RetryPolicy
-    allow_repeat: int | None = None  # this call's own repeat cap (a read-only tool's polling)
-    text: str | None = None  # the arguments' canonical JSON, when it holds all of them
-    strings: list[str] | None = None  # the keys and string values of that text, if collected
+    __slots__ = (
+        "action",
+        "allow_repeat",
+        "args",
+        "key",
+        "name",
+        "policy",
+        "step",
+        "strings",
+        "text",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        args: Any,
+        action: str,  # the intent: what the loop checks compare
+        key: str,  # the ledger's key: the intent, scoped by the guard's scope when it has one
+        step: int,
+        policy: RetryPolicy,
+        allow_repeat: int | None = None,  # this call's own repeat cap (a read-only tool's polling)
+        text: str | None = None,  # the arguments' canonical JSON, when it holds all of them
+        strings: list[str] | None = None,  # the keys and string values of that text
+    ) -> None:
+        self.name = name
+        self.args = args
+        self.action = action
+        self.key = key
+        self.step = step
+        self.policy = policy
+        self.allow_repeat = allow_repeat
+        self.text = text
+        self.strings = strings
+
+    def under(self, policy: RetryPolicy) -> _Call:
+        """The same call under another retry policy."""
+        return _Call(
+            self.name, self.args, self.action, self.key, self.step, policy,
+            self.allow_repeat, self.text, self.strings,
+        )  # fmt: skip
 
 
 class _Options(Frozen):

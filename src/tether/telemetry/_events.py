@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from tether._frozen import Value
+from tether._frozen import Value, frozen_dataclass
 
 if TYPE_CHECKING:
     from tether.classification._classify import Verdict
@@ -13,7 +12,7 @@ if TYPE_CHECKING:
 __all__ = ["BreakerEvent", "RetryEvent", "RetryHook"]
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class RetryEvent(Value):
     """One failed attempt that will be retried after ``delay`` seconds."""
 
@@ -25,7 +24,7 @@ class RetryEvent(Value):
     elapsed: float  # seconds since the call started
 
 
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass
 class BreakerEvent(Value):
     """A circuit breaker changed state."""
 
