@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypedDict, Unpack
 
 from tether._errors import CheckpointError, TetherError
 from tether.redaction._redact import redact, redacted_paths
@@ -284,6 +284,15 @@ def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
     return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
+class ReplayOptions(TypedDict, total=False):
+    """How :meth:`DeadLetters.replay` replays a letter (each optional)."""
+
+    force: bool  # run the handler again whatever happened before (False)
+    ledger: Ledger | None  # the ledger to go through (one beside the letters)
+    lookup: Callable[[str], Any] | None  # asked when an earlier outcome is unknown
+    by: str  # who replays it, kept on the letter ("")
+
+
 @dataclass(frozen=True, slots=True)
 class Replayed:
     """What a replay did: the handler's result (or the one recorded before), whether this
@@ -367,14 +376,7 @@ class DeadLetters(_Collection):
         ]
 
     def replay(
-        self,
-        letter_id: str,
-        handler: Callable[..., Any],
-        *,
-        force: bool = False,
-        ledger: Ledger | None = None,
-        lookup: Callable[[str], Any] | None = None,
-        by: str = "",
+        self, letter_id: str, handler: Callable[..., Any], **options: Unpack[ReplayOptions]
     ) -> Any:
         """Call ``handler(**args)`` (or ``handler(args)``) at most once per intent.
 
@@ -386,7 +388,8 @@ class DeadLetters(_Collection):
         the handler is fixed) calls it again; one whose outcome is unknown (a timeout) goes
         through ``lookup(key)`` (your records: the result if it happened, else None), and
         without one raises :class:`tether.UnknownOutcome`. ``force=True`` runs the handler
-        again whatever happened before.
+        again whatever happened before; ``by`` names who replays it (kept on the letter; ""
+        by default); ``ledger`` is the ledger to go through.
 
         A letter stores its arguments redacted. When some were, the handler must take a
         ``redacted`` keyword (the list of redacted paths, e.g. ``["args.api_key"]``) and
@@ -399,34 +402,26 @@ class DeadLetters(_Collection):
         replay that ran could not mark the letter (its write failed after the handler
         returned), the next replay marks it in that replay's name.
         """
-        return self._replay(
-            letter_id, handler, force=force, ledger=ledger, lookup=lookup, by=by
-        ).result
+        return self._replay(letter_id, handler, **options).result
 
     def _replay(
-        self,
-        letter_id: str,
-        handler: Callable[..., Any],
-        *,
-        force: bool = False,
-        ledger: Ledger | None = None,
-        lookup: Callable[[str], Any] | None = None,
-        by: str = "",
+        self, letter_id: str, handler: Callable[..., Any], **options: Unpack[ReplayOptions]
     ) -> Replayed:
         """:meth:`replay`, and what it did to the letter."""
         from tether.clock import system_clock
 
+        force, lookup = options.get("force", False), options.get("lookup")
         letter = self.get(letter_id)
         extra: dict[str, Any] = {}
         if letter.redacted:
             if not _takes_keyword(handler, "redacted"):
                 raise RedactedArguments(letter)
             extra["redacted"] = list(letter.redacted)
-        ledger = ledger or self._replay_ledger()
+        ledger = options.get("ledger") or self._replay_ledger()
         base = f"dead-letter:{letter.key or letter.id}"
         key = f"{base}:forced:{os.urandom(16).hex()}" if force else _next_replay(ledger, base)
         # who replays it (``by``: the operator page's name; "" from code)
-        by = by.strip()[:100]
+        by = options.get("by", "").strip()[:100]
         ran: list[bool] = []
         unmarked: list[Exception] = []
 
