@@ -539,3 +539,86 @@ def test_a_reservation_rolled_back_by_a_serialization_failure_is_run_again(
         finally:
             committer.join(30)
             holder.close()
+
+
+def _disk_full() -> sqlite3.OperationalError:
+    """SQLite's own SQLITE_FULL ("database or disk is full"), from a database held to one page."""
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    db.execute("PRAGMA max_page_count = 1")
+    try:
+        db.execute("CREATE TABLE t (x)")
+        db.execute("CREATE TABLE u (x)")
+    except sqlite3.OperationalError as exc:
+        assert exc.sqlite_errorname == "SQLITE_FULL"
+        return exc
+    finally:
+        db.close()
+    raise AssertionError("a one-page database took two tables")
+
+
+class _FullAtCommit:
+    """A SQLite connection whose first COMMIT a full disk refuses, then per ``after``:
+    "sqlite rolled back" (SQLite rolled the transaction back itself: a ROLLBACK would fail
+    "no transaction is active"), "rollback fails" (the transaction stays open and the
+    ROLLBACK fails with sqlite3's own error, after undoing it), "open" (the ROLLBACK works)."""
+
+    def __init__(self, db: sqlite3.Connection, after: str) -> None:
+        self.db, self.after, self.commits = db, after, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.db, name)
+
+    def execute(self, sql: str, *params: Any) -> Any:
+        if sql == "COMMIT" and not self.commits:
+            self.commits += 1
+            if self.after == "sqlite rolled back":
+                self.db.execute("ROLLBACK")
+            raise _disk_full()
+        if sql == "ROLLBACK" and self.after == "rollback fails":
+            self.db.execute("ROLLBACK")  # then again: "no transaction is active"
+        return self.db.execute(sql, *params)
+
+
+@pytest.mark.parametrize("after", ["sqlite rolled back", "rollback fails"])
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_sqlite_ledger_whose_commit_and_rollback_fail_is_store_unavailable(
+    tmp_path: Path, shell: str, after: str
+) -> None:
+    """A claim's COMMIT refused by a full disk, SQLite having rolled the transaction back
+    itself or the ROLLBACK failing: StoreUnavailable naming SQLITE_FULL (a failed ROLLBACK
+    noted on it), and the effect does not run (before: the ROLLBACK's "no transaction is
+    active", SQLITE_ERROR, classified permanent)."""
+    ran: list[int] = []
+    with _sqlite_ledger(tmp_path / "ledger.db") as ledger:
+        with pytest.raises(PermissionError):  # a FAILED record: the next claim decides on it
+            _once(ledger, shell, "refund-A-1", lambda: (_ for _ in ()).throw(PermissionError()))
+        backend: Any = ledger.backend
+        backend._db = _FullAtCommit(backend._db, after)
+        with pytest.raises(StoreUnavailable, match="SQLITE_FULL") as failed:
+            _once(ledger, shell, "refund-A-1", lambda: ran.append(1))
+    assert ran == []
+    cause: BaseException | None = failed.value
+    while cause is not None and not isinstance(cause, sqlite3.Error):
+        cause = cause.__cause__
+    assert cause is not None and cause.sqlite_errorname == "SQLITE_FULL"
+    noted = any("ROLLBACK failed" in note for note in getattr(cause, "__notes__", ()))
+    assert noted is (after == "rollback fails")
+
+
+def test_a_sqlite_documents_write_whose_commit_fails_rolls_back_and_the_store_works_on(
+    tmp_path: Path,
+) -> None:
+    """A write transaction whose COMMIT a full disk refuses is StoreUnavailable and rolled
+    back: the next write works (before: the transaction stayed open, and every later write
+    failed "cannot start a transaction within a transaction")."""
+    with Checkpoints.sqlite(str(tmp_path / "docs.db")) as store:
+        docs: Any = store.store
+        real = docs._db
+        docs._db = _FullAtCommit(real, "open")
+        with pytest.raises(StoreUnavailable, match="SQLITE_FULL"), docs.sql(write=True) as sql:
+            sql.run("CREATE TABLE lost (x)")
+        assert not real.in_transaction
+        with docs.sql(write=True) as sql:
+            sql.run("CREATE TABLE kept (x)")
+            made = sql.rows("SELECT name FROM sqlite_master WHERE name IN ('lost', 'kept')")
+    assert made == [("kept",)]

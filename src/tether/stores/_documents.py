@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 from tether._errors import CheckpointError, StoreUnavailable, require
 from tether.clock import SystemClock
 from tether.redaction._redact import safe_url
-from tether.stores._schema import create_schema, sqlite_create, sqlite_wal
+from tether.stores._schema import create_schema, sqlite_create, sqlite_immediate, sqlite_wal
 from tether.stores._sql import DIALECTS, POSTGRES, SQLITE, DocumentSql
 from tether.stores._sqlfailures import (
     TX_ATTEMPTS,
@@ -175,13 +175,8 @@ class SqliteDocuments:
             if not write:
                 yield Sql(self._db, self.dialect)
                 return
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with sqlite_immediate(self._db):
                 yield Sql(self._db, self.dialect)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:

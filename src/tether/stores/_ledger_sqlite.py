@@ -22,7 +22,7 @@ from tether.stores._ledger_logic import (
     decide_claim,
     decide_complete,
 )
-from tether.stores._schema import sqlite_create, sqlite_wal
+from tether.stores._schema import sqlite_create, sqlite_immediate, sqlite_wal
 from tether.stores._sqlfailures import sqlite_unavailable
 
 __all__ = ["SqliteLedgerBackend"]
@@ -128,14 +128,8 @@ class SqliteLedgerBackend:
     @contextmanager
     def _immediate(self) -> Iterator[None]:
         """A write transaction taken at once (``BEGIN IMMEDIATE``): decide, then write."""
-        with self._held:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._held, sqlite_immediate(self._db):
+            yield
 
     def _decided(self, key: str, decide: Callable[[Record | None], T]) -> T:
         with self._immediate():

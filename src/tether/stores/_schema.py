@@ -22,13 +22,14 @@ be refused at once).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from tether._errors import StoreUnavailable
 from tether.clock import SystemClock
 
-__all__ = ["SCHEMA_LOCK", "create_schema", "sqlite_create", "sqlite_wal"]
+__all__ = ["SCHEMA_LOCK", "create_schema", "sqlite_create", "sqlite_immediate", "sqlite_wal"]
 
 #: the advisory lock key taken while tether creates its tables (a fixed 64-bit number:
 #: ``int.from_bytes(b"tetherDB", "big") >> 1``)
@@ -137,11 +138,28 @@ def sqlite_wal(db: Any, timeout: float) -> None:
 def sqlite_create(db: Any, statements: Sequence[str]) -> None:
     """Run ``statements`` on the SQLite connection ``db`` (autocommit) in one write
     transaction taken at once (``BEGIN IMMEDIATE``: one connection at a time)."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
+    with sqlite_immediate(db):
         for statement in statements:
             db.execute(statement)
-    except BaseException:
-        db.execute("ROLLBACK")
+
+
+@contextmanager
+def sqlite_immediate(db: Any) -> Iterator[None]:
+    """One write transaction on the SQLite connection ``db`` (autocommit), taken at once
+    (``BEGIN IMMEDIATE``): committed when the block ends, rolled back when it raises or its
+    ``COMMIT`` fails. What failed first is what is raised: a ``COMMIT`` refused by a full
+    disk or an I/O error (SQLite may have rolled the transaction back itself) whose
+    ``ROLLBACK`` then fails raises the ``COMMIT``'s error, the file that cannot be used now
+    (``stores/_sqlfailures.py``), with the ``ROLLBACK``'s noted; not the ``ROLLBACK``'s
+    "no transaction is active", a programming error."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException as exc:
+        if db.in_transaction:
+            try:
+                db.execute("ROLLBACK")
+            except Exception as undo:
+                exc.add_note(f"its ROLLBACK failed too: {type(undo).__name__}: {undo}")
         raise
-    db.execute("COMMIT")
