@@ -85,8 +85,11 @@ def test_import_tether_loads_no_store() -> None:
 #: priced call, the records' queries with records, the checkpoint and dead-letter stores
 #: (and the document stores under them) with checkpoints, the token budgets with a token
 #: budget, the budget scopes' stores with scopes, fallbacks with a chain, compensations with
-#: the first rollback, ``tether.Tool`` with the first tool (a call asks only ``_toolfn``)
+#: the first rollback, ``tether.Tool`` with the first tool (a call asks only ``_toolfn``),
+#: hashlib (OpenSSL) once 64 KB were hashed (``tether._digest``)
 FIRST_RUN_LAZY = [
+    "hashlib",
+    "_hashlib",
     "uuid",
     "platform",
     "decimal",
@@ -253,3 +256,21 @@ def test_a_public_value_keeps_its_dataclass_methods() -> None:
         hash(outcome)  # its result is a dict
     with pytest.raises(dataclasses.FrozenInstanceError):
         usage.steps = 1  # type: ignore[misc]
+
+
+def test_digests_need_no_openssl_until_much_is_hashed() -> None:
+    """``tether._digest`` hashes with Python's own SHA-256 until it has hashed its budget,
+    then with hashlib's (OpenSSL) itself: the same digests either way."""
+    code = (
+        "import hashlib, sys\nsys.modules.pop('hashlib'); sys.modules.pop('_hashlib')\n"
+        "from tether import _digest\nseen = []\n"
+        "for n in (0, 1, 63, 64, 1000, 40_000, 40_000, 5):\n"
+        "    data = bytes(range(256)) * (n // 256) + b'x' * (n % 256)\n"
+        "    h = _digest.sha256(data[:7]); _digest.spend(len(data) - 7); h.update(data[7:])\n"
+        "    assert h.hexdigest() == hashlib.sha256(data).hexdigest(), n\n"
+        "    assert _digest.sha256(data).hexdigest() == hashlib.sha256(data).hexdigest(), n\n"
+        "    seen.append(_digest.sha256 is getattr(sys.modules.get('hashlib'), 'sha256', 0))\n"
+        "print(seen, '_hashlib' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[False, False, False, False, False, True, True, True] True"

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import enum
 import functools
-import hashlib
 import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from tether import _digest
 from tether.effects._tagged import NO_FIELDS, Tag, escape_key, fields_of, tag
 
 __all__ = ["MAX_DEPTH", "VOLATILE_FIELDS", "canonical_json", "intent_key"]
@@ -403,16 +403,13 @@ def _check(tool: str, scope: str) -> None:
 
 def digest(tool: str, text: str, scope: str = "") -> str:
     """The SHA-256 hex digest of (tool, scope, the canonical text of the arguments)."""
-    h = hashlib.sha256(_PREFIX)
-    h.update(tool.encode("utf-8"))
-    h.update(b"\x00")
-    h.update(scope.encode("utf-8"))
-    h.update(b"\x00")
+    head = b"%s%s\x00%s\x00" % (_PREFIX, tool.encode("utf-8"), scope.encode("utf-8"))
     if len(text) <= _CHUNK:
-        h.update(text.encode("ascii"))
-    else:  # hash a large text in slices: no second full-size copy
-        for i in range(0, len(text), _CHUNK):
-            h.update(text[i : i + _CHUNK].encode("ascii"))
+        return _digest.sha256(head + text.encode("ascii")).hexdigest()
+    _digest.spend(len(text))  # hash a large text in slices: no second full-size copy
+    h = _digest.sha256(head)
+    for i in range(0, len(text), _CHUNK):
+        h.update(text[i : i + _CHUNK].encode("ascii"))
     return h.hexdigest()
 
 

@@ -45,11 +45,11 @@ run (:mod:`tether.effects._once`) and the recorder's settlements
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from tether import _digest
 from tether._sansio import Plan, adrive, drive
 from tether.clock import Clock, system_clock
 from tether.effects._canonical import canonical_json
@@ -82,7 +82,7 @@ def _payload_hash(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         text = f"[[{','.join(canonical_json(a) for a in args)}],{canonical_json(kwargs)}]"
     except (TypeError, ValueError):
         return None  # arguments that are objects (clients, sessions): no payload check
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
+    return _digest.sha256(text.encode("ascii")).hexdigest()
 
 
 class Ledger:

@@ -4,12 +4,12 @@ checkpoints' document store so that it survives a restart with its run."""
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 import logging
 from dataclasses import asdict, replace
 from typing import Any
 
+from tether import _digest
 from tether._errors import TetherError
 from tether._frozen import Value, frozen_dataclass
 
@@ -93,7 +93,7 @@ def approval_id(run_id: str, key: str, request: str | None = None) -> str:
     given (``key=``, a conversation): a document edited to another run's id, its request
     left as it was, finds no approval of that run."""
     bound = run_id if request in (None, f"run:{run_id}") else f"{run_id}\x00{request}"
-    return "apr_" + hashlib.sha256(f"{bound}\x00{key}".encode()).hexdigest()[:24]
+    return "apr_" + _digest.sha256(f"{bound}\x00{key}".encode()).hexdigest()[:24]
 
 
 class Approvals:

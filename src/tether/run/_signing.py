@@ -9,7 +9,6 @@ a key, a document that is unsigned, altered or forged is refused
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -69,7 +68,8 @@ def _canonical(doc: Mapping[str, Any], bound: str) -> bytes:
 
 def sign(doc: Mapping[str, Any], keys: tuple[bytes, ...], bound: str = "") -> str:
     """The signature of ``doc`` with the first of ``keys``."""
-    import hmac  # only a guard with a signing key signs
+    import hashlib  # only a guard with a signing key signs
+    import hmac
 
     return _SCHEME + hmac.new(keys[0], _canonical(doc, bound), hashlib.sha256).hexdigest()
 
@@ -86,7 +86,8 @@ def verify(doc: Mapping[str, Any], keys: tuple[bytes, ...], bound: str = "") -> 
             f"${ENV}): refused; nothing ran (a document written before the key was set, or "
             "by a deployment without it, cannot be continued)"
         )
-    import hmac  # only a guard with a signing key checks
+    import hashlib  # only a guard with a signing key checks
+    import hmac
 
     text = _canonical(doc, bound)
     for key in keys:

@@ -3,9 +3,9 @@ one starts, and what a step says about itself (progress, the agent's state)."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
+from tether import _digest
 from tether.effects._canonical import canonical_json
 from tether.run._outcome import StopReason
 from tether.run._runstate import (
@@ -52,9 +52,8 @@ class Steps:
     def observe_state(self, state: Any) -> None:
         """Record the agent's state; raises Stopped (STATE_CYCLE) when it repeats."""
         s = self.s
-        digest = hashlib.sha256(
-            canonical_json(state, ignore=(), path="state").encode("ascii")
-        ).hexdigest()
+        text = canonical_json(state, ignore=(), path="state")
+        digest = _digest.sha256(text.encode("ascii")).hexdigest()
         if s._loops.observe_state(digest, s.steps):
             raise s._halt(StopReason.STATE_CYCLE, f"state at step {s.steps} repeats an earlier one")
         progressed(s)  # a state never seen before is a new fact

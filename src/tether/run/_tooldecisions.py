@@ -3,10 +3,10 @@ and what a success or a failure does to the run."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
+from tether import _digest
 from tether._errors import (
     CircuitOpenError,
     DeadlineExceeded,
@@ -215,7 +215,7 @@ class ToolDecisions:
         self.s.partial.append(recorded.redacted(jsonable))
         s.transcript.append({"step": call.step, "tool": call.name, "ok": True})
         text = encoded if encoded is not None else repr(result)
-        digest = hashlib.sha256(f"{call.name}\x00{text}".encode()).hexdigest()
+        digest = _digest.sha256(f"{call.name}\x00{text}".encode()).hexdigest()
         note_result(s, digest)  # progress when not seen before
         if s.guard.escalation is not None:  # no escalation: no retry limit to check
             self._check_retry_escalation()
