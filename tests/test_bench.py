@@ -223,7 +223,7 @@ def test_overhead_suite_reports_every_case() -> None:
         "retry_success_path": "tenacity",
         "ledger_memory_new_key": "dict",
         "ledger_sqlite_new_key": "insert_update",
-        "ledger_redis_new_key": "set_nx_set",
+        "ledger_redis_new_key": "set_nx_cas",
         "ledger_postgres_new_key": "two_statements",
         "record_model_call_prices_extra": "own_table",
         "import_tether": "tenacity",
@@ -513,6 +513,17 @@ def test_the_fleet_reports_its_cells_as_they_end_not_after_the_agents() -> None:
     assert any(m.startswith("fleet: contention / full") for m in seen)
 
 
+def test_every_suite_says_it_started_before_any_cell_ends() -> None:
+    """The agents' cells run after the fleet's: their suite says it started (a running
+    step, counting nothing) before any cell ends, so its bar shows from the start."""
+    seen: list[tuple[str, int]] = []
+    bench.run(["agents", "fleet"], tasks=3, scenarios=["truncated", "outage-5"],
+              progress=lambda message, total: seen.append((message, total)))  # fmt: skip
+    agents = sum(1 for m, _ in seen if m.startswith("agents: ") and not m.endswith(" …"))
+    assert seen[0] == (f"agents: {agents} cells queued …", agents), seen
+    assert seen[1][0].startswith("fleet: ") and seen[1][0].endswith(" cells queued …"), seen
+
+
 def test_piped_progress_speaks_every_few_seconds_while_a_step_runs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -541,3 +552,25 @@ def test_bench_help_names_the_default_set_and_what_all_means(
     out = " ".join(capsys.readouterr().out.split())
     assert "'default' (or 'all', its older name: not every suite), the default set" in out
     assert "under a minute" not in out and "59.8 s on an idle 2-core machine" in out
+
+
+def test_the_redis_ledger_peer_fences_a_writer_that_lost_its_claim(redis_url: str) -> None:
+    """The Redis ledger row's peer writes the result only while the claim is still the
+    writer's, as the ledger does (two plain SETs would overwrite a takeover's record)."""
+    import uuid
+
+    import redis
+
+    from tether.bench._overhead import REDIS_CAS
+
+    client = redis.Redis.from_url(redis_url)
+    settle = client.register_script(REDIS_CAS)
+    key = f"tether-test-cas-{uuid.uuid4().hex}"
+    try:
+        client.set(key, "pending-b", px=60_000)  # b took the claim over after a's lease
+        assert settle(keys=[key], args=["pending-a", "done-a", 60_000]) is None
+        assert b"pending-b" == client.get(key)
+        assert settle(keys=[key], args=["pending-b", "done-b", 60_000]) is not None
+        assert b"done-b" == client.get(key)
+    finally:
+        client.delete(key)

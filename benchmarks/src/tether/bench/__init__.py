@@ -168,7 +168,13 @@ def run(
             + len(limit_jobs)
             + len(tenants)
         )
-        # every cell reported as it ends, whichever suite it is of (the fleet's cells run first)
+        # each suite's progress from its start (its cells are queued now: the agents' run
+        # after the fleet's, and a bar that appeared only with their first cell stayed
+        # hidden for minutes); then every cell reported as it ends, whichever suite it is of
+        if agent_jobs:
+            note(f"agents: {len(agent_jobs)} cells queued …", len(agent_jobs))
+        if fleet_total:
+            note(f"fleet: {fleet_total} cells queued …", fleet_total)
         for fut in as_completed(kinds):
             first, second, cell = fut.result()
             done[kinds[fut]][first, second] = cell

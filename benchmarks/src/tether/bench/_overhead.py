@@ -545,24 +545,50 @@ def _sqlite_floor(path: str) -> dict[str, Callable[[], Any]]:
     return {"insert_update": two, "close": db.close}
 
 
+#: the result written only while the writer still holds its claim (its token is the value)
+REDIS_CAS = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
+return false
+"""
+
+
 def _redis_floor(url: str, prefix: str) -> dict[str, Callable[[], Any]]:
+    """What users write in Redis for the ledger's guarantee (``set_nx_cas``): a claim that
+    lapses with its lease (``SET NX PX``, a fresh token in the value), then the result
+    written only if the claim is still the writer's (a compare-and-set script, as
+    PostgreSQL's peer updates only a pending row): without that check, a worker whose
+    lease ran out overwrites the record of the worker that took its claim over. Beside it
+    ``set_nx_set``, the two plain SETs, without lease or fencing."""
+    import os
+
     import redis
 
     client = redis.Redis.from_url(url)
+    settle = client.register_script(REDIS_CAS)
+    done = '{"state": "done", "result": {"ok": true}}'
     n = [0]
+
+    def cas() -> None:
+        n[0] += 1
+        key = f"{prefix}:floor:{n[0]}"
+        pending = '{"state": "pending", "owner": "' + os.urandom(16).hex() + '"}'
+        if client.set(key, pending, nx=True, px=60_000):
+            settle(keys=[key], args=[pending, done, 86_400_000])
 
     def two() -> None:
         n[0] += 1
         key = f"{prefix}:floor:{n[0]}"
         client.set(key, '{"state": "pending"}', nx=True, px=86_400_000)
-        client.set(key, '{"state": "done", "result": {"ok": true}}', px=86_400_000)
+        client.set(key, done, px=86_400_000)
 
     def close() -> None:
         for k in client.scan_iter(match=f"{prefix}:*"):
             client.delete(k)
         client.close()
 
-    return {"set_nx_set": two, "close": close}
+    return {"set_nx_cas": cas, "set_nx_set": two, "close": close}
 
 
 def _once_of(ledger: tether.Ledger, tag: str) -> Callable[[], Any]:
@@ -625,14 +651,19 @@ def _against(
     *,
     number: int,
     reps: int,
+    beside: tuple[str, ...] = (),
 ) -> dict[str, dict[str, Any]]:
-    """A ledger's new-key ``once`` interleaved with the floor's ``peer`` statements (the
-    floor is closed after); its goal: 1.5x the floor."""
-    times = _interleaved(
-        {"tether": _once_of(ledger, tag), peer: floor[peer]}, number=number, reps=reps
-    )
+    """A ledger's new-key ``once`` interleaved with the floor's ``peer`` statements (and
+    the ``beside`` ones, shown with their ratio; the floor is closed after); its goal:
+    1.5x the floor."""
+    impls = {"tether": _once_of(ledger, tag), peer: floor[peer]}
+    impls.update({name: floor[name] for name in beside})
+    times = _interleaved(impls, number=number, reps=reps)
     floor["close"]()
-    return _row(times, peer=peer, goal=1.5)
+    row = _row(times, peer=peer, goal=1.5)
+    for name in beside:
+        row["tether"][f"vs_{name}"] = _ratios(times["tether"], times[name])["ratio"]
+    return row
 
 
 def _ledgers(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
@@ -681,9 +712,17 @@ def _ledgers(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
         redis_ledger = tether.Ledger.redis(url, prefix=prefix, allow_lost_records=True)
         rfloor = _redis_floor(url, prefix + "-floor")
         row = _against(
-            redis_ledger, "r", rfloor, "set_nx_set", number=30 if quick else 60, reps=reps
+            redis_ledger,
+            "r",
+            rfloor,
+            "set_nx_cas",
+            number=30 if quick else 60,
+            reps=reps,
+            beside=("set_nx_set",),
         )
         _drop(redis_ledger, url)
+        row["set_nx_cas"]["round_trips_per_call"] = 2
+        row["set_nx_cas"]["written_as"] = "SET NX PX lease, then a compare-and-set script"
         row["tether"]["round_trips_per_call"] = _round_trips(
             lambda u: tether.Ledger.redis(u, prefix=prefix + "-rt", allow_lost_records=True),
             url,

@@ -13,6 +13,9 @@ from tether.bench._columns import Column, Table, fixed, most, share, table, text
 
 __all__ = ["markdown_tables", "print_tables", "strip_series", "write_report"]
 
+#: the peers a row shows beside its own (the ratio under ``vs_<name>``)
+BESIDE = ("insert_on_conflict", "set_nx_set")
+
 
 def strip_series(results: dict[str, Any]) -> dict[str, Any]:
     """The results without the per-second series (kept for plots, not for --json)."""
@@ -186,8 +189,9 @@ def overhead_rows(suite: dict[str, Any], busy: str | None = None) -> Table:
             ratio = ""
             if "ratio" in m:
                 ratio = f"{m['ratio']:.2f}x {m['vs']} ({m['ratio_min']:.2f}-{m['ratio_max']:.2f})"
-                if "vs_insert_on_conflict" in m:
-                    ratio += f"; {m['vs_insert_on_conflict']:.2f}x insert_on_conflict"
+                for name in BESIDE:  # the other peers shown beside the row's own
+                    if f"vs_{name}" in m:
+                        ratio += f"; {m[f'vs_{name}']:.2f}x {name}"
             goal = ""
             if "goal" in m:
                 goal = f"<= {m['goal']:g}x: {'holds' if m['holds'] else failed}"
