@@ -569,8 +569,8 @@ def test_the_redis_ledger_peer_fences_a_writer_that_lost_its_claim(redis_url: st
     try:
         client.set(key, "pending-b", px=60_000)  # b took the claim over after a's lease
         assert settle(keys=[key], args=["pending-a", "done-a", 60_000]) is None
-        assert b"pending-b" == client.get(key)
+        assert client.get(key) == b"pending-b"
         assert settle(keys=[key], args=["pending-b", "done-b", 60_000]) is not None
-        assert b"done-b" == client.get(key)
+        assert client.get(key) == b"done-b"
     finally:
         client.delete(key)

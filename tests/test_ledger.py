@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -685,3 +687,43 @@ def test_redis_ledger_loads_its_scripts_again_after_a_flush(
         assert record is not None and record.state is State.DONE
     finally:
         drop(ledger)
+
+
+def test_a_claim_draws_its_owner_token_without_a_system_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new key's claim takes its fencing token from the process's prefix and a counter,
+    not from os.urandom (a system call, about 3 us of a memory ledger's 8 us new key)."""
+    from tether.effects import _recorder
+
+    ledger = tether.Ledger.memory()
+
+    def refused(n: int) -> bytes:
+        raise AssertionError("os.urandom was called for a claim")
+
+    monkeypatch.setattr(_recorder.os, "urandom", refused)
+    assert ledger.once("k-token", lambda: {"ok": True}) == {"ok": True}
+    record = ledger.get("k-token")
+    assert record is not None and re.fullmatch("[0-9a-f]{32}", record.owner)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_owner_tokens_are_unique_across_claims_and_a_forked_child() -> None:
+    """Each claim's token is new, and a forked child does not repeat its parent's."""
+    from tether.effects._recorder import owner_token
+
+    mine = {owner_token() for _ in range(1000)}
+    assert len(mine) == 1000
+    read, write = os.pipe()
+    with warnings.catch_warnings():  # 3.12+ warns of forking a threaded process
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: its next tokens, then out at once
+        os.write(write, " ".join(owner_token() for _ in range(10)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    theirs = os.read(read, 4096).decode().split()
+    os.close(read)
+    assert len(theirs) == 10
+    assert not {t[:16] for t in theirs} & {t[:16] for t in mine}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import contextvars
+import itertools
 import json
 import logging
 import os
@@ -37,7 +38,15 @@ from tether.stores._ledger_logic import Completion, LedgerBackend, Record, Settl
 #: a named tuple from all its fields at once (see :data:`tether.stores._ledger_logic._build`)
 _build = tuple.__new__
 
-__all__ = ["NOT_FOUND", "EffectFailed", "LedgerSettings", "Recorder", "current_key", "why"]
+__all__ = [
+    "NOT_FOUND",
+    "EffectFailed",
+    "LedgerSettings",
+    "Recorder",
+    "current_key",
+    "owner_token",
+    "why",
+]
 
 _log = logging.getLogger("tether")
 
@@ -118,6 +127,29 @@ def _storable(text: object) -> str:
     return text
 
 
+# A claim's owner token fences off a worker whose lease ran out: it must be unique, it
+# need not be secret (the ledger stores it in the clear). It is this process's random
+# prefix (drawn again in a forked child, which would otherwise repeat its parent's tokens)
+# and a counter that never wraps: os.urandom on every claim was a system call, about 3 us
+# of a memory ledger's 8 us new key.
+_token_prefix = os.urandom(8).hex()
+_token_count = itertools.count()
+
+
+def _new_token_prefix() -> None:
+    global _token_prefix
+    _token_prefix = os.urandom(8).hex()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX: a forked child draws its own prefix
+    os.register_at_fork(after_in_child=_new_token_prefix)
+
+
+def owner_token() -> str:
+    """A fresh owner token for a claim: 32 hex digits, unique across processes."""
+    return f"{_token_prefix}{next(_token_count):016x}"
+
+
 class Recorder:
     """The store steps of one ledger, and the decisions taken on their answers."""
 
@@ -139,7 +171,7 @@ class Recorder:
         """One claim attempt: (owner, previous record of a takeover, a replay or NOT_FOUND),
         or None while another worker holds the key (ask again, unless ``last``)."""
         ledger = self.ledger
-        owner = os.urandom(16).hex()  # the claim's owner and fencing token
+        owner = owner_token()  # the claim's owner and fencing token
         now = ledger.clock.wall() if self.virtual else None
         try:
             claimed, record = ledger.backend.claim(
