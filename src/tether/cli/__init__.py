@@ -46,12 +46,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_code: int = args.run_command(args)
         return bench_code
     from tether._errors import CheckpointError, StoreUnavailable
+    from tether.cli._where import action_of, checked, one_line, scrubbed
 
     where = f"tether {args.command}" + (
-        f" {action}" if (action := _action(args)) else ""
+        f" {action}" if (action := action_of(args)) else ""
     )  # e.g. "tether dlq list", as the errors name it
+    if getattr(args, "db", "") is None and args.command in _NEEDS_DB:  # --db before or after
+        print(f"{where}: --db PATH is required ({_STORES[args.command]}: a SQLite file or a "
+              "PostgreSQL DSN)", file=sys.stderr)  # fmt: skip
+        return 2
     try:
-        refused = _unreachable(args)
+        refused = checked(args, _STORES.get(args.command, "the store"))
         if refused is not None:
             print(f"{where}: {refused[1]}", file=sys.stderr)
             return refused[0]
@@ -59,10 +64,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `tether dlq list | head -1`: the reader had enough; quietly
         return _pipe_closed()
     except CheckpointError as exc:  # a file that is not a tether database: what was given
-        print(f"{where}: {_one_line(exc)}", file=sys.stderr)
+        print(
+            f"{where}: {scrubbed(one_line(exc), getattr(args, 'db', None) or '')}", file=sys.stderr
+        )
         return 2
     except StoreUnavailable as exc:  # the store could not be used now
-        print(f"{where}: {_one_line(exc)}", file=sys.stderr)
+        print(
+            f"{where}: {scrubbed(one_line(exc), getattr(args, 'db', None) or '')}", file=sys.stderr
+        )
         return 1
     return code
 
@@ -70,76 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 #: what each command's ``--db`` holds, as its errors name it
 _STORES = {"dlq": "the dead letters", "records": "the records", "serve": "the records",
            "scopes": "the budget scopes"}  # fmt: skip
-
-
-def _action(args: argparse.Namespace) -> str:
-    for name in ("dlq_command", "records_command", "scopes_command"):
-        value = getattr(args, name, None)
-        if isinstance(value, str):
-            return value
-    return ""
-
-
-def _unreachable(args: argparse.Namespace) -> tuple[int, str] | None:
-    """For a ``--db`` that is a PostgreSQL DSN: one connection, given 3 seconds, before the
-    command opens its pool (which waits 10 s for a server that is not there). None when it
-    connects (or psycopg is not installed: the store says so); else the exit code (2: the
-    server answered and refused, e.g. no such database or role; 1: it did not answer) and
-    a line naming the store, the DSN without its password and the reason."""
-    db = getattr(args, "db", None)
-    if not isinstance(db, str):
-        return None
-    from tether.records._records import Records
-
-    if not Records.is_dsn(db):
-        return None
-    try:
-        import psycopg
-    except ImportError:
-        return None
-    from tether.stores._sqlfailures import safe_dsn
-
-    try:
-        psycopg.connect(db, connect_timeout=3).close()
-    except psycopg.Error as exc:
-        text = _one_line(exc)
-        reason = text.rsplit(" failed: ", 1)[-1]
-        refused = reason.startswith("FATAL:")
-        reason = " ".join(reason.removeprefix("FATAL:").split())
-        store = _STORES.get(args.command, "the store")
-        return (2 if refused else 1), _scrubbed(
-            f"cannot use {store} at {safe_dsn(db)}: {safe_dsn(reason)}"
-            + ("" if refused else " (is the server up and the address right?)"),
-            db,
-        )
-    return None
-
-
-def _scrubbed(text: str, dsn: str) -> str:
-    """``text`` without the DSN's password, however the driver quoted it: libpq repeats the
-    part of a malformed URL it could not read (``invalid percent-encoded token: "pw"``) and
-    splits a password holding ``@`` at the wrong place (``failed to resolve host
-    'rest@host'``), so each piece of the password is masked where it appears."""
-    from urllib.parse import unquote
-
-    password = ""
-    _, sep, rest = dsn.partition("://")
-    if sep:
-        authority = rest.split("/", 1)[0].split("?", 1)[0]
-        userinfo = authority.rpartition("@")[0]
-        password = userinfo.partition(":")[2]
-    pieces = {password, unquote(password)}
-    for piece in list(pieces):
-        pieces.update(piece.replace(":", "@").split("@"))
-    for piece in sorted(pieces, key=len, reverse=True):
-        if len(piece) >= 3:
-            text = text.replace(piece, "***")
-    return text
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0].strip() if lines else type(exc).__name__
+#: the commands that cannot go on without ``--db`` (scopes may use Redis instead)
+_NEEDS_DB = ("dlq", "records", "serve")
 
 
 def _pipe_closed() -> int:

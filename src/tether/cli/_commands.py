@@ -31,6 +31,7 @@ def register(sub: Any) -> None:
     bench.add_argument(
         "--suite",
         action="append",
+        metavar="SUITE",
         choices=[
             "agents",
             "fleet",
@@ -43,7 +44,8 @@ def register(sub: Any) -> None:
             "default",
             "all",
         ],
-        help="a suite to run (repeatable). Without --suite, or with 'default' (or 'all', its "
+        help="a suite to run (repeatable): agents, fleet, overhead, soak, tau, tau-live, "
+        "fleet-live, serve, default or all. Without --suite, or with 'default' (or 'all', its "
         "older name: not every suite), the default set: agents, fleet, overhead. "
         "soak: 10^6 guarded steps in one run; tau: a τ²-bench domain (--tau-data); "
         "tau-live: worker processes killed between a write and its record; "
@@ -202,6 +204,7 @@ def register(sub: Any) -> None:
     serve.set_defaults(run_command=_serve)
 
     records = sub.add_parser("records", help="the records a guard files: list, show, prune")
+    records.add_argument("--db", help=RECORDS_DB)
     records_sub = records.add_subparsers(dest="records_command", required=True, metavar="ACTION")
     prune = records_sub.add_parser(
         "prune",
@@ -212,7 +215,7 @@ def register(sub: Any) -> None:
         "unreplayed dead letters (and their runs and checkpoints), and ledger records inside "
         "their ttl stay. A SQLite file is vacuumed after.",
     )
-    prune.add_argument("--db", required=True, help="the records: a SQLite file or a PostgreSQL DSN")
+    prune.add_argument("--db", default=argparse.SUPPRESS, help=RECORDS_DB)
     _defaulted(prune, "--older-than", _days, 30.0, "how old a record must be", metavar="DAYS")
     prune.set_defaults(run_command=_records)
     from tether.cli._inspect import add_records_commands
@@ -221,6 +224,9 @@ def register(sub: Any) -> None:
     add_records_commands(records_sub)
     add_scopes_commands(sub)
 
+
+#: ``--db`` of ``tether records``: before or after the action
+RECORDS_DB = "the records: a SQLite file or a PostgreSQL DSN"
 
 #: what a dead letter's replay handler is (``dlq replay --help``, ``serve --help``)
 HANDLER_CONTRACT = (
@@ -475,19 +481,7 @@ def _progress_printer() -> _Progress | _Lines:
 def _dlq(args: argparse.Namespace) -> int:
     from tether.cli import _inspect
 
-    if not args.db:
-        print(
-            "tether dlq: --db PATH is required (the SQLite file or PostgreSQL DSN of the dead letters)",
-            file=sys.stderr,
-        )
-        return 2
-    if _inspect.missing(args.db):
-        print(
-            f"tether dlq: {args.db}: no such file (give the SQLite file your "
-            "DeadLetters.sqlite(...) or Records.sqlite(...) writes, or a PostgreSQL DSN)",
-            file=sys.stderr,
-        )
-        return 2
+    # --db was checked before (tether.cli.main): given, and a file or a DSN that answers
     if args.dlq_command == "replay":
         return _replay(args)
     with _inspect.dead_letters(args.db) as letters:
@@ -547,15 +541,6 @@ def _serve(args: argparse.Namespace) -> int:
         allowed = [host_name(name) for name in allowed]
     except ValueError as exc:
         return _refused(f"--allowed-host: {exc}")
-    from tether.records._records import Records
-
-    if not Records.is_dsn(args.db) and not os.path.isfile(args.db):
-        print(
-            f"tether serve: {args.db}: no such file (give the SQLite file your "
-            "Records.sqlite(...) writes, or a PostgreSQL DSN)",
-            file=sys.stderr,
-        )
-        return 2
     handler = None
     if args.handler:
         handler = _import_handler(args.handler, "serve")
@@ -595,11 +580,6 @@ def _records(args: argparse.Namespace) -> int:
 
     if not (math.isfinite(args.older_than) and 0 <= args.older_than <= MAX_DAYS):
         return refused(f"--older-than must be a number of days from 0 to {MAX_DAYS:,}")
-    if not Records.is_dsn(args.db) and not os.path.isfile(args.db):
-        return refused(
-            f"{args.db}: no such file (give the SQLite file your Records.sqlite(...) "
-            "writes, or a PostgreSQL DSN)"
-        )
     with Records.open(args.db) as records:
         before = os.path.getsize(args.db) if not Records.is_dsn(args.db) else None
         pruned = records.prune(timedelta(days=args.older_than), vacuum=True)

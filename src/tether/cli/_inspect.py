@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -19,10 +18,10 @@ from typing import Any
 
 __all__ = [
     "add_records_commands",
-    "limit",
     "dead_letters",
+    "limit",
     "list_letters",
-    "missing",
+    "print_table",
     "records_list",
     "show_doc",
 ]
@@ -62,25 +61,63 @@ def shown(value: Any) -> Any:
     return redact(value, pii=masks_pii())
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Columns padded to their widest cell, the header first."""
-    cells = [[str(c) for c in header], *[[str(c) for c in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+def screen_width() -> int:
+    """The terminal's width (``COLUMNS`` first); 80 when the output is not a terminal."""
+    import shutil
+
+    return shutil.get_terminal_size((80, 24)).columns
+
+
+def print_table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    free: dict[str, int],
+    optional: Sequence[str] = (),
+) -> None:
+    """Columns padded to their widest cell, the header first, fitted to the screen: the
+    ``optional`` columns left out in turn while the rest cannot fit, then the widest of the
+    ``free`` (text) columns shortened, not below its given width, each cut cell ending in
+    "…". The columns left out are named on stderr."""
+    width = screen_width()
+    cells = [[str(c) for c in header], *[[" ".join(str(c).split()) for c in row] for row in rows]]
+    natural = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    least = [min(natural[i], free.get(name, natural[i])) for i, name in enumerate(header)]
+
+    def needed(keep: list[int], widths: Sequence[int]) -> int:
+        return sum(widths[i] for i in keep) + 2 * (len(keep) - 1)
+
+    keep = list(range(len(header)))
+    left_out = []
+    for name in optional:
+        if needed(keep, least) <= width:
+            break
+        keep.remove(header.index(name))
+        left_out.append(name)
+    widths = list(natural)
+    over = needed(keep, widths) - width
+    for floors in (least, [4 if header[i] in free else natural[i] for i in range(len(header))]):
+        while over > 0:  # cut the widest free column down to the next widest, and so on
+            cuttable = sorted((i for i in keep if widths[i] > floors[i]), key=lambda i: -widths[i])
+            if not cuttable:
+                break
+            i = cuttable[0]
+            cut = min(
+                over, max(1, widths[i] - max([floors[i], *(widths[j] for j in cuttable[1:2])]))
+            )
+            widths[i] -= cut
+            over -= cut
     lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+        "  ".join(_cell(row[i], widths[i]).ljust(widths[i]) for i in keep).rstrip() for row in cells
     ]
-    return "\n".join(lines)
+    print("\n".join(lines), flush=True)
+    if left_out:  # on stderr: stdout stays the table, for a script that reads it
+        left = ", ".join(left_out)
+        print(f"({left}: left out at {width} columns; --json has them)", file=sys.stderr)
 
 
-def _refused(command: str, why: str) -> int:
-    print(f"tether {command}: {why}", file=sys.stderr)
-    return 2
-
-
-def missing(where: str) -> bool:
-    from tether.records._records import Records
-
-    return not Records.is_dsn(where) and not os.path.isfile(where)
+def _cell(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
 @contextmanager
@@ -112,14 +149,15 @@ def list_letters(letters: Any, as_json: bool, limit: int) -> int:
             doc["id"],
             doc["at"],
             doc["tool"],
-            f"{doc['error_type']}: {str(doc['error'])[:60]}",
+            f"{doc['error_type']}: {doc['error']}",
             doc.get("asked", 1),
             "yes" if doc.get("replayed") else "no",
         )
         for doc in found
     ]
     # TIMES: how many times the same call was asked and failed (``asked``, see --help)
-    print(_table(("ID", "AT (UTC)", "TOOL", "ERROR", "TIMES", "REPLAYED"), rows))
+    header = ("ID", "AT (UTC)", "TOOL", "ERROR", "TIMES", "REPLAYED")
+    print_table(header, rows, free={"TOOL": 12, "ERROR": 20}, optional=("TIMES", "REPLAYED"))
     return 0
 
 
@@ -141,7 +179,7 @@ def add_records_commands(records_sub: Any) -> None:
         "PostgreSQL DSN; what it prints is redacted as on the operator page.",
     )
     listing.add_argument(
-        "--db", required=True, help="the records: a SQLite file or a PostgreSQL DSN"
+        "--db", default=argparse.SUPPRESS, help="the records: a SQLite file or a PostgreSQL DSN"
     )
     from tether.run._outcome import STATUSES, StopReason
 
@@ -171,7 +209,9 @@ def add_records_commands(records_sub: Any) -> None:
         "under 'totals'.",
     )
     show.add_argument("run_id")
-    show.add_argument("--db", required=True, help="the records: a SQLite file or a PostgreSQL DSN")
+    show.add_argument(
+        "--db", default=argparse.SUPPRESS, help="the records: a SQLite file or a PostgreSQL DSN"
+    )
     show.add_argument(
         "--json", action="store_true", help="print the record as JSON (with 'totals')"
     )
@@ -179,11 +219,12 @@ def add_records_commands(records_sub: Any) -> None:
 
 
 def records_list(args: argparse.Namespace) -> int:
+    from tether.cli._where import runs_filed
     from tether.records._records import Records
 
-    if missing(args.db):
-        return _refused("records list", f"{args.db}: no such file (give the SQLite file your "
-                        "Records.sqlite(...) writes, or a PostgreSQL DSN)")  # fmt: skip
+    if not runs_filed(args.db):  # dead letters only, say: opening Records would add tables
+        print("[]" if args.json else "no runs")
+        return 0
     with Records.open(args.db) as records:
         page = records.runs.search(status=args.status, reason=args.reason, limit=args.limit)
         docs = [records.runs.get(r["run_id"]) for r in page.runs] if args.json else []
@@ -200,11 +241,12 @@ def records_list(args: argparse.Namespace) -> int:
             row.get("status", ""),
             row.get("reason", ""),
             _cost(row.get("cost_usd")),
-            shown(str(row.get("task", ""))[:50]),
+            shown(str(row.get("task", ""))),
         )
         for row in page.runs
     ]
-    print(_table(("RUN", "ENDED (UTC)", "STATUS", "REASON", "COST", "TASK"), rows))
+    header = ("RUN", "ENDED (UTC)", "STATUS", "REASON", "COST", "TASK")
+    print_table(header, rows, free={"TASK": 12}, optional=("COST", "REASON"))
     if page.total > len(page.runs):
         print(f"({len(page.runs)} of {page.total} runs that match; --limit for more)")
     return 0
@@ -238,15 +280,16 @@ def _cost(usd: Any) -> str:
 
 
 def records_show(args: argparse.Namespace) -> int:
+    from tether.cli._where import runs_filed, shown_db
     from tether.records._records import Records
 
-    if missing(args.db):
-        return _refused("records show", f"{args.db}: no such file (give the SQLite file your "
-                        "Records.sqlite(...) writes, or a PostgreSQL DSN)")  # fmt: skip
-    with Records.open(args.db) as records:
-        doc = records.runs.get(args.run_id)
+    doc = None
+    if runs_filed(args.db):  # else no run: opening Records would add its tables
+        with Records.open(args.db) as records:
+            doc = records.runs.get(args.run_id)
     if doc is None:
-        print(f"tether records show: no run {args.run_id!r} in {args.db}", file=sys.stderr)
+        print(f"tether records show: no run {args.run_id!r} in {shown_db(args.db)}",
+              file=sys.stderr)  # fmt: skip
         return 1
     totals = run_totals(doc)
     if args.json:
@@ -294,5 +337,12 @@ def _run_text(doc: dict[str, Any], totals: dict[str, Any]) -> str:
         if value in (None, "", [], {}):
             continue
         text = json.dumps(value, indent=2, default=str) if isinstance(value, dict | list) else value
+        if key == "seconds" and isinstance(value, int | float):  # 0.016 s, not 0.0157813789…
+            text = _seconds(value)
         lines.append(f"{key}: {text}")
     return "\n".join(lines)
+
+
+def _seconds(value: float) -> str:
+    """A duration for a person: three decimals under a minute, one after (``0.016 s``)."""
+    return f"{value:.3f} s" if abs(value) < 60 else f"{value:,.1f} s"

@@ -29,6 +29,13 @@ def _count(text: str) -> int:
     return int(text)
 
 
+#: ``--db`` of ``tether scopes``, before or after the action
+_DB = (
+    "instead of Redis: the records database the fleet's BudgetScopes(records) use, "
+    "a PostgreSQL DSN or a SQLite file"
+)
+
+
 def _where(parser: Any) -> None:
     parser.add_argument(
         "--redis",
@@ -38,11 +45,7 @@ def _where(parser: Any) -> None:
     parser.add_argument(
         "--prefix", default="tether", help="the RedisStore's prefix (default tether)"
     )
-    parser.add_argument(
-        "--db",
-        help="instead of Redis: the records database the fleet's BudgetScopes(records) use, "
-        "a PostgreSQL DSN or a SQLite file",
-    )
+    parser.add_argument("--db", default=argparse.SUPPRESS, help=_DB)
     parser.add_argument(
         "--table",
         default="tether_documents",
@@ -54,6 +57,7 @@ def _where(parser: Any) -> None:
 def add_scopes_commands(sub: Any) -> None:
     """``tether scopes set NAME ...`` and ``tether scopes list``."""
     scopes = sub.add_parser("scopes", help="budget scopes shared by a fleet: set, list")
+    scopes.add_argument("--db", help=_DB)
     scopes_sub = scopes.add_subparsers(dest="scopes_command", required=True, metavar="ACTION")
     put = scopes_sub.add_parser(
         "set",
