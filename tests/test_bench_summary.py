@@ -121,6 +121,19 @@ def test_the_overhead_line_says_when_the_machine_was_busy(
     assert ("the machine was busy: load 1.9 on 2 cores" in line) is busy
 
 
+def test_the_overhead_line_counts_the_goals_in_time_too() -> None:
+    """A row whose goal is a time (the memory ledger's 10 us) counts as the table prints it:
+    a run whose table said "does not hold" on it no longer read "11 of 11 goals hold"."""
+    overhead = {
+        "ratio": {"tether": {"holds": True}},
+        "memory": {"tether": {"ns_per_call": 10_600.0, "goal_ns": 10_000}},
+        "prices": {"tether": {"ns_per_call": 4_000.0, "goal_ns": 10_000}},
+        "no_goal": {"floor": {"ns_per_call": 1.0}},
+    }
+    (line,) = _summary.summaries({"suites": {"overhead": overhead}})
+    assert line.startswith("overhead: 2 of 3 goals hold")
+
+
 def test_the_markdown_agents_tables_fit_80_columns() -> None:
     """The report's agents table (13 columns) is cut into tables of at most 80 characters a
     line, each keeping scenario and policy, every figure in one of them."""
