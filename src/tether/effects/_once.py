@@ -206,7 +206,10 @@ async def aexecute(
             r.record_failure(key, owner, exc)
         raise
     finally:
-        current_key.reset(token)
+        try:
+            current_key.reset(token)
+        except ValueError:  # closed from another context (see retries._drive.unmark)
+            pass
         if beat:
             heartbeat.remove(owner)
     await settle(backend, r.record_done, key, owner, result)

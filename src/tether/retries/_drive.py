@@ -30,6 +30,7 @@ __all__ = [
     "aattempts",
     "retry_context",
     "straight_attempt",
+    "unmark",
 ]
 
 T = TypeVar("T")
@@ -41,6 +42,21 @@ retry_context: contextvars.ContextVar[Any] = contextvars.ContextVar("tether_retr
 IN_ATTEMPT: Any = object()
 #: the context's mark, set and reset around an attempt (bound once: no look-up per call)
 _mark, _reset = retry_context.set, retry_context.reset
+
+
+def unmark(token: contextvars.Token[Any]) -> None:
+    """Take an attempt's mark back, in the context that set it.
+
+    A coroutine closed or collected elsewhere (cancelled mid-retry, its loop shut
+    down) runs its ``finally`` in whatever context is current there: the context that
+    set the mark goes with the coroutine, and the current one is not ours to change, so
+    the mark is left alone (``reset`` would raise ``ValueError`` there, printed as
+    "Exception ignored" once per coroutine collected).
+    """
+    try:
+        _reset(token)
+    except ValueError:
+        pass
 
 
 def straight_attempt(
@@ -63,7 +79,7 @@ def straight_attempt(
         try:
             result = call() if timeout is None else s.clock.call_with_timeout(timeout, call)
         finally:
-            _reset(token)
+            unmark(token)
     else:
         with _Attempt(hook, st.attempt):
             result = call() if timeout is None else s.clock.call_with_timeout(timeout, call)
@@ -90,7 +106,7 @@ async def astraight_attempt(
             else:
                 result = await call()
         finally:
-            _reset(token)
+            unmark(token)
     else:
         with _Attempt(hook, st.attempt):
             if timeout is not None:
@@ -132,7 +148,7 @@ class _Attempt:
         self.mark = None if self.hook is None else self.hook.begin(self.n)
 
     def __exit__(self, et: object, error: BaseException | None, tb: object) -> None:
-        retry_context.reset(self.token)
+        unmark(self.token)
         if self.hook is not None:
             self.hook.end(self.mark, error)
 

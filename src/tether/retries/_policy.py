@@ -29,6 +29,7 @@ from tether.retries._drive import (
     attempts,
     retry_context,
     straight_attempt,
+    unmark,
 )
 from tether.retries._job import JOB_CAP, Job
 from tether.retries._plan import CallState, Jitter, Waits, attempt_plan, straight
@@ -270,7 +271,7 @@ class RetryPolicy:
             try:
                 result = fn(*args, **kwargs)
             except BaseException as exc:
-                retry_context.reset(token)
+                unmark(token)
                 if not isinstance(exc, Exception):
                     raise
                 first = exc
@@ -355,6 +356,7 @@ class RetryPolicy:
         hook: AttemptHook | None,
     ) -> T:
         st = CallState(self, self._own_name or self._span_name(fn), deadline)
+        closed = False
         try:
             first = None
             if self._straight:
@@ -364,8 +366,12 @@ class RetryPolicy:
                     first = exc
             plan = attempt_plan(self, st, aattempts(self, call, hook), first)
             return await adrive(plan, self.clock)
+        except GeneratorExit:
+            closed = True  # perhaps from another context, whose value is not ours
+            raise
         finally:
-            _mark(self._left(st))
+            if not closed:
+                _mark(self._left(st))
 
     def _left(self, st: CallState) -> tuple[int, int, float, Verdict | None]:
         """What a call leaves in the context for ``statistics``: one attempt that
