@@ -407,17 +407,23 @@ def test_the_overhead_suite_skips_the_servers_it_cannot_reach(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Without Redis or PostgreSQL (`make bench` on a bare machine) their rows say they were
-    skipped and which variable to set; the suite does not fail (it raised StoreUnavailable
-    for Redis)."""
+    skipped and where they were looked for; the suite does not fail (it raised
+    StoreUnavailable for Redis), and its summary line counts the skipped rows."""
     from tether.bench._overhead import run_overhead
+    from tether.bench._summary import summaries
 
     monkeypatch.setenv("TETHER_REDIS_URL", "redis://127.0.0.1:1/0")
     monkeypatch.setenv("TETHER_PG_DSN", "postgresql://postgres@127.0.0.1:1/test")
     out = run_overhead(quick=True)
-    redis_note = "skipped: StoreUnavailable (set TETHER_REDIS_URL)"
+    redis_note = (
+        "skipped: Redis unreachable at redis://127.0.0.1:1/0 (StoreUnavailable; TETHER_REDIS_URL)"
+    )
     assert out["ledger_redis_new_key"] == {"tether": {"note": redis_note}}
-    assert out["breaker_success_path"]["redis"]["note"].endswith("(set TETHER_REDIS_URL)")
-    assert out["ledger_postgres_new_key"]["tether"]["note"].endswith("(set TETHER_PG_DSN)")
+    assert out["breaker_success_path"]["redis"]["note"].endswith("; TETHER_REDIS_URL)")
+    pg_note = out["ledger_postgres_new_key"]["tether"]["note"]
+    assert pg_note.startswith("skipped: PostgreSQL unreachable at postgresql://***@127.0.0.1:1/")
+    (line,) = summaries({"suites": {"overhead": out}})
+    assert "4 rows skipped, not counted" in line  # the breaker on Redis twice, two ledgers
     assert "ratio" in out["ledger_sqlite_new_key"]["tether"]  # the rest is measured
 
 
@@ -542,15 +548,17 @@ def test_piped_progress_speaks_every_few_seconds_while_a_step_runs(
     assert "tether bench: fleet: outage / tether … (0 of 5 done, " in err
 
 
-def test_bench_help_names_the_default_set_and_what_all_means(
+def test_bench_help_names_the_default_set_and_fits_80_columns(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`bench --help` says 'all' is the default set, not every suite, and no longer claims
-    "under a minute" without a measured figure."""
+    """`bench --help` names every suite and the default set in lines of at most 80 columns
+    (its usage line was 97), with a measured time, not "under a minute"."""
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
-    out = " ".join(capsys.readouterr().out.split())
-    assert "'default' (or 'all', its older name: not every suite), the default set" in out
+    help_text = capsys.readouterr().out
+    assert max(len(line) for line in help_text.splitlines()) <= 80
+    out = " ".join(help_text.split())
+    assert "Without --suite, or with 'default', the default set: agents, fleet, overhead" in out
     assert "under a minute" not in out and "59.8 s on an idle 2-core machine" in out
 
 
@@ -574,3 +582,13 @@ def test_the_redis_ledger_peer_fences_a_writer_that_lost_its_claim(redis_url: st
         assert client.get(key) == b"done-b"
     finally:
         client.delete(key)
+
+
+def test_suite_all_says_what_runs_every_suite(capsys: pytest.CaptureFixture[str]) -> None:
+    """--suite all never ran every suite (it was the default set's older name): a usage error
+    that says what runs the default set and how to add the others."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--suite", "all"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert exit_.value.code == 2
+    assert "'all' is no longer a suite" in err and "--suite default --suite soak" in err

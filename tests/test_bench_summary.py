@@ -115,7 +115,8 @@ def test_the_overhead_line_says_when_the_machine_was_busy(
     """A load above 0.75 per core adds a word on noisy timings to the overhead's line."""
     monkeypatch.setattr(_summary.os, "getloadavg", lambda: (load, load, load))
     monkeypatch.setattr(_summary.os, "cpu_count", lambda: 2)
-    overhead = {"step": {"tether": {"holds": True}}, "end": {"tether": {"holds": False}}}
+    overhead = {"step": {"tether": {"goal": 1.2, "holds": True}},
+                "end": {"tether": {"goal": 1.2, "holds": False}}}  # fmt: skip
     (line,) = _summary.summaries({"suites": {"overhead": overhead}})
     assert line.startswith("overhead: 1 of 2 goals hold")
     assert ("the machine was busy: load 1.9 on 2 cores" in line) is busy
@@ -187,3 +188,69 @@ def test_the_printed_tables_fit_80_columns_with_no_cell_cut(
     for _head, rows in _rows(results).values():
         for word in {w for row in rows for cell in row for w in cell.split()}:
             assert word in out, word
+
+
+def test_the_overhead_line_counts_every_goal_its_table_shows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ratio goals and time goals (``goal_ns``) alike, as the rows say them, and the skipped
+    rows with their reasons. It said "9 of 9 goals hold" over two rows that did not hold."""
+    from tether.bench._report import overhead_rows
+
+    monkeypatch.setattr(_summary.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    ratio = {"ns_per_call": 1.0, "ratio": 1.1, "vs": "loop", "ratio_min": 1.0, "ratio_max": 1.2}
+    unreachable = "skipped: Redis unreachable at redis://***@127.0.0.1:1/0 (ConnectionError)"
+    overhead = {
+        "step": {"tether": {**ratio, "goal": 1.2, "holds": True}},
+        "retry": {"tether": {**ratio, "goal": 1.0, "holds": False}},
+        "breaker": {"tether": {"ns_per_call": 900.0, "goal_ns": 1000.0},
+                    "redis": {"note": unreachable}, "redis_exact": {"note": unreachable}},
+        "first_run": {"tether": {"ns_per_call": 2000.0, "goal_ns": 1000.0}},
+        "import": {"tenacity": {"ns_per_call": 5.0}},
+    }  # fmt: skip
+    _head, rows = overhead_rows(overhead)
+    shown = [row[-1] for row in rows if row[-1]]
+    held = sum(goal.endswith(": holds") for goal in shown)
+    (line,) = _summary.summaries({"suites": {"overhead": overhead}})
+    assert (held, len(shown)) == (2, 4)
+    assert line == (
+        "overhead: 2 of 4 goals hold; 2 rows skipped, not counted (Redis unreachable at "
+        "redis://***@127.0.0.1:1/0 (ConnectionError))"
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (None, "skipped: no Redis at the default address (ConnectionError; set TETHER_REDIS_URL)"),
+        ("redis://:s3cret@127.0.0.1:1/0",
+         "skipped: Redis unreachable at redis://***@127.0.0.1:1/0 (ConnectionError; "
+         "TETHER_REDIS_URL)"),
+    ],
+)  # fmt: skip
+def test_a_skipped_server_row_says_where_it_was_looked_for(
+    monkeypatch: pytest.MonkeyPatch, given: str | None, said: str
+) -> None:
+    """A variable set to a wrong address: unreachable there (the password masked), not "set
+    TETHER_REDIS_URL" as if it were not set."""
+    from tether.bench._overhead import _skipped
+
+    if given is None:
+        monkeypatch.delenv("TETHER_REDIS_URL", raising=False)
+    else:
+        monkeypatch.setenv("TETHER_REDIS_URL", given)
+    assert _skipped(ConnectionError("refused"), "Redis", "TETHER_REDIS_URL") == {"note": said}
+
+
+def test_piped_tables_and_summary_lines_end_without_spaces(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Piped, no line ends in spaces (rich padded its centred titles and wrapped lines)."""
+    from tether.bench._report import print_tables
+
+    results = {"suites": {"agents": _every_agents_cell(2)}}
+    monkeypatch.setenv("COLUMNS", "80")
+    print_tables(results)
+    out = capsys.readouterr().out
+    assert "agents (1 of " in out  # a centred title
+    assert [line for line in out.splitlines() if line != line.rstrip()] == []

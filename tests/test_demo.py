@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import subprocess
 import sys
 
@@ -25,3 +27,19 @@ def test_demo_tells_both_acts() -> None:
     assert "HTTP 503" in text  # the retries are shown to the reader ...
     customer = text.split("customer sees")[1].split("handoff")[0]
     assert "503" not in customer  # ... never to the customer
+
+
+def test_demo_piped_wraps_a_long_line_under_its_text() -> None:
+    """At 80 columns piped, a wrapped log line continues under its text (it restarted at
+    column 0), and no line ends in spaces."""
+    env = {"COLUMNS": "80", "PATH": "/usr/bin:/bin", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-m", "tether.cli", "demo"], capture_output=True,
+                         text=True, timeout=60, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert [line for line in lines if line != line.rstrip()] == []
+    wrapped = [b for a, b in itertools.pairwise(lines) if a.startswith(" 0.") and
+               "issue_refund(order=NW-1042" in a and not a.rstrip().endswith(")")]  # fmt: skip
+    assert wrapped, out.stdout  # the step line is longer than 80 columns
+    assert all(line.startswith(" " * 18) for line in wrapped), wrapped

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import sys
 import textwrap
 import time
@@ -17,6 +18,22 @@ if TYPE_CHECKING:
     from tether.records._collections import DeadLetter, Replayed
 
 __all__ = ["register"]
+
+
+#: what ``tether bench --suite`` takes
+SUITE_NAMES = ("agents", "fleet", "overhead", "soak", "tau", "tau-live", "fleet-live", "serve",
+               "default")  # fmt: skip
+
+
+def _suite(name: str) -> str:
+    """A ``--suite`` value; 'all', which never ran every suite, says what does."""
+    if name == "all":
+        raise argparse.ArgumentTypeError(
+            "'all' is no longer a suite (it ran the default set, not every suite): "
+            "--suite default (or no --suite) runs agents, fleet and overhead; "
+            "name each other suite to add it, e.g. --suite default --suite soak"
+        )
+    return name
 
 
 def register(sub: Any) -> None:
@@ -31,22 +48,12 @@ def register(sub: Any) -> None:
     bench.add_argument(
         "--suite",
         action="append",
+        type=_suite,
+        choices=SUITE_NAMES,
         metavar="SUITE",
-        choices=[
-            "agents",
-            "fleet",
-            "overhead",
-            "soak",
-            "tau",
-            "tau-live",
-            "fleet-live",
-            "serve",
-            "default",
-            "all",
-        ],
-        help="a suite to run (repeatable): agents, fleet, overhead, soak, tau, tau-live, "
-        "fleet-live, serve, default or all. Without --suite, or with 'default' (or 'all', its "
-        "older name: not every suite), the default set: agents, fleet, overhead. "
+        help="a suite to run (repeatable): " + ", ".join(SUITE_NAMES) + ". Without --suite, "
+        "or with 'default', the default set: agents, fleet, overhead; every other suite runs "
+        "when named (--suite default --suite soak adds soak). "
         "soak: 10^6 guarded steps in one run; tau: a τ²-bench domain (--tau-data); "
         "tau-live: worker processes killed between a write and its record; "
         "fleet-live: real processes sharing Redis; serve: the operator page over real records",
@@ -306,11 +313,12 @@ def _bench(args: argparse.Namespace) -> int:
     from tether.bench._report import print_tables, screen_width, strip_series, write_report
 
     suites = args.suite or ["default"]
-    if "default" in suites or "all" in suites:  # the default set, and whatever else was named
-        named = (s for s in suites if s not in ("default", "all"))
+    if "default" in suites:  # the default set, and whatever else was named
+        named = (s for s in suites if s != "default")
         suites = list(dict.fromkeys([*bench.SUITES, *named]))
     started, load = time.perf_counter(), _load()
     progress = _progress_printer()
+    interrupt = _stop_on_interrupt()
     try:
         results = bench.run(
             suites,
@@ -330,8 +338,14 @@ def _bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tether bench: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the processes are stopped; one line, the shell's 130
+        progress.close()
+        took = time.perf_counter() - started
+        print(f"tether bench: interrupted after {took:.0f} s", file=sys.stderr)
+        return 130
     finally:
         progress.close()
+        signal.signal(signal.SIGINT, interrupt)
     elapsed, end_load = time.perf_counter() - started, _load()
     print_tables(results, [float(x) for x in (load, end_load) if x != "?"])
     _print_serve(results["suites"].get("serve"))
@@ -359,6 +373,20 @@ def _bench(args: argparse.Namespace) -> int:
         path = write_report(results, args.report, command.strip())
         print(f"report written to {path}")
     return 0
+
+
+def _stop_on_interrupt() -> Any:
+    """SIGINT (Ctrl-C) while the benchmark runs: its worker and provider processes, which
+    ignore it, are terminated at once, then ``KeyboardInterrupt`` (a second Ctrl-C while
+    they stop is ignored). Returns the handler it replaced."""
+    from tether.bench._interrupt import stop_children
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stop_children()
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGINT, stop)
 
 
 def _print_serve(cells: Any) -> None:

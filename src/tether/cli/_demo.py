@@ -109,16 +109,30 @@ class Story:
         except ImportError:
             self.console = None
 
+    def _print(self, renderable: Any) -> None:
+        """Print with rich, without the spaces it pads a line's end with."""
+        with self.console.capture() as captured:
+            self.console.print(renderable)
+        print("\n".join(line.rstrip() for line in captured.get().splitlines()), flush=True)
+
     def say(self, who: str, text: str, style: str = "") -> None:
         stamp = f"{time.monotonic() - self.start:5.2f}s"
-        if self.console is not None:
-            self.console.print(f"[dim]{stamp}[/dim]  [bold {style}]{who:<9}[/bold {style}] {text}")
+        if self.console is not None:  # a long line wraps under its text, on a terminal or not
+            from rich.table import Table
+
+            line = Table.grid()
+            line.add_column(no_wrap=True)
+            line.add_column()
+            line.add_row(f"[dim]{stamp}[/dim]  [bold {style}]{who:<9}[/bold {style}] ", text)
+            self._print(line)
         else:
             print(f"{stamp}  {who:<9} {text}")
 
     def title(self, text: str) -> None:
         if self.console is not None:
-            self.console.rule(f"[bold]{text}")
+            from rich.rule import Rule
+
+            self._print(Rule(f"[bold]{text}"))
         else:
             print(f"\n== {text} ==")
 
@@ -126,7 +140,7 @@ class Story:
         if self.console is not None:
             from rich.panel import Panel
 
-            self.console.print(Panel(text, title=title, expand=False))
+            self._print(Panel(text, title=title, expand=False))
         else:
             print(f"[{title}]\n{text}\n")
 

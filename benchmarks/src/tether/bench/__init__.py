@@ -19,6 +19,7 @@ from typing import Any
 
 from tether.bench._agents import POLICIES, run_cell
 from tether.bench._fleet import FLEET_POLICIES, FLEET_SCENARIOS, contention, lower_bounds, run_fleet
+from tether.bench._interrupt import ignore_interrupt
 from tether.bench._tau_policies import POLICIES as _TAU_POLICIES
 from tether.bench._worlds import SCENARIOS
 
@@ -136,7 +137,7 @@ def run(
         from tether.bench._overhead import run_soak
 
         out["suites"]["soak"] = run_soak(quick=quick_overhead, progress=note)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with ProcessPoolExecutor(max_workers=workers, initializer=ignore_interrupt) as pool:
         agent_jobs = []
         if "agents" in suites:
             names = [s for s in SCENARIOS if not scenarios or s in scenarios]

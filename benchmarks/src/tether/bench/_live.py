@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tether._errors import Picklable
+from tether.bench._interrupt import interrupt_ignored
 from tether.bench._wire import serve_until
 from tether.bench._workers import start_workers
 
@@ -317,7 +318,8 @@ def run_live(
         args=(port_q, server_q, stop, capacity, outage, start_at, give_up + 5.0),
         daemon=True,
     )
-    server.start()
+    with interrupt_ignored():
+        server.start()
     port = port_q.get(timeout=30)
     prefix = f"tether-live-{uuid.uuid4().hex[:8]}"
     commands_before = _commands(url)

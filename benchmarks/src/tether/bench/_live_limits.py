@@ -33,6 +33,7 @@ import time
 import uuid
 from typing import Any
 
+from tether.bench._interrupt import interrupt_ignored
 from tether.bench._provider import Limits, SimulatedProvider, Stats, share_of_limit
 from tether.bench._wire import serve_until
 from tether.bench._workers import start_workers
@@ -422,7 +423,8 @@ def run_live_limits(
         args=(port_q, provider_q, stop, real, seed, time.time(), style),
         daemon=True,
     )
-    provider.start()
+    with interrupt_ignored():
+        provider.start()
     port = port_q.get(timeout=30)
     prefix = f"tether-live-limits-{uuid.uuid4().hex[:8]}"
     keys = [f"a{i}" for i in range(agents)]

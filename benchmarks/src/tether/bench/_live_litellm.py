@@ -35,6 +35,7 @@ import time
 import uuid
 from typing import Any
 
+from tether.bench._interrupt import interrupt_ignored
 from tether.bench._provider import Limits, Stats
 from tether.bench._workers import start_workers
 
@@ -260,7 +261,8 @@ def run_litellm_router(
         args=(port_q, provider_q, stop, real, seed, time.time(), "openai"),
         daemon=True,
     )
-    provider.start()
+    with interrupt_ignored():
+        provider.start()
     port = port_q.get(timeout=60)
     prefix = f"tether-live-litellm-{uuid.uuid4().hex[:8]}"
     keys = [f"a{i}" for i in range(agents)]

@@ -103,6 +103,21 @@ def _echo(**kwargs: Any) -> int:
     return len(kwargs)
 
 
+def _skipped(exc: Exception, server: str, variable: str) -> dict[str, str]:
+    """A row whose server could not be used: where it was looked for (the password
+    masked) and why, and the variable that names it."""
+    import os
+
+    from tether.stores._sqlfailures import safe_dsn
+
+    given = os.environ.get(variable)
+    if given is None:  # the default address: say which variable gives another
+        said = f"no {server} at the default address ({type(exc).__name__}; set {variable})"
+    else:
+        said = f"{server} unreachable at {safe_dsn(given)} ({type(exc).__name__}; {variable})"
+    return {"note": f"skipped: {said}"}
+
+
 def _ping_redis(url: str) -> None:
     """Raise if Redis at ``url`` does not answer."""
     import redis
@@ -153,7 +168,7 @@ def _breakers(number: int) -> dict[str, dict[str, Any]]:
                 trips = (store.round_trips - before) / calls
                 store.reset()
         except Exception as exc:  # Redis unreachable: say so, do not fail the bench
-            out[label] = {"note": f"skipped: {type(exc).__name__} (set TETHER_REDIS_URL)"}
+            out[label] = _skipped(exc, "Redis", "TETHER_REDIS_URL")
             continue
         out[label] = {
             "ns_per_call": round(ns, 1),
@@ -729,9 +744,7 @@ def _ledgers(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
             "r",
         )
     except Exception as exc:  # Redis unreachable: say so, as for PostgreSQL, and go on
-        out["ledger_redis_new_key"] = {
-            "tether": {"note": f"skipped: {type(exc).__name__} (set TETHER_REDIS_URL)"}
-        }
+        out["ledger_redis_new_key"] = {"tether": _skipped(exc, "Redis", "TETHER_REDIS_URL")}
     else:
         out["ledger_redis_new_key"] = row
 
@@ -742,9 +755,7 @@ def _ledgers(quick: bool) -> dict[str, dict[str, dict[str, Any]]]:
         pg = tether.Ledger.postgres(dsn, table=f"tether_bench_{tag}")
         pfloor = _pg_floor(dsn, f"tether_bench_floor_{tag}")
     except Exception as exc:
-        out["ledger_postgres_new_key"] = {
-            "tether": {"note": f"skipped: {type(exc).__name__} (set TETHER_PG_DSN)"}
-        }
+        out["ledger_postgres_new_key"] = {"tether": _skipped(exc, "PostgreSQL", "TETHER_PG_DSN")}
     else:
         times = _interleaved(
             {

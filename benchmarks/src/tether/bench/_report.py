@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.bench._columns import Column, Table, fixed, most, share, table, text
+from tether.bench._summary import goal_holds
 
 __all__ = ["markdown_tables", "print_tables", "strip_series", "write_report"]
 
@@ -192,12 +193,10 @@ def overhead_rows(suite: dict[str, Any], busy: str | None = None) -> Table:
                 for name in BESIDE:  # the other peers shown beside the row's own
                     if f"vs_{name}" in m:
                         ratio += f"; {m[f'vs_{name}']:.2f}x {name}"
-            goal = ""
-            if "goal" in m:
-                goal = f"<= {m['goal']:g}x: {'holds' if m['holds'] else failed}"
-            elif "goal_ns" in m:
-                ok = m["ns_per_call"] <= m["goal_ns"]
-                goal = f"<= {_time(m['goal_ns'])}: {'holds' if ok else failed}"
+            goal, held = "", goal_holds(m)  # as the summary counts it
+            if held is not None:
+                bound = f"{m['goal']:g}x" if "goal" in m else _time(m.get("goal_ns", 0.0))
+                goal = f"<= {bound}: {'holds' if held else failed}"
             rows.append([case, impl, cell, ratio, goal])
     return head, rows
 
@@ -343,10 +342,12 @@ def print_tables(results: dict[str, Any], loads: Sequence[float] = ()) -> None:
 
     width = screen_width()
     console = Console(width=width)
-    for renderable in render_tables(results, width, busy(loads)):
-        console.print(renderable, highlight=False, markup=False)
-    for line in summaries(results):
-        console.print(line, highlight=False, markup=False)
+    with console.capture() as captured:  # rich pads centred titles and wrapped lines
+        for renderable in render_tables(results, width, busy(loads)):
+            console.print(renderable, highlight=False, markup=False)
+        for line in summaries(results):
+            console.print(line, highlight=False, markup=False)
+    print("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 def write_report(results: dict[str, Any], directory: str, command: str) -> Path:

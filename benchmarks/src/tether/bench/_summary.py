@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["busy", "load_note", "summaries"]
+__all__ = ["busy", "goal_holds", "load_note", "summaries"]
 
 #: the one-minute load per core above which the overhead suite's timings are noisy
 BUSY = 0.75
@@ -127,22 +127,28 @@ def _tau(suite: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _holds(m: dict[str, Any]) -> bool | None:
-    """Whether a row's goal holds: a ratio's (``holds``) or a time's (``goal_ns``, as the
-    table prints it); None for a row without a goal."""
-    if "holds" in m:
-        return bool(m["holds"])
+def goal_holds(m: dict[str, Any]) -> bool | None:
+    """Whether an overhead row's goal holds, as its table says: a ratio's (``holds``) or a
+    time's (``goal_ns``); None for a row without a goal."""
+    if "holds" in m or "goal" in m:
+        return bool(m.get("holds"))
     if "goal_ns" in m and "ns_per_call" in m:
         return bool(m["ns_per_call"] <= m["goal_ns"])
     return None
 
 
 def _overhead(suite: dict[str, Any]) -> str | None:
-    said = [_holds(m) for impls in suite.values() for m in impls.values()]
-    goals = [h for h in said if h is not None]
-    if not goals:
+    """Every goal the table shows, counted as it shows it, and the rows skipped and why."""
+    rows = [m for impls in suite.values() for m in impls.values()]
+    goals = [held for m in rows if (held := goal_holds(m)) is not None]
+    skipped = [m["note"].removeprefix("skipped: ") for m in rows
+               if str(m.get("note", "")).startswith("skipped")]  # fmt: skip
+    if not goals and not skipped:
         return None
     line = f"overhead: {sum(goals)} of {len(goals)} goals hold"
+    if skipped:
+        why = "; ".join(dict.fromkeys(skipped))  # each reason once
+        line += f"; {_count(len(skipped), 'row')} skipped, not counted ({why})"
     note = load_note()
     return f"{line} ({note})" if note else line
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import tether
+from tether.bench._interrupt import ignore_interrupt
 from tether.bench._tau_domain import WRITES, RetailData, RetailDB, domain_of, load_tasks, target_of
 from tether.bench._tau_model import claims_of
 from tether.bench._tau_world import MODEL, PRICE, Episode, set_current
@@ -302,7 +303,7 @@ def run_tau(
     if workers == 1:
         results: Iterable[Any] = map(_cell, jobs)
     else:
-        pool = ProcessPoolExecutor(max_workers=workers)
+        pool = ProcessPoolExecutor(max_workers=workers, initializer=ignore_interrupt)
         results = (f.result() for f in [pool.submit(_cell, j) for j in jobs])
     try:
         for policy, lam, episodes, took in results:

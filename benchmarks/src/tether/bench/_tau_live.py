@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tether
+from tether.bench._interrupt import interrupt_ignored
 from tether.bench._tau_domain import WRITES, Commit, RetailData, RetailDB
 from tether.bench._tau_model import Answer, ScriptedModel
 from tether.bench._tau_tools import describe_effect
@@ -179,13 +180,15 @@ def _episode(tau: Any, task: Mapping[str, Any], policy: str, folder: str) -> dic
         first = context.Process(
             target=_worker, args=((folder, task, policy, db_path, ledger_path, True), out)
         )
-        first.start()
+        with interrupt_ignored():
+            first.start()
         first.join()
         killed = first.exitcode == 137
         second = context.Process(
             target=_worker, args=((folder, task, policy, db_path, ledger_path, False), out)
         )
-        second.start()
+        with interrupt_ignored():
+            second.start()
         second.join()
         text = CRASH  # a second worker that died too: the customer saw an error
         if os.path.exists(out):

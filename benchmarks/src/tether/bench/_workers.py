@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tether.bench._interrupt import interrupt_ignored
+
 __all__ = ["Workers", "start_workers"]
 
 
@@ -47,8 +49,9 @@ def start_workers(
         {"result_q": result_q} if ready_q is None else {"result_q": result_q, "ready_q": ready_q}
     )
     procs = [ctx.Process(target=target, kwargs={**a, **queues}, daemon=True) for a in args]
-    for p in procs:
-        p.start()
+    with interrupt_ignored():  # the parent stops them (bench._interrupt)
+        for p in procs:
+            p.start()
     if ready_q is not None:
         for _ in procs:
             ready_q.get(timeout=ready_timeout)
