@@ -3,6 +3,8 @@ one namespace; the README's blocks each alone, as it says (a reader copies one b
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import warnings
 from pathlib import Path
@@ -12,6 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+#: a block's own line that prints, at the top level (not under an ``if``)
+PRINTS = re.compile(r"^print\(", re.MULTILINE)
 
 
 #: pages whose every block runs on its own, in a namespace of its own
@@ -49,7 +53,18 @@ def test_examples_run(path: Path) -> None:
         for i, code in enumerate(blocks):
             if path.name in ALONE:
                 namespace = {"__name__": f"docs_{path.stem}_{i}"}
-            exec(compile(code, f"{path.name}[block {i}]", "exec"), namespace)
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(compile(code, f"{path.name}[block {i}]", "exec"), namespace)
+            if PRINTS.search(code):  # a block that prints, unconditionally, says something
+                assert printed.getvalue().strip(), f"{path.name}[block {i}] printed nothing"
+
+
+def test_the_readme_first_examples_print_what_they_did() -> None:
+    """The README's first block runs without a key and prints its Outcome (the blocks only
+    defined run_claude_agent, run_gpt_agent and langchain_agent, never calling them)."""
+    first = BLOCK.findall((ROOT / "README.md").read_text())[0]
+    assert PRINTS.search(first) and "API_KEY" not in first
 
 
 def test_every_guard_has_a_page() -> None:
