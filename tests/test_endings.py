@@ -409,14 +409,15 @@ def test_a_refunds_handled_error_ends_the_middleware_the_same_way(tmp_path: Path
 
 def test_a_stuck_lookup_with_nothing_done_is_not_part_of_this() -> None:
     """REPEATED_ACTION after lookups only: the status stays "partial" (a call completed), the
-    customer is not told a part was done."""
+    customer is not told a part was done, nor to try again: a call left ``idempotent=True``
+    ran, and tether cannot tell a lookup from an unmarked side effect."""
     with Guard(clock=VirtualClock()).start("find invoice 99") as run:
         while run.proceed():
             run.call_tool("search", lambda q: "no result", {"q": "invoice 99"})
     out = run.outcome
     assert (out.status, out.stopped_because) == ("partial", StopReason.REPEATED_ACTION)
     assert "part of this" not in out.customer_message
-    assert out.customer_message == tether.CustomerMessages().failed.format(done="")
+    assert out.customer_message == tether.CustomerMessages().acted.format(done="")
 
 
 def test_a_done_steps_reference_from_the_field_its_tool_names() -> None:

@@ -94,7 +94,7 @@ class Ending:
             esc is not None and (reason in esc.on or (esc.sink is not None and not meaning.final))
         ):
             return Status.ESCALATED
-        if meaning.status is Status.FAILED or not self.s.partial:
+        if meaning.status is Status.FAILED or not _acted(self.s):
             return Status.FAILED
         return Status.PARTIAL
 
@@ -279,8 +279,15 @@ class Ending:
     def _message(
         self, status: str, facts: list[str], undone: list[str], *, case_filed: bool
     ) -> str:
+        assert self.s._stop is not None  # whether a call ran, whether trying again can help
         text = self.s.guard.messages.render(
-            status, facts, unconfirmed=self.s._unconfirmed, undone=undone, case_filed=case_filed
+            status,
+            facts,
+            unconfirmed=self.s._unconfirmed,
+            undone=undone,
+            case_filed=case_filed,
+            acted=_acted(self.s),
+            retry_helps=self.s._stop[0].meaning.retry_helps,
         )
         return str(redact(text))
 
@@ -386,6 +393,11 @@ def _overtaken(s: RunState) -> bool:
         s._resumed_from,
         *s._filed,
     )
+
+
+def _acted(s: RunState) -> bool:
+    """Tool calls of the run completed (the ones ``partial`` keeps, or let go of)."""
+    return bool(s.partial) or s.partial.omitted > 0
 
 
 #: the statuses a reason gives on its own, unless a handoff was asked for

@@ -121,6 +121,13 @@ class CustomerMessages(Value):
     ``partial`` and ``unconfirmed`` are said when the run's handoff was filed (in ``Guard(records=...)``,
     or delivered to an ``Escalation(sink=...)``); otherwise their ``*_no_case`` forms,
     which promise nobody.
+
+    "Try again later" is said only when it is true: ``failed`` for a cause that may pass
+    (``StopReason.X.meaning.retry_helps``: a dependency that failed or is down);
+    ``needs_attention`` when trying again meets the same stop (a permanent error, a loop, a
+    budget). A run whose tool calls ran, none of them an effect the ledger records (a tool
+    left ``idempotent=True`` may be one), reads ``acted``: steps were carried out, and the
+    customer is asked not to repeat the request before someone checks.
     """
 
     escalated: str = (
@@ -134,6 +141,15 @@ class CustomerMessages(Value):
     failed: str = (
         "We could not complete this request right now.{done} Please try again later, or reply "
         "here for help."
+    )
+    needs_attention: str = (
+        "We could not complete this request automatically: it needs a person to look at it."
+        "{done} Please reply here for help."
+    )
+    acted: str = (
+        "We could not finish this automatically, and some steps of your request were already "
+        "carried out.{done} So that nothing is done twice, please do not repeat the request: "
+        "reply here so that someone can check what was done first."
     )
     success: str = "Your request is complete.{done}"
     unconfirmed: str = (
@@ -173,7 +189,8 @@ class CustomerMessages(Value):
         "We could not finish this for you automatically.{done} Please try again later."
     )
     partial_no_case: str = (
-        "We could only finish part of this automatically.{done} You can try the rest again later."
+        "We could only finish part of this automatically.{done} Please reply here for help with "
+        "the rest."
     )
     handed_over_no_case: str = (
         "We could not pass your case to a member of our team right now.{done} Please try again "
@@ -198,11 +215,19 @@ class CustomerMessages(Value):
         unconfirmed: Iterable[str] = (),
         undone: Iterable[str] = (),
         case_filed: bool = True,
+        acted: bool = False,
+        retry_helps: bool = True,
     ) -> str:
         """The message for a run that ended with ``status``; a run with an effect whose
         outcome is unknown never tells the customer that nothing happened, a failed run
         that did something says what it did (the ``partial`` text, never "try again"), and a
-        person is promised only when ``case_filed`` (someone has the case)."""
+        person is promised only when ``case_filed`` (someone has the case).
+
+        ``acted``: tool calls of the run completed (whatever the ledger records): a run
+        that did something the ledger cannot name reads ``acted``, never "try again".
+        ``retry_helps``: the cause may pass (the stop reason's ``meaning.retry_helps``);
+        otherwise a run with nothing done reads ``needs_attention``, not "try again later".
+        """
         facts = [f for f in facts if f]
         undone = [u for u in undone if u]
         done = f"{self.done_prefix}{'; '.join(facts)}." if facts else ""
@@ -218,6 +243,11 @@ class CustomerMessages(Value):
             status = "failed"
         if not case_filed and status in _PROMISES:
             status = f"{status}_no_case"
+        if status in _TRY_AGAIN and not facts:  # advice that is true only if nothing ran
+            if acted:  # calls ran that the ledger cannot name: never "nothing happened"
+                status = "acted"
+            elif not retry_helps and status != "outage_no_case":  # the same stop again
+                status = "needs_attention"
         template = getattr(self, status, self.failed)
         return str(template).format(done=done)
 
@@ -226,6 +256,9 @@ class CustomerMessages(Value):
 _UNCONFIRMABLE = frozenset(
     {"failed", "partial", "escalated", "refused", "handed_over", "declined", "outage"}
 )
+#: the messages that tell the customer to try again: true only when nothing was done (else
+#: ``acted``) and the cause may pass (else ``needs_attention``; an outage always may)
+_TRY_AGAIN = frozenset({"failed", "escalated_no_case", "outage_no_case"})
 #: the messages that promise a person: their ``*_no_case`` form when no case was filed
 _PROMISES = frozenset({"escalated", "partial", "unconfirmed", "handed_over", "outage"})
 

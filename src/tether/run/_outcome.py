@@ -162,6 +162,11 @@ class Meaning(Value):
     person's "no"): never handed over for having stopped short. ``message``: the
     :class:`tether.CustomerMessages` field the customer reads when the run ends with
     ``status`` (None: the status's own). ``family``: the kind of stop (:class:`Family`).
+    ``retry_helps``: the cause may pass by itself (a dependency that failed, hung or is
+    down), so "please try again later" is honest advice; otherwise (a loop, a budget, a
+    permanent error, a refusal...) trying again meets the same stop, and a run that ends
+    with nothing done tells the customer it needs a person's attention instead
+    (``CustomerMessages.needs_attention``).
     """
 
     status: Status | None = None
@@ -169,6 +174,7 @@ class Meaning(Value):
     final: bool = False
     message: str | None = None
     family: Family = Family.FAILURE
+    retry_helps: bool = False
 
 
 #: Every stop reason's meaning: status, whether a person is needed, the customer message.
@@ -188,14 +194,15 @@ MEANINGS: dict[StopReason, Meaning] = {
     StopReason.IDENTICAL_FAILURES: Meaning(person=True),
     StopReason.PERMANENT_ERROR: Meaning(Status.FAILED, person=True),
     # a dependency is down: its own words, whether a person has the case or not
-    StopReason.CIRCUIT_OPEN: Meaning(person=True, message="outage"),
+    StopReason.CIRCUIT_OPEN: Meaning(person=True, message="outage", retry_helps=True),
     StopReason.UNKNOWN_OUTCOME: Meaning(person=True),
-    StopReason.HUNG_TOOLS: Meaning(person=True),
+    StopReason.HUNG_TOOLS: Meaning(person=True, retry_helps=True),
     StopReason.TRUNCATED: Meaning(),
     StopReason.REFUSED: Meaning(message="refused", family=Family.PERSON),
     StopReason.ESCALATED: Meaning(Status.ESCALATED, person=True, family=Family.PERSON),
     StopReason.NO_RESULT: Meaning(family=Family.DONE),
-    StopReason.ERROR: Meaning(Status.FAILED),
+    # a failure classified retryable (a permanent one ends PERMANENT_ERROR)
+    StopReason.ERROR: Meaning(Status.FAILED, retry_helps=True),
     StopReason.FAILED: Meaning(Status.FAILED, family=Family.DONE),
     StopReason.AWAITING_APPROVAL: Meaning(Status.AWAITING_APPROVAL, family=Family.WAIT),
     # the run goes on once a scope has room

@@ -330,6 +330,10 @@ class Run:
         ``fn(**args)`` is retried on transient failures with ``timeout`` per attempt;
         a non-idempotent tool runs at most once through the guard's ledger (an attempt
         that outlives ``timeout`` is never run again: the run stops ``UNKNOWN_OUTCOME``).
+        ``idempotent=True`` (the default) declares that running ``fn`` again with the same
+        arguments is harmless: it is run again after a timeout (whose attempt may have
+        completed) and each time the model asks again. Give a tool with a side effect that
+        must not repeat (a payment, a refund, an email) ``idempotent=False``.
         The guard's policies may deny the call before anything runs; ``requires_approval``
         (True, or a predicate of the arguments) stops the run ``AWAITING_APPROVAL`` until a
         person approves this very call; ``compensate(result)`` is what ``run.rollback()``

@@ -62,6 +62,7 @@ __all__ = [
     "ended_as",
     "escalate",
     "file_case",
+    "identical_failures",
     "inherit",
     "judge_step",
     "keep_error",
@@ -72,6 +73,7 @@ __all__ = [
     "mark_uncertain",
     "model_checked",
     "not_made",
+    "not_run",
     "note_compensations",
     "note_effect",
     "note_filed",
@@ -83,6 +85,7 @@ __all__ = [
     "reach_goal",
     "refer_effect",
     "settled",
+    "took_not_run",
     "tool_health",
     "unconfirm_effects",
     "withdraw_effect",
@@ -276,6 +279,11 @@ class RunState:
         self._pending: ApprovalRecord | None = None  # the call that waits for approval
         self._unconfirmed: list[str] = []  # tools whose effect may or may not have happened
         self._failures: Counter[tuple[str, str, str]] = Counter()
+        #: of those, the failures the ledger gave back without running the tool again (a
+        #: side effect that failed for good is not run twice: its failure is replayed)
+        self._replayed: Counter[tuple[str, str, str]] = Counter()
+        #: the calls (intents) whose failure under way came from the ledger, the tool not run
+        self._not_run: set[str] = set()
         self._health: dict[str, ToolHealth] = {}  # per tool: timed-out attempts, hung threads
         self._results: OrderedDict[str, None] = OrderedDict()
         self._no_progress = 0
@@ -609,9 +617,15 @@ def _failing(s: RunState, tool: str, action: str) -> tuple[StopReason, str] | st
     limit = s.budget.max_identical_failures
     if limit is None:
         return None
-    failed = max((n for (a, _, _), n in s._failures.items() if a == action), default=0)
+    failed, signature = max(
+        ((n, sig) for sig, n in s._failures.items() if sig[0] == action),
+        default=(0, ("", "", "")),
+    )
     if failed >= limit:
-        return StopReason.IDENTICAL_FAILURES, f"{tool} failed {limit} times the same way"
+        replayed = s._replayed.get(signature, 0)
+        return StopReason.IDENTICAL_FAILURES, identical_failures(
+            tool, signature[1], failed, replayed
+        )
     flying = s._loops._flying.get(action, 0)
     if failed + flying < limit:
         return None
@@ -619,6 +633,29 @@ def _failing(s: RunState, tool: str, action: str) -> tuple[StopReason, str] | st
     return (
         f"not run: {before}{flying} identical calls of {tool} are under way; wait for their "
         "results before calling it again"
+    )
+
+
+def _times(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
+
+
+def identical_failures(tool: str, error: str, failed: int, replayed: int) -> str:
+    """Why a call stops the run for failing the same way ``failed`` times, ``replayed`` of
+    them answered from the ledger without running the tool: what ran, and what was only
+    given back (what the operator reads in ``open_issues``)."""
+    ran = failed - replayed
+    if not replayed:
+        return f"{tool} failed {failed} times the same way ({error})"
+    if not ran:
+        return (
+            f"{tool} was not run: the model asked {_times(replayed)} and was given the "
+            f"failure ({error}) the ledger holds from an earlier attempt each time"
+        )
+    more = "1 more time" if replayed == 1 else f"{replayed} more times"
+    return (
+        f"{tool} ran {_times(ran)} and failed ({error}); the model asked {more} and was "
+        "given the same failure from the ledger, without running it again"
     )
 
 
@@ -634,17 +671,37 @@ def count_call(s: RunState, tool: str, limit: int | None) -> bool:
     return True
 
 
-def count_failure(s: RunState, signature: tuple[str, str, str], flying: bool) -> int:
+def count_failure(
+    s: RunState, signature: tuple[str, str, str], flying: bool, replayed: bool = False
+) -> tuple[int, int]:
     """A failure counted for the identical-failures limit (``signature``: the call's action,
     the error's type and its verdict), and the call out of flight when it still was
     (``flying``), as one step: a call admitted meanwhile sees it either under way or failed.
-    Returns how many times the call failed that way."""
+    ``replayed``: the ledger gave the failure back without running the tool. Returns how
+    many times the call failed that way, and how many of those were replays."""
     with s._admission:
         if flying:
             s._loops.end_action(signature[0])
         n = s._failures.get(signature, 0) + 1
         s._failures[signature] = n
-    return n
+        if replayed:
+            s._replayed[signature] += 1
+        return n, s._replayed.get(signature, 0)
+
+
+def not_run(s: RunState, action: str) -> None:
+    """The ledger answered the call under way for ``action`` without running its tool (a
+    recorded failure replayed): its failure is not counted as an execution."""
+    s._not_run.add(action)
+
+
+def took_not_run(s: RunState, action: str) -> bool:
+    """Whether the failed call of ``action`` was answered without running its tool (and
+    forget it: the next call says anew)."""
+    if action in s._not_run:
+        s._not_run.discard(action)
+        return True
+    return False
 
 
 def not_made(s: RunState, action: str) -> None:

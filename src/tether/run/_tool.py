@@ -64,7 +64,10 @@ def schema_from_hints(fn: Callable[..., Any]) -> dict[str, Any]:
 class Tool:
     """A tool the model may call, run through ``run.call_tool``.
 
-    ``idempotent=False`` runs it at most once through the guard's ledger (``lookup``
+    ``idempotent=True`` (the default) declares that running it again with the same
+    arguments is harmless: a timed-out attempt (which may have completed) is retried, and a
+    call the model makes again runs again. A tool with a side effect that must not repeat
+    needs ``idempotent=False``: it runs at most once through the guard's ledger (``lookup``
     reads the provider's records when an earlier attempt's outcome is unknown).
     ``requires_approval`` (True, or a predicate of the arguments) stops the run for a
     person's approval of the call before it runs; ``compensate(result)`` undoes a

@@ -19,7 +19,7 @@ from tether.run._runstate import (
     escalate,
     refer_effect,
 )
-from tether.run._tooldecisions import ToolDecisions
+from tether.run._tooldecisions import ToolDecisions, _ARan
 from tether.run._toolfn import _is_async, check_reference
 from tether.run._toolgate import ToolGate
 from tether.run._toolkit import (
@@ -225,21 +225,8 @@ class ToolPipeline:
                 attempt = health.coro(check, attempt)
 
             if progress is not None:
-                ledger, key, lease = (
-                    self.s.guard.ledger,
-                    self.decide._effect_key(call),
-                    self.decide._lease(timeout),
-                )
                 coro = functools.partial(progress.arun, attempt)  # what the ledger runs
-
-                async def attempt() -> Any:
-                    return await ledger.aonce(
-                        key,
-                        coro,
-                        lookup=lookup,
-                        lease=lease,
-                        timeout=self.decide._effect_timeout(timeout),
-                    )
+                attempt = _ARan(self.decide, call, coro, lookup, timeout)
         else:
 
             def body() -> Any:

@@ -37,13 +37,16 @@ from tether.run._runstate import (
     count_failure,
     effect_failed,
     escalate,
+    identical_failures,
     judge_step,
     label_effect,
     mark_uncertain,
     not_made,
+    not_run,
     note_effect,
     note_result,
     open_issue,
+    took_not_run,
     withdraw_effect,
 )
 from tether.run._stops import TOOL_CHECKS
@@ -171,12 +174,8 @@ class ToolDecisions:
         lookup: Callable[[str], Any] | None,
         timeout: float | None,
     ) -> Callable[[], Any]:
-        if idempotent:
-            return attempt
-        ledger, key, lease = self.s.guard.ledger, self._effect_key(call), self._lease(timeout)
-        return lambda: ledger.once(
-            key, attempt, lookup=lookup, lease=lease, timeout=self._effect_timeout(timeout)
-        )
+        """A non-idempotent call's attempt, run at most once through the guard's ledger."""
+        return attempt if idempotent else _Ran(self, call, attempt, lookup, timeout)
 
     def _effect_key(self, call: _Call) -> str:
         """The ledger key of a non-idempotent call, noted so that the outcome can state
@@ -203,13 +202,16 @@ class ToolDecisions:
                 compensate,
             )
         )
-        completed(s, call.name, call.action, allowed, call.policy._retries(), journal)
+        retries = call.policy._retries()
+        completed(s, call.name, call.action, allowed, retries, journal)
         try:
             encoded, found = canonical_and_strings(result)
         except (TypeError, ValueError):
             encoded, found = None, None
         # redacted now, once, from these encodings: the ending only gathers the views
         entry = {"step": call.step, "tool": call.name, "args": call.args, "result": result}
+        if retries:  # the tool ran more than once for this call: its earlier attempts failed
+            entry["attempts"] = retries + 1
         texts = {"args": call.text, "result": encoded}
         recorded = RecordedEntry(entry, texts, {"args": call.strings, "result": found})
         self.s.partial.append(recorded.redacted(jsonable))
@@ -232,6 +234,7 @@ class ToolDecisions:
         the call is still under way and leaves the flight here (a failure the identical-
         failures limit counts leaves it as it is counted: a call admitted meanwhile sees it
         either under way or failed)."""
+        not_ran = took_not_run(self.s, call.action)
         try:
             if not (isinstance(exc, ToolUnresponsive) and exc.before):
                 self.s.count_retries(call.policy._retries())
@@ -280,14 +283,15 @@ class ToolDecisions:
                 if unresponsive is not None:
                     return self.hung._not_answering(call, unresponsive)
             signature = (call.action, type(exc).__name__, f"{verdict.status}:{verdict.code}")
-            failed = count_failure(self.s, signature, flying)  # out of flight as it is counted
+            # out of flight as it is counted
+            failed, replayed = count_failure(self.s, signature, flying, not_ran)
             flying = False
             limit = self.s.budget.max_identical_failures
             if limit is not None and failed >= limit:
                 self._park(call, exc)
                 return self.s._halt(
                     StopReason.IDENTICAL_FAILURES,
-                    f"{call.name} failed {limit} times the same way ({type(exc).__name__})",
+                    identical_failures(call.name, type(exc).__name__, failed, replayed),
                 )
             try:
                 self._check_retry_escalation()
@@ -358,6 +362,65 @@ class ToolDecisions:
         )
         issue = f"{call.name} failed permanently; dead letter {letter.id}"
         open_issue(self.s, issue, once=True)  # the model asking again joins the same letter
+
+
+class _Effect:
+    """A side effect's attempt run through the guard's ledger, knowing whether the ledger ran
+    the tool (``ran``) or answered without running it (a failure it recorded, replayed: the
+    identical-failures stop says how often the tool really ran)."""
+
+    __slots__ = ("action", "decide", "fn", "key", "lease", "ledger", "lookup", "ran", "timeout")
+
+    def __init__(
+        self,
+        decide: ToolDecisions,
+        call: _Call,
+        fn: Callable[[], Any],
+        lookup: Callable[[str], Any] | None,
+        timeout: float | None,
+    ) -> None:
+        self.decide, self.action, self.fn, self.lookup = decide, call.action, fn, lookup
+        self.ledger, self.key = decide.s.guard.ledger, decide._effect_key(call)
+        self.lease, self.timeout, self.ran = decide._lease(timeout), timeout, False
+
+    def _answered(self) -> None:
+        """The ledger raised: noted when it did so without running the tool."""
+        if not self.ran:
+            not_run(self.decide.s, self.action)
+
+
+class _Ran(_Effect):
+    def _run(self) -> Any:
+        self.ran = True
+        return self.fn()
+
+    def __call__(self) -> Any:
+        self.ran = False
+        timeout = self.decide._effect_timeout(self.timeout)
+        try:
+            return self.ledger.once(
+                self.key, self._run, lookup=self.lookup, lease=self.lease, timeout=timeout
+            )
+        except Exception:
+            self._answered()
+            raise
+
+
+class _ARan(_Effect):
+    async def _run(self) -> Any:
+        self.ran = True
+        return await self.fn()
+
+    async def __call__(self) -> Any:
+        self.ran = False
+        timeout = self.decide._effect_timeout(self.timeout)
+        try:
+            return await self.ledger.aonce(
+                self.key, self._run, lookup=self.lookup, lease=self.lease, timeout=timeout
+            )
+        except Exception:
+            self._answered()
+            raise
 
 
 def _placeholders(s: RunState, name: str, args: Any) -> Exception | None:
