@@ -242,8 +242,9 @@ def test_overhead_suite_reports_every_case() -> None:
     assert out["ledger_redis_new_key"]["tether"]["round_trips_per_call"] == 2
     assert (
         out["import_tether"]["tether"]["modules"]
-        < out["import_tether"]["tether_first_guard"]["modules"]
+        < out["import_tether"]["tether_first_run"]["modules"]
     )
+    assert out["import_tether"]["tether_first_run"]["goal"] == 1.5
     assert out["call_tool_1kb"]["tether"]["json_encodings_per_call"] >= 1
 
 

@@ -198,3 +198,19 @@ def test_each_public_value_has_its_dataclass_signature_and_errors(cls: type) -> 
                 call(c)
             errors.append(str(caught.value))
         assert errors[0] == errors[1]
+
+
+def test_a_value_without_a_docstring_gets_the_dataclass_one() -> None:
+    """As a dataclass does: its name and signature."""
+
+    @frozen_dataclass
+    class Bare(Value):
+        size: int
+        label: str = ""
+
+    @dataclass(frozen=True)
+    class Bare_:
+        size: int
+        label: str = ""
+
+    assert Bare.__doc__ == Bare_.__doc__.replace("Bare_", "Bare")  # type: ignore[union-attr]

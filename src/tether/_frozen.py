@@ -179,6 +179,8 @@ class _Signature:
     (made when first asked); None for a subclass with an ``__init__`` of its own."""
 
     def __get__(self, instance: object, cls: type) -> Any:
+        if not any(c in _MADE for c in cls.__mro__):  # being made: no fields yet
+            return None
         plan = _plan(cls)
         init = cls.__init__  # type: ignore[misc]
         if init is not Value.__init__ and init is not plan.exact:
@@ -261,8 +263,15 @@ def frozen_dataclass(cls: type[_T]) -> type[_T]:
     ``replace``, ``asdict``, ``__dataclass_params__`` read frozen)."""
     if not issubclass(cls, Value):
         raise TypeError(f"{cls.__qualname__} must subclass tether._frozen.Value")
+    docless = not cls.__doc__
+    if docless:
+        cls.__doc__ = "-"  # written below, from the signature, as the dataclass would
     made = dataclasses.dataclass(init=False, repr=False, eq=False, slots=True)(cls)
     params = made.__dataclass_params__  # type: ignore[attr-defined]
     params.init = params.frozen = True
     _MADE.add(made)
+    if docless:
+        import inspect
+
+        made.__doc__ = made.__name__ + str(inspect.signature(made)).replace(" -> None", "")
     return made
