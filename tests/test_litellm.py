@@ -30,6 +30,7 @@ from tether import (
     RetryPolicy,
     Stopped,
     StopReason,
+    TokenBudget,
     VirtualClock,
     classify,
 )
@@ -567,3 +568,21 @@ def test_the_logger_stops_the_run_on_a_permanent_failure(
         routed_through(logger, run, router(server), shell)
     assert run.outcome.stopped_because is not None
     assert run.outcome.stopped_because is not StopReason.GOAL_REACHED
+
+
+@pytest.mark.parametrize("shell", ROUTED)
+def test_the_logger_reserves_the_prompt_s_estimate_before_the_request(
+    server: ScriptedServer, logger: TetherLogger, shell: str
+) -> None:
+    """A Router's request under a fleet token budget: its prompt's estimate is reserved in
+    the budget before it is sent, on a sync Router too (before: LiteLLM gives the sync
+    ``pre_call_check`` the deployment only, so the turn had no estimate and the token
+    budget reserved nothing; LiteLLM gives the messages to ``log_pre_api_call``, just
+    before it sends the request)."""
+    budget = TokenBudget("openai", store=MemoryStore(), input_tokens_per_minute=100_000)
+    server.handler = lambda seen: ok()
+    g = Guard(budget=Budget(max_steps=30), prices=PRICES, token_budget=budget)
+    with g.start("hi") as run:
+        routed_through(logger, run, router(server), shell)
+    assert budget.reserved == 1  # a turn without an estimate reserves nothing in it
+    assert (run.outcome.usage.model_calls, attempts(server)) == (1, 1)

@@ -268,6 +268,10 @@ _SERVING: ContextVar[Run | None] = ContextVar("tether_litellm_run", default=None
 _OPENED: ContextVar[_Held | None] = ContextVar("tether_litellm_opened", default=None)
 
 
+class _Reestimated(Exception):
+    """A turn's reservations given back to be taken again with its prompt's estimate."""
+
+
 class _Held:
     """One attempt's turn, from LiteLLM's pre-call hook to its success or failure event."""
 
@@ -298,8 +302,11 @@ class TetherLogger(CustomLogger):  # type: ignore[misc]
       reservations (its worst case against the cost budget and the scopes, its place in the
       fleet token budget) as a model turn opens, and the provider's breaker asked; a run
       that may not send raises :class:`tether.Stopped` (an open breaker
-      ``CircuitOpenError``) and nothing is sent. The proxy's ``async_pre_call_hook`` checks
-      the model is priced under a cost budget and the run has not stopped.
+      ``CircuitOpenError``) and nothing is sent. LiteLLM gives the sync ``pre_call_check``
+      the deployment only: ``log_pre_api_call``, given the messages just before the
+      request is sent, takes that turn's reservations again with the prompt's estimate.
+      The proxy's ``async_pre_call_hook`` checks the model is priced under a cost budget
+      and the run has not stopped.
     * **After it** (``log_success_event`` / ``async_log_success_event``): the reply's usage
       counted and priced (tether's table, else LiteLLM's ``response_cost``), the breaker told.
     * **A failed attempt** (``async_post_call_failure_deployment_hook`` in an async call's
@@ -363,9 +370,35 @@ class TetherLogger(CustomLogger):  # type: ignore[misc]
 
     def log_pre_api_call(self, model: Any, messages: Any, kwargs: dict[str, Any]) -> None:
         held = _OPENED.get()
-        if held is not None:
-            _OPENED.set(None)
-            self._keep(kwargs.get("litellm_call_id"), held)
+        if held is None:
+            return
+        _OPENED.set(None)
+        self._keep(kwargs.get("litellm_call_id"), held)
+        params = kwargs.get("optional_params")
+        tools = params.get("tools") if isinstance(params, Mapping) else None
+        estimate = _estimate({"messages": messages, "tools": tools})
+        if estimate and held.turn.estimate is None:
+            self._estimated(held.turn, estimate)
+
+    @staticmethod
+    def _estimated(turn: ModelTurn, estimate: int) -> None:
+        """A sync Router's turn, opened by ``pre_call_check`` before its prompt was known
+        (LiteLLM gives that hook the deployment only), takes its reservations again with
+        the prompt's ``estimate`` as LiteLLM logs the request, before sending it: the
+        fleet token budget reserves it (and may wait for room), the cost budget and the
+        scopes weigh it. LiteLLM ignores what this hook raises, so a refusal stops the run
+        (the next attempt is refused) and this request keeps what it held before."""
+        turn.gave_way(_Reestimated())
+        turn.estimate = estimate
+        try:
+            turn.open()
+        except BaseException as exc:
+            turn.estimate = None
+            if not isinstance(exc, Exception):
+                raise
+            _log.warning("tether: the prompt's estimate could not be reserved: %s", exc)
+            with contextlib.suppress(Exception):
+                turn.open()
 
     async def async_pre_call_hook(
         self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any
