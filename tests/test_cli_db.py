@@ -144,6 +144,7 @@ def test_read_only_commands_create_nothing_in_a_file(
         ["records", "show", "run_x", "--db", str(db)],
         ["dlq", "list", "--db", str(db)],
         ["dlq", "show", "dl_x", "--db", str(db)],
+        ["scopes", "list", "--db", str(db)],
     ):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
@@ -169,6 +170,8 @@ def test_records_commands_on_dead_letters_only_add_no_tables(
     assert json.loads(capsys.readouterr().out) == []
     assert main(["records", "show", "r", "--db", db]) == 1
     assert "no run 'r'" in capsys.readouterr().err
+    assert main(["scopes", "list", "--db", db]) == 0
+    assert capsys.readouterr().out == "no scopes\n"
     with sqlite3.connect(db) as conn:
         tables = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
     assert tables == [("tether_documents",)]
@@ -177,18 +180,23 @@ def test_records_commands_on_dead_letters_only_add_no_tables(
 def test_read_only_commands_create_nothing_on_postgres(
     own_schema: str, pg_dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Before: `records list` on a database without tether's tables created them. Now: not a
-    tether database, exit 2, no table; once a guard filed there, the same commands read it."""
+    """Before: `records list` (and `scopes list`) on a database without tether's tables
+    created them. Now: not a tether database, exit 2, no table; once a guard filed there,
+    the same commands read it (and `scopes list` adds no scopes' tables)."""
     for argv in (
         ["records", "list", "--db", own_schema],
         ["records", "show", "run_x", "--db", own_schema],
         ["dlq", "list", "--db", own_schema],
         ["dlq", "--db", own_schema, "show", "dl_x"],
+        ["scopes", "list", "--db", own_schema],
     ):
         assert main(argv) == 2, argv
         assert "not a tether database" in capsys.readouterr().err
     assert _tables_in(pg_dsn, own_schema) == []
     run_id = _filed(own_schema)
+    filed = _tables_in(pg_dsn, own_schema)
+    assert main(["scopes", "list", "--db", own_schema]) == 0
+    assert capsys.readouterr().out == "no scopes\n" and _tables_in(pg_dsn, own_schema) == filed
     assert main(["records", "show", run_id, "--db", own_schema]) == 0
     assert "status: success" in capsys.readouterr().out
 

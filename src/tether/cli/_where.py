@@ -22,6 +22,7 @@ __all__ = [
     "missing_tables",
     "one_line",
     "runs_filed",
+    "scopes_filed",
     "shown_db",
 ]
 
@@ -30,7 +31,11 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: the schemes libpq reads, and SQLAlchemy's driver suffix on them (``+psycopg``)
 _POSTGRES = re.compile(r"^(postgresql|postgres)(\+[A-Za-z0-9_]+)?$", re.IGNORECASE)
 #: the commands that only read: they never create a table
-READ_ONLY = frozenset({("dlq", "list"), ("dlq", "show"), ("records", "list"), ("records", "show")})
+READ_ONLY = frozenset(
+    {("dlq", "list"), ("dlq", "show"), ("records", "list"), ("records", "show"), ("scopes", "list")}
+)
+#: the budget scopes' tables in a records database (``Records.scopes()``)
+SCOPES_TABLES = frozenset({"tether_scopes", "tether_scope_calls", "tether_scope_waiting"})
 #: the schemes ``--db`` takes, as the refusal names them
 TAKEN = "postgresql://, postgres:// or postgresql+psycopg:// (read as postgresql://)"
 
@@ -60,7 +65,10 @@ def checked(args: argparse.Namespace, store: str) -> tuple[int, str] | None:
                 f"a SQLite file's path or a PostgreSQL DSN: {TAKEN}"
             )
         where = args.db = f"{driver.group(1).lower()}://{where[scheme.end() :]}"
-    reads_only = (args.command, action_of(args)) in READ_ONLY
+    # scopes in a table of another name (--table): its own tables, not looked for here
+    reads_only = (args.command, action_of(args)) in READ_ONLY and (
+        getattr(args, "table", "tether_documents") == "tether_documents"
+    )
     from tether.records._records import Records
 
     if Records.is_dsn(where):
@@ -140,6 +148,20 @@ def missing_tables(where: str) -> set[str]:
 
     with psycopg.connect(where, connect_timeout=3) as conn:
         return wanted - _pg_tables(conn, wanted)
+
+
+def scopes_filed(where: str) -> bool:
+    """Whether the tether database at ``where`` has budget scopes' tables that ``Records``
+    can open without creating one. Read, never written."""
+    wanted = set(SCOPES_TABLES)
+    from tether.records._records import Records
+
+    if Records.is_dsn(where):
+        import psycopg
+
+        with psycopg.connect(where, connect_timeout=3) as conn:
+            return not missing_tables(where) and _pg_tables(conn, wanted) == wanted
+    return not missing_tables(where) and wanted <= _sqlite_tables(where)
 
 
 def runs_filed(where: str) -> bool:
