@@ -786,12 +786,13 @@ def test_a_replay_while_another_runs_says_it_is_being_replayed(world: World) -> 
         first.start()
         try:
             assert gate.entered.wait(10)
-            second = c.post(path, data=form)
+            second = c.post(path, data={**form, "by": "erin"})
         finally:
             gate.release()
             first.join(10)
-    assert second.status_code == 400 and "is being replayed right now" in second.text
+    assert second.status_code == 400 and "is being replayed right now by dana" in second.text
     assert calls == ["c_1"]
+    assert world.records.dead_letters.get(world.letter.id).replayed_by == "dana"
 
 
 @pytest.mark.parametrize(
