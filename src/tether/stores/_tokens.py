@@ -63,6 +63,7 @@ MEMBER_EVERY = 5.0
 #: the margins in flight (see :func:`tokens_settle`) fade with this time constant (seconds):
 #: those of calls whose settlement never came (a process gone) do not hold tokens for good
 FLY_TAU = 60.0
+_FLY = ("fly0", "fly1", "fly2", "fly3")
 Fields = dict[str, Any]
 Four = tuple[float, float, float, float]
 #: a reservation's answer: (admitted, wait, retry_in)
@@ -171,10 +172,14 @@ def _load(f: Fields, now: float, cfg: TokenConfig) -> None:
             f[f"cap{i}"] = f[f"lvl{i}"] = float(cfg.limits[i])
     _refill(f, now)
     # the margins in flight fade (FLY_TAU): a settlement that never comes holds nothing long
-    fade = math.exp(-max(0.0, now - f.get("ft", now)) / FLY_TAU)
-    for i in range(4):
-        f[f"fly{i}"] = f.get(f"fly{i}", 0.0) * fade
-    f["ft"] = max(now, f.get("ft", now))
+    ft = f.get("ft")
+    if ft is None:
+        f["ft"], f["fly0"], f["fly1"], f["fly2"], f["fly3"] = now, 0.0, 0.0, 0.0, 0.0
+    elif now > ft:
+        fade = math.exp((ft - now) / FLY_TAU)
+        for key in _FLY:
+            f[key] *= fade
+        f["ft"] = now
 
 
 def tokens_settle(f: Fields, now: float, cfg: TokenConfig, s: Settlement) -> None:
@@ -186,8 +191,9 @@ def tokens_settle(f: Fields, now: float, cfg: TokenConfig, s: Settlement) -> Non
     reservations and their settlements), or each of those refunds would count twice.
     """
     _load(f, now, cfg)
-    for i in range(4):
-        f[f"fly{i}"] = max(0.0, f[f"fly{i}"] - s.margin[i])
+    if any(s.margin):
+        for i, key in enumerate(_FLY):
+            f[key] = max(0.0, f[key] - s.margin[i])
     for i in range(4):
         cap, limit = f[f"cap{i}"], s.limit[i]
         if limit > 0 and limit != cap:
@@ -250,7 +256,8 @@ def tokens_reserve(
         cap = f[f"cap{i}"]
         if cap > 0:
             f[f"lvl{i}"] -= min(need[i], cap)
-            f[f"fly{i}"] += min(margin[i], cap) if margin is not None else 0.0
+            if margin is not None and margin[i]:
+                f[_FLY[i]] += min(margin[i], cap)
     if not f["known"]:
         f["probe_until"] = now + cfg.probe_timeout
     return True, wait, 0.0
