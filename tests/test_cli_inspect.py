@@ -235,7 +235,8 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> N
         for i in range(400):  # 400 rows of 250+ characters: more than a pipe's buffer holds
             tool = f"t{i}_" + "x" * 250
             letters.park(tool=tool, args={}, error=ValueError("no"), run_id="r", task="t", at=i)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # wide enough that the table's rows keep their 250+ characters (it fits the terminal)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "COLUMNS": "400"}
     for argv in (["dlq", "list", "--db", db], ["dlq", "list", "--json", "--db", db]):
         reader = subprocess.Popen(
             [sys.executable, "-m", "tether.cli", *argv],

@@ -307,3 +307,19 @@ def test_a_replay_marks_a_letter_whose_replay_ran_but_was_not_marked_and_closes_
     )
     assert "replayed by dana" in case["resolution"] and "marked by erin" in case["resolution"]
     assert (replayed.result, replayed.ran, replayed.repaired) == ("charged c_2", False, True)
+
+
+def test_replay_shows_its_options_and_refuses_a_misspelled_one(tmp_path: Path) -> None:
+    import inspect
+
+    with tether.Records.open(str(tmp_path / "r.db")) as records:
+        letters = records.dead_letters
+        params = inspect.signature(letters.replay).parameters
+        assert {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY} == {
+            "force": False,
+            "ledger": None,
+            "lookup": None,
+            "by": "",
+        }
+        with pytest.raises(TypeError, match="forse"):
+            letters.replay("no-such-letter", lambda **kw: kw, forse=True)  # type: ignore[call-arg]

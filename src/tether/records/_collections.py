@@ -376,7 +376,14 @@ class DeadLetters(_Collection):
         ]
 
     def replay(
-        self, letter_id: str, handler: Callable[..., Any], **options: Unpack[ReplayOptions]
+        self,
+        letter_id: str,
+        handler: Callable[..., Any],
+        *,
+        force: bool = False,
+        ledger: Ledger | None = None,
+        lookup: Callable[[str], Any] | None = None,
+        by: str = "",
     ) -> Any:
         """Call ``handler(**args)`` (or ``handler(args)``) at most once per intent.
 
@@ -402,7 +409,9 @@ class DeadLetters(_Collection):
         replay that ran could not mark the letter (its write failed after the handler
         returned), the next replay marks it in that replay's name.
         """
-        return self._replay(letter_id, handler, **options).result
+        return self._replay(
+            letter_id, handler, force=force, ledger=ledger, lookup=lookup, by=by
+        ).result
 
     def _replay(
         self, letter_id: str, handler: Callable[..., Any], **options: Unpack[ReplayOptions]
