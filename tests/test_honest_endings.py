@@ -232,3 +232,17 @@ def test_a_handoff_that_reached_no_one_does_not_say_try_again_for_a_permanent_er
     out = run.outcome
     assert out.status == "escalated"
     assert out.customer_message == NEEDS_ATTENTION
+
+
+@pytest.mark.parametrize("shell", ["sync", "async", "async-sync-tool"])
+def test_a_side_effect_asked_again_is_in_partial_as_replayed(shell: str) -> None:
+    """``partial`` holds one entry per completed call; the one the ledger answered without
+    running the tool says ``replayed``."""
+    paid: list[str] = []
+    with Guard(clock=VirtualClock()).start(task="refund A-1") as run:
+        loop(run, shell, paid_twice(paid, False, shell), 2, idempotent=False, label="refund")
+    out = run.outcome
+    assert paid == ["A-1"]
+    assert [e.get("replayed", False) for e in out.partial] == [False, True]
+    assert [e["result"] for e in out.partial] == [{"id": "re_1"}, {"id": "re_1"}]
+    assert "Done: refund completed (reference re_1)." in out.customer_message

@@ -212,6 +212,8 @@ class ToolDecisions:
         entry = {"step": call.step, "tool": call.name, "args": call.args, "result": result}
         if retries:  # the tool ran more than once for this call: its earlier attempts failed
             entry["attempts"] = retries + 1
+        if took_not_run(s, call.action):  # the ledger's recorded result: the tool did not run
+            entry["replayed"] = True
         texts = {"args": call.text, "result": encoded}
         recorded = RecordedEntry(entry, texts, {"args": call.strings, "result": found})
         self.s.partial.append(recorded.redacted(jsonable))
@@ -383,8 +385,15 @@ class _Effect:
         self.ledger, self.key = decide.s.guard.ledger, decide._effect_key(call)
         self.lease, self.timeout, self.ran = decide._lease(timeout), timeout, False
 
+    def _begin(self) -> float | None:
+        """An attempt begins (what an earlier one said is forgotten); its timeout."""
+        self.ran = False
+        took_not_run(self.decide.s, self.action)
+        return self.decide._effect_timeout(self.timeout)
+
     def _answered(self) -> None:
-        """The ledger raised: noted when it did so without running the tool."""
+        """The ledger answered (a result or a failure): noted when it did so without running
+        the tool (a recorded outcome replayed), for the call's entry or its failure."""
         if not self.ran:
             not_run(self.decide.s, self.action)
 
@@ -395,15 +404,13 @@ class _Ran(_Effect):
         return self.fn()
 
     def __call__(self) -> Any:
-        self.ran = False
-        timeout = self.decide._effect_timeout(self.timeout)
+        timeout = self._begin()
         try:
             return self.ledger.once(
                 self.key, self._run, lookup=self.lookup, lease=self.lease, timeout=timeout
             )
-        except Exception:
+        finally:
             self._answered()
-            raise
 
 
 class _ARan(_Effect):
@@ -412,15 +419,13 @@ class _ARan(_Effect):
         return await self.fn()
 
     async def __call__(self) -> Any:
-        self.ran = False
-        timeout = self.decide._effect_timeout(self.timeout)
+        timeout = self._begin()
         try:
             return await self.ledger.aonce(
                 self.key, self._run, lookup=self.lookup, lease=self.lease, timeout=timeout
             )
-        except Exception:
+        finally:
             self._answered()
-            raise
 
 
 def _placeholders(s: RunState, name: str, args: Any) -> Exception | None:
