@@ -361,6 +361,24 @@ def test_overhead_peers_are_written_as_users_write_them() -> None:
     assert len(copies) == 3
 
 
+def test_the_guarded_runs_peer_keeps_a_transcript_and_a_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loop users write keeps each call and its result, and stops at its deadline."""
+    from tether.bench import _overhead
+
+    transcript = _overhead._tenacity_loop({"q": "x"}, 2)()
+    assert transcript == [
+        {"step": 1, "tool": "lookup", "args": {"q": "x", "n": 0}, "result": {"ok": True, "n": 0}},
+        {"step": 2, "tool": "lookup", "args": {"q": "x", "n": 1}, "result": {"ok": True, "n": 1}},
+    ]
+    run = _overhead._tenacity_loop({"q": "x"}, 2)
+    now = iter([0.0, _overhead.PEER_DEADLINE_S])
+    monkeypatch.setattr(_overhead.time, "monotonic", lambda: next(now))
+    with pytest.raises(TimeoutError):
+        run()
+
+
 def test_langchain_middleware_row_times_both_middlewares() -> None:
     """A real create_agent turn under TetherMiddleware, LangChain's limit and retry middlewares
     and none: every implementation timed, the ratio ours over LangChain's from their rounds."""

@@ -381,6 +381,20 @@ def intent_keys_and_text(
     and the keys and string values of that text when they are the arguments' own (what
     the record's redaction judges without splitting the text), else None."""
     _check(tool, scope)
+    action, encoded, text, strings = intent_and_text(tool, args, ignore)
+    key = digest(tool, encoded, scope) if scope else action
+    return action, key, text, strings
+
+
+def intent_and_text(
+    tool: str, args: Any, ignore: Paths | None = None
+) -> tuple[str, str, str | None, list[str] | None]:
+    """:func:`intent_keys_and_text` without the scoped key: the intent, the canonical text
+    it was made from (``digest(tool, encoded, scope)`` is the scoped key, made when it is
+    needed: a read's call that succeeds never needs it), that text when it holds every
+    argument, and its keys and string values when they are the arguments' own."""
+    if not isinstance(tool, str) or not tool:
+        raise ValueError(f"tool must be a non-empty string, got {tool!r}")
     top, deep = rules(ignore)
     whole = not deep and (
         not top
@@ -389,9 +403,7 @@ def intent_keys_and_text(
         or top.isdisjoint(args)
     )
     text, strings = _encoded(args, ignore)
-    action = digest(tool, text)
-    key = digest(tool, text, scope) if scope else action
-    return action, key, (text if whole else None), (strings if whole else None)
+    return digest(tool, text), text, (text if whole else None), (strings if whole else None)
 
 
 def _check(tool: str, scope: str) -> None:

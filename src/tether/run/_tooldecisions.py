@@ -19,7 +19,7 @@ from tether.clock import hung_threads
 from tether.effects._canonical import (
     VOLATILE_FIELDS,
     canonical_and_strings,
-    intent_keys_and_text,
+    intent_and_text,
     jsonable,
 )
 from tether.redaction._redact import REDACTED, RecordedEntry, redact, redacted_paths
@@ -103,7 +103,7 @@ class ToolDecisions:
                 escalate(s)
             raise s._halt(StopReason.HUNG_TOOLS, f"{hung} tool calls are still hanging in threads")
         ignore = (*VOLATILE_FIELDS, *volatile) if volatile else None
-        action, key, text, strings = intent_keys_and_text(name, args, s._scope, ignore)
+        action, encoded, text, strings = intent_and_text(name, args, ignore)
         # the tool-call budgets, the repeats, the identical failures and the slot: one step
         # under the run's lock, the only place they are checked (another thread may take the
         # last slot). The run's stops come first (an earlier stop, its time, hung tools), a
@@ -124,7 +124,19 @@ class ToolDecisions:
                 raise lost
             if judged:
                 judge_step(s)
-        return _Call(name, args, action, key, s.steps, policy, allow_repeat, text, strings)
+        return _Call(
+            name,
+            args,
+            action,
+            None,
+            s.steps,
+            policy,
+            allow_repeat,
+            text,
+            strings,
+            encoded,
+            s._scope,
+        )
 
     def _timed(self, timeout: float | None) -> float | None:
         """The attempt timeout a call's policy is made with: the tool's (or the guard's

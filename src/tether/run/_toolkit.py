@@ -13,6 +13,7 @@ from typing import Any
 from tether import telemetry
 from tether._errors import ControlSignal, Declined
 from tether._frozen import Frozen, set_fields
+from tether.effects._canonical import digest
 from tether.records import _approvals as gov
 from tether.records._approvals import ApprovalRecord
 from tether.redaction._redact import REDACTED, masks_pii, redact
@@ -41,12 +42,14 @@ class _Call:
     ``object.__setattr__`` for each; nothing changes it once made)."""
 
     __slots__ = (
+        "_key",
         "action",
         "allow_repeat",
         "args",
-        "key",
+        "encoded",
         "name",
         "policy",
+        "scope",
         "step",
         "strings",
         "text",
@@ -57,28 +60,43 @@ class _Call:
         name: str,
         args: Any,
         action: str,  # the intent: what the loop checks compare
-        key: str,  # the ledger's key: the intent, scoped by the guard's scope when it has one
+        key: str | None,  # the ledger's key (None: made from ``encoded`` when first asked for)
         step: int,
         policy: RetryPolicy,
         allow_repeat: int | None = None,  # this call's own repeat cap (a read-only tool's polling)
         text: str | None = None,  # the arguments' canonical JSON, when it holds all of them
         strings: list[str] | None = None,  # the keys and string values of that text
+        encoded: str = "",  # the canonical text the intent was made from
+        scope: str = "",  # the run's scope, that the ledger's key holds
     ) -> None:
         self.name = name
         self.args = args
         self.action = action
-        self.key = key
+        self._key = key
         self.step = step
         self.policy = policy
         self.allow_repeat = allow_repeat
         self.text = text
         self.strings = strings
+        self.encoded = encoded
+        self.scope = scope
+
+    @property
+    def key(self) -> str:
+        """The ledger's key: the intent, scoped by the run's scope when it has one (made
+        when first asked for: a read's call that succeeds never needs it)."""
+        key = self._key
+        if key is None:
+            key = self._key = (
+                digest(self.name, self.encoded, self.scope) if self.scope else self.action
+            )
+        return key
 
     def under(self, policy: RetryPolicy) -> _Call:
         """The same call under another retry policy."""
         return _Call(
-            self.name, self.args, self.action, self.key, self.step, policy,
-            self.allow_repeat, self.text, self.strings,
+            self.name, self.args, self.action, self._key, self.step, policy,
+            self.allow_repeat, self.text, self.strings, self.encoded, self.scope,
         )  # fmt: skip
 
 
