@@ -124,19 +124,9 @@ class ToolDecisions:
                 raise lost
             if judged:
                 judge_step(s)
-        return _Call(
-            name,
-            args,
-            action,
-            None,
-            s.steps,
-            policy,
-            allow_repeat,
-            text,
-            strings,
-            encoded,
-            s._scope,
-        )
+        # the ledger's key (None) is made from the text when first asked for
+        return _Call(name, args, action, None, s.steps, policy, allow_repeat, text, strings,
+                     encoded, s._scope)  # fmt: skip
 
     def _timed(self, timeout: float | None) -> float | None:
         """The attempt timeout a call's policy is made with: the tool's (or the guard's
