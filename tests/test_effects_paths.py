@@ -10,6 +10,7 @@ import datetime as dt
 import decimal
 import json
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -313,18 +314,48 @@ def test_call_tool_lease_covers_its_timeout() -> None:
 # --- 4. a Redis ledger that forgets ----------------------------------------------------
 
 
-def test_redis_ledger_refuses_a_server_that_does_not_persist(redis_url: str) -> None:
-    """appendonly off: refused, with the way out named; allow_lost_records accepts the risk."""
-    client = redis.Redis.from_url(redis_url)
-    client.config_set("appendonly", "no")
+def test_redis_ledger_refuses_a_server_that_does_not_persist(tmp_path: Any) -> None:
+    """appendonly off: refused, with the way out named; allow_lost_records accepts the risk.
+    A server of its own: turning off the shared server's appendonly would refuse every other
+    ledger on it meanwhile."""
+    import shutil
+
+    redis_server = shutil.which("redis-server")
+    assert redis_server, "redis-server must be installed for this test (Debian: redis-server)"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = f"--port {port} --bind 127.0.0.1 --appendonly no --dir {tmp_path}".split()
+    proc = subprocess.Popen(
+        [redis_server, *argv, "--save", ""],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
     try:
+        client = redis.Redis.from_url(url)
+        for _ in range(200):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
         with pytest.raises(LedgerNotDurable, match="allow_lost_records=True"):
-            Ledger.redis(redis_url)
-        Ledger.redis(redis_url, allow_lost_records=True).close()
-        Ledger.redis(redis_url, assume_durable=True).close()
-    finally:
-        client.config_set("appendonly", "yes")
+            Ledger.redis(url)
+        Ledger.redis(url, allow_lost_records=True).close()
+        Ledger.redis(url, assume_durable=True).close()
         client.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _forget(ledger: Ledger) -> None:
+    """A restart without persistence, for this ledger's keys only (never FLUSHDB: the
+    server is shared with whatever else runs on it)."""
+    client = ledger.backend.client  # type: ignore[attr-defined]
+    for key in client.scan_iter(match=f"{ledger.backend.prefix}:*"):  # type: ignore[attr-defined]
+        client.delete(key)
 
 
 def test_redis_ledger_that_forgets_mid_effect_never_reports_success(redis_url: str) -> None:
@@ -334,7 +365,7 @@ def test_redis_ledger_that_forgets_mid_effect_never_reports_success(redis_url: s
 
     def refund() -> dict[str, Any]:
         out = pay.refund("A-1")
-        ledger.backend.client.flushdb()  # type: ignore[attr-defined]  # a restart without persistence
+        _forget(ledger)
         return out
 
     guard = Guard(ledger=ledger)
@@ -344,7 +375,7 @@ def test_redis_ledger_that_forgets_mid_effect_never_reports_success(redis_url: s
     assert pay.paid == ["A-1"]
     assert run.outcome.stopped_because is StopReason.UNKNOWN_OUTCOME
     with pytest.raises(EffectNotRecorded, match="no longer has its record"):
-        ledger.once("k-forget", lambda: (pay.refund("B-1"), ledger.backend.client.flushdb())[0])  # type: ignore[attr-defined]
+        ledger.once("k-forget", lambda: (pay.refund("B-1"), _forget(ledger))[0])
     ledger.close()
 
 
