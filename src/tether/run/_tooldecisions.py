@@ -103,7 +103,7 @@ class ToolDecisions:
                 escalate(s)
             raise s._halt(StopReason.HUNG_TOOLS, f"{hung} tool calls are still hanging in threads")
         ignore = (*VOLATILE_FIELDS, *volatile) if volatile else None
-        action, encoded, text, strings = intent_and_text(name, args, ignore)
+        action, enc, text, strings = intent_and_text(name, args, ignore)  # enc: the key's text
         # the tool-call budgets, the repeats, the identical failures and the slot: one step
         # under the run's lock, the only place they are checked (another thread may take the
         # last slot). The run's stops come first (an earlier stop, its time, hung tools), a
@@ -124,9 +124,7 @@ class ToolDecisions:
                 raise lost
             if judged:
                 judge_step(s)
-        # the ledger's key (None) is made from the text when first asked for
-        return _Call(name, args, action, None, s.steps, policy, allow_repeat, text, strings,
-                     encoded, s._scope)  # fmt: skip
+        return _Call(name, args, action, None, s.steps, policy, allow_repeat, text, strings, enc, s._scope)  # fmt: skip
 
     def _timed(self, timeout: float | None) -> float | None:
         """The attempt timeout a call's policy is made with: the tool's (or the guard's
