@@ -16,7 +16,14 @@ BENCH = ROOT / "benchmarks" / "src" / "tether"
 
 #: the layers, from the bottom up; a module may import from its own layer and those below
 LAYERS = [
-    ["tether._errors", "tether._digest", "tether._frozen", "tether.redaction", "tether._version"],
+    [
+        "tether._errors",
+        "tether._digest",
+        "tether._frozen",
+        "tether.redaction",
+        "tether._version",
+        "tether._context",
+    ],
     ["tether.clock", "tether._sansio"],
     ["tether.classification", "tether.backoff", "tether.providers"],
     ["tether.telemetry", "tether.stores"],

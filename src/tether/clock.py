@@ -20,6 +20,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar, runtime_checkable
 
+from tether._context import reset_if_here
+
 __all__ = [
     "Clock",
     "SystemClock",
@@ -246,7 +248,7 @@ class VirtualClock:
         try:
             return await fn()
         finally:
-            _virtual_deadline.reset(token)
+            reset_if_here(_virtual_deadline, token)
 
     def _push_deadline(self, timeout: float) -> contextvars.Token[float | None]:
         deadline = self._now + max(0.0, timeout)

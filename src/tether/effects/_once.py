@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
 
+from tether._context import reset_if_here
 from tether._errors import UnknownOutcome
 from tether._sansio import Call, Plan, Sleep
 from tether.effects._heartbeat import heartbeat
@@ -206,10 +207,7 @@ async def aexecute(
             r.record_failure(key, owner, exc)
         raise
     finally:
-        try:
-            current_key.reset(token)
-        except ValueError:  # closed from another context (see retries._drive.unmark)
-            pass
+        reset_if_here(current_key, token)  # perhaps closed from another context
         if beat:
             heartbeat.remove(owner)
     await settle(backend, r.record_done, key, owner, result)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tether import CircuitOpenError, ModelTurn, RequestUsage, Run, Stopped, StopReason
+from tether._context import reset_if_here
 from tether._errors import Picklable, require
 from tether.guards._tokens import estimate_tokens
 from tether.providers import openai_responses
@@ -229,7 +230,7 @@ class _NestedRunner(AgentRunner):
         try:
             return await self.inner.run(agent, input, **kwargs)
         finally:
-            _ACTIVE.reset(token)
+            reset_if_here(_ACTIVE, token)
 
     def run_streamed(self, starting_agent: Any, input: Any, **kwargs: Any) -> Any:
         agent, hooks = self._arguments(starting_agent, kwargs)

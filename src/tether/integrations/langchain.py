@@ -35,6 +35,7 @@ from tether import (
     StopReason,
     ToolError,
 )
+from tether._context import reset_if_here
 from tether._errors import Picklable, RunDocumentError, TetherError, require
 from tether.classification._classify import programming_error
 from tether.guards._tokens import estimate_tokens
@@ -683,7 +684,7 @@ class TetherMiddleware(AgentMiddleware[TetherState, Any]):
             try:
                 reply = await self._tools.acall(hold.run, request, handler)
             finally:
-                _CALLER.reset(token)
+                reset_if_here(_CALLER, token)
             return _and_run(reply, self._doc(hold))
         except _signals():  # LangGraph's control flow (interrupt()): the run goes on
             raise

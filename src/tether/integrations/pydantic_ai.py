@@ -44,6 +44,7 @@ from tether import (
     ToolError,
     UnknownModelError,
 )
+from tether._context import reset_if_here
 from tether._errors import Picklable, require
 from tether.classification._classify import programming_error
 from tether.guards._tokens import estimate_tokens
@@ -688,7 +689,7 @@ async def run(
         return exc.outcome
     finally:
         if token is not None:
-            _NEXT.reset(token)
+            reset_if_here(_NEXT, token)
     outcome = capability.outcome(str(result.run_id))
     assert outcome is not None
     return outcome

@@ -51,7 +51,8 @@ def unmark(token: contextvars.Token[Any]) -> None:
     down) runs its ``finally`` in whatever context is current there: the context that
     set the mark goes with the coroutine, and the current one is not ours to change, so
     the mark is left alone (``reset`` would raise ``ValueError`` there, printed as
-    "Exception ignored" once per coroutine collected).
+    "Exception ignored" once per coroutine collected). It is
+    :func:`tether._context.reset_if_here` with the reset bound once, for the attempt's path.
     """
     try:
         _reset(token)
