@@ -25,12 +25,12 @@ CREW_STAMP := $(CREW)/.installed
 CREW_CONSTRAINTS := constraints-crewai.txt
 CREW_TESTS := tests/test_crewai.py tests/test_litellm.py tests/conformance/test_crewai_venv.py tests/test_outages_crewai.py \
 	tests/test_crewai_threads.py tests/test_tau_crewai.py tests/test_tau_litellm.py \
-	tests/test_fleet_live_litellm.py \
+	tests/test_fleet_live_litellm.py tests/test_context_reset_crewai.py \
 	"tests/test_docs.py::test_examples_run[crewai.md]" "tests/test_docs.py::test_examples_run[litellm.md]"
 FW_OUT := --ignore=tests/test_adk.py --ignore=tests/test_strands.py \
 	--ignore=tests/test_usage_streams_google.py --ignore=tests/test_usage_streams_bedrock.py \
 	--ignore=tests/conformance/test_frameworks.py --ignore=tests/test_tau_frameworks.py \
-	--ignore=tests/test_crewai.py --ignore=tests/test_litellm.py \
+	--ignore=tests/test_crewai.py --ignore=tests/test_litellm.py --ignore=tests/test_context_reset_crewai.py \
 	--ignore=tests/test_outages_frameworks.py --ignore=tests/test_outages_crewai.py \
 	--ignore=tests/test_tau_crewai.py --ignore=tests/test_tau_litellm.py \
 	--ignore=tests/conformance/test_crewai_venv.py --ignore=tests/test_crewai_threads.py \

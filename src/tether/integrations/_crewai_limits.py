@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tether import Run, StopReason
+from tether._context import reset_if_here
 
 __all__ = ["asks_for_a_forced_answer", "paced", "timed", "within_limits"]
 
@@ -66,7 +67,7 @@ def timed(agent: Any, current: Callable[[], Run]) -> tuple[Callable[..., Any], C
         try:
             return await agent._aexecute_without_timeout(task_prompt, task)
         finally:
-            _DEADLINE.reset(token)
+            reset_if_here(_DEADLINE, token)
 
     return execute, aexecute
 

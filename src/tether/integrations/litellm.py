@@ -37,6 +37,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from tether import ModelTurn, RetryPolicy, Run, Stopped
+from tether._context import reset_if_here
 from tether._errors import require
 from tether.guards._tokens import estimate_tokens
 from tether.integrations._common import (
@@ -330,7 +331,7 @@ class TetherLogger(CustomLogger):  # type: ignore[misc]
         try:
             yield run
         finally:
-            _SERVING.reset(token)
+            reset_if_here(_SERVING, token)
 
     # --- before ---------------------------------------------------------------------------
 
