@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -689,22 +688,44 @@ def test_redis_ledger_loads_its_scripts_again_after_a_flush(
         drop(ledger)
 
 
-def test_a_claim_draws_its_owner_token_without_a_system_call(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A new key's claim takes its fencing token from the process's prefix and a counter,
-    not from os.urandom (a system call, about 3 us of a memory ledger's 8 us new key)."""
-    from tether.effects import _recorder
-
-    ledger = tether.Ledger.memory()
-
-    def refused(n: int) -> bytes:
-        raise AssertionError("os.urandom was called for a claim")
-
-    monkeypatch.setattr(_recorder.os, "urandom", refused)
-    assert ledger.once("k-token", lambda: {"ok": True}) == {"ok": True}
-    record = ledger.get("k-token")
-    assert record is not None and re.fullmatch("[0-9a-f]{32}", record.owner)
+def test_workers_forked_below_python_run_a_pending_effect_once(tmp_path: Path) -> None:
+    """Two workers forked by libc's fork() (uWSGI's default pre-fork: no after-fork hook
+    runs) ask for one effect while it runs: the second is told it is in progress, never
+    given the claim as if it were the first's own retry."""
+    script = tmp_path / "fork.py"
+    ran = tmp_path / "ran.txt"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import ctypes, os, time
+            import tether
+            ledger = tether.Ledger.sqlite({str(tmp_path / "l.db")!r})
+            def refund():
+                with open({str(ran)!r}, "a") as f:
+                    f.write(f"{{os.getpid()}}\\n")
+                time.sleep(1.0)
+                return "ok"
+            pid = ctypes.CDLL(None).fork()
+            if pid == 0:
+                time.sleep(0.3)  # the parent's claim is pending now
+                try:
+                    ledger.once("refund:order-1", refund)
+                    print("child ran", flush=True)
+                except tether.EffectInProgress:
+                    print("child refused", flush=True)
+                os._exit(0)
+            ledger.once("refund:order-1", refund)
+            os.waitpid(pid, 0)
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "child refused" in out.stdout, out.stdout + out.stderr
+    assert len(ran.read_text().split()) == 1
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
@@ -726,4 +747,4 @@ def test_owner_tokens_are_unique_across_claims_and_a_forked_child() -> None:
     theirs = os.read(read, 4096).decode().split()
     os.close(read)
     assert len(theirs) == 10
-    assert not {t[:16] for t in theirs} & {t[:16] for t in mine}
+    assert not set(theirs) & mine

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import builtins
 import contextvars
-import itertools
 import json
 import logging
 import os
@@ -127,27 +126,13 @@ def _storable(text: object) -> str:
     return text
 
 
-# A claim's owner token fences off a worker whose lease ran out: it must be unique, it
-# need not be secret (the ledger stores it in the clear). It is this process's random
-# prefix (drawn again in a forked child, which would otherwise repeat its parent's tokens)
-# and a counter that never wraps: os.urandom on every claim was a system call, about 3 us
-# of a memory ledger's 8 us new key.
-_token_prefix = os.urandom(8).hex()
-_token_count = itertools.count()
-
-
-def _new_token_prefix() -> None:
-    global _token_prefix
-    _token_prefix = os.urandom(8).hex()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX: a forked child draws its own prefix
-    os.register_at_fork(after_in_child=_new_token_prefix)
-
-
 def owner_token() -> str:
-    """A fresh owner token for a claim: 32 hex digits, unique across processes."""
-    return f"{_token_prefix}{next(_token_count):016x}"
+    """A fresh owner token for a claim: 32 random hex digits, drawn from the system on
+    every claim. A per-process prefix and a counter (tried: about 1 us less a claim) repeat
+    across workers forked below Python (uWSGI's default pre-fork runs no after-fork hook),
+    and a claim whose token matches a pending record is taken as its owner's own retry:
+    the effect ran twice."""
+    return os.urandom(16).hex()
 
 
 class Recorder:
