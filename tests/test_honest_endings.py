@@ -246,3 +246,56 @@ def test_a_side_effect_asked_again_is_in_partial_as_replayed(shell: str) -> None
     assert [e.get("replayed", False) for e in out.partial] == [False, True]
     assert [e["result"] for e in out.partial] == [{"id": "re_1"}, {"id": "re_1"}]
     assert "Done: refund completed (reference re_1)." in out.customer_message
+
+
+def test_two_calls_of_one_effect_at_once_keep_their_own_labels() -> None:
+    """Two calls of one refund under way at once (threads, and tasks): the one that ran is
+    not said replayed, the one that waited on its claim and was given its result is, and
+    waiting is no attempt of the tool."""
+    import asyncio
+    import threading
+    import time
+
+    ran: list[int] = []
+
+    def refund(order: int) -> dict[str, int]:
+        ran.append(order)
+        time.sleep(0.3)
+        return {"refunded": order}
+
+    with tether.Guard().start() as run:
+
+        def one(delay: float) -> None:
+            time.sleep(delay)
+            run.call_tool("refund", refund, {"order": 1}, idempotent=False)
+
+        threads = [threading.Thread(target=one, args=(d,)) for d in (0, 0.05)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    entries = sorted(run.outcome.partial, key=lambda e: bool(e.get("replayed")))
+    assert ran == [1] and len(entries) == 2
+    assert "replayed" not in entries[0] and entries[1]["replayed"] is True
+    assert all("attempts" not in e for e in entries), entries
+
+    async def arefund(order: int) -> dict[str, int]:
+        ran.append(order)
+        await asyncio.sleep(0.3)
+        return {"refunded": order}
+
+    async def both() -> tether.Outcome:
+        async with tether.Guard().start() as arun:
+
+            async def aone(delay: float) -> None:
+                await asyncio.sleep(delay)
+                await arun.acall_tool("refund", arefund, {"order": 2}, idempotent=False)
+
+            await asyncio.gather(aone(0), aone(0.05))
+        return arun.outcome
+
+    outcome = asyncio.run(both())
+    entries = sorted(outcome.partial, key=lambda e: bool(e.get("replayed")))
+    assert ran == [1, 2] and len(entries) == 2
+    assert "replayed" not in entries[0] and entries[1]["replayed"] is True
+    assert all("attempts" not in e for e in entries), entries

@@ -73,7 +73,6 @@ __all__ = [
     "mark_uncertain",
     "model_checked",
     "not_made",
-    "not_run",
     "note_compensations",
     "note_effect",
     "note_filed",
@@ -85,7 +84,6 @@ __all__ = [
     "reach_goal",
     "refer_effect",
     "settled",
-    "took_not_run",
     "tool_health",
     "unconfirm_effects",
     "withdraw_effect",
@@ -283,7 +281,6 @@ class RunState:
         #: side effect that failed for good is not run twice: its failure is replayed)
         self._replayed: Counter[tuple[str, str, str]] = Counter()
         #: the calls (intents) whose failure under way came from the ledger, the tool not run
-        self._not_run: set[str] = set()
         self._health: dict[str, ToolHealth] = {}  # per tool: timed-out attempts, hung threads
         self._results: OrderedDict[str, None] = OrderedDict()
         self._no_progress = 0
@@ -687,21 +684,6 @@ def count_failure(
         if replayed:
             s._replayed[signature] += 1
         return n, s._replayed.get(signature, 0)
-
-
-def not_run(s: RunState, action: str) -> None:
-    """The ledger answered the call under way for ``action`` without running its tool (a
-    recorded failure replayed): its failure is not counted as an execution."""
-    s._not_run.add(action)
-
-
-def took_not_run(s: RunState, action: str) -> bool:
-    """Whether the failed call of ``action`` was answered without running its tool (and
-    forget it: the next call says anew)."""
-    if action in s._not_run:
-        s._not_run.discard(action)
-        return True
-    return False
 
 
 def not_made(s: RunState, action: str) -> None:

@@ -42,11 +42,9 @@ from tether.run._runstate import (
     label_effect,
     mark_uncertain,
     not_made,
-    not_run,
     note_effect,
     note_result,
     open_issue,
-    took_not_run,
     withdraw_effect,
 )
 from tether.run._stops import TOOL_CHECKS
@@ -210,9 +208,10 @@ class ToolDecisions:
             encoded, found = None, None
         # redacted now, once, from these encodings: the ending only gathers the views
         entry = {"step": call.step, "tool": call.name, "args": call.args, "result": result}
-        if retries:  # the tool ran more than once for this call: its earlier attempts failed
-            entry["attempts"] = retries + 1
-        if took_not_run(s, call.action):  # the ledger's recorded result: the tool did not run
+        attempts = retries + 1 if idempotent else call.runs  # not waits on another's claim
+        if attempts > 1:  # the tool ran more than once for this call: earlier ones failed
+            entry["attempts"] = attempts
+        if call.replayed:  # the ledger's recorded result: the tool did not run
             entry["replayed"] = True
         texts = {"args": call.text, "result": encoded}
         recorded = RecordedEntry(entry, texts, {"args": call.strings, "result": found})
@@ -236,7 +235,6 @@ class ToolDecisions:
         the call is still under way and leaves the flight here (a failure the identical-
         failures limit counts leaves it as it is counted: a call admitted meanwhile sees it
         either under way or failed)."""
-        not_ran = took_not_run(self.s, call.action)
         try:
             if not (isinstance(exc, ToolUnresponsive) and exc.before):
                 self.s.count_retries(call.policy._retries())
@@ -286,7 +284,7 @@ class ToolDecisions:
                     return self.hung._not_answering(call, unresponsive)
             signature = (call.action, type(exc).__name__, f"{verdict.status}:{verdict.code}")
             # out of flight as it is counted
-            failed, replayed = count_failure(self.s, signature, flying, not_ran)
+            failed, replayed = count_failure(self.s, signature, flying, call.replayed)
             flying = False
             limit = self.s.budget.max_identical_failures
             if limit is not None and failed >= limit:
@@ -371,7 +369,7 @@ class _Effect:
     the tool (``ran``) or answered without running it (a failure it recorded, replayed: the
     identical-failures stop says how often the tool really ran)."""
 
-    __slots__ = ("action", "decide", "fn", "key", "lease", "ledger", "lookup", "ran", "timeout")
+    __slots__ = ("call", "decide", "fn", "key", "lease", "ledger", "lookup", "ran", "timeout")
 
     def __init__(
         self,
@@ -381,26 +379,25 @@ class _Effect:
         lookup: Callable[[str], Any] | None,
         timeout: float | None,
     ) -> None:
-        self.decide, self.action, self.fn, self.lookup = decide, call.action, fn, lookup
+        self.decide, self.call, self.fn, self.lookup = decide, call, fn, lookup
         self.ledger, self.key = decide.s.guard.ledger, decide._effect_key(call)
         self.lease, self.timeout, self.ran = decide._lease(timeout), timeout, False
 
     def _begin(self) -> float | None:
         """An attempt begins (what an earlier one said is forgotten); its timeout."""
-        self.ran = False
-        took_not_run(self.decide.s, self.action)
+        self.ran = self.call.replayed = False
         return self.decide._effect_timeout(self.timeout)
 
     def _answered(self) -> None:
         """The ledger answered (a result or a failure): noted when it did so without running
         the tool (a recorded outcome replayed), for the call's entry or its failure."""
-        if not self.ran:
-            not_run(self.decide.s, self.action)
+        self.call.replayed = not self.ran
 
 
 class _Ran(_Effect):
     def _run(self) -> Any:
         self.ran = True
+        self.call.runs += 1
         return self.fn()
 
     def __call__(self) -> Any:
@@ -416,6 +413,7 @@ class _Ran(_Effect):
 class _ARan(_Effect):
     async def _run(self) -> Any:
         self.ran = True
+        self.call.runs += 1
         return await self.fn()
 
     async def __call__(self) -> Any:

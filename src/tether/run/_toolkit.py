@@ -39,7 +39,10 @@ def _said(text: str) -> str:
 class _Call:
     """The checked context of one tool call (made on every call: a plain slots class,
     whose constructor assigns its fields, where a frozen one would go through
-    ``object.__setattr__`` for each; nothing changes it once made)."""
+    ``object.__setattr__`` for each). Nothing changes it once made but the ledger's notes
+    on this call (``runs``: attempts in which the ledger ran the tool; ``replayed``: its
+    last answer was a recorded outcome, the tool not run), kept on the call itself so
+    that two calls of one intent under way at once never read each other's."""
 
     __slots__ = (
         "_key",
@@ -49,6 +52,8 @@ class _Call:
         "encoded",
         "name",
         "policy",
+        "replayed",
+        "runs",
         "scope",
         "step",
         "strings",
@@ -80,6 +85,8 @@ class _Call:
         self.strings = strings
         self.encoded = encoded
         self.scope = scope
+        self.runs = 0
+        self.replayed = False
 
     @property
     def key(self) -> str:
