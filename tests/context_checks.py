@@ -15,7 +15,8 @@ import gc
 import inspect
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator
+import types
+from collections.abc import Callable, Coroutine, Generator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -138,3 +139,13 @@ def unraisables(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
 def different_context(seen: list[Any]) -> list[Any]:
     """The "was created in a different Context" errors among ``seen``."""
     return [e for e in seen if "different Context" in str(e)]
+
+
+@types.coroutine
+def _pause() -> Generator[None, None, None]:
+    yield
+
+
+async def waits(*args: Any, **kwargs: Any) -> None:
+    """Wait until closed (any arguments: it stands in for a tool, a task or a model call)."""
+    await _pause()

@@ -10,8 +10,7 @@ middleware's, PydanticAI's and the OpenAI Agents SDK's runs (ADK and Strands:
 
 from __future__ import annotations
 
-import types
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from context_checks import (
     different_context,
     suspended,
     unraisables,
+    waits,
 )
 from tether import VirtualClock
 from tether.clock import _virtual_deadline
@@ -37,15 +37,6 @@ from tether.clock import _virtual_deadline
 @pytest.fixture
 def unraisable(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     yield from unraisables(monkeypatch)
-
-
-@types.coroutine
-def _pause() -> Generator[None, None, None]:
-    yield
-
-
-async def waits() -> None:
-    await _pause()
 
 
 def test_a_virtual_timeout_closed_from_another_context(unraisable: list[Any]) -> None:

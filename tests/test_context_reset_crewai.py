@@ -7,9 +7,8 @@ in a coroutine and a CrewAI agent's task under its deadline, each closed from an
 from __future__ import annotations
 
 import os
-import types
 import warnings
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 with warnings.catch_warnings():  # crewai's lazy imports warn on import (ImportWarning)
     warnings.simplefilter("ignore", ImportWarning)
     import crewai  # noqa: F401 - this module runs where CrewAI and LiteLLM are installed
-from context_checks import closed, suspended, unraisables
+from context_checks import closed, suspended, unraisables, waits
 from tether import VirtualClock
 from tether.integrations import _crewai_limits
 from tether.integrations import litellm as ta_litellm
@@ -33,15 +32,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.fixture
 def unraisable(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     yield from unraisables(monkeypatch)
-
-
-@types.coroutine
-def _pause() -> Generator[None, None, None]:
-    yield
-
-
-async def waits(*args: Any, **kwargs: Any) -> None:
-    await _pause()
 
 
 def test_a_litellm_serving_block_closed_from_another_context(unraisable: list[Any]) -> None:
