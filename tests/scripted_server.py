@@ -112,3 +112,23 @@ class ScriptedServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def run_claude(shell: str, url: str, ask: dict[str, Any]) -> Any:
+    """``tether.integrations.anthropic.run_agent`` ("sync") or ``arun_agent`` ("async")
+    with the real Anthropic client against the server at ``url``; the Outcome."""
+    import asyncio
+
+    import anthropic
+
+    from tether.integrations import anthropic as t_anthropic
+
+    if shell == "sync":
+        with anthropic.Anthropic(api_key="t", base_url=url) as raw:
+            return t_anthropic.run_agent(raw, **ask)
+
+    async def main() -> Any:
+        async with anthropic.AsyncAnthropic(api_key="t", base_url=url) as raw:
+            return await t_anthropic.arun_agent(raw, **ask)
+
+    return asyncio.run(main())

@@ -26,7 +26,7 @@ from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import tether
-from scripted_server import Reply, ScriptedServer
+from scripted_server import Reply, ScriptedServer, run_claude
 from tether import Guard, RetryPolicy, StopReason, Tool, VirtualClock
 from tether.integrations import anthropic as t_anthropic
 from tether.integrations import openai as t_openai
@@ -105,16 +105,7 @@ def test_run_agent_hands_over_through_claude(tmp_path: Path, shell: str) -> None
         )
         ask = {"model": "claude-haiku-4-5", "messages": [{"role": "user", "content": ASK}],
                "tools": tools, "guard": g}  # fmt: skip
-        if shell == "sync":
-            with anthropic.Anthropic(api_key="t", base_url=server.url) as raw:
-                out = t_anthropic.run_agent(raw, **ask)
-        else:
-
-            async def main() -> tether.Outcome:
-                async with anthropic.AsyncAnthropic(api_key="t", base_url=server.url) as raw:
-                    return await t_anthropic.arun_agent(raw, **ask)
-
-            out = asyncio.run(main())
+        out = run_claude(shell, server.url, ask)
         assert len(server.requests) == 1  # the model is not asked again
     assert (out.status, out.stopped_because) == ("escalated", StopReason.HANDED_OVER)
     assert out.customer_message == HANDED

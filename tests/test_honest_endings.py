@@ -10,13 +10,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import anthropic
 import pytest
 
 import tether
-from scripted_server import Reply, ScriptedServer
+from scripted_server import Reply, ScriptedServer, run_claude
 from tether import Guard, StopReason, Tool, VirtualClock
-from tether.integrations import anthropic as t_anthropic
 
 SAID = tether.CustomerMessages()
 NEEDS_ATTENTION = SAID.needs_attention.format(done="")
@@ -130,16 +128,7 @@ def test_run_agent_ends_a_permanent_failure_without_try_again(shell: str) -> Non
         server.script = [claude([use], "tool_use")] * 3 + [
             claude([{"type": "text", "text": "Sorry."}], "end_turn")
         ]
-        if shell == "sync":
-            with anthropic.Anthropic(api_key="t", base_url=server.url) as raw:
-                out = t_anthropic.run_agent(raw, **ask)
-        else:
-
-            async def main() -> tether.Outcome:
-                async with anthropic.AsyncAnthropic(api_key="t", base_url=server.url) as raw:
-                    return await t_anthropic.arun_agent(raw, **ask)
-
-            out = asyncio.run(main())
+        out = run_claude(shell, server.url, ask)
     assert len(ran) == 1
     assert out.stopped_because is StopReason.IDENTICAL_FAILURES
     assert "ran once and failed (PermissionError); the model asked 2 more times" in out.detail
